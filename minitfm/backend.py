@@ -1,0 +1,153 @@
+"""The array backend: NumPy on the CPU, CuPy on an NVIDIA GPU, one code base.
+
+This is the only module of the library that imports numpy or cupy for array math. Everything
+else reads the active array module as ``backend.xp`` *at call time* (never ``from ... import xp``,
+which would freeze the module chosen at import time).
+
+Choosing the backend
+--------------------
+- environment: ``MINITFM_BACKEND=numpy|cupy|auto`` (default ``numpy``; ``auto`` picks CuPy when
+  ``cupy.is_available()``, else NumPy);
+- in code: ``backend.use("cupy")``.
+
+Asking for CuPy where it cannot run raises :class:`BackendError` saying why (not installed, or no
+CUDA device). It never silently falls back to the CPU.
+
+What the layers need beyond the common NumPy/CuPy API lives here too: host<->device copies,
+scatter-add (the embedding backward), seeded random generators, the default float dtype, and a
+check that catches host arrays handed to a GPU model (and the reverse).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy
+
+__all__ = [
+    "BackendError", "xp", "name", "use", "float_dtype", "set_float_dtype",
+    "to_device", "to_host", "scatter_add", "rng", "host_rng", "check_array", "is_gpu",
+]
+
+
+class BackendError(RuntimeError):
+    """The requested array backend cannot be used on this machine."""
+
+
+xp = numpy        # the active array module: numpy or cupy
+name = "numpy"    # its name
+_float_dtype = numpy.float32
+
+
+def _load_cupy():
+    try:
+        import cupy
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        raise BackendError(
+            "backend 'cupy' was requested but CuPy is not installed: install the GPU extra, "
+            "e.g. `pip install -e '.[gpu]'` (CUDA 12) or `'.[gpu-cuda13]'` (CUDA 13), "
+            f"or use MINITFM_BACKEND=numpy ({exc})") from exc
+    try:
+        available = cupy.is_available()
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        raise BackendError(f"backend 'cupy' was requested but CUDA failed to initialise: {exc}") from exc
+    if not available:
+        raise BackendError(
+            "backend 'cupy' was requested but no usable CUDA device was found "
+            "(cupy.is_available() is False: check the driver and CUDA_VISIBLE_DEVICES), "
+            "or use MINITFM_BACKEND=numpy")
+    return cupy
+
+
+def use(backend_name: str) -> None:
+    """Make ``backend_name`` ("numpy", "cupy" or "auto") the active array backend."""
+    global xp, name
+    choice = backend_name.strip().lower()
+    if choice == "auto":
+        try:
+            xp, name = _load_cupy(), "cupy"
+        except BackendError:
+            xp, name = numpy, "numpy"
+    elif choice == "cupy":
+        xp, name = _load_cupy(), "cupy"
+    elif choice == "numpy":
+        xp, name = numpy, "numpy"
+    else:
+        raise BackendError(f"unknown backend {backend_name!r}: use 'numpy', 'cupy' or 'auto'")
+
+
+def is_gpu() -> bool:
+    return name == "cupy"
+
+
+def float_dtype():
+    """The default float dtype of new arrays: float32 (float64 for gradient checks)."""
+    return _float_dtype
+
+
+def set_float_dtype(dtype) -> None:
+    global _float_dtype
+    dtype = numpy.dtype(dtype)
+    if dtype not in (numpy.float32, numpy.float64):
+        raise ValueError(f"float dtype must be float32 or float64, got {dtype}")
+    _float_dtype = dtype.type
+
+
+def to_device(array, dtype=None):
+    """Copy a host (NumPy) array, or anything array-like, to the active backend."""
+    return xp.asarray(array, dtype=dtype)
+
+
+def to_host(array):
+    """Copy an array of the active backend to a NumPy array (a no-op for NumPy arrays)."""
+    if isinstance(array, numpy.ndarray):
+        return array
+    if hasattr(array, "get"):  # cupy.ndarray
+        return array.get()
+    return numpy.asarray(array)
+
+
+def scatter_add(target, indices, values) -> None:
+    """``target[indices] += values`` with repeated indices accumulated (unbuffered)."""
+    if name == "cupy":
+        import cupyx
+        cupyx.scatter_add(target, indices, values)
+    else:
+        numpy.add.at(target, indices, values)
+
+
+def rng(seed: int, *stream: int):
+    """A random generator of the active backend, reproducible from ``(seed, *stream)``.
+
+    Dropout draws from ``rng(seed, step)``: the masks of step k depend only on the seed and k, so a
+    resumed run draws exactly the masks an uninterrupted one would.
+    """
+    return xp.random.default_rng([int(seed), *[int(s) for s in stream]])
+
+
+def host_rng(seed: int, *stream: int) -> numpy.random.Generator:
+    """A NumPy generator for host-side randomness (initialisation, data shuffling).
+
+    Parameters are initialised on the host and copied to the device, so a seed gives the same
+    model on the CPU and on the GPU.
+    """
+    return numpy.random.default_rng([int(seed), *[int(s) for s in stream]])
+
+
+def check_array(array, what: str):
+    """Raise a clear error unless ``array`` lives on the active backend; return it.
+
+    Catches host/device mixing: a NumPy array handed to a CuPy model, or a CuPy array handed to
+    a NumPy one.
+    """
+    if isinstance(array, xp.ndarray):
+        return array
+    where = "the GPU" if hasattr(array, "__cuda_array_interface__") else "the host"
+    kind = f"{type(array).__module__}.{type(array).__name__}"
+    raise TypeError(
+        f"{what} is a {kind} on {where}, but the active backend is {name!r}: "
+        f"move it with minitfm.backend.to_device(...) (or to_host(...)), or switch the backend "
+        f"with minitfm.backend.use(...) / MINITFM_BACKEND")
+
+
+use(os.environ.get("MINITFM_BACKEND", "numpy"))
