@@ -1,0 +1,161 @@
+"""Adam, the paper's learning-rate schedule, and global-norm gradient clipping.
+
+Section 5.3 of the paper: "We used the Adam optimizer with beta1 = 0.9, beta2 = 0.98 and
+epsilon = 1e-9. We varied the learning rate over the course of training, according to the formula
+
+    lrate = d_model^-0.5 * min(step_num^-0.5, step_num * warmup_steps^-1.5)        (3)
+
+This corresponds to increasing the learning rate linearly for the first warmup_steps training
+steps, and decreasing it thereafter proportionally to the inverse square root of the step number.
+We used warmup_steps = 4000."
+
+Adam (Kingma & Ba, Algorithm 1), for each parameter p with gradient g at step t = 1, 2, ...:
+
+    m = beta1 * m + (1 - beta1) * g          first moment
+    v = beta2 * v + (1 - beta2) * g^2        second moment
+    m_hat = m / (1 - beta1^t)                bias corrections: m and v start at zero
+    v_hat = v / (1 - beta2^t)
+    p = p - lr * m_hat / (sqrt(v_hat) + eps)
+
+Parameters, gradients and the moments ``m``, ``v`` are flat ``dict[str, array]`` with the same
+keys. The update works in place: the parameter arrays are never reallocated, so anything holding
+a reference to them (the model, a weight-tied view) sees the new values, and float32 parameters
+stay float32 (every scalar is a Python float, which does not promote an array's dtype).
+
+Array math goes through ``backend.xp``, so the same code runs on NumPy and on CuPy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from minitfm import backend
+
+__all__ = ["Adam", "LRSchedule", "clip_grad_norm"]
+
+
+def _check_same_keys(expected: dict, given: dict, what: str) -> None:
+    """Raise a ValueError naming the missing and extra keys unless ``given`` has those of ``expected``."""
+    if given.keys() == expected.keys():
+        return
+    missing = sorted(expected.keys() - given.keys())
+    extra = sorted(given.keys() - expected.keys())
+    raise ValueError(f"{what}: missing {missing}, extra {extra}")
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    """The learning rate of equation (3), scaled by ``factor``; steps count from 1.
+
+    It rises linearly to its peak ``factor * (d_model * warmup)^-0.5`` at ``step == warmup``, then
+    decays as ``step^-0.5``.
+    """
+
+    d_model: int
+    warmup: int = 4000
+    factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.d_model < 1 or self.warmup < 1 or self.factor <= 0:
+            raise ValueError(
+                f"learning-rate schedule needs d_model >= 1, warmup >= 1 and factor > 0, got "
+                f"d_model={self.d_model}, warmup={self.warmup}, factor={self.factor}")
+
+    def __call__(self, step: int) -> float:
+        if step < 1:
+            raise ValueError(f"learning-rate steps count from 1, got step={step}")
+        return self.factor * self.d_model ** -0.5 * min(step ** -0.5, step * self.warmup ** -1.5)
+
+
+class Adam:
+    """Adam with the paper's defaults and bias correction, over a flat parameter dict.
+
+    ``Adam(params)`` creates zero moments shaped like ``params``; each ``update(params, grads, lr)``
+    advances ``step`` by one and changes ``params`` in place. ``state_dict()`` /
+    ``load_state_dict(state)`` save and restore ``{"step": int, "m": dict, "v": dict}``.
+    """
+
+    def __init__(self, params: dict, *, beta1: float = 0.9, beta2: float = 0.98, eps: float = 1e-9):
+        if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0 and eps > 0.0):
+            raise ValueError(f"Adam needs 0 <= beta1, beta2 < 1 and eps > 0, got "
+                             f"beta1={beta1}, beta2={beta2}, eps={eps}")
+        self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
+        xp = backend.xp
+        self.m = {name: xp.zeros_like(backend.check_array(p, f"parameter {name!r}"))
+                  for name, p in params.items()}
+        self.v = {name: xp.zeros_like(p) for name, p in params.items()}
+        self.step = 0
+
+    def _check(self, params: dict, grads: dict) -> None:
+        _check_same_keys(self.m, params, "the parameters differ from those Adam was created with")
+        _check_same_keys(self.m, grads, "the gradients do not match the parameters one to one")
+        for name, p in params.items():
+            g = backend.check_array(grads[name], f"gradient {name!r}")
+            if g.shape != p.shape or g.dtype != p.dtype or p.shape != self.m[name].shape:
+                raise ValueError(
+                    f"gradient {name!r} has shape {g.shape} and dtype {g.dtype}, but the parameter "
+                    f"has {p.shape} {p.dtype} (optimizer state {self.m[name].shape}): "
+                    f"gradients must match their parameters exactly")
+
+    def update(self, params: dict, grads: dict, lr: float) -> None:
+        """One Adam step at learning rate ``lr``: ``params`` change in place, ``step`` += 1."""
+        self._check(params, grads)
+        xp = backend.xp
+        self.step += 1
+        b1, b2, eps = self.beta1, self.beta2, self.eps
+        # lr * m_hat / (sqrt(v_hat) + eps) == step_size * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+        step_size = float(lr) / (1.0 - b1 ** self.step)
+        v_scale = 1.0 / math.sqrt(1.0 - b2 ** self.step)
+        for name, p in params.items():
+            g, m, v = grads[name], self.m[name], self.v[name]
+            buf = xp.multiply(g, 1.0 - b1)          # one scratch array per parameter
+            m *= b1
+            m += buf                                # m = b1 m + (1 - b1) g
+            xp.multiply(g, g, out=buf)
+            buf *= 1.0 - b2
+            v *= b2
+            v += buf                                # v = b2 v + (1 - b2) g^2
+            xp.sqrt(v, out=buf)
+            buf *= v_scale
+            buf += eps                              # sqrt(v_hat) + eps
+            xp.divide(m, buf, out=buf)
+            buf *= step_size
+            p -= buf                                # p -= lr m_hat / (sqrt(v_hat) + eps)
+
+    def state_dict(self) -> dict:
+        """``{"step": int, "m": {name: array}, "v": {name: array}}``: the live arrays, not copies."""
+        return {"step": self.step, "m": self.m, "v": self.v}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a ``state_dict()`` (host or device arrays), copying into the existing moments."""
+        _check_same_keys({"step": 0, "m": 0, "v": 0}, state, "not an Adam state_dict()")
+        for moment, arrays in (("m", self.m), ("v", self.v)):
+            _check_same_keys(arrays, state[moment],
+                             f"optimizer state {moment!r} belongs to a different set of parameters")
+            for name, target in arrays.items():
+                source = state[moment][name]
+                if tuple(source.shape) != target.shape:
+                    raise ValueError(
+                        f"optimizer state {moment}[{name!r}] has shape {tuple(source.shape)}, but "
+                        f"the parameter has {target.shape}: the state belongs to a different model")
+                target[...] = backend.to_device(source, dtype=target.dtype)
+        self.step = int(state["step"])
+
+
+def clip_grad_norm(grads: dict, max_norm: float) -> float:
+    """Scale all gradients in place so their global L2 norm is at most ``max_norm``.
+
+    Returns the norm before clipping. A non-finite norm (an overflow or NaN somewhere) leaves the
+    gradients untouched, so the caller can see it and skip the step.
+    """
+    if max_norm <= 0:
+        raise ValueError(f"max_norm must be positive, got {max_norm}")
+    xp = backend.xp
+    squares = [xp.vdot(g.ravel(), g.ravel()) for g in grads.values()]  # 0-d arrays, no sync yet
+    total = math.sqrt(float(sum(squares))) if squares else 0.0
+    if math.isfinite(total) and total > max_norm:
+        scale = float(max_norm) / total
+        for g in grads.values():
+            g *= scale
+    return total

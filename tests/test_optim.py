@@ -1,0 +1,244 @@
+"""Tests of minitfm.optim: the schedule of equation (3), Adam against a float64 hand computation,
+dtype and in-place guarantees, gradient clipping, and the errors for mismatched dicts."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from minitfm import backend
+from minitfm.optim import Adam, LRSchedule, clip_grad_norm
+
+
+# --- learning-rate schedule --------------------------------------------------------------------
+
+def test_schedule_known_values():
+    s = LRSchedule(d_model=512, warmup=4000)
+    assert s(1) == pytest.approx(512 ** -0.5 * 4000 ** -1.5)
+    assert s(4000) == pytest.approx(512 ** -0.5 * 4000 ** -0.5)   # the peak, ~7.0e-4
+    assert s(4000) == pytest.approx(6.9877e-4, rel=1e-4)
+    assert s(16000) == pytest.approx(s(4000) / 2)                  # step^-0.5: 4x steps, half the rate
+    assert LRSchedule(d_model=512, warmup=4000, factor=2.0)(123) == pytest.approx(2 * s(123))
+
+
+def test_schedule_defaults_are_the_papers():
+    s = LRSchedule(d_model=512)
+    assert (s.warmup, s.factor) == (4000, 1.0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(d_model=st.integers(1, 4096), warmup=st.integers(1, 20000))
+def test_schedule_rises_to_peak_at_warmup_then_falls(d_model, warmup):
+    s = LRSchedule(d_model=d_model, warmup=warmup)
+    peak = s(warmup)
+    assert peak == pytest.approx((d_model * warmup) ** -0.5)
+    up = [s(k) for k in range(1, warmup + 1, max(1, warmup // 50))]
+    down = [s(k) for k in range(warmup, 5 * warmup, max(1, warmup // 10))]
+    assert all(a < b for a, b in zip(up, up[1:]))
+    assert all(a > b for a, b in zip(down, down[1:]))
+    assert max(up + down) == peak
+
+
+@pytest.mark.parametrize("kwargs", [dict(d_model=0), dict(d_model=8, warmup=0),
+                                    dict(d_model=8, factor=0.0)])
+def test_schedule_rejects_bad_settings(kwargs):
+    with pytest.raises(ValueError, match="schedule needs"):
+        LRSchedule(**kwargs)
+
+
+def test_schedule_counts_from_one():
+    with pytest.raises(ValueError, match="count from 1"):
+        LRSchedule(d_model=8)(0)
+
+
+# --- Adam --------------------------------------------------------------------------------------
+
+def adam_reference(p, grads, lrs, b1=0.9, b2=0.98, eps=1e-9):
+    """Kingma & Ba, Algorithm 1, written out in float64."""
+    p = np.array(p, dtype=np.float64)
+    m = np.zeros_like(p)
+    v = np.zeros_like(p)
+    for t, (g, lr) in enumerate(zip(grads, lrs), start=1):
+        g = np.asarray(g, dtype=np.float64)
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        m_hat = m / (1 - b1 ** t)
+        v_hat = v / (1 - b2 ** t)
+        p = p - lr * m_hat / (np.sqrt(v_hat) + eps)
+    return p, m, v
+
+
+def test_two_adam_steps_by_hand_float64():
+    w = np.array([[0.5, -1.0], [2.0, 0.0]])
+    b = np.array([0.1, -0.2, 0.3])
+    g1 = {"w": np.array([[0.1, -0.2], [0.3, 0.0]]), "b": np.array([1.0, -1e-3, 0.0])}
+    g2 = {"w": np.array([[-0.4, 0.2], [0.1, 5.0]]), "b": np.array([0.5, 2.0, -3.0])}
+    params = {"w": w.copy(), "b": b.copy()}
+    opt = Adam(params)
+    opt.update(params, g1, lr=1e-3)
+    opt.update(params, g2, lr=2e-3)
+    assert opt.step == 2
+
+    # step 1 by hand: m = 0.1 g1, v = 0.02 g1^2, m_hat = g1, v_hat = g1^2
+    w1 = w - 1e-3 * g1["w"] / (np.abs(g1["w"]) + 1e-9)
+    # step 2 by hand
+    m2 = 0.9 * 0.1 * g1["w"] + 0.1 * g2["w"]
+    v2 = 0.98 * 0.02 * g1["w"] ** 2 + 0.02 * g2["w"] ** 2
+    w2 = w1 - 2e-3 * (m2 / (1 - 0.9 ** 2)) / (np.sqrt(v2 / (1 - 0.98 ** 2)) + 1e-9)
+    np.testing.assert_allclose(params["w"], w2, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(opt.m["w"], m2, rtol=1e-12)
+    np.testing.assert_allclose(opt.v["w"], v2, rtol=1e-12)
+
+    ref_b, ref_m, ref_v = adam_reference(b, [g1["b"], g2["b"]], [1e-3, 2e-3])
+    np.testing.assert_allclose(params["b"], ref_b, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(opt.m["b"], ref_m, rtol=1e-12)
+    np.testing.assert_allclose(opt.v["b"], ref_v, rtol=1e-12)
+
+
+finite = st.floats(-10, 10, allow_nan=False, width=32)
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), shape=hnp.array_shapes(max_dims=3, max_side=4), steps=st.integers(1, 4))
+def test_adam_float32_matches_float64_reference_in_place(data, shape, steps):
+    p0 = data.draw(hnp.arrays(np.float32, shape, elements=finite))
+    grads = [data.draw(hnp.arrays(np.float32, shape, elements=finite)) for _ in range(steps)]
+    lrs = [data.draw(st.floats(1e-5, 1e-2)) for _ in range(steps)]
+    params = {"p": p0.copy()}
+    array = params["p"]
+    opt = Adam(params)
+    for g, lr in zip(grads, lrs):
+        opt.update(params, {"p": g}, lr)
+    assert params["p"] is array                      # updated in place, never reallocated
+    assert params["p"].dtype == np.float32
+    assert opt.m["p"].dtype == opt.v["p"].dtype == np.float32
+    ref, _, _ = adam_reference(p0, grads, lrs)
+    # each step moves a parameter by at most about lr; float32 rounding of that is ~1e-7 relative
+    np.testing.assert_allclose(params["p"], ref, rtol=1e-5, atol=1e-5 * sum(lrs) + 1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(g=hnp.arrays(np.float64, 5, elements=st.floats(1e-3, 1e3) | st.floats(-1e3, -1e-3)),
+       lr=st.floats(1e-5, 1.0))
+def test_first_adam_step_moves_each_weight_by_lr(g, lr):
+    params = {"p": np.zeros(5)}
+    Adam(params).update(params, {"p": g}, lr)
+    np.testing.assert_allclose(params["p"], -lr * np.sign(g), rtol=1e-6)
+
+
+def test_mismatched_grad_keys_are_named():
+    params = {"a": np.zeros(2), "b": np.zeros(3)}
+    opt = Adam(params)
+    with pytest.raises(ValueError, match=r"missing \['b'\], extra \['c'\]"):
+        opt.update(params, {"a": np.zeros(2), "c": np.zeros(3)}, 1e-3)
+    assert opt.step == 0
+
+
+def test_mismatched_grad_shape_or_dtype_is_refused():
+    params = {"a": np.zeros((2, 3), dtype=np.float32)}
+    opt = Adam(params)
+    with pytest.raises(ValueError, match=r"gradient 'a' has shape \(3, 2\)"):
+        opt.update(params, {"a": np.zeros((3, 2), dtype=np.float32)}, 1e-3)
+    with pytest.raises(ValueError, match="float64"):
+        opt.update(params, {"a": np.zeros((2, 3), dtype=np.float64)}, 1e-3)
+
+
+def test_state_dict_round_trip_resumes_identically():
+    rng = np.random.default_rng(0)
+    grads = [{"w": rng.standard_normal(4).astype(np.float32)} for _ in range(4)]
+    straight = {"w": np.ones(4, dtype=np.float32)}
+    opt = Adam(straight)
+    for g in grads:
+        opt.update(straight, g, 1e-2)
+
+    resumed = {"w": np.ones(4, dtype=np.float32)}
+    first = Adam(resumed)
+    for g in grads[:2]:
+        first.update(resumed, g, 1e-2)
+    state = {k: v if k == "step" else {n: a.copy() for n, a in v.items()}
+             for k, v in first.state_dict().items()}
+    second = Adam(resumed)
+    second.load_state_dict(state)
+    assert second.step == 2
+    for g in grads[2:]:
+        second.update(resumed, g, 1e-2)
+    np.testing.assert_array_equal(resumed["w"], straight["w"])
+
+
+def test_load_state_dict_refuses_other_models_state():
+    opt = Adam({"w": np.zeros(3)})
+    with pytest.raises(ValueError, match="different set of parameters"):
+        opt.load_state_dict({"step": 1, "m": {"x": np.zeros(3)}, "v": {"x": np.zeros(3)}})
+    with pytest.raises(ValueError, match="different model"):
+        opt.load_state_dict({"step": 1, "m": {"w": np.zeros(4)}, "v": {"w": np.zeros(4)}})
+    with pytest.raises(ValueError, match=r"missing \['v'\]"):
+        opt.load_state_dict({"step": 1, "m": {"w": np.zeros(3)}})
+
+
+# --- gradient clipping -------------------------------------------------------------------------
+
+def test_clip_grad_norm_scales_to_max_norm():
+    grads = {"a": np.array([3.0, 0.0], dtype=np.float32), "b": np.array([[4.0]], dtype=np.float32)}
+    a = grads["a"]
+    norm = clip_grad_norm(grads, 1.0)
+    assert isinstance(norm, float) and norm == pytest.approx(5.0)
+    assert grads["a"] is a and grads["a"].dtype == np.float32
+    np.testing.assert_allclose(grads["a"], [0.6, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(grads["b"], [[0.8]], rtol=1e-6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(g=hnp.arrays(np.float64, hnp.array_shapes(max_dims=2, max_side=5),
+                    elements=st.floats(-100, 100)),
+       max_norm=st.floats(0.1, 50))
+def test_clip_grad_norm_properties(g, max_norm):
+    grads = {"g": g.copy()}
+    norm = clip_grad_norm(grads, max_norm)
+    assert norm == pytest.approx(np.linalg.norm(g))
+    if norm <= max_norm:
+        np.testing.assert_array_equal(grads["g"], g)           # untouched below the threshold
+    else:
+        assert np.linalg.norm(grads["g"]) == pytest.approx(max_norm)
+        np.testing.assert_allclose(grads["g"] * norm / max_norm, g, rtol=1e-9, atol=1e-12)
+
+
+def test_clip_grad_norm_leaves_non_finite_gradients_alone():
+    grads = {"g": np.array([1.0, np.inf])}
+    assert math.isinf(clip_grad_norm(grads, 1.0))
+    np.testing.assert_array_equal(grads["g"], [1.0, np.inf])
+
+
+def test_clip_grad_norm_rejects_non_positive_max_norm():
+    with pytest.raises(ValueError, match="max_norm"):
+        clip_grad_norm({"g": np.ones(2)}, 0.0)
+
+
+# --- on the GPU --------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_adam_on_cupy_matches_numpy():
+    pytest.importorskip("cupy")
+    rng = np.random.default_rng(1)
+    p0 = rng.standard_normal((8, 8)).astype(np.float32)
+    grads = [rng.standard_normal((8, 8)).astype(np.float32) for _ in range(3)]
+    host = {"w": p0.copy()}
+    opt = Adam(host)
+    for g in grads:
+        opt.update(host, {"w": g}, 1e-2)
+    backend.use("cupy")
+    try:
+        device = {"w": backend.to_device(p0)}
+        array = device["w"]
+        opt = Adam(device)
+        for g in grads:
+            opt.update(device, {"w": backend.to_device(g)}, 1e-2)
+        assert device["w"] is array and device["w"].dtype == np.float32
+        np.testing.assert_allclose(backend.to_host(device["w"]), host["w"], rtol=1e-5, atol=1e-6)
+        grads_dev = {"w": backend.to_device(grads[0])}
+        norm = clip_grad_norm(grads_dev, 1.0)
+        assert norm == pytest.approx(float(np.linalg.norm(grads[0])), rel=1e-5)
+    finally:
+        backend.use("numpy")
