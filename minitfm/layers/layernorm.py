@@ -1,0 +1,49 @@
+"""Layer normalization (Ba et al., 2016), over the last axis of size D.
+
+Forward
+    mu   = mean(x)                    var = mean((x - mu)^2)
+    rstd = 1 / sqrt(var + eps)        xhat = (x - mu) * rstd
+    y    = gamma * xhat + beta
+
+Backward (per row; g = dL/dxhat = dy * gamma)
+    dL/dgamma = sum_rows dy * xhat
+    dL/dbeta  = sum_rows dy
+    dL/dx     = rstd * (g - mean(g) - xhat * mean(g * xhat))
+       term 1: g                      the direct path through xhat
+       term 2: -mean(g)               through mu (every x_i shifts the mean by 1/D)
+       term 3: -xhat * mean(g * xhat) through var (d var / d x_i = 2 (x_i - mu) / D)
+       final scale: rstd
+"""
+
+from __future__ import annotations
+
+from minitfm import backend
+
+EPS = 1e-5
+
+
+def forward(x, gamma, beta, eps=EPS):
+    """Return ``(y, cache)`` with the statistics needed by the backward pass."""
+    xp = backend.xp
+    mu = x.mean(axis=-1, keepdims=True)             # (..., 1)
+    xc = x - mu
+    var = (xc * xc).mean(axis=-1, keepdims=True)    # (..., 1)
+    rstd = 1.0 / xp.sqrt(var + eps)                 # (..., 1)
+    xhat = xc
+    xhat *= rstd                                    # (..., D), reuses xc's memory
+    y = xhat * gamma
+    y += beta
+    return y, (xhat, rstd, gamma)
+
+
+def backward(dy, cache):
+    """Return ``(dx, {"gamma": dgamma, "beta": dbeta})``."""
+    xhat, rstd, gamma = cache
+    d = xhat.shape[-1]
+    dgamma = (dy * xhat).reshape(-1, d).sum(axis=0)
+    dbeta = dy.reshape(-1, d).sum(axis=0)
+    g = dy * gamma                                                  # term 1
+    dx = g - g.mean(axis=-1, keepdims=True)                         # term 2
+    dx -= xhat * (g * xhat).mean(axis=-1, keepdims=True)            # term 3
+    dx *= rstd                                                      # final scale
+    return dx, {"gamma": dgamma, "beta": dbeta}

@@ -1,0 +1,36 @@
+"""Sinusoidal positional encoding (paper, section 3.5).
+
+    PE(pos, 2i)   = sin(pos / 10000^(2i / d_model))
+    PE(pos, 2i+1) = cos(pos / 10000^(2i / d_model))
+
+Forward:  y[b, t] = x[b, t] + PE(offset + t)      x, y (B, T, d_model)
+Backward: dL/dx = dL/dy                            PE is a constant, so the sum passes dy through.
+
+``offset`` lets incremental decoding encode position t alone.
+"""
+
+from __future__ import annotations
+
+from minitfm import backend
+
+
+def encoding(length, d_model, dtype, offset=0):
+    """The (length, d_model) matrix of PE rows for positions offset .. offset+length-1."""
+    xp = backend.xp
+    pos = xp.arange(offset, offset + length, dtype=xp.float64)[:, None]        # (T, 1)
+    two_i = xp.arange(0, d_model, 2, dtype=xp.float64)[None, :]                # (1, ceil(d/2))
+    angle = pos / xp.power(10000.0, two_i / d_model)                           # (T, ceil(d/2))
+    pe = xp.empty((length, d_model), dtype=xp.float64)
+    pe[:, 0::2] = xp.sin(angle)
+    pe[:, 1::2] = xp.cos(angle[:, : d_model // 2])
+    return pe.astype(dtype, copy=False)
+
+
+def forward(x, offset=0):
+    """Return ``(x + PE, None)``; there is nothing to cache."""
+    return x + encoding(x.shape[-2], x.shape[-1], x.dtype, offset), None
+
+
+def backward(dy, cache):
+    """The gradient passes through unchanged."""
+    return dy, {}

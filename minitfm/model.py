@@ -1,0 +1,359 @@
+"""The Transformer: configuration, parameters, and the loss with all its gradients.
+
+    src (B, S) ids ──embed·√d + PE──dropout──► encoder stack ──► memory (B, S, d)
+    tgt (B, T+1) ids = BOS y_1 .. y_n EOS PAD..; decoder input tgt[:, :-1], targets tgt[:, 1:]
+    tgt[:, :-1] ──embed·√d + PE──dropout──► decoder stack (memory) ──► h (B, T, d)
+    h at non-padding targets ──► h E^T (logits, output projection tied to the embedding)
+                             ──► label-smoothed cross-entropy, averaged over target tokens
+
+A model is a flat dict of named arrays (see ``parameter_names``); gradients are a dict with the
+same keys. With ``share_embeddings`` one matrix "emb" is the source embedding, the target
+embedding and the output projection (paper, section 3.4), and its gradient is the sum of the
+gradients of its three uses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from minitfm import backend
+from minitfm.layers import decoder, dropout, embedding, encoder, linear, loss, positional
+from minitfm.layers import prefixed, subdict
+from minitfm.layers.attention import MASKED
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every hyper-parameter of the model. The paper's values are the ``base`` preset."""
+
+    src_vocab: int = 37000
+    tgt_vocab: int = 37000
+    n_layers: int = 6              # N, for the encoder and the decoder
+    d_model: int = 512
+    d_ff: int = 2048
+    n_heads: int = 8               # h; d_k = d_v = d_model / h
+    dropout: float = 0.1           # P_drop
+    label_smoothing: float = 0.1   # eps_ls
+    share_embeddings: bool = True  # one matrix for source, target and output projection
+    pre_ln: bool = False           # the paper's post-LN by default
+    max_len: int = 1024            # longest sequence the model accepts
+    pad_id: int = PAD_ID
+    bos_id: int = BOS_ID
+    eos_id: int = EOS_ID
+
+    def __post_init__(self):
+        for field in ("src_vocab", "tgt_vocab", "n_layers", "d_model", "d_ff", "n_heads", "max_len"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"Config.{field} must be a positive integer, got {value!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"Config.d_model={self.d_model} must be divisible by n_heads={self.n_heads} "
+                f"(each head gets d_model / n_heads dimensions)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"Config.dropout must be in [0, 1), got {self.dropout!r}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"Config.label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
+        if self.share_embeddings and self.src_vocab != self.tgt_vocab:
+            raise ValueError(
+                f"Config.share_embeddings=True needs src_vocab == tgt_vocab, got "
+                f"{self.src_vocab} and {self.tgt_vocab}: use a joint vocabulary or "
+                f"share_embeddings=False")
+        for field in ("pad_id", "bos_id", "eos_id"):
+            value = getattr(self, field)
+            if not 0 <= value < min(self.src_vocab, self.tgt_vocab):
+                raise ValueError(f"Config.{field}={value} is outside the vocabulary")
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "Config":
+        """A named preset ("tiny", "toy", "small", "base", "big") with fields overridden."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}")
+        return dataclasses.replace(PRESETS[name], **overrides)
+
+    def replace(self, **changes) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Config":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown config fields {sorted(unknown)}")
+        return cls(**d)
+
+
+PRESETS = {
+    # for gradient checks: every code path, a few hundred parameters
+    "tiny": Config(src_vocab=11, tgt_vocab=11, n_layers=2, d_model=8, d_ff=12, n_heads=2,
+                   dropout=0.0, label_smoothing=0.1, max_len=64),
+    # for the synthetic tasks of train_toy.py on a laptop CPU
+    "toy": Config(src_vocab=16, tgt_vocab=16, n_layers=2, d_model=64, d_ff=256, n_heads=4,
+                  dropout=0.0, label_smoothing=0.0, max_len=256),
+    # a real-translation model for a CPU (Multi30k with an 8k joint vocabulary)
+    "small": Config(src_vocab=8000, tgt_vocab=8000, n_layers=3, d_model=256, d_ff=1024,
+                    n_heads=4, dropout=0.1, label_smoothing=0.1),
+    # the paper's base and big models (Table 3)
+    "base": Config(),
+    "big": Config(d_model=1024, d_ff=4096, n_heads=16, dropout=0.3),
+}
+
+
+# ---- parameters ---------------------------------------------------------------------------
+
+def parameter_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """Every parameter's name and shape, in a fixed order."""
+    d, f = cfg.d_model, cfg.d_ff
+    shapes: dict[str, tuple[int, ...]] = {}
+    if cfg.share_embeddings:
+        shapes["emb"] = (cfg.src_vocab, d)
+    else:
+        shapes["src_emb"] = (cfg.src_vocab, d)
+        shapes["tgt_emb"] = (cfg.tgt_vocab, d)
+
+    def ln(prefix):
+        shapes[prefix + "gamma"] = (d,)
+        shapes[prefix + "beta"] = (d,)
+
+    def ff(prefix):
+        shapes.update({prefix + "w1": (d, f), prefix + "b1": (f,),
+                       prefix + "w2": (f, d), prefix + "b2": (d,)})
+
+    for i in range(cfg.n_layers):
+        p = f"enc.{i}."
+        shapes.update({p + "attn.w_qkv": (d, 3 * d), p + "attn.b_qkv": (3 * d,),
+                       p + "attn.w_o": (d, d), p + "attn.b_o": (d,)})
+        ln(p + "ln1.")
+        ff(p + "ff.")
+        ln(p + "ln2.")
+    for i in range(cfg.n_layers):
+        p = f"dec.{i}."
+        shapes.update({p + "self_attn.w_qkv": (d, 3 * d), p + "self_attn.b_qkv": (3 * d,),
+                       p + "self_attn.w_o": (d, d), p + "self_attn.b_o": (d,)})
+        ln(p + "ln1.")
+        shapes.update({p + "cross_attn.w_q": (d, d), p + "cross_attn.b_q": (d,),
+                       p + "cross_attn.w_kv": (d, 2 * d), p + "cross_attn.b_kv": (2 * d,),
+                       p + "cross_attn.w_o": (d, d), p + "cross_attn.b_o": (d,)})
+        ln(p + "ln2.")
+        ff(p + "ff.")
+        ln(p + "ln3.")
+    if cfg.pre_ln:
+        ln("enc.ln.")
+        ln("dec.ln.")
+    return shapes
+
+
+def parameter_names(cfg: Config) -> list[str]:
+    return list(parameter_shapes(cfg))
+
+
+def init_params(cfg: Config, seed: int = 0, dtype=None) -> dict:
+    """Initialise every parameter, reproducibly from ``seed`` and identically on every backend.
+
+    - weight matrices: Xavier/Glorot uniform, U(-a, a) with a = sqrt(6 / (fan_in + fan_out)),
+      applied to each d_model x d_model block of the fused projections separately (each block is
+      one of the paper's W_Q, W_K, W_V);
+    - embeddings: N(0, d_model^-1/2), so that the embedding times sqrt(d_model) has unit scale;
+    - biases 0, LayerNorm gains 1 and shifts 0.
+    Values are drawn on the host and copied to the active backend.
+    """
+    dtype = dtype or backend.float_dtype()
+    rng = backend.host_rng(seed)
+    d = cfg.d_model
+    xp = backend.xp
+    params = {}
+    for name, shape in parameter_shapes(cfg).items():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "gamma":
+            params[name] = xp.ones(shape, dtype=dtype)
+            continue
+        if len(shape) == 1:
+            params[name] = xp.zeros(shape, dtype=dtype)
+            continue
+        if name in ("emb", "src_emb", "tgt_emb"):
+            value = rng.normal(0.0, d ** -0.5, size=shape)
+        else:
+            fan_in, fan_out = shape
+            blocks = fan_out // d if leaf in ("w_qkv", "w_kv") else 1
+            fan_out //= blocks
+            a = math.sqrt(6.0 / (fan_in + fan_out))
+            value = rng.uniform(-a, a, size=shape)
+        params[name] = backend.to_device(value, dtype=dtype)
+    return params
+
+
+def num_parameters(params: dict) -> int:
+    return sum(int(v.size) for v in params.values())
+
+
+# ---- input checks -------------------------------------------------------------------------
+
+def check_params(params: dict, cfg: Config) -> None:
+    """Raise a clear error if ``params`` does not fit ``cfg`` or lives on another device."""
+    shapes = parameter_shapes(cfg)
+    missing = [k for k in shapes if k not in params]
+    extra = [k for k in params if k not in shapes]
+    if missing or extra:
+        raise ValueError(f"parameters do not match the config: missing {missing[:5]}, "
+                         f"unexpected {extra[:5]}")
+    dtype = None
+    for name, shape in shapes.items():
+        value = backend.check_array(params[name], f"parameter {name!r}")
+        if tuple(value.shape) != shape:
+            raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, the config "
+                             f"needs {shape}")
+        if dtype is None:
+            dtype = value.dtype
+        elif value.dtype != dtype:
+            raise TypeError(f"parameter {name!r} is {value.dtype} but the others are {dtype}: "
+                            f"all parameters must share one float dtype")
+
+
+def check_tokens(ids, what: str, vocab: int, cfg: Config, min_len: int = 1):
+    """Return ``ids`` after checking it is a 2-D integer array of valid token ids."""
+    ids = backend.check_array(ids, what)
+    if ids.ndim != 2:
+        raise ValueError(f"{what} must be a 2-D (batch, length) array of token ids, "
+                         f"got shape {tuple(ids.shape)}")
+    if ids.dtype.kind not in "iu":
+        raise TypeError(f"{what} must hold integer token ids, got dtype {ids.dtype}")
+    if ids.shape[0] == 0 or ids.shape[1] < min_len:
+        raise ValueError(f"{what} has shape {tuple(ids.shape)}: it needs at least one sentence "
+                         f"and at least {min_len} positions")
+    if ids.shape[1] > cfg.max_len:
+        raise ValueError(f"{what} has length {ids.shape[1]} > Config.max_len={cfg.max_len}: "
+                         f"truncate the input or raise max_len")
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab:
+        raise ValueError(f"{what} holds token ids in [{lo}, {hi}], outside the vocabulary "
+                         f"[0, {vocab - 1}]: was the data encoded with another vocabulary?")
+    return ids
+
+
+# ---- the model ----------------------------------------------------------------------------
+
+def embedding_names(cfg: Config) -> tuple[str, str]:
+    """The names of the source and target (= output projection) embedding matrices."""
+    return ("emb", "emb") if cfg.share_embeddings else ("src_emb", "tgt_emb")
+
+
+def padding_mask(ids, pad_id, dtype):
+    """Additive mask (B, 1, 1, S): MASKED at padded keys, 0 elsewhere."""
+    xp = backend.xp
+    return xp.where(ids == pad_id, MASKED, 0.0).astype(dtype)[:, None, None, :]
+
+
+def causal_mask(length, dtype):
+    """Additive mask (1, 1, T, T): MASKED where key position > query position."""
+    xp = backend.xp
+    future = xp.triu(xp.ones((length, length), dtype=bool), k=1)
+    return xp.where(future, MASKED, 0.0).astype(dtype)[None, None]
+
+
+def embed(ids, table, cfg, rng, offset=0):
+    """Token embedding * sqrt(d_model) + positional encoding, then dropout."""
+    x, c_emb = embedding.forward(ids, table)
+    x, _ = positional.forward(x, offset)
+    x, c_drop = dropout.forward(x, cfg.dropout, rng)
+    return x, (c_emb, c_drop)
+
+
+def embed_backward(dx, cache):
+    c_emb, c_drop = cache
+    dx, _ = dropout.backward(dx, c_drop)
+    dx, _ = positional.backward(dx, None)
+    return embedding.backward(dx, c_emb)[1]["table"]
+
+
+def encode(params, cfg, src, rng=None):
+    """Run the encoder. Return ``(memory (B, S, d), src_mask (B, 1, 1, S), cache)``."""
+    src_name, _ = embedding_names(cfg)
+    dtype = params[src_name].dtype
+    src_mask = padding_mask(src, cfg.pad_id, dtype)
+    x, c_emb = embed(src, params[src_name], cfg, rng)
+    memory, c_enc = encoder.stack_forward(x, subdict(params, "enc."), src_mask, cfg, rng)
+    return memory, src_mask, (c_emb, c_enc)
+
+
+def decode(params, cfg, tgt_in, memory, src_mask, rng=None):
+    """Run the decoder over a whole target prefix. Return ``(h (B, T, d), cache)``."""
+    _, tgt_name = embedding_names(cfg)
+    dtype = params[tgt_name].dtype
+    t = tgt_in.shape[1]
+    self_mask = causal_mask(t, dtype) + padding_mask(tgt_in, cfg.pad_id, dtype)   # (B, 1, T, T)
+    y, c_emb = embed(tgt_in, params[tgt_name], cfg, rng)
+    h, c_dec = decoder.stack_forward(y, memory, subdict(params, "dec."), self_mask, src_mask,
+                                     cfg, rng)
+    return h, (c_emb, c_dec)
+
+
+def logits(params, cfg, h):
+    """Output projection tied to the target embedding: h (..., d) -> (..., V)."""
+    return h @ params[embedding_names(cfg)[1]].T
+
+
+def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=None):
+    """The label-smoothed loss of a batch and, unless ``grads=False``, the gradients of every parameter.
+
+    src (B, S): source ids, padded with ``cfg.pad_id``.
+    tgt (B, T+1): BOS, target ids, EOS, then padding; the decoder reads tgt[:, :-1] and predicts
+        tgt[:, 1:].
+    rng: a generator from ``backend.rng(...)`` for dropout, or None for no dropout (evaluation).
+    normalizer: the loss is summed over target tokens and divided by this (default: the number of
+        non-padding target tokens of this batch; pass the token count of a whole accumulated
+        update to make gradient accumulation exact).
+
+    Returns ``(stats, grads)``: stats is a dict of Python numbers — "loss" (normalised
+    label-smoothed loss), "nll" (normalised negative log-likelihood), "tokens" (non-padding
+    targets) — and grads a dict with the keys of ``params`` (None when ``grads=False``).
+    """
+    xp = backend.xp
+    check_params(params, cfg)
+    src_name, tgt_name = embedding_names(cfg)
+    src = check_tokens(src, "src", cfg.src_vocab, cfg)
+    tgt = check_tokens(tgt, "tgt", cfg.tgt_vocab, cfg, min_len=2)
+    if src.shape[0] != tgt.shape[0]:
+        raise ValueError(f"src has {src.shape[0]} sentences but tgt has {tgt.shape[0]}")
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+
+    memory, src_mask, c_src = encode(params, cfg, src, rng)
+    h, c_tgt = decode(params, cfg, tgt_in, memory, src_mask, rng)          # (B, T, d)
+
+    # logits only where there is a target to predict: never a (B*T, V) array of padding rows
+    b, t, d = h.shape
+    rows = xp.flatnonzero(tgt_out.reshape(-1) != cfg.pad_id)              # (N,)
+    n_tokens = int(rows.size)
+    if n_tokens == 0:
+        raise ValueError("tgt has no target tokens (every position after BOS is padding)")
+    h_sel = h.reshape(b * t, d)[rows]                                     # (N, d)
+    z, c_out = linear.forward(h_sel, params[tgt_name].T)                  # (N, V)
+    (loss_sum, nll_sum), c_loss = loss.forward(z, tgt_out.reshape(-1)[rows], cfg.label_smoothing)
+    norm = float(normalizer) if normalizer is not None else float(n_tokens)
+    stats = {"loss": float(loss_sum) / norm, "nll": float(nll_sum) / norm, "tokens": n_tokens}
+    if not grads:
+        return stats, None
+
+    # backward, in reverse order of the forward pass
+    dz = loss.backward(1.0 / norm, c_loss)                                # (N, V)
+    dh_sel, g_out = linear.backward(dz, c_out)                            # (N, d)
+    dh = xp.zeros((b * t, d), dtype=h.dtype)
+    dh[rows] = dh_sel
+    dy, dmemory, g_dec = decoder.stack_backward(dh.reshape(b, t, d), c_tgt[1])
+    d_tgt_emb = embed_backward(dy, c_tgt[0])
+    dx, g_enc = encoder.stack_backward(dmemory, c_src[1])
+    d_src_emb = embed_backward(dx, c_src[0])
+
+    out = {**prefixed(g_enc, "enc."), **prefixed(g_dec, "dec.")}
+    out[tgt_name] = g_out["w"].T + d_tgt_emb       # output projection + target embedding
+    if src_name == tgt_name:
+        out[src_name] += d_src_emb                 # ... + source embedding, when shared
+    else:
+        out[src_name] = d_src_emb
+    return stats, {k: out[k] for k in params}
