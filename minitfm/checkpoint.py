@@ -1,0 +1,284 @@
+"""Checkpoints: one ``.npz`` file holding parameters, optimizer state and metadata.
+
+This is host-side file I/O, so it imports numpy directly; arrays are copied to the host with
+``backend.to_host`` before writing, and :func:`load` returns NumPy arrays. Moving them to the
+active backend is the caller's choice: :func:`params_to_device` for the parameters,
+``Adam.load_state_dict`` for the optimizer state.
+
+File layout (a plain, uncompressed ``numpy.savez`` archive, read with ``allow_pickle=False``)::
+
+    meta               uint8  UTF-8 JSON: {"format": "minitfm-checkpoint", "version": 1,
+                              "step", "config", "vocab_id", "extra", "param_names",
+                              "optimizer_step" (null without optimizer state)}
+    param/<name>       one array per parameter, in its own dtype and shape
+    adam_m/<name>      Adam's first moment   (only with optimizer state)
+    adam_v/<name>      Adam's second moment  (only with optimizer state)
+    vocab_model        uint8  the serialized tokenizer model (only when given)
+
+Random state needs no arrays: dropout masks derive from ``(seed, step)``, so a run stores its seed
+as an int in ``extra`` and ``step`` completes it.
+
+Writes are atomic: the archive goes to a temporary file in the destination directory, is flushed
+and fsync'ed, then renamed over the destination with ``os.replace``. A crash or a full disk during
+a save leaves the previous checkpoint intact. Rotation (:func:`keep_last`, :func:`latest`) works on
+files named ``checkpoint_{step:08d}.npz``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import uuid
+import zipfile
+from dataclasses import dataclass, field
+
+import numpy
+
+from minitfm import backend
+
+__all__ = [
+    "FORMAT_VERSION", "CheckpointError", "Checkpoint", "save", "load", "params_to_device",
+    "check_compatible", "checkpoint_path", "list_checkpoints", "latest", "keep_last",
+]
+
+FORMAT_NAME = "minitfm-checkpoint"
+FORMAT_VERSION = 1
+_FILE_PATTERN = re.compile(r"checkpoint_(\d{8,})\.npz")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is damaged, of an unknown format, or does not fit the current run."""
+
+
+@dataclass
+class Checkpoint:
+    """The contents of one checkpoint file; every array is a NumPy array on the host."""
+
+    path: str
+    params: dict[str, numpy.ndarray]
+    step: int
+    config: dict
+    vocab_id: str | None = None
+    vocab_model: bytes | None = None
+    optimizer_state: dict | None = None   # {"step": int, "m": {name: array}, "v": {...}}
+    extra: dict = field(default_factory=dict)
+
+
+def _json_bytes(meta: dict) -> numpy.ndarray:
+    try:
+        text = json.dumps(meta, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"checkpoint metadata must be plain JSON values (dicts, lists, str, int, float, bool, "
+            f"None): pass config.to_dict(), and ints/strings in extra ({exc})") from exc
+    return numpy.frombuffer(text.encode("utf-8"), dtype=numpy.uint8)
+
+
+def _check_optimizer_state(optimizer_state: dict, params: dict) -> None:
+    if not isinstance(optimizer_state, dict) or set(optimizer_state) != {"step", "m", "v"}:
+        raise ValueError("optimizer_state must be Adam.state_dict(): a dict with keys step, m, v")
+    for moment in ("m", "v"):
+        if optimizer_state[moment].keys() != params.keys():
+            raise ValueError(f"optimizer_state[{moment!r}] has other names than params: the "
+                             f"optimizer was created for a different parameter dict")
+
+
+def _arrays_to_write(params: dict, optimizer_state: dict | None, vocab_model: bytes | None,
+                     meta: dict) -> dict[str, numpy.ndarray]:
+    arrays = {"meta": _json_bytes(meta)}
+    arrays.update({f"param/{name}": backend.to_host(a) for name, a in params.items()})
+    if optimizer_state is not None:
+        for moment in ("m", "v"):
+            arrays.update({f"adam_{moment}/{name}": backend.to_host(a)
+                           for name, a in optimizer_state[moment].items()})
+    if vocab_model is not None:
+        arrays["vocab_model"] = numpy.frombuffer(bytes(vocab_model), dtype=numpy.uint8)
+    return arrays
+
+
+def _fsync_directory(directory: str) -> None:
+    """Make the rename itself durable (POSIX); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save(path: str | os.PathLike, params: dict, *, optimizer_state: dict | None = None,
+         step: int, config: dict, vocab_id: str | None, vocab_model: bytes | None = None,
+         extra: dict | None = None) -> str:
+    """Write a checkpoint to ``path`` atomically; return the path written.
+
+    ``config`` is the model config as a dict (``Config.to_dict()``), ``extra`` any JSON values the
+    caller wants back (e.g. ``{"seed": 1234}``). Parent directories are created.
+    """
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a dict, got {type(config).__name__}: pass config.to_dict()")
+    bad = [name for name in params if not isinstance(name, str) or not name]
+    if bad:
+        raise ValueError(f"parameter names must be non-empty strings, got {bad!r}")
+    if optimizer_state is not None:
+        _check_optimizer_state(optimizer_state, params)
+    meta = {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "step": int(step),
+        "config": config,
+        "vocab_id": vocab_id,
+        "extra": dict(extra or {}),
+        "param_names": list(params),
+        "optimizer_step": None if optimizer_state is None else int(optimizer_state["step"]),
+    }
+    arrays = _arrays_to_write(params, optimizer_state, vocab_model, meta)
+
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    # a hidden name ending in .tmp: never mistaken for a checkpoint by latest() or keep_last()
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "xb") as f:
+            numpy.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    _fsync_directory(directory)
+    return path
+
+
+def _damaged(path: str, reason: object) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint file {path} is damaged (truncated or corrupt) and cannot be read: {reason}. "
+        f"Move it aside and resume from an earlier one (list_checkpoints shows them)")
+
+
+def _read_meta(archive, path: str) -> dict:
+    if "meta" not in archive.files:
+        raise CheckpointError(f"{path} is an .npz file but not a minitfm checkpoint (no 'meta' entry)")
+    meta = json.loads(archive["meta"].tobytes().decode("utf-8"))
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        raise CheckpointError(f"{path} is an .npz file but not a minitfm checkpoint "
+                              f"(format {meta.get('format') if isinstance(meta, dict) else meta!r})")
+    if meta.get("version") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {path} has format version {meta.get('version')!r}, but this minitfm reads "
+            f"only version {FORMAT_VERSION}: load it with the minitfm version that wrote it")
+    return meta
+
+
+def _read_group(archive, prefix: str, names: list[str], path: str) -> dict[str, numpy.ndarray]:
+    missing = [n for n in names if f"{prefix}/{n}" not in archive.files]
+    if missing:
+        listed = ", ".join(f"{prefix}/{n}" for n in missing[:5])
+        raise _damaged(path, f"arrays listed in its metadata are missing ({listed})")
+    return {n: archive[f"{prefix}/{n}"] for n in names}
+
+
+def load(path: str | os.PathLike, *, with_optimizer: bool = True) -> Checkpoint:
+    """Read a checkpoint written by :func:`save`; all arrays come back as NumPy host arrays.
+
+    ``with_optimizer=False`` skips the optimizer moments (two thirds of a training checkpoint),
+    for decoding or averaging. Raises :class:`CheckpointError` if the file is damaged, is not a
+    checkpoint, or has an unknown format version; ``FileNotFoundError`` if it does not exist.
+    """
+    path = os.fspath(path)
+    try:
+        with numpy.load(path, allow_pickle=False) as archive:
+            meta = _read_meta(archive, path)
+            names = meta["param_names"]
+            params = _read_group(archive, "param", names, path)
+            optimizer_state = None
+            if with_optimizer and meta["optimizer_step"] is not None:
+                optimizer_state = {"step": meta["optimizer_step"],
+                                   "m": _read_group(archive, "adam_m", names, path),
+                                   "v": _read_group(archive, "adam_v", names, path)}
+            vocab_model = archive["vocab_model"].tobytes() if "vocab_model" in archive.files else None
+    except (FileNotFoundError, CheckpointError):
+        raise
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, KeyError, TypeError) as exc:
+        # BadZipFile: truncated archive or CRC mismatch; ValueError: bad .npy header or JSON
+        raise _damaged(path, f"{type(exc).__name__}: {exc}") from exc
+    return Checkpoint(path=path, params=params, step=meta["step"], config=meta["config"],
+                      vocab_id=meta["vocab_id"], vocab_model=vocab_model,
+                      optimizer_state=optimizer_state, extra=meta["extra"])
+
+
+def params_to_device(params: dict[str, numpy.ndarray]) -> dict:
+    """Copy host parameters to the active backend (NumPy: the same arrays), keeping dtypes."""
+    return {name: backend.to_device(array) for name, array in params.items()}
+
+
+def check_compatible(ckpt: Checkpoint, config: dict, vocab_id: str | None, *,
+                     ignore: tuple[str, ...] = ()) -> None:
+    """Raise a CheckpointError listing every difference between ``ckpt`` and the current run.
+
+    ``config`` is the current ``Config.to_dict()``; fields named in ``ignore`` (e.g. ``dropout``
+    when decoding) are not compared. The vocabulary must be the same one: a model trained on other
+    token ids produces garbage.
+    """
+    current = json.loads(json.dumps(config))   # tuples -> lists, as stored in the file
+
+    absent = object()
+
+    def show(d: dict, key: str) -> str:
+        return repr(d[key]) if key in d else "no such field"
+
+    problems = [
+        f"config field {key!r}: checkpoint has {show(ckpt.config, key)}, "
+        f"current run has {show(current, key)}"
+        for key in sorted(ckpt.config.keys() | current.keys())
+        if key not in ignore and ckpt.config.get(key, absent) != current.get(key, absent)
+    ]
+    if ckpt.vocab_id != vocab_id:
+        problems.append(f"vocabulary differs: checkpoint was trained with {ckpt.vocab_id!r}, "
+                        f"current run uses {vocab_id!r}")
+    if problems:
+        raise CheckpointError(
+            f"checkpoint {ckpt.path} does not fit the current run:\n  " + "\n  ".join(problems)
+            + "\nUse the config and vocabulary it was trained with, or start from scratch")
+
+
+def checkpoint_path(directory: str | os.PathLike, step: int) -> str:
+    """``directory/checkpoint_{step:08d}.npz``, the name rotation and :func:`latest` look for."""
+    return os.path.join(os.fspath(directory), f"checkpoint_{int(step):08d}.npz")
+
+
+def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, str]]:
+    """``(step, path)`` of every ``checkpoint_*.npz`` in ``directory``, oldest first."""
+    directory = os.fspath(directory)
+    if not os.path.isdir(directory):
+        return []
+    found = [(int(m.group(1)), os.path.join(directory, entry))
+             for entry in os.listdir(directory) if (m := _FILE_PATTERN.fullmatch(entry))]
+    return sorted(found)
+
+
+def latest(directory: str | os.PathLike) -> str | None:
+    """The path of the checkpoint with the highest step in ``directory``, or None if there is none."""
+    found = list_checkpoints(directory)
+    return found[-1][1] if found else None
+
+
+def keep_last(directory: str | os.PathLike, k: int) -> list[str]:
+    """Delete all but the ``k`` newest ``checkpoint_*.npz`` files; return the deleted paths.
+
+    Other files in the directory (an averaged model, temporary files) are left alone.
+    """
+    if k < 1:
+        raise ValueError(f"keep_last needs k >= 1 (keep at least the newest checkpoint), got {k}")
+    doomed = [path for _, path in list_checkpoints(directory)[:-k]]
+    for path in doomed:
+        os.remove(path)
+    return doomed
