@@ -39,13 +39,14 @@ import numpy
 from minitfm import backend
 
 __all__ = [
-    "FORMAT_VERSION", "CheckpointError", "Checkpoint", "save", "load", "params_to_device",
-    "check_compatible", "checkpoint_path", "list_checkpoints", "latest", "keep_last",
+    "FORMAT_VERSION", "ROTATED_NAME", "CheckpointError", "Checkpoint", "save", "load",
+    "params_to_device", "config_differences", "check_compatible",
+    "checkpoint_path", "list_checkpoints", "latest", "keep_last",
 ]
 
 FORMAT_NAME = "minitfm-checkpoint"
 FORMAT_VERSION = 1
-_FILE_PATTERN = re.compile(r"checkpoint_(\d{8,})\.npz")
+ROTATED_NAME = re.compile(r"checkpoint_(\d{8,})\.npz")   # what keep_last() rotates
 
 
 class CheckpointError(RuntimeError):
@@ -121,7 +122,8 @@ def save(path: str | os.PathLike, params: dict, *, optimizer_state: dict | None 
     caller wants back (e.g. ``{"seed": 1234}``). Parent directories are created.
     """
     if not isinstance(config, dict):
-        raise TypeError(f"config must be a dict, got {type(config).__name__}: pass config.to_dict()")
+        raise TypeError(
+            f"config must be a dict, got {type(config).__name__}: pass config.to_dict()")
     bad = [name for name in params if not isinstance(name, str) or not name]
     if bad:
         raise ValueError(f"parameter names must be non-empty strings, got {bad!r}")
@@ -166,11 +168,13 @@ def _damaged(path: str, reason: object) -> CheckpointError:
 
 def _read_meta(archive, path: str) -> dict:
     if "meta" not in archive.files:
-        raise CheckpointError(f"{path} is an .npz file but not a minitfm checkpoint (no 'meta' entry)")
+        raise CheckpointError(
+            f"{path} is an .npz file but not a minitfm checkpoint (no 'meta' entry)")
     meta = json.loads(archive["meta"].tobytes().decode("utf-8"))
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        raise CheckpointError(f"{path} is an .npz file but not a minitfm checkpoint "
-                              f"(format {meta.get('format') if isinstance(meta, dict) else meta!r})")
+        found = meta.get("format") if isinstance(meta, dict) else meta
+        raise CheckpointError(
+            f"{path} is an .npz file but not a minitfm checkpoint (format {found!r})")
     if meta.get("version") != FORMAT_VERSION:
         raise CheckpointError(
             f"checkpoint {path} has format version {meta.get('version')!r}, but this minitfm reads "
@@ -204,20 +208,39 @@ def load(path: str | os.PathLike, *, with_optimizer: bool = True) -> Checkpoint:
                 optimizer_state = {"step": meta["optimizer_step"],
                                    "m": _read_group(archive, "adam_m", names, path),
                                    "v": _read_group(archive, "adam_v", names, path)}
-            vocab_model = archive["vocab_model"].tobytes() if "vocab_model" in archive.files else None
+            vocab_model = (archive["vocab_model"].tobytes()
+                           if "vocab_model" in archive.files else None)
+            return Checkpoint(path=path, params=params, step=meta["step"], config=meta["config"],
+                              vocab_id=meta["vocab_id"], vocab_model=vocab_model,
+                              optimizer_state=optimizer_state, extra=meta["extra"])
     except (FileNotFoundError, CheckpointError):
         raise
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, KeyError, TypeError) as exc:
         # BadZipFile: truncated archive or CRC mismatch; ValueError: bad .npy header or JSON
         raise _damaged(path, f"{type(exc).__name__}: {exc}") from exc
-    return Checkpoint(path=path, params=params, step=meta["step"], config=meta["config"],
-                      vocab_id=meta["vocab_id"], vocab_model=vocab_model,
-                      optimizer_state=optimizer_state, extra=meta["extra"])
 
 
 def params_to_device(params: dict[str, numpy.ndarray]) -> dict:
     """Copy host parameters to the active backend (NumPy: the same arrays), keeping dtypes."""
     return {name: backend.to_device(array) for name, array in params.items()}
+
+
+def config_differences(saved: dict, current: dict, *,
+                       ignore: tuple[str, ...] = ()) -> list[tuple[str, str, str]]:
+    """``(field, saved value, current value)`` for every field that differs, values as reprs.
+
+    ``current`` goes through JSON first (tuples become lists, as in a saved config); a field only
+    one side has shows as "no such field".
+    """
+    current = json.loads(json.dumps(current))
+    absent = object()
+
+    def show(d: dict, key: str) -> str:
+        return repr(d[key]) if key in d else "no such field"
+
+    return [(key, show(saved, key), show(current, key))
+            for key in sorted(saved.keys() | current.keys())
+            if key not in ignore and saved.get(key, absent) != current.get(key, absent)]
 
 
 def check_compatible(ckpt: Checkpoint, config: dict, vocab_id: str | None, *,
@@ -228,19 +251,8 @@ def check_compatible(ckpt: Checkpoint, config: dict, vocab_id: str | None, *,
     when decoding) are not compared. The vocabulary must be the same one: a model trained on other
     token ids produces garbage.
     """
-    current = json.loads(json.dumps(config))   # tuples -> lists, as stored in the file
-
-    absent = object()
-
-    def show(d: dict, key: str) -> str:
-        return repr(d[key]) if key in d else "no such field"
-
-    problems = [
-        f"config field {key!r}: checkpoint has {show(ckpt.config, key)}, "
-        f"current run has {show(current, key)}"
-        for key in sorted(ckpt.config.keys() | current.keys())
-        if key not in ignore and ckpt.config.get(key, absent) != current.get(key, absent)
-    ]
+    problems = [f"config field {key!r}: checkpoint has {saved}, current run has {current}"
+                for key, saved, current in config_differences(ckpt.config, config, ignore=ignore)]
     if ckpt.vocab_id != vocab_id:
         problems.append(f"vocabulary differs: checkpoint was trained with {ckpt.vocab_id!r}, "
                         f"current run uses {vocab_id!r}")
@@ -261,12 +273,12 @@ def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, str]]:
     if not os.path.isdir(directory):
         return []
     found = [(int(m.group(1)), os.path.join(directory, entry))
-             for entry in os.listdir(directory) if (m := _FILE_PATTERN.fullmatch(entry))]
+             for entry in os.listdir(directory) if (m := ROTATED_NAME.fullmatch(entry))]
     return sorted(found)
 
 
 def latest(directory: str | os.PathLike) -> str | None:
-    """The path of the checkpoint with the highest step in ``directory``, or None if there is none."""
+    """The path of the checkpoint with the highest step in ``directory``, or None if none."""
     found = list_checkpoints(directory)
     return found[-1][1] if found else None
 

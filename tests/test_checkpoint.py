@@ -103,7 +103,8 @@ def test_load_can_skip_optimizer_state(tmp_path):
 @settings(max_examples=15, deadline=None)
 @given(params=st.dictionaries(
     st.text("abcxyz.0123_", min_size=1, max_size=12),
-    hnp.arrays(st.sampled_from([np.float32, np.float64, np.int64]), hnp.array_shapes(min_dims=0, max_dims=3, max_side=4)),
+    hnp.arrays(st.sampled_from([np.float32, np.float64, np.int64]),
+               hnp.array_shapes(min_dims=0, max_dims=3, max_side=4)),
     max_size=4),
     step=st.integers(0, 10**9))
 def test_round_trip_any_params(params, step):
@@ -160,7 +161,8 @@ def test_interrupted_save_before_rename_keeps_previous(tmp_path, monkeypatch):
 
 def test_unserialisable_metadata_is_refused_before_writing(tmp_path):
     with pytest.raises(TypeError, match="config.to_dict"):
-        checkpoint.save(tmp_path / "c.npz", tiny_params(), step=1, config=TinyConfig(), vocab_id=None)
+        checkpoint.save(tmp_path / "c.npz", tiny_params(), step=1, config=TinyConfig(),
+                        vocab_id=None)
     with pytest.raises(TypeError, match="plain JSON values"):
         checkpoint.save(tmp_path / "c.npz", tiny_params(), step=1, config={}, vocab_id=None,
                         extra={"rng": np.random.default_rng(0)})
