@@ -36,7 +36,7 @@ __all__ = ["Adam", "LRSchedule", "clip_grad_norm"]
 
 
 def _check_same_keys(expected: dict, given: dict, what: str) -> None:
-    """Raise a ValueError naming the missing and extra keys unless ``given`` has those of ``expected``."""
+    """Raise a ValueError naming missing and extra keys unless the two dicts have the same keys."""
     if given.keys() == expected.keys():
         return
     missing = sorted(expected.keys() - given.keys())
@@ -124,7 +124,7 @@ class Adam:
             p -= buf                                # p -= lr m_hat / (sqrt(v_hat) + eps)
 
     def state_dict(self) -> dict:
-        """``{"step": int, "m": {name: array}, "v": {name: array}}``: the live arrays, not copies."""
+        """``{"step": int, "m": {name: array}, "v": {name: array}}``; live arrays, not copies."""
         return {"step": self.step, "m": self.m, "v": self.v}
 
     def load_state_dict(self, state: dict) -> None:

@@ -20,7 +20,7 @@ def test_schedule_known_values():
     assert s(1) == pytest.approx(512 ** -0.5 * 4000 ** -1.5)
     assert s(4000) == pytest.approx(512 ** -0.5 * 4000 ** -0.5)   # the peak, ~7.0e-4
     assert s(4000) == pytest.approx(6.9877e-4, rel=1e-4)
-    assert s(16000) == pytest.approx(s(4000) / 2)                  # step^-0.5: 4x steps, half the rate
+    assert s(16000) == pytest.approx(s(4000) / 2)      # step^-0.5: 4x the steps, half the rate
     assert LRSchedule(d_model=512, warmup=4000, factor=2.0)(123) == pytest.approx(2 * s(123))
 
 
