@@ -1,0 +1,33 @@
+"""The data pipeline: from released corpora to padded batches of token ids.
+
+    prepare      download WMT14 English-German and write plain train/valid/test text files
+    corpus       read aligned text (plain, gzipped, WMT SGML), never silently misaligned
+    clean        drop empty, too short/long and badly proportioned pairs (Moses' rules)
+    vocab        the joint sentencepiece BPE vocabulary, with fixed special ids
+    encoded      corpora encoded once, cached as memory-mapped NumPy arrays
+    batching     token-count batches for training, fixed-size ordered batches for evaluation
+
+This is host-side code: it uses NumPy deliberately, not the array backend, because batches are
+assembled on the CPU (from memory-mapped files) and only then handed to the model, which moves
+them to the device. It is the only part of the library besides the backend that imports numpy.
+
+Errors caused by the data (missing or corrupt files, misaligned corpora, a vocabulary with other
+special ids) raise :class:`DataError`, a ``ValueError`` whose message says what to fix.
+"""
+
+from .batching import BatchPlan, collate, eval_batches, iterate_batches, token_batches
+from .clean import CleanOptions, CleanReport, clean_parallel
+from .corpus import (DataError, ParallelReader, ParallelText, parallel_files, read_lines,
+                     read_parallel, read_parallel_files, read_sgm)
+from .encoded import EncodedCorpus, encode_corpus
+from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocab, train_vocab
+
+__all__ = [
+    "DataError", "PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID",
+    "ParallelReader", "ParallelText", "parallel_files", "read_lines", "read_parallel",
+    "read_parallel_files", "read_sgm",
+    "CleanOptions", "CleanReport", "clean_parallel",
+    "Vocab", "train_vocab",
+    "EncodedCorpus", "encode_corpus",
+    "BatchPlan", "token_batches", "eval_batches", "collate", "iterate_batches",
+]

@@ -1,0 +1,284 @@
+"""Reading parallel corpora: plain or gzipped text, and WMT's SGML test sets.
+
+A parallel corpus is two files with one sentence per line, line i of one aligned with line i of
+the other. Corpora are named fairseq-style by a prefix and two languages: ``read_parallel("data/
+train", "en", "de")`` reads ``data/train.en`` and ``data/train.de`` (or ``.en.gz`` / ``.de.gz``).
+The WMT test sets come as SGML (``<seg id="1">text</seg>`` lines inside ``<doc docid=...>``);
+:func:`read_parallel_files` reads those too, and pairs their segments by document and segment id.
+
+Alignment is the one thing a reader must never get wrong, so:
+
+- both sides are read in lockstep, and a difference in line counts is an error naming both files
+  and both counts (never a silently shortened corpus);
+- lines are split on ``\\n`` only, on bytes, before decoding: ``str.splitlines`` would also split
+  on U+2028, U+0085 and friends, which occur in web-crawled text and would shift one side;
+- invalid UTF-8 is an error naming the file and line, or, when the caller asks with
+  ``skip_invalid=True``, the *pair* is dropped from both sides and counted.
+
+Gzip is detected from the file's first bytes, not its name.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import zip_longest
+from pathlib import Path
+from typing import BinaryIO, NamedTuple
+
+__all__ = [
+    "DataError", "ParallelText", "ParallelReader", "Segment",
+    "parallel_files", "read_parallel", "read_parallel_files", "read_lines", "read_sgm",
+    "unescape_xml",
+]
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
+class DataError(ValueError):
+    """Input data is missing, unreadable, misaligned or malformed; the message says how to fix it."""
+
+
+# ----------------------------------------------------------------------------- opening files
+
+def _open_bytes(path: Path) -> BinaryIO:
+    """Open ``path`` for binary reading, transparently decompressing gzip."""
+    try:
+        with open(path, "rb") as probe:
+            magic = probe.read(2)
+        return gzip.open(path, "rb") if magic == _GZIP_MAGIC else open(path, "rb")
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot open ({exc.strerror or exc})") from exc
+
+
+def _iter_raw_lines(path: Path) -> Iterator[bytes]:
+    """Yield the lines of ``path`` as bytes without their line ending (``\\n`` or ``\\r\\n``)."""
+    with _open_bytes(path) as stream:
+        try:
+            for number, line in enumerate(stream, start=1):
+                if number == 1 and line.startswith(_UTF8_BOM):
+                    line = line[len(_UTF8_BOM):]
+                yield line.rstrip(b"\n").rstrip(b"\r")
+        except (OSError, EOFError) as exc:  # truncated or corrupt gzip, I/O error
+            raise DataError(f"{path}: read failed ({exc}); the file is corrupt or truncated, "
+                            "re-create or re-download it") from exc
+
+
+def _decode(line: bytes, path: Path, number: int) -> str:
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(
+            f"{path}, line {number}: invalid UTF-8 ({exc.reason} at byte {exc.start}); "
+            "fix the file or read it with skip_invalid=True to drop such pairs") from None
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """All lines of a plain or gzipped UTF-8 text file, without line endings."""
+    path = Path(path)
+    return [_decode(line, path, n) for n, line in enumerate(_iter_raw_lines(path), start=1)]
+
+
+# ----------------------------------------------------------------------------- plain parallel text
+
+def parallel_files(prefix: str | Path, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
+    """The files of corpus ``prefix`` for the two languages: ``PREFIX.LANG`` or ``PREFIX.LANG.gz``."""
+    return _find_side(prefix, src_lang), _find_side(prefix, tgt_lang)
+
+
+def _find_side(prefix: str | Path, lang: str) -> Path:
+    candidates = [Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")]
+    found = [path for path in candidates if path.is_file()]
+    if not found:
+        looked = ", ".join(str(path) for path in candidates)
+        raise DataError(f"corpus {prefix!s}: no '{lang}' side found (looked for {looked})")
+    if len(found) > 1:
+        raise DataError(f"corpus {prefix!s}: both {found[0]} and {found[1]} exist; "
+                        "remove one so it is clear which to read")
+    return found[0]
+
+
+class ParallelReader:
+    """Stream the aligned pairs of two text files, checking alignment as it goes.
+
+    Iterating yields ``(src, tgt)`` string pairs. After a complete iteration, ``lines`` holds the
+    number of lines per side and ``skipped_invalid`` the pairs dropped for invalid UTF-8 (only
+    with ``skip_invalid=True``). If the files have different line counts, the iteration raises
+    :class:`DataError` at the end, after counting both files, so the message has both counts.
+    """
+
+    def __init__(self, src_path: str | Path, tgt_path: str | Path, *, skip_invalid: bool = False):
+        self.src_path, self.tgt_path = Path(src_path), Path(tgt_path)
+        self.skip_invalid = skip_invalid
+        self.lines = 0
+        self.skipped_invalid = 0
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        self.lines = self.skipped_invalid = 0
+        src_count = tgt_count = 0
+        for src_raw, tgt_raw in zip_longest(_iter_raw_lines(self.src_path),
+                                            _iter_raw_lines(self.tgt_path)):
+            src_count += src_raw is not None
+            tgt_count += tgt_raw is not None
+            if src_raw is None or tgt_raw is None:
+                continue  # one side ended early: only count the rest of the other
+            self.lines += 1
+            pair = self._decode_pair(src_raw, tgt_raw)
+            if pair is not None:
+                yield pair
+        if src_count != tgt_count:
+            raise DataError(
+                f"misaligned corpus: {self.src_path} has {src_count} lines but {self.tgt_path} "
+                f"has {tgt_count}; both sides need one sentence per line, in the same order")
+
+    def _decode_pair(self, src_raw: bytes, tgt_raw: bytes) -> tuple[str, str] | None:
+        try:
+            return (_decode(src_raw, self.src_path, self.lines),
+                    _decode(tgt_raw, self.tgt_path, self.lines))
+        except DataError:
+            if not self.skip_invalid:
+                raise
+            self.skipped_invalid += 1
+            return None
+
+
+@dataclass
+class ParallelText:
+    """An aligned parallel corpus in memory: ``src[i]`` translates to ``tgt[i]``."""
+
+    src: list[str]
+    tgt: list[str]
+    src_path: Path
+    tgt_path: Path
+    skipped_invalid: int = 0  # pairs dropped for invalid UTF-8 (``skip_invalid=True`` only)
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def pairs(self) -> Iterator[tuple[str, str]]:
+        return zip(self.src, self.tgt)
+
+
+def read_parallel(prefix: str | Path, src_lang: str, tgt_lang: str, *,
+                  skip_invalid: bool = False) -> ParallelText:
+    """Read corpus ``PREFIX.SRC_LANG`` / ``PREFIX.TGT_LANG`` (each plain or ``.gz``)."""
+    return read_parallel_files(*parallel_files(prefix, src_lang, tgt_lang), skip_invalid=skip_invalid)
+
+
+def read_parallel_files(src_path: str | Path, tgt_path: str | Path, *,
+                        skip_invalid: bool = False) -> ParallelText:
+    """Read two aligned files: plain text, gzipped text, or both WMT SGML (``.sgm``, ``.sgm.gz``)."""
+    src_path, tgt_path = Path(src_path), Path(tgt_path)
+    src_sgm, tgt_sgm = _is_sgm(src_path), _is_sgm(tgt_path)
+    if src_sgm != tgt_sgm:
+        raise DataError(f"{src_path} and {tgt_path}: one is SGML and the other is not; "
+                        "give two SGML files or two plain-text files")
+    if src_sgm:
+        return _read_parallel_sgm(src_path, tgt_path, skip_invalid)
+    reader = ParallelReader(src_path, tgt_path, skip_invalid=skip_invalid)
+    src, tgt = [], []
+    for src_line, tgt_line in reader:
+        src.append(src_line)
+        tgt.append(tgt_line)
+    return ParallelText(src, tgt, src_path, tgt_path, reader.skipped_invalid)
+
+
+# ----------------------------------------------------------------------------- WMT SGML
+
+class Segment(NamedTuple):
+    """One ``<seg>`` of a WMT SGML file; ``text`` is None for invalid UTF-8 when skipping."""
+
+    docid: str
+    segid: str
+    text: str | None
+
+
+_SEG_LINE = re.compile(rb"\s*<seg\b([^>]*)>(.*)</seg>\s*")
+_ATTR_ID = re.compile(rb"""\bid\s*=\s*["']?([^"'\s>]+)""")
+_ATTR_DOCID = re.compile(rb"""\bdocid\s*=\s*["']?([^"'\s>]+)""")
+_ENTITY = re.compile(r"&(#[0-9]+|#[xX][0-9a-fA-F]+|amp|lt|gt|quot|apos);")
+_NAMED_ENTITIES = {"amp": "&", "lt": "<", "gt": ">", "quot": '"', "apos": "'"}
+
+
+def unescape_xml(text: str) -> str:
+    """Replace XML's five named entities and numeric character references, in one pass.
+
+    One pass matters: ``&amp;lt;`` is the text ``&lt;``, not ``<``. Anything else that looks like
+    an entity (HTML's ``&nbsp;``, a bare ``&``) is left as it is, since WMT's SGML is not strict.
+    """
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if not name.startswith("#"):
+            return _NAMED_ENTITIES[name]
+        code = int(name[2:], 16) if name[1] in "xX" else int(name[1:])
+        return chr(code) if 0 < code <= 0x10FFFF else match.group(0)
+
+    return _ENTITY.sub(replace, text)
+
+
+def _is_sgm(path: Path) -> bool:
+    suffixes = path.suffixes[-2:]
+    return bool(suffixes) and (suffixes[-1] == ".sgm" or suffixes == [".sgm", ".gz"])
+
+
+def _read_segments(path: Path, skip_invalid: bool) -> list[Segment]:
+    segments, docid = [], ""
+    for number, line in enumerate(_iter_raw_lines(path), start=1):
+        if line.lstrip().startswith(b"<doc"):
+            match = _ATTR_DOCID.search(line)
+            docid = match.group(1).decode("utf-8", "replace") if match else ""
+        elif line.lstrip().startswith(b"<seg"):
+            segments.append(_parse_seg(line, path, number, docid, skip_invalid))
+    if not segments:
+        raise DataError(f"{path}: no <seg> lines found; is this a WMT SGML file?")
+    return segments
+
+
+def _parse_seg(line: bytes, path: Path, number: int, docid: str, skip_invalid: bool) -> Segment:
+    match = _SEG_LINE.fullmatch(line)
+    id_match = _ATTR_ID.search(match.group(1)) if match else None
+    if id_match is None:
+        raise DataError(f"{path}, line {number}: malformed segment (expected "
+                        '<seg id="N">text</seg> on one line)')
+    segid = id_match.group(1).decode("utf-8", "replace")
+    try:
+        text = _decode(match.group(2), path, number)
+    except DataError:
+        if not skip_invalid:
+            raise
+        return Segment(docid, segid, None)
+    return Segment(docid, segid, " ".join(unescape_xml(text).split()))
+
+
+def read_sgm(path: str | Path) -> list[str]:
+    """The segment texts of a WMT SGML file, in file order, entities unescaped, spaces collapsed.
+
+    Whitespace is stripped and runs of it collapsed to one space, as sacrebleu does with these
+    files, so references read here match the ones sacrebleu scores against.
+    """
+    return [segment.text for segment in _read_segments(Path(path), skip_invalid=False)]
+
+
+def _read_parallel_sgm(src_path: Path, tgt_path: Path, skip_invalid: bool) -> ParallelText:
+    src_segments = _read_segments(src_path, skip_invalid)
+    tgt_segments = _read_segments(tgt_path, skip_invalid)
+    if len(src_segments) != len(tgt_segments):
+        raise DataError(f"misaligned test set: {src_path} has {len(src_segments)} segments but "
+                        f"{tgt_path} has {len(tgt_segments)}")
+    src, tgt, skipped = [], [], 0
+    for index, (s, t) in enumerate(zip(src_segments, tgt_segments)):
+        if (s.docid, s.segid) != (t.docid, t.segid):
+            raise DataError(
+                f"misaligned test set: segment {index + 1} is doc {s.docid!r} seg {s.segid} in "
+                f"{src_path} but doc {t.docid!r} seg {t.segid} in {tgt_path}")
+        if s.text is None or t.text is None:
+            skipped += 1
+            continue
+        src.append(s.text)
+        tgt.append(t.text)
+    return ParallelText(src, tgt, src_path, tgt_path, skipped)

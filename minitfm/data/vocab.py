@@ -1,0 +1,180 @@
+"""The shared subword vocabulary: a joint sentencepiece BPE model over both languages.
+
+The paper (section 5.1) encodes WMT14 English-German "using byte-pair encoding, which has a shared
+source-target vocabulary of about 37000 tokens". One vocabulary for both sides is also what lets
+the model share one embedding matrix between encoder, decoder and the output projection.
+
+The special ids are fixed, whatever the model was trained on, so the rest of the code can rely on
+them: ``PAD_ID = 0`` (padding, ignored by the loss), ``UNK_ID = 1``, ``BOS_ID = 2`` (starts the
+decoder input), ``EOS_ID = 3`` (ends every source and target sentence).
+
+Reproducibility: the same sentences, vocabulary size and seed give a byte-identical model, hence
+the same :attr:`Vocab.identifier`. Large corpora are sampled down to ``input_sentence_size``
+sentences before training; the sampling is done here, from ``seed``, because sentencepiece's own
+sampling does not repeat across processes. ``num_threads`` is recorded inside the model, so it is a
+fixed number rather than the machine's core count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+from collections.abc import Iterable, Sequence
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+import sentencepiece as spm
+
+from .corpus import DataError
+
+__all__ = ["PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "Vocab", "train_vocab", "sample_sentences"]
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+_SPECIAL_PIECES = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>"}
+
+
+class Vocab:
+    """A trained sentencepiece model with the fixed special ids, as ids in and text out."""
+
+    def __init__(self, model: bytes):
+        """Wrap a serialized sentencepiece model; prefer :meth:`from_bytes` or :meth:`load`."""
+        self._model = bytes(model)
+        try:
+            self._sp = spm.SentencePieceProcessor(model_proto=self._model)
+        except (RuntimeError, TypeError) as exc:
+            raise DataError(f"not a valid sentencepiece model ({exc})") from exc
+        ids = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id())
+        if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+            raise DataError(
+                f"sentencepiece model has special ids pad/unk/bos/eos = {ids}, but minitfm needs "
+                f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; train the vocabulary with train_vocab")
+
+    @classmethod
+    def from_bytes(cls, data: bytes | bytearray | memoryview | np.ndarray) -> Vocab:
+        """The vocabulary from :meth:`serialized_model`'s bytes, or a uint8 array of them."""
+        if isinstance(data, np.ndarray):
+            if data.dtype != np.uint8 or data.ndim != 1:
+                raise DataError(f"a vocabulary array must be 1-D uint8, got {data.dtype} {data.shape}")
+            data = data.tobytes()
+        return cls(bytes(data))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Vocab:
+        """Read a ``.model`` file written by :meth:`save` (or by sentencepiece)."""
+        try:
+            return cls(Path(path).read_bytes())
+        except OSError as exc:
+            raise DataError(f"{path}: cannot read vocabulary model ({exc.strerror or exc})") from exc
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_bytes(self._model)
+
+    def serialized_model(self) -> bytes:
+        return self._model
+
+    def as_array(self) -> np.ndarray:
+        """The serialized model as a uint8 array, to embed in a checkpoint."""
+        return np.frombuffer(self._model, dtype=np.uint8).copy()
+
+    @property
+    def identifier(self) -> str:
+        """Short sha256 of the model: equal identifiers mean the same token ids."""
+        return hashlib.sha256(self._model).hexdigest()[:16]
+
+    @property
+    def size(self) -> int:
+        return self._sp.get_piece_size()
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __repr__(self) -> str:
+        return f"Vocab(size={self.size}, identifier={self.identifier!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vocab) and other._model == self._model
+
+    def __hash__(self) -> int:
+        return hash(self._model)
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text, without BOS/EOS (batching adds those)."""
+        if isinstance(texts, str):
+            raise TypeError("Vocab.encode takes a list of strings; wrap a single text in a list")
+        return self._sp.encode(list(texts), out_type=int)
+
+    def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
+        """Texts of id sequences; PAD and BOS are skipped and each sequence ends at its first EOS."""
+        return self._sp.decode([_strip_special(seq) for seq in ids])
+
+    def pieces(self, text: str) -> list[str]:
+        """The subword pieces of one text, to look at how it is segmented."""
+        return self._sp.encode(text, out_type=str)
+
+
+def _strip_special(seq: Sequence[int]) -> list[int]:
+    out = []
+    for token in seq:
+        token = int(token)
+        if token == EOS_ID:
+            break
+        if token not in (PAD_ID, BOS_ID):
+            out.append(token)
+    return out
+
+
+def sample_sentences(sentences: Iterable[str], size: int, seed: int) -> list[str]:
+    """A uniform random sample of ``size`` sentences from a stream, in one pass.
+
+    Reservoir sampling with geometric skips (Li's "Algorithm L"), so only about
+    ``size * log(n / size)`` random numbers are drawn for a stream of n sentences.
+    """
+    stream = iter(sentences)
+    reservoir = list(islice(stream, size))
+    if len(reservoir) < size:
+        return reservoir
+    rng = np.random.default_rng(seed)
+    weight = math.exp(math.log(1.0 - rng.random()) / size)
+    while weight < 1.0:
+        skip = math.floor(math.log(1.0 - rng.random()) / math.log1p(-weight))
+        chosen = next(islice(stream, skip, None), None)
+        if chosen is None:
+            break
+        reservoir[rng.integers(size)] = chosen
+        weight *= math.exp(math.log(1.0 - rng.random()) / size)
+    return reservoir
+
+
+def train_vocab(sentences: Iterable[str], vocab_size: int, *,
+                input_sentence_size: int = 2_000_000, shuffle_input_sentence: bool = True,
+                seed: int = 0, character_coverage: float = 1.0, hard_vocab_limit: bool = True,
+                num_threads: int = 16) -> Vocab:
+    """Train a BPE vocabulary on ``sentences`` (for a joint vocabulary, both sides of the corpus).
+
+    ``input_sentence_size`` caps the sentences used (0: all of them); with
+    ``shuffle_input_sentence`` they are a uniform sample drawn from ``seed``, otherwise the first
+    ones. ``hard_vocab_limit=False`` lets a tiny corpus end with fewer pieces than asked.
+    """
+    if vocab_size <= len(_SPECIAL_PIECES):
+        raise DataError(f"vocab_size must be larger than the {len(_SPECIAL_PIECES)} special "
+                        f"tokens, got {vocab_size}")
+    if input_sentence_size and shuffle_input_sentence:
+        sentences = sample_sentences(sentences, input_sentence_size, seed)
+    elif input_sentence_size:
+        sentences = list(islice(sentences, input_sentence_size))
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences), model_writer=model, model_type="bpe",
+            vocab_size=vocab_size, hard_vocab_limit=hard_vocab_limit,
+            character_coverage=character_coverage, input_sentence_size=0,
+            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+            pad_piece=_SPECIAL_PIECES["pad"], unk_piece=_SPECIAL_PIECES["unk"],
+            bos_piece=_SPECIAL_PIECES["bos"], eos_piece=_SPECIAL_PIECES["eos"],
+            num_threads=num_threads, minloglevel=2)
+    except RuntimeError as exc:
+        raise DataError(f"sentencepiece training failed: {exc}; for a small corpus, lower "
+                        "vocab_size or pass hard_vocab_limit=False") from exc
+    return Vocab(model.getvalue())
