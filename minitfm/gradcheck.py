@@ -1,0 +1,431 @@
+"""Finite-difference gradient checks for every layer and for the whole model.
+
+For a layer y = f(x, params) we check its backward pass on the scalar L = sum(G * y), with G a
+fixed random array (so every output element matters, each with its own weight). The analytic
+gradient is ``backward(G, cache)``; the numerical one perturbs each input element in turn:
+
+    dL/dx_i ~ (L(x_i + h) - L(x_i - h)) / (2 h)          central differences, error O(h^2)
+
+in float64 with h = 1e-5, and the two are compared by the relative error
+
+    ||analytic - numeric|| / max(||analytic||, ||numeric||)
+
+which must not exceed 1e-6 (float64 central differences give about 1e-9 here).
+
+    python -m minitfm.gradcheck              # every layer and the whole model, as a table
+    python -m minitfm.gradcheck layernorm    # the cases whose name contains "layernorm"
+
+Exit status 1 if any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+from minitfm import backend, model
+from minitfm.layers import (attention, decoder, dropout, embedding, encoder, feedforward,
+                            layernorm, linear, loss, positional, residual)
+
+TOLERANCE = 1e-6
+STEP = 1e-5
+
+
+# ---- the checker ----------------------------------------------------------------------------
+
+def relative_error(analytic, numeric) -> float:
+    """||a - n|| / max(||a||, ||n||); 0 when both are exactly zero."""
+    xp = backend.xp
+    a = analytic.astype(xp.float64).ravel()
+    n = numeric.astype(xp.float64).ravel()
+    scale = max(float(xp.linalg.norm(a)), float(xp.linalg.norm(n)))
+    diff = float(xp.linalg.norm(a - n))
+    return 0.0 if scale == 0.0 else diff / scale
+
+
+def numerical_gradient(objective: Callable[[], float], x, step: float = STEP):
+    """Central differences of ``objective()`` with respect to every element of ``x`` (in place)."""
+    xp = backend.xp
+    flat = x.reshape(-1)                     # a view: x must be contiguous
+    if flat.base is None and x.size > 1 and flat is not x:
+        raise ValueError("numerical_gradient needs a contiguous array")
+    grad = xp.zeros(x.size, dtype=xp.float64)
+    for i in range(x.size):
+        old = float(flat[i])
+        flat[i] = old + step
+        up = objective()
+        flat[i] = old - step
+        down = objective()
+        flat[i] = old
+        grad[i] = (up - down) / (2.0 * step)
+    return grad.reshape(x.shape)
+
+
+def check_gradients(objective, analytic: dict, arrays: dict, step: float = STEP) -> dict:
+    """Relative error of each analytic gradient against central differences of ``objective``.
+
+    ``objective()`` recomputes the scalar from the current contents of ``arrays`` (perturbed in
+    place); ``analytic`` maps the same names to the gradients of the backward pass.
+    """
+    errors = {}
+    for name, grad in analytic.items():
+        numeric = numerical_gradient(objective, arrays[name], step)
+        errors[name] = relative_error(grad, numeric)
+    return errors
+
+
+@dataclass
+class Case:
+    """A gradient check: ``make(rng, sizes) -> arrays``, ``run(arrays, sizes) -> (out, backward)``.
+
+    ``run`` calls a layer's forward pass and returns its output with a function mapping dout to
+    the gradients of every float input (a dict keyed like ``arrays``).
+    """
+
+    name: str
+    make: Callable
+    run: Callable
+    sizes: dict
+
+
+def check_case(case: Case, seed: int = 0, sizes: dict | None = None) -> dict:
+    """Run one case in float64; return the relative error of every checked input."""
+    rng = backend.host_rng(seed)
+    sizes = {**case.sizes, **(sizes or {})}
+    arrays = case.make(rng, sizes)
+    out, back = case.run(arrays, sizes)
+    g = backend.to_device(rng.standard_normal(out.shape), dtype="float64")   # dL/dout = G
+
+    def objective():
+        y, _ = case.run(arrays, sizes)
+        return float((y * g).sum())
+
+    return check_gradients(objective, back(g), arrays)
+
+
+# ---- the cases: one per layer, plus the whole model ------------------------------------------
+
+def _normal(rng, *shape):
+    return backend.to_device(rng.standard_normal(shape), dtype="float64")
+
+
+def _ids(rng, low, high, *shape):
+    return backend.to_device(rng.integers(low, high, size=shape), dtype="int64")
+
+
+def _lengths_mask(rng, batch, length):
+    """Additive key-padding mask (B, 1, 1, L) with at least one visible key per row."""
+    xp = backend.xp
+    lengths = rng.integers(1, length + 1, size=batch)
+    pad = xp.arange(length)[None, :] >= backend.to_device(lengths)[:, None]      # (B, L)
+    return xp.where(pad, attention.MASKED, 0.0)[:, None, None, :]
+
+
+class _Cfg:
+    """The few config fields the encoder/decoder layers read."""
+
+    def __init__(self, n_heads, dropout=0.0, pre_ln=False, n_layers=1):
+        self.n_heads, self.dropout, self.pre_ln, self.n_layers = n_heads, dropout, pre_ln, n_layers
+
+
+def _grads_of(result, input_name):
+    """Turn a backward's ``(dinput, grads)`` into one dict keyed like the case's arrays."""
+    dinput, grads = result
+    return {input_name: dinput, **grads}
+
+
+def _x(rng, s):
+    return {"x": _normal(rng, s["b"], s["t"], s["d"])}
+
+
+def _run_linear(a, s):
+    y, c = linear.forward(a["x"], a["w"], a["b"])
+    return y, lambda dy: _grads_of(linear.backward(dy, c), "x")
+
+
+def _run_embedding(a, s):
+    y, c = embedding.forward(a["ids"], a["table"])
+    return y, lambda dy: embedding.backward(dy, c)[1]
+
+
+def _run_positional(a, s):
+    y, c = positional.forward(a["x"], offset=3)
+    return y, lambda dy: _grads_of(positional.backward(dy, c), "x")
+
+
+def _run_dropout(a, s):
+    y, c = dropout.forward(a["x"], 0.3, backend.rng(7))    # same seed: the same mask every call
+    return y, lambda dy: _grads_of(dropout.backward(dy, c), "x")
+
+
+def _run_layernorm(a, s):
+    y, c = layernorm.forward(a["x"], a["gamma"], a["beta"])
+    return y, lambda dy: _grads_of(layernorm.backward(dy, c), "x")
+
+
+def _run_feedforward(a, s):
+    y, c = feedforward.forward(a["x"], a["w1"], a["b1"], a["w2"], a["b2"])
+    return y, lambda dy: _grads_of(feedforward.backward(dy, c), "x")
+
+
+CASES = [
+    Case("linear",
+         lambda rng, s: {"x": _normal(rng, s["b"], s["t"], s["d"]),
+                         "w": _normal(rng, s["d"], s["f"]), "b": _normal(rng, s["f"])},
+         _run_linear, dict(b=2, t=3, d=4, f=5)),
+    Case("embedding",
+         lambda rng, s: {"ids": _ids(rng, 0, s["v"], s["b"], s["t"]),
+                         "table": _normal(rng, s["v"], s["d"])},
+         _run_embedding, dict(b=2, t=6, v=5, d=4)),
+    Case("positional", _x, _run_positional, dict(b=2, t=4, d=6)),
+    Case("dropout", _x, _run_dropout, dict(b=2, t=4, d=5)),
+    Case("layernorm",
+         lambda rng, s: {**_x(rng, s), "gamma": _normal(rng, s["d"]), "beta": _normal(rng, s["d"])},
+         _run_layernorm, dict(b=2, t=3, d=5)),
+    Case("feedforward",
+         lambda rng, s: {**_x(rng, s), "w1": _normal(rng, s["d"], s["f"]), "b1": _normal(rng, s["f"]),
+                         "w2": _normal(rng, s["f"], s["d"]), "b2": _normal(rng, s["d"])},
+         _run_feedforward, dict(b=2, t=3, d=4, f=6)),
+]
+
+
+def _sdpa(rng, s):
+    b, h, t, src, dk = s["b"], s["h"], s["t"], s["s"], s["dk"]
+    return {"q": _normal(rng, b, h, t, dk), "k": _normal(rng, b, h, src, dk),
+            "v": _normal(rng, b, h, src, dk), "mask": _lengths_mask(rng, b, src)}
+
+
+def _run_sdpa(a, s, causal=False):
+    mask = a["mask"]
+    if causal:
+        mask = mask + model.causal_mask(a["q"].shape[2], a["q"].dtype)
+    o, c = attention.sdpa_forward(a["q"], a["k"], a["v"], mask)
+    return o, lambda do: dict(zip(("q", "k", "v"), attention.sdpa_backward(do, c)))
+
+
+def _attn_params(rng, d, names):
+    widths = {"w_qkv": 3 * d, "w_q": d, "w_kv": 2 * d, "w_o": d}
+    p = {}
+    for n in names:
+        p[n] = _normal(rng, d, widths[n]) * d ** -0.5
+        p["b" + n[1:]] = _normal(rng, widths[n])
+    return p
+
+
+def _self_attn(rng, s):
+    d = s["h"] * s["dk"]
+    return {"x": _normal(rng, s["b"], s["t"], d), "mask": _lengths_mask(rng, s["b"], s["t"]),
+            **_attn_params(rng, d, ["w_qkv", "w_o"])}
+
+
+def _run_self_attn(a, s):
+    y, c = attention.self_forward(a["x"], a, a["mask"], s["h"])
+    return y, lambda dy: _grads_of(attention.self_backward(dy, c), "x")
+
+
+def _cross_attn(rng, s):
+    d = s["h"] * s["dk"]
+    return {"x": _normal(rng, s["b"], s["t"], d), "memory": _normal(rng, s["b"], s["s"], d),
+            "mask": _lengths_mask(rng, s["b"], s["s"]), **_attn_params(rng, d, ["w_q", "w_kv", "w_o"])}
+
+
+def _run_cross_attn(a, s):
+    y, c = attention.cross_forward(a["x"], a["memory"], a, a["mask"], s["h"])
+
+    def back(dy):
+        dx, dmemory, grads = attention.cross_backward(dy, c)
+        return {"x": dx, "memory": dmemory, **grads}
+    return y, back
+
+
+def _residual(rng, s):
+    return {"x": _normal(rng, s["b"], s["t"], s["d"]), "w": _normal(rng, s["d"], s["d"]),
+            "gamma": _normal(rng, s["d"]), "beta": _normal(rng, s["d"])}
+
+
+def _run_residual(a, s, pre_ln):
+    """Residual + LayerNorm around a linear sub-layer, with dropout (fixed mask)."""
+    y, c = residual.forward(a["x"], lambda h: linear.forward(h, a["w"]), a, 0.2, backend.rng(3),
+                            pre_ln)
+
+    def back(dy):
+        dx, g_ln, g_lin = residual.backward(dy, c, linear.backward)
+        return {"x": dx, "w": g_lin["w"], **g_ln}
+    return y, back
+
+
+def _stack_params(rng, cfg: model.Config, prefix):
+    """Random (not initial) values for the parameters of one stack, so LN gains etc. matter."""
+    p = {}
+    for name, shape in model.parameter_shapes(cfg).items():
+        if not name.startswith(prefix):
+            continue
+        if len(shape) == 1:                     # gains near 1, shifts and biases near 0
+            value = _normal(rng, *shape) * 0.3 + (1.0 if name.endswith("gamma") else 0.0)
+        else:                                   # unit-scale activations: no saturated softmax,
+            value = _normal(rng, *shape) * cfg.d_model ** -0.5   # whose tiny gradients FD can't resolve
+        p[name[len(prefix):]] = value
+    return p
+
+
+def _cfg_from(s, pre_ln):
+    d = s["h"] * s["dk"]
+    return model.Config(src_vocab=s.get("v", 7), tgt_vocab=s.get("v", 7), n_layers=s["n"],
+                        d_model=d, d_ff=s["f"], n_heads=s["h"], dropout=s.get("p", 0.0),
+                        pre_ln=pre_ln, max_len=64)
+
+
+def _encoder(rng, s, pre_ln):
+    cfg = _cfg_from(s, pre_ln)
+    return {"x": _normal(rng, s["b"], s["s"], cfg.d_model), "mask": _lengths_mask(rng, s["b"], s["s"]),
+            **_stack_params(rng, cfg, "enc.")}
+
+
+def _run_encoder(a, s, pre_ln):
+    cfg = _cfg_from(s, pre_ln)
+    rng = backend.rng(5) if cfg.dropout else None
+    y, c = encoder.stack_forward(a["x"], a, a["mask"], cfg, rng)
+    return y, lambda dy: _grads_of(encoder.stack_backward(dy, c), "x")
+
+
+def _decoder(rng, s, pre_ln):
+    cfg = _cfg_from(s, pre_ln)
+    return {"x": _normal(rng, s["b"], s["t"], cfg.d_model),
+            "memory": _normal(rng, s["b"], s["s"], cfg.d_model),
+            "mask": _lengths_mask(rng, s["b"], s["s"]), **_stack_params(rng, cfg, "dec.")}
+
+
+def _run_decoder(a, s, pre_ln):
+    cfg = _cfg_from(s, pre_ln)
+    rng = backend.rng(5) if cfg.dropout else None
+    self_mask = model.causal_mask(a["x"].shape[1], a["x"].dtype)
+    y, c = decoder.stack_forward(a["x"], a["memory"], a, self_mask, a["mask"], cfg, rng)
+
+    def back(dy):
+        dx, dmemory, grads = decoder.stack_backward(dy, c)
+        return {"x": dx, "memory": dmemory, **grads}
+    return y, back
+
+
+def _loss(rng, s):
+    targets = _ids(rng, 0, s["v"], s["n"])
+    targets[0] = 0 if s["n"] > 1 else targets[0]          # one padded row, when there are two
+    return {"logits": _normal(rng, s["n"], s["v"]) * 3.0, "targets": targets}
+
+
+def _run_loss(a, s, smoothing=0.1):
+    (loss_sum, _), c = loss.forward(a["logits"].copy(), a["targets"], smoothing, pad_id=0)
+    return loss_sum, lambda dl: {"logits": loss.backward(dl, c)}
+
+
+ATTN_SIZES = dict(b=2, h=2, t=3, s=4, dk=3)
+STACK_SIZES = dict(b=2, h=2, t=3, s=4, dk=2, f=5, n=2, p=0.0)
+
+CASES += [
+    Case("attention (padding mask)", _sdpa, _run_sdpa, ATTN_SIZES),
+    Case("attention (causal mask)", lambda rng, s: _sdpa(rng, {**s, "s": s["t"]}),
+         lambda a, s: _run_sdpa(a, s, causal=True), ATTN_SIZES),
+    Case("multi-head self-attention", _self_attn, _run_self_attn, ATTN_SIZES),
+    Case("multi-head cross-attention", _cross_attn, _run_cross_attn, ATTN_SIZES),
+    Case("residual + LN (post-LN)", _residual, lambda a, s: _run_residual(a, s, False),
+         dict(b=2, t=3, d=4)),
+    Case("residual + LN (pre-LN)", _residual, lambda a, s: _run_residual(a, s, True),
+         dict(b=2, t=3, d=4)),
+    Case("encoder stack (post-LN)", lambda r, s: _encoder(r, s, False),
+         lambda a, s: _run_encoder(a, s, False), STACK_SIZES),
+    Case("encoder stack (pre-LN)", lambda r, s: _encoder(r, s, True),
+         lambda a, s: _run_encoder(a, s, True), STACK_SIZES),
+    Case("decoder stack (post-LN)", lambda r, s: _decoder(r, s, False),
+         lambda a, s: _run_decoder(a, s, False), STACK_SIZES),
+    Case("decoder stack (pre-LN)", lambda r, s: _decoder(r, s, True),
+         lambda a, s: _run_decoder(a, s, True), STACK_SIZES),
+    Case("label-smoothed cross-entropy", _loss, _run_loss, dict(n=5, v=7)),
+    Case("label-smoothed cross-entropy (no smoothing)", _loss,
+         lambda a, s: _run_loss(a, s, 0.0), dict(n=5, v=7)),
+]
+
+
+# ---- the whole model ------------------------------------------------------------------------
+
+def model_batch(rng, cfg: model.Config, batch: int, src_len: int, tgt_len: int):
+    """Random (src, tgt) with padding on both sides; every sentence keeps at least one token."""
+    xp = backend.xp
+    first = max(cfg.pad_id, cfg.bos_id, cfg.eos_id) + 1
+    src = rng.integers(first, cfg.src_vocab, size=(batch, src_len))
+    tgt = rng.integers(first, cfg.tgt_vocab, size=(batch, tgt_len + 1))
+    tgt[:, 0] = cfg.bos_id
+    for b in range(batch):
+        s, t = int(rng.integers(1, src_len + 1)), int(rng.integers(1, tgt_len + 1))
+        src[b, s - 1], src[b, s:] = cfg.eos_id, cfg.pad_id
+        tgt[b, t], tgt[b, t + 1:] = cfg.eos_id, cfg.pad_id
+    src[0, -1], tgt[0, -1] = cfg.eos_id, cfg.eos_id     # one full-length row per side
+    return backend.to_device(src, dtype=xp.int64), backend.to_device(tgt, dtype=xp.int64)
+
+
+def check_model(cfg: model.Config, seed: int = 0, batch: int = 2, src_len: int = 4,
+                tgt_len: int = 4) -> dict:
+    """Gradient check of ``model.loss_and_grads`` over every parameter, in float64.
+
+    With ``cfg.dropout > 0`` the masks are fixed: every evaluation draws them from the same seed.
+    """
+    params = _stack_params(backend.host_rng(seed), cfg, "")
+    src, tgt = model_batch(backend.host_rng(seed, 1), cfg, batch, src_len, tgt_len)
+
+    def rng():
+        return backend.rng(seed, 2) if cfg.dropout else None
+
+    _, grads = model.loss_and_grads(params, cfg, src, tgt, rng())
+
+    def objective():
+        return model.loss_and_grads(params, cfg, src, tgt, rng(), grads=False)[0]["loss"]
+
+    return check_gradients(objective, grads, params)
+
+
+def model_cases() -> list[tuple[str, model.Config]]:
+    tiny = model.Config.preset("tiny")
+    return [("model (post-LN)", tiny),
+            ("model (pre-LN)", tiny.replace(pre_ln=True)),
+            ("model (dropout, fixed mask)", tiny.replace(dropout=0.3)),
+            ("model (separate embeddings)", tiny.replace(share_embeddings=False, tgt_vocab=9))]
+
+
+# ---- command line ---------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m minitfm.gradcheck", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("only", nargs="?", default="", help="check only cases whose name contains this")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tolerance", type=float, default=TOLERANCE)
+    parser.add_argument("--backend", default=None, help="numpy, cupy or auto (default: MINITFM_BACKEND)")
+    args = parser.parse_args(argv)
+    if args.backend:
+        backend.use(args.backend)
+
+    rows = [(c.name, lambda c=c: check_case(c, args.seed)) for c in CASES]
+    rows += [(name, lambda cfg=cfg: check_model(cfg, args.seed)) for name, cfg in model_cases()]
+    rows = [r for r in rows if args.only.lower() in r[0].lower()]
+    if not rows:
+        print(f"no check matches {args.only!r}", file=sys.stderr)
+        return 2
+    width = max(len(name) for name, _ in rows)
+    print(f"backend {backend.name}, float64 central differences (h={STEP:g}), "
+          f"tolerance {args.tolerance:g}\n")
+    print(f"{'layer':<{width}}  {'worst relative error':>20}  {'worst input':<14} result")
+    failed = 0
+    for name, run in rows:
+        errors = run()
+        worst = max(errors, key=errors.get)
+        ok = errors[worst] <= args.tolerance and all(math.isfinite(e) for e in errors.values())
+        failed += not ok
+        print(f"{name:<{width}}  {errors[worst]:>20.2e}  {worst:<14} {'pass' if ok else 'FAIL'}")
+    print(f"\n{len(rows) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Every layer's backward pass against float64 central differences, on random shapes and values."""
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from minitfm import gradcheck
+
+# d >= 3: with two features LayerNorm's output is +-1 whatever its input, so every gradient
+# upstream of it vanishes and finite differences only measure rounding noise.
+RANGES = {"b": (1, 3), "t": (1, 4), "s": (1, 4), "d": (3, 6), "f": (1, 6), "v": (2, 8),
+          "h": (1, 3), "dk": (1, 3), "n": (1, 4)}
+STACK_RANGES = {**RANGES, "h": (1, 2), "dk": (2, 3), "f": (1, 4), "n": (1, 2), "b": (1, 2),
+                "t": (1, 3), "s": (1, 3)}
+
+LAYER_CASES = [c for c in gradcheck.CASES if "stack" not in c.name]
+STACK_CASES = [c for c in gradcheck.CASES if "stack" in c.name]
+
+
+def sizes_for(case, ranges):
+    """A strategy for the case's size dict: every key it uses, drawn from its range."""
+    return st.fixed_dictionaries({k: st.integers(*ranges[k]) for k in case.sizes if k in ranges})
+
+
+def assert_close(errors, case):
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= gradcheck.TOLERANCE, f"{case.name}: {worst} relative error {errors[worst]:.2e}"
+
+
+@pytest.mark.parametrize("case", LAYER_CASES, ids=lambda c: c.name)
+@settings(max_examples=15)
+@given(data=st.data(), seed=st.integers(0, 2**31 - 1))
+def test_layer_gradients(case, data, seed):
+    sizes = data.draw(sizes_for(case, RANGES))
+    assert_close(gradcheck.check_case(case, seed, sizes), case)
+
+
+@pytest.mark.parametrize("case", STACK_CASES, ids=lambda c: c.name)
+@settings(max_examples=4)
+@given(data=st.data(), seed=st.integers(0, 2**31 - 1))
+def test_stack_gradients(case, data, seed):
+    sizes = data.draw(sizes_for(case, STACK_RANGES))
+    assume(sizes["h"] * sizes["dk"] >= 3)                      # d_model >= 3, as above
+    sizes["p"] = data.draw(st.sampled_from([0.0, 0.25]))       # with a fixed dropout mask too
+    assert_close(gradcheck.check_case(case, seed, sizes), case)
+
+
+def test_every_layer_file_has_a_case():
+    names = " ".join(c.name for c in gradcheck.CASES)
+    for layer in ["linear", "embedding", "positional", "dropout", "layernorm", "feedforward",
+                  "attention", "self-attention", "cross-attention", "residual", "encoder",
+                  "decoder", "cross-entropy"]:
+        assert layer in names
+
+
+def test_checker_catches_a_wrong_backward():
+    """The checker itself must fail a gradient that is off by a little."""
+    case = gradcheck.CASES[0]                       # linear
+    sizes = case.sizes
+    rng = gradcheck.backend.host_rng(0)
+    arrays = case.make(rng, sizes)
+    out, back = case.run(arrays, sizes)
+    g = gradcheck.backend.to_device(rng.standard_normal(out.shape))
+    grads = back(g)
+    grads["w"] = grads["w"] * 1.001
+
+    def objective():
+        return float((case.run(arrays, sizes)[0] * g).sum())
+
+    errors = gradcheck.check_gradients(objective, grads, arrays)
+    assert errors["w"] > gradcheck.TOLERANCE
+    assert errors["x"] <= gradcheck.TOLERANCE
+
+
+def test_cli_reports_a_table_and_exit_status(capsys):
+    assert gradcheck.main(["layernorm"]) == 0
+    out = capsys.readouterr().out
+    assert "layernorm" in out and "pass" in out and "1 passed, 0 failed" in out
+    assert gradcheck.main(["no such layer"]) == 2
