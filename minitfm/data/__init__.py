@@ -20,6 +20,7 @@ from .clean import CleanOptions, CleanReport, clean_parallel
 from .corpus import (DataError, ParallelReader, ParallelText, parallel_files, read_lines,
                      read_parallel, read_parallel_files, read_sgm)
 from .encoded import EncodedCorpus, encode_corpus
+from .prepare import prepare_wmt14
 from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocab, train_vocab
 
 __all__ = [
@@ -30,4 +31,5 @@ __all__ = [
     "Vocab", "train_vocab",
     "EncodedCorpus", "encode_corpus",
     "BatchPlan", "token_batches", "eval_batches", "collate", "iterate_batches",
+    "prepare_wmt14",
 ]

@@ -203,7 +203,7 @@ def _pack(size: np.ndarray, max_tokens: int, max_sentences: int | None) -> np.nd
         capacity = max_tokens // value
         if max_sentences is not None:
             capacity = min(capacity, max_sentences)
-        if first - start >= capacity:
+        if first - start > capacity:  # it holds too many rows for the new size
             start = first
             starts.append(start)
         while first + count - start > capacity:
