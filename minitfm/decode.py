@@ -1,0 +1,416 @@
+"""Greedy decoding and beam search over an incremental decoding cache.
+
+The paper's settings (section 6.1): "we used beam search with a beam size of 4 and length
+penalty alpha = 0.6 [...] We set the maximum output length during inference to input length +
+50, but terminate early when possible." These are the defaults here. The length penalty is that
+of Wu et al. (2016, GNMT):
+
+    lp(Y) = ((5 + |Y|) / 6)^alpha          score(Y) = log P(Y | X) / lp(Y)
+
+where |Y| counts the output tokens including the final EOS. Without it, beam search prefers short
+outputs, since every extra token lowers log P.
+
+Incremental decoding
+--------------------
+The decoder is causal: the output at position t depends only on the inputs at positions <= t.
+Re-running the whole prefix at every step makes step t cost O(t) projections and O(t^2)
+attention. Instead a :class:`DecoderCache` keeps, for every decoder layer,
+
+- the cross-attention keys and values, a function of the encoder output alone: computed once per
+  sentence, before the first step;
+- the self-attention keys and values of the positions decoded so far, in buffers allocated once
+  at the maximum length: step t writes position t's K and V into slot t, and position t's query
+  attends to slots 0..t.
+
+Step t then runs every layer on one position (:func:`step`): O(1) projections and O(t) attention.
+No mask is needed in the self-attention, because slots after t are never read and decoding never
+feeds a padding token.
+
+Beam search, batched
+--------------------
+The cache rows are hypotheses: sentence i's K beams are rows i*K .. i*K + K - 1. Every step
+(:func:`beam_search`)
+
+1. scores the next token of every live hypothesis: log-softmax of the step's logits, (R, V);
+2. adds each hypothesis' log-probability, and takes each sentence's 2K best (hypothesis, token)
+   pairs among its K*V candidates;
+3. finishes the pairs ending in EOS that rank among the K best (their score is normalised by the
+   length penalty) and continues with the K best that do not end in EOS -- at most K of 2K
+   candidates are EOS, so K remain (with beam 1 this is greedy decoding exactly);
+4. gathers the self-attention cache rows of the continuing hypotheses' parents ("reordering").
+
+A finished hypothesis leaves the beam and is never extended. A sentence is done when K of its
+hypotheses have ended in EOS, or at its maximum length (its live hypotheses then finish as they
+are); done sentences leave the batch, so the work shrinks as the batch finishes. Beams move only
+within their sentence, so the cross-attention keys and values -- the same for all beams of a
+sentence -- are gathered only when sentences leave.
+
+Outputs are lists of token ids without BOS and EOS. Hypothesis bookkeeping (prefixes, finished
+lists) is host-side Python; the array work goes through ``backend.xp``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from minitfm import backend, model
+from minitfm.layers import attention, embedding, feedforward, layernorm, linear, positional
+from minitfm.layers import residual, subdict
+
+__all__ = [
+    "EXTRA_LENGTH", "DecoderCache", "init_cache", "step", "reorder", "length_penalty",
+    "output_limits", "greedy", "beam_search", "translate_ids", "pad_batch",
+]
+
+EXTRA_LENGTH = 50   # maximum output length = source length + 50 (section 6.1)
+
+Hypothesis = tuple[list[int], float]   # (tokens without BOS/EOS, length-normalised log-prob)
+
+
+# ---- the incremental decoding cache ----------------------------------------------------------
+
+@dataclass
+class DecoderCache:
+    """Per-layer keys and values for incremental decoding; axis 0 of every array is the row.
+
+    self_k, self_v    one (R, H, L, d_k) buffer per layer; slots < t are filled at step t
+    cross_k, cross_v  one (R, H, S, d_k) array per layer, from the encoder output
+    src_mask          (R, 1, 1, S) additive mask of the padded source positions
+    """
+
+    self_k: list
+    self_v: list
+    cross_k: list
+    cross_v: list
+    src_mask: object
+
+    @property
+    def rows(self) -> int:
+        return int(self.src_mask.shape[0])
+
+    @property
+    def capacity(self) -> int:
+        """How many positions the self-attention buffers hold."""
+        return int(self.self_k[0].shape[2])
+
+
+def init_cache(params: dict, cfg: model.Config, src, beam: int = 1,
+               capacity: int | None = None) -> DecoderCache:
+    """Encode ``src`` (B, S) and return a cache of B*beam rows (each sentence repeated ``beam``
+    times) with room for ``capacity`` decoding steps (default ``cfg.max_len``)."""
+    xp = backend.xp
+    capacity = cfg.max_len if capacity is None else capacity
+    if not 1 <= capacity <= cfg.max_len:
+        raise ValueError(f"cache capacity must be in [1, Config.max_len={cfg.max_len}], "
+                         f"got {capacity}")
+    memory, src_mask, _ = model.encode(params, cfg, src)              # (B, S, d), (B, 1, 1, S)
+    b = memory.shape[0]
+    d_k = cfg.d_model // cfg.n_heads
+    cache = DecoderCache([], [], [], [], xp.repeat(src_mask, beam, axis=0))
+    for i in range(cfg.n_layers):
+        p = subdict(params, f"dec.{i}.cross_attn.")
+        kv, _ = linear.forward(memory, p["w_kv"], p["b_kv"])           # (B, S, 2d)
+        k, v = attention.split_heads(kv, 2, cfg.n_heads)               # (B, H, S, d_k) each
+        cache.cross_k.append(xp.repeat(k, beam, axis=0))              # (B*beam, H, S, d_k)
+        cache.cross_v.append(xp.repeat(v, beam, axis=0))
+        for buffers in (cache.self_k, cache.self_v):
+            buffers.append(xp.zeros((b * beam, cfg.n_heads, capacity, d_k), dtype=memory.dtype))
+    return cache
+
+
+def reorder(cache: DecoderCache, rows: Sequence[int], filled: int) -> DecoderCache:
+    """The cache whose row j is row ``rows[j]`` of ``cache``; only slots < ``filled`` are copied.
+
+    Works in place: only the rows that change are copied (typically fewer than half of the
+    beams change parent), and fewer rows (sentences leaving the batch) become a view of the
+    first ones, so no buffer is ever reallocated. ``rows`` must keep every row within its
+    sentence (beams move only within their sentence): the cross-attention arrays, the same for
+    all beams of a sentence, then need copying only when sentences leave.
+    """
+    n = len(rows)
+    moved = [j for j, r in enumerate(rows) if r != j]
+    if moved:
+        dst, src = _int_array(moved), _int_array([rows[j] for j in moved])
+        for buf in cache.self_k + cache.self_v:
+            buf[dst, :, :filled] = buf[src, :, :filled]               # (moved, H, filled, d_k)
+        if n < cache.rows:
+            for array in cache.cross_k + cache.cross_v + [cache.src_mask]:
+                array[dst] = array[src]
+    if n == cache.rows:
+        return cache
+    return DecoderCache(self_k=[b[:n] for b in cache.self_k], self_v=[b[:n] for b in cache.self_v],
+                        cross_k=[k[:n] for k in cache.cross_k], cross_v=[v[:n] for v in cache.cross_v],
+                        src_mask=cache.src_mask[:n])
+
+
+# ---- one decoding step -----------------------------------------------------------------------
+
+def _self_attention_step(h, p, k_buf, v_buf, t: int, n_heads: int):
+    """Masked self-attention of position t over the cached positions 0..t; h (R, d)."""
+    qkv, _ = linear.forward(h, p["w_qkv"], p["b_qkv"])                # (R, 3d)
+    q, k, v = attention.split_heads(qkv[:, None], 3, n_heads)         # (R, H, 1, d_k) each
+    k_buf[:, :, t] = k[:, :, 0]
+    v_buf[:, :, t] = v[:, :, 0]
+    o, _ = attention.sdpa_forward(q, k_buf[:, :, :t + 1], v_buf[:, :, :t + 1])   # (R, H, 1, d_k)
+    return linear.forward(attention.merge_heads(o)[:, 0], p["w_o"], p["b_o"])    # (R, d)
+
+
+def _cross_attention_step(h, p, k, v, src_mask, n_heads: int):
+    """Attention of the new position over the encoder output's cached K, V; h (R, d)."""
+    qp, _ = linear.forward(h, p["w_q"], p["b_q"])                     # (R, d)
+    (q,) = attention.split_heads(qp[:, None], 1, n_heads)             # (R, H, 1, d_k)
+    o, _ = attention.sdpa_forward(q, k, v, src_mask)                  # (R, H, 1, d_k)
+    return linear.forward(attention.merge_heads(o)[:, 0], p["w_o"], p["b_o"])    # (R, d)
+
+
+def _layer_step(x, p: dict, cache: DecoderCache, i: int, t: int, cfg: model.Config):
+    """Decoder layer ``i`` on position t alone, x (R, d): the three residual sub-layers, no
+    dropout. The rows stay 2-D so that every projection is one plain matrix product."""
+    sa, ca, ff = subdict(p, "self_attn."), subdict(p, "cross_attn."), subdict(p, "ff.")
+    x, _ = residual.forward(
+        x, lambda h: _self_attention_step(h, sa, cache.self_k[i], cache.self_v[i], t, cfg.n_heads),
+        subdict(p, "ln1."), 0.0, None, cfg.pre_ln)
+    x, _ = residual.forward(
+        x, lambda h: _cross_attention_step(h, ca, cache.cross_k[i], cache.cross_v[i],
+                                           cache.src_mask, cfg.n_heads),
+        subdict(p, "ln2."), 0.0, None, cfg.pre_ln)
+    x, _ = residual.forward(
+        x, lambda h: feedforward.forward(h, ff["w1"], ff["b1"], ff["w2"], ff["b2"]),
+        subdict(p, "ln3."), 0.0, None, cfg.pre_ln)
+    return x
+
+
+def step(params: dict, cfg: model.Config, cache: DecoderCache, tokens, t: int):
+    """Feed ``tokens`` (R,), the decoder inputs at position t, and return the logits (R, V) of
+    the tokens at position t + 1. Writes slot t of the cache's self-attention buffers."""
+    if t >= cache.capacity:
+        raise ValueError(f"decoding step {t} is past the cache capacity {cache.capacity}")
+    _, tgt_name = model.embedding_names(cfg)
+    x, _ = embedding.forward(tokens[:, None], params[tgt_name])        # (R, 1, d)
+    x, _ = positional.forward(x, offset=t)
+    x = x[:, 0]                                                        # (R, d)
+    for i in range(cfg.n_layers):
+        x = _layer_step(x, subdict(params, f"dec.{i}."), cache, i, t, cfg)
+    if cfg.pre_ln:
+        x, _ = layernorm.forward(x, params["dec.ln.gamma"], params["dec.ln.beta"])
+    return model.logits(params, cfg, x)                               # (R, V)
+
+
+# ---- search helpers --------------------------------------------------------------------------
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT's lp(Y) = ((5 + |Y|) / 6)^alpha."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def output_limits(src, cfg: model.Config, max_len: int | None = None) -> list[int]:
+    """The most output tokens (EOS included) of each sentence of ``src`` (B, S).
+
+    Default: its source length (non-padding positions, EOS included) + 50, at most
+    ``cfg.max_len``; an explicit ``max_len`` applies to every sentence.
+    """
+    if max_len is not None:
+        if not 1 <= max_len <= cfg.max_len:
+            raise ValueError(f"max_len must be in [1, Config.max_len={cfg.max_len}], got {max_len}")
+        return [int(max_len)] * int(src.shape[0])
+    lengths = backend.to_host((src != cfg.pad_id).sum(axis=1)).tolist()
+    return [min(int(n) + EXTRA_LENGTH, cfg.max_len) for n in lengths]
+
+
+def _prepare(params: dict, cfg: model.Config, src):
+    model.check_params(params, cfg)
+    return model.check_tokens(backend.to_device(src), "src", cfg.src_vocab, cfg)
+
+
+def _forbid_special(scores, cfg: model.Config):
+    """Padding and BOS are never generated: fed back, padding would be masked as a key."""
+    scores[:, cfg.pad_id] = -math.inf
+    scores[:, cfg.bos_id] = -math.inf
+    return scores
+
+
+def _log_softmax(z):
+    """Row-wise log-softmax of z (R, V)."""
+    xp = backend.xp
+    z = z - z.max(axis=-1, keepdims=True)
+    z -= xp.log(xp.exp(z).sum(axis=-1, keepdims=True))
+    return z
+
+
+def _top_k(x, k: int, block: int = 128):
+    """The k largest entries of each row of x (n, m), best first: ``(values, indices)`` (n, k).
+
+    A full selection over the m = K*V candidates of a sentence would cost as much as a decoder
+    layer, so it runs on a shortlist: cut each row into blocks of ``block`` entries and keep the
+    k blocks with the largest maxima. Every one of the k best entries lies in them: an entry of
+    another block is beaten by the k block maxima, so at least k entries are larger. The
+    remainder that fills no whole block is always kept.
+    """
+    xp = backend.xp
+    n, m = x.shape
+    whole = (m // block) * block
+    if whole // block <= k:                                            # small rows: no shortlist
+        return _select(x, xp.broadcast_to(xp.arange(m), (n, m)), k)
+    blocks = x[:, :whole].reshape(n, whole // block, block)            # (n, m/block, block)
+    best = xp.argpartition(blocks.max(axis=2), -k, axis=1)[:, -k:]     # (n, k) block numbers
+    ids = (best[:, :, None] * block + xp.arange(block)).reshape(n, k * block)
+    ids = xp.concatenate([ids, xp.broadcast_to(xp.arange(whole, m), (n, m - whole))], axis=1)
+    return _select(xp.take_along_axis(x, ids, axis=1), ids, k)
+
+
+def _select(values, ids, k: int):
+    """The k largest ``values`` (n, c) of each row and their ``ids`` (n, c), best first."""
+    xp = backend.xp
+    top = xp.argpartition(values, -k, axis=1)[:, -k:]                  # (n, k), unordered
+    top_values = xp.take_along_axis(values, top, axis=1)
+    order = xp.argsort(-top_values, axis=1)
+    return (xp.take_along_axis(top_values, order, axis=1),
+            xp.take_along_axis(xp.take_along_axis(ids, top, axis=1), order, axis=1))
+
+
+def _int_array(values: Sequence[int]):
+    xp = backend.xp
+    return xp.asarray(list(values), dtype=xp.int64)
+
+
+# ---- greedy decoding -------------------------------------------------------------------------
+
+def greedy(params: dict, cfg: model.Config, src, max_len: int | None = None) -> list[list[int]]:
+    """The most probable next token at every step, for each sentence of ``src`` (B, S).
+
+    Stops a sentence at EOS or after its maximum number of output tokens (see
+    :func:`output_limits`). Returns the token ids of each sentence, without BOS and EOS.
+    """
+    src = _prepare(params, cfg, src)
+    limits = output_limits(src, cfg, max_len)
+    cache = init_cache(params, cfg, src, beam=1, capacity=max(limits))
+    outputs: list[list[int]] = [[] for _ in limits]
+    active = list(range(len(limits)))                       # the sentence of each cache row
+    tokens = backend.xp.full((len(active),), cfg.bos_id, dtype=backend.xp.int64)   # (R,)
+    for t in range(max(limits)):
+        logits = _forbid_special(step(params, cfg, cache, tokens, t), cfg)          # (R, V)
+        tokens = logits.argmax(axis=-1)                                             # (R,)
+        keep = []
+        for row, (s, token) in enumerate(zip(active, backend.to_host(tokens).tolist())):
+            if token == cfg.eos_id:
+                continue
+            outputs[s].append(token)
+            if len(outputs[s]) < limits[s]:
+                keep.append(row)
+        if not keep:
+            break
+        if len(keep) < len(active):
+            cache = reorder(cache, keep, filled=t + 1)
+            tokens = tokens[_int_array(keep)]
+            active = [active[r] for r in keep]
+    return outputs
+
+
+# ---- beam search -----------------------------------------------------------------------------
+
+def _check_beam(beam: int, alpha: float, nbest: int) -> None:
+    if not isinstance(beam, int) or beam < 1:
+        raise ValueError(f"beam size must be a positive integer, got {beam!r}")
+    if not 1 <= nbest <= beam:
+        raise ValueError(f"nbest must be in [1, beam={beam}] (beam search keeps only {beam} "
+                         f"hypotheses), got {nbest}")
+    if not alpha >= 0.0:
+        raise ValueError(f"length penalty alpha must be >= 0, got {alpha!r}")
+
+
+def beam_search(params: dict, cfg: model.Config, src, beam: int = 4, alpha: float = 0.6,
+                max_len: int | None = None, nbest: int = 1) -> list[list[Hypothesis]]:
+    """Beam search for each sentence of ``src`` (B, S): its ``nbest`` best hypotheses.
+
+    Each hypothesis is ``(tokens, score)``: token ids without BOS and EOS, and
+    log P(tokens, EOS | src) / lp, best first. A hypothesis stopped by the length limit has no EOS
+    and its score has no EOS term. See the module docstring for the algorithm.
+    """
+    _check_beam(beam, alpha, nbest)
+    xp = backend.xp
+    src = _prepare(params, cfg, src)
+    limits = output_limits(src, cfg, max_len)
+    cache = init_cache(params, cfg, src, beam=beam, capacity=max(limits))
+    k = beam
+    finished: list[list[Hypothesis]] = [[] for _ in limits]
+    active = list(range(len(limits)))                       # the sentence of each group of K rows
+    prefixes: list[list[int]] = [[] for _ in range(len(active) * k)]   # one per cache row
+    tokens = xp.full((len(active) * k,), cfg.bos_id, dtype=xp.int64)   # (R,)
+    scores = xp.full((len(active), k), -math.inf, dtype=cache.src_mask.dtype)
+    scores[:, 0] = 0.0                    # one live hypothesis (BOS) per sentence at first
+
+    for t in range(max(limits)):
+        logp = _forbid_special(_log_softmax(step(params, cfg, cache, tokens, t)), cfg)  # (R, V)
+        vocab = logp.shape[1]
+        candidates = (scores.reshape(-1, 1) + logp).reshape(len(active), k * vocab)      # (n, K*V)
+        top_scores, top_ids = _top_k(candidates, 2 * k)                                 # (n, 2K)
+        top_scores = backend.to_host(top_scores).tolist()
+        top_ids = backend.to_host(top_ids).tolist()
+
+        rows, next_tokens, next_scores, next_prefixes, still_active = [], [], [], [], []
+        for i, s in enumerate(active):
+            live = []                                       # (parent row, token, score)
+            for rank, (score, flat) in enumerate(zip(top_scores[i], top_ids[i])):
+                if score == -math.inf:
+                    break
+                parent, token = i * k + flat // vocab, flat % vocab
+                if token != cfg.eos_id:
+                    if len(live) < k:
+                        live.append((parent, token, score))
+                elif rank < k:
+                    finished[s].append((prefixes[parent], score / length_penalty(t + 1, alpha)))
+            if len(finished[s]) >= k or not live:
+                continue
+            if t + 1 >= limits[s]:                          # out of length: finish as they are
+                finished[s].extend((prefixes[p] + [tok], sc / length_penalty(t + 1, alpha))
+                                   for p, tok, sc in live)
+                continue
+            live += [(live[0][0], live[0][1], -math.inf)] * (k - len(live))   # tiny vocabularies
+            still_active.append(s)
+            for parent, token, score in live:
+                rows.append(parent)
+                next_tokens.append(token)
+                next_scores.append(score)
+                next_prefixes.append(prefixes[parent] + [token])
+        if not still_active:
+            break
+        cache = reorder(cache, rows, filled=t + 1)
+        active, prefixes = still_active, next_prefixes
+        tokens = _int_array(next_tokens)
+        scores = xp.asarray(next_scores, dtype=scores.dtype).reshape(len(active), k)
+
+    return [sorted(hyps, key=lambda h: -h[1])[:nbest] for hyps in finished]
+
+
+# ---- many sentences --------------------------------------------------------------------------
+
+def pad_batch(sentences: Sequence[Sequence[int]], cfg: model.Config):
+    """Source ids (B, S) on the active backend: each sentence, EOS, then padding."""
+    if not sentences:
+        raise ValueError("pad_batch needs at least one sentence")
+    width = max(len(s) for s in sentences) + 1
+    rows = [list(s) + [cfg.eos_id] + [cfg.pad_id] * (width - len(s) - 1) for s in sentences]
+    return backend.xp.asarray(rows, dtype=backend.xp.int64)
+
+
+def translate_ids(params: dict, cfg: model.Config, sentences: Sequence[Sequence[int]], *,
+                  beam: int = 4, alpha: float = 0.6, max_len: int | None = None, nbest: int = 1,
+                  batch_size: int = 64) -> list[list[Hypothesis]]:
+    """Beam search over many sentences (token ids without EOS, which is appended).
+
+    Sentences are sorted by length and decoded ``batch_size`` at a time, so a batch wastes little
+    on padding and its sentences finish at similar steps; results come back in input order.
+    """
+    _check_beam(beam, alpha, nbest)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
+    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
+    results: list[list[Hypothesis]] = [[] for _ in sentences]
+    for start in range(0, len(order), batch_size):
+        batch = order[start:start + batch_size]
+        src = pad_batch([sentences[i] for i in batch], cfg)
+        for i, hyps in zip(batch, beam_search(params, cfg, src, beam, alpha, max_len, nbest)):
+            results[i] = hyps
+    return results
