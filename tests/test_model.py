@@ -1,0 +1,309 @@
+"""The whole Transformer: gradients, masks, dtypes, configuration and input checks."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minitfm import backend, gradcheck, model
+from minitfm.layers import loss as loss_layer
+
+TINY = model.Config.preset("tiny")
+
+
+@pytest.fixture(autouse=True)
+def _numpy(numpy_backend):
+    yield
+
+
+# ---- gradients ----------------------------------------------------------------------------
+
+MODEL_CASES = gradcheck.model_cases()
+BATCHES = dict(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 3), src_len=st.integers(1, 4),
+               tgt_len=st.integers(1, 4))
+
+
+def check_model(name, cfg, seed, batch, src_len, tgt_len):
+    errors = gradcheck.check_model(cfg, seed, batch, src_len, tgt_len)
+    assert set(errors) == set(model.parameter_names(cfg))          # every parameter is checked
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= gradcheck.TOLERANCE, f"{name}: {worst} {errors[worst]:.2e}"
+
+
+@pytest.mark.parametrize("name,cfg", MODEL_CASES, ids=[n for n, _ in MODEL_CASES])
+@settings(max_examples=1)
+@given(**BATCHES)
+def test_model_gradients_match_finite_differences(name, cfg, seed, batch, src_len, tgt_len):
+    check_model(name, cfg, seed, batch, src_len, tgt_len)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,cfg", MODEL_CASES, ids=[n for n, _ in MODEL_CASES])
+@settings(max_examples=10)
+@given(**BATCHES)
+def test_model_gradients_many_batches(name, cfg, seed, batch, src_len, tgt_len):
+    check_model(name, cfg, seed, batch, src_len, tgt_len)
+
+
+def test_shared_embedding_gradient_is_the_sum_of_its_three_uses():
+    shared = model.init_params(TINY, 1, dtype=np.float64)
+    split_cfg = TINY.replace(share_embeddings=False)
+    split = {("src_emb" if k == "emb" else k): v for k, v in shared.items()}
+    split["tgt_emb"] = shared["emb"].copy()
+    src, tgt = gradcheck.model_batch(backend.host_rng(2), TINY, 3, 5, 4)
+    _, g_shared = model.loss_and_grads(shared, TINY, src, tgt)
+    _, g_split = model.loss_and_grads(split, split_cfg, src, tgt)
+    np.testing.assert_allclose(g_shared["emb"], g_split["src_emb"] + g_split["tgt_emb"], rtol=1e-12, atol=1e-15)
+
+
+# ---- masks --------------------------------------------------------------------------------
+
+def _batch(seed=0, batch=3, src_len=5, tgt_len=6, cfg=TINY):
+    return gradcheck.model_batch(backend.host_rng(seed), cfg, batch, src_len, tgt_len)
+
+
+def _attention_probs(caches):
+    """Every attention probability array found in a nest of forward caches."""
+    found = []
+
+    def walk(c):
+        if isinstance(c, (tuple, list)):
+            if len(c) == 5 and isinstance(c[4], float) and hasattr(c[3], "shape"):
+                found.append(c[3])                                    # sdpa cache: (q, k, v, p, scale)
+            for item in c:
+                walk(item)
+    walk(caches)
+    return found
+
+
+def test_no_attention_to_padded_source_keys():
+    params = model.init_params(TINY, 0, dtype=np.float64)
+    src, tgt = _batch()
+    memory, src_mask, enc_cache = model.encode(params, TINY, src)
+    h, dec_cache = model.decode(params, TINY, tgt[:, :-1], memory, src_mask)
+    padded = (src == TINY.pad_id)[:, None, None, :]                         # (B, 1, 1, S)
+    enc_probs = _attention_probs(enc_cache)
+    cross_probs = [p for p in _attention_probs(dec_cache) if p.shape[-1] == src.shape[1]
+                   and p.shape[-2] != src.shape[1]]
+    assert len(enc_probs) == TINY.n_layers and cross_probs
+    assert padded.any()
+    for p in enc_probs + cross_probs:
+        assert np.all(np.where(np.broadcast_to(padded, p.shape), p, 0.0) == 0.0)
+
+
+def test_appending_padding_changes_nothing():
+    """More padding on either side leaves the loss and every gradient unchanged."""
+    params = model.init_params(TINY, 3, dtype=np.float64)
+    src, tgt = _batch(1)
+    stats, grads = model.loss_and_grads(params, TINY, src, tgt)
+    src_p = np.pad(src, ((0, 0), (0, 3)), constant_values=TINY.pad_id)
+    tgt_p = np.pad(tgt, ((0, 0), (0, 2)), constant_values=TINY.pad_id)
+    stats_p, grads_p = model.loss_and_grads(params, TINY, src_p, tgt_p)
+    assert stats_p["tokens"] == stats["tokens"]
+    assert stats_p["loss"] == pytest.approx(stats["loss"], rel=1e-12)
+    for k in grads:
+        np.testing.assert_allclose(grads_p[k], grads[k], rtol=1e-9, atol=1e-13)
+
+
+def test_padded_target_positions_contribute_nothing():
+    """Whatever the model predicts at padded target positions, the loss ignores it."""
+    params = model.init_params(TINY, 4, dtype=np.float64)
+    src, tgt = _batch(2)
+    assert (tgt[:, 1:] == TINY.pad_id).any()
+    stats, grads = model.loss_and_grads(params, TINY, src, tgt)
+    n_targets = int((tgt[:, 1:] != TINY.pad_id).sum())
+    assert stats["tokens"] == n_targets
+    # the per-token loss summed over real targets, recomputed from the logits by hand
+    memory, src_mask, _ = model.encode(params, TINY, src)
+    h, _ = model.decode(params, TINY, tgt[:, :-1], memory, src_mask)
+    z = model.logits(params, TINY, h)
+    logp = z - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)) - z.max(-1, keepdims=True)
+    y = tgt[:, 1:]
+    real = y != TINY.pad_id
+    nll = -np.take_along_axis(logp, y[..., None], -1)[..., 0]
+    assert stats["nll"] == pytest.approx(nll[real].sum() / n_targets, rel=1e-12)
+
+
+@settings(max_examples=10)
+@given(seed=st.integers(0, 2**31 - 1), t=st.integers(0, 5))
+def test_future_target_tokens_never_change_earlier_outputs(seed, t):
+    params = model.init_params(TINY, seed % 7, dtype=np.float64)
+    src, tgt = _batch(seed)
+    tgt_in = tgt[:, :-1].copy()
+    memory, src_mask, _ = model.encode(params, TINY, src)
+    h, _ = model.decode(params, TINY, tgt_in, memory, src_mask)
+    changed = tgt_in.copy()
+    rng = np.random.default_rng(seed)
+    changed[:, t + 1:] = rng.integers(4, TINY.tgt_vocab, size=changed[:, t + 1:].shape)
+    h2, _ = model.decode(params, TINY, changed, memory, src_mask)
+    np.testing.assert_array_equal(h2[:, : t + 1], h[:, : t + 1])
+
+
+# ---- dtypes -------------------------------------------------------------------------------
+
+def _float_arrays(nest):
+    if hasattr(nest, "dtype") and nest.dtype.kind == "f":
+        yield nest
+    elif isinstance(nest, (tuple, list)):
+        for item in nest:
+            yield from _float_arrays(item)
+    elif isinstance(nest, dict):
+        for item in nest.values():
+            yield from _float_arrays(item)
+
+
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_float32_agrees_with_float64(pre_ln):
+    cfg = TINY.replace(pre_ln=pre_ln, d_model=16, d_ff=32, n_heads=4)
+    p64 = gradcheck._stack_params(backend.host_rng(5), cfg, "")
+    p32 = {k: v.astype(np.float32) for k, v in p64.items()}
+    src, tgt = _batch(3, cfg=cfg)
+    s64, g64 = model.loss_and_grads(p64, cfg, src, tgt)
+    s32, g32 = model.loss_and_grads(p32, cfg, src, tgt)
+    assert s32["loss"] == pytest.approx(s64["loss"], rel=1e-5)
+    for k in g64:
+        assert g32[k].dtype == np.float32, k
+        scale = np.abs(g64[k]).max() + 1e-30
+        assert np.abs(g32[k] - g64[k]).max() / scale < 1e-4, k
+
+
+def test_float32_is_never_upcast():
+    """Every float array the forward passes keep, and every gradient, stays float32."""
+    cfg = TINY.replace(dropout=0.2, pre_ln=True)
+    params = model.init_params(cfg, 0, dtype=np.float32)
+    src, tgt = _batch(4)
+    rng = backend.rng(0, 0)
+    memory, src_mask, c_enc = model.encode(params, cfg, src, rng)
+    h, c_dec = model.decode(params, cfg, tgt[:, :-1], memory, src_mask, rng)
+    z = model.logits(params, cfg, h.reshape(-1, cfg.d_model))
+    (loss_sum, _), c_loss = loss_layer.forward(z, tgt[:, 1:].reshape(-1), cfg.label_smoothing)
+    arrays = list(_float_arrays([memory, src_mask, c_enc, h, c_dec, c_loss, loss_sum]))
+    assert len(arrays) > 50
+    assert {a.dtype for a in arrays} == {np.dtype(np.float32)}
+    _, grads = model.loss_and_grads(params, cfg, src, tgt, backend.rng(0, 0))
+    assert {g.dtype for g in grads.values()} == {np.dtype(np.float32)}
+
+
+# ---- dropout ------------------------------------------------------------------------------
+
+def test_dropout_is_reproducible_from_seed_and_step():
+    cfg = TINY.replace(dropout=0.3)
+    params = model.init_params(cfg, 0, dtype=np.float64)
+    src, tgt = _batch(5)
+    a, _ = model.loss_and_grads(params, cfg, src, tgt, backend.rng(1, 7))
+    b, _ = model.loss_and_grads(params, cfg, src, tgt, backend.rng(1, 7))
+    c, _ = model.loss_and_grads(params, cfg, src, tgt, backend.rng(1, 8))
+    d, _ = model.loss_and_grads(params, cfg, src, tgt)                    # evaluation: no dropout
+    assert a["loss"] == b["loss"]
+    assert a["loss"] != c["loss"] and a["loss"] != d["loss"]
+
+
+# ---- configuration and initialisation ---------------------------------------------------
+
+def test_presets_hold_the_papers_values():
+    base = model.Config.preset("base")
+    assert (base.n_layers, base.d_model, base.d_ff, base.n_heads) == (6, 512, 2048, 8)
+    assert (base.dropout, base.label_smoothing, base.share_embeddings) == (0.1, 0.1, True)
+    big = model.Config.preset("big")
+    assert (big.d_model, big.d_ff, big.n_heads, big.dropout) == (1024, 4096, 16, 0.3)
+    small = model.Config.preset("small")
+    assert (small.src_vocab, small.n_layers, small.d_model, small.d_ff, small.n_heads) == (8000, 3, 256, 1024, 4)
+    assert model.Config.from_dict(base.to_dict()) == base
+
+
+@pytest.mark.parametrize("changes,words", [
+    (dict(d_model=10, n_heads=4), ["d_model=10", "n_heads=4", "divisible"]),
+    (dict(n_layers=0), ["n_layers", "positive"]),
+    (dict(d_ff=-3), ["d_ff", "positive"]),
+    (dict(dropout=1.0), ["dropout", "[0, 1)"]),
+    (dict(dropout=-0.1), ["dropout"]),
+    (dict(label_smoothing=1.5), ["label_smoothing"]),
+    (dict(src_vocab=10, tgt_vocab=11), ["share_embeddings", "10", "11"]),
+    (dict(n_heads=2.5), ["n_heads"]),
+])
+def test_invalid_configs_are_refused_with_the_rule(changes, words):
+    with pytest.raises(ValueError) as err:
+        TINY.replace(**changes)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_unknown_preset_lists_the_known_ones():
+    with pytest.raises(ValueError, match="tiny, toy, small, base, big"):
+        model.Config.preset("huge")
+
+
+def test_initialisation_is_reproducible_and_scaled():
+    cfg = model.Config.preset("toy")
+    a, b = model.init_params(cfg, 3), model.init_params(cfg, 3)
+    c = model.init_params(cfg, 4)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a["emb"], c["emb"])
+    assert a["emb"].dtype == np.float32
+    d = cfg.d_model
+    # embedding * sqrt(d_model) has unit scale
+    assert np.std(a["emb"] * np.sqrt(d)) == pytest.approx(1.0, rel=0.1)
+    # Xavier uniform per d x d block: bound sqrt(6 / (d + d))
+    bound = np.sqrt(6.0 / (2 * d))
+    w = a["enc.0.attn.w_qkv"]
+    assert np.abs(w).max() <= bound and np.abs(w).max() > 0.9 * bound
+    assert np.all(a["enc.0.ln1.gamma"] == 1) and np.all(a["enc.0.attn.b_o"] == 0)
+    assert list(a) == model.parameter_names(cfg)
+
+
+def test_parameter_count_of_the_base_model():
+    """About 63M parameters with a 37k shared vocabulary (the paper reports 65M)."""
+    shapes = model.parameter_shapes(model.Config.preset("base"))
+    n = sum(int(np.prod(s)) for s in shapes.values())
+    assert 60e6 < n < 66e6
+
+
+# ---- input checks -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("src,tgt,exc,words", [
+    (np.array([[4, 99]]), np.array([[2, 5, 3]]), ValueError, ["src", "99", "vocabulary"]),
+    (np.array([[4, 5]]), np.array([[2, -1, 3]]), ValueError, ["tgt", "-1"]),
+    (np.array([[4.0, 5.0]]), np.array([[2, 5, 3]]), TypeError, ["src", "integer", "float64"]),
+    (np.array([4, 5]), np.array([[2, 5, 3]]), ValueError, ["src", "2-D", "(2,)"]),
+    (np.array([[4, 5]]), np.array([[2]]), ValueError, ["tgt", "at least 2"]),
+    (np.array([[4, 5], [4, 5]]), np.array([[2, 5, 3]]), ValueError, ["2 sentences", "1"]),
+    (np.array([[4, 5]]), np.array([[2, 0, 0]]), ValueError, ["no target tokens"]),
+    (np.ones((1, 65), dtype=int) * 4, np.array([[2, 5, 3]]), ValueError, ["max_len=64"]),
+])
+def test_bad_batches_get_clear_errors(src, tgt, exc, words):
+    params = model.init_params(TINY, 0)
+    with pytest.raises(exc) as err:
+        model.loss_and_grads(params, TINY, src, tgt)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_parameters_that_do_not_fit_the_config_are_named():
+    params = model.init_params(TINY, 0)
+    bad = dict(params)
+    del bad["enc.0.ln1.gamma"]
+    src, tgt = _batch()
+    with pytest.raises(ValueError, match="enc.0.ln1.gamma"):
+        model.loss_and_grads(bad, TINY, src, tgt)
+    bad = dict(params, **{"dec.1.ff.w1": np.zeros((3, 3), np.float32)})
+    with pytest.raises(ValueError, match=r"dec.1.ff.w1.*\(3, 3\)"):
+        model.loss_and_grads(bad, TINY, src, tgt)
+    bad = dict(params, **{"emb": params["emb"].astype(np.float64)})
+    with pytest.raises(TypeError, match="float64"):
+        model.loss_and_grads(bad, TINY, src, tgt)
+
+
+class FakeDeviceArray:
+    """Stands for a GPU array: it has the CUDA array interface but is no NumPy array."""
+
+    __cuda_array_interface__ = {"shape": (2, 2), "typestr": "<i8", "data": (0, False), "version": 3}
+    shape, ndim = (2, 2), 2
+
+
+def test_host_device_mixing_is_caught():
+    params = model.init_params(TINY, 0)
+    src, tgt = _batch()
+    with pytest.raises(TypeError, match=r"src .* on the GPU.*backend is 'numpy'.*to_host"):
+        model.loss_and_grads(params, TINY, FakeDeviceArray(), tgt)
+    with pytest.raises(TypeError, match=r"parameter 'emb'.*GPU"):
+        model.loss_and_grads(dict(params, emb=FakeDeviceArray()), TINY, src, tgt)
