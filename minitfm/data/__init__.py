@@ -21,14 +21,14 @@ from .corpus import (DataError, ParallelReader, ParallelText, parallel_files, re
                      read_parallel, read_parallel_files, read_sgm)
 from .encoded import EncodedCorpus, encode_corpus
 from .prepare import prepare_wmt14
-from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocab, train_vocab
+from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocab, train_joint_vocab, train_vocab
 
 __all__ = [
     "DataError", "PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID",
     "ParallelReader", "ParallelText", "parallel_files", "read_lines", "read_parallel",
     "read_parallel_files", "read_sgm",
     "CleanOptions", "CleanReport", "clean_parallel",
-    "Vocab", "train_vocab",
+    "Vocab", "train_vocab", "train_joint_vocab",
     "EncodedCorpus", "encode_corpus",
     "BatchPlan", "token_batches", "eval_batches", "collate", "iterate_batches",
     "prepare_wmt14",

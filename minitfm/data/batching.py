@@ -137,7 +137,8 @@ def collate(corpus: EncodedCorpus, indices: np.ndarray, *,
     """
     indices = np.asarray(indices, dtype=np.int64)
     if indices.ndim != 1 or len(indices) == 0:
-        raise DataError(f"collate needs a non-empty 1-D array of indices, got shape {indices.shape}")
+        raise DataError(f"collate needs a non-empty 1-D array of indices, got shape "
+                        f"{indices.shape}")
     src_len, tgt_len = corpus.src_lengths[indices], corpus.tgt_lengths[indices]  # (B,)
     if max_positions is not None:
         _check_max_positions(max_positions)
@@ -164,7 +165,8 @@ def iterate_batches(corpus: EncodedCorpus, plan: BatchPlan
 
 # ----------------------------------------------------------------------------- helpers
 
-def _check_lengths(src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _check_lengths(src_lengths: np.ndarray,
+                   tgt_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     src_lengths = np.asarray(src_lengths, dtype=np.int64)
     tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64)
     if src_lengths.shape != tgt_lengths.shape or src_lengths.ndim != 1:
@@ -219,7 +221,8 @@ def _make_plan(order: np.ndarray, starts: np.ndarray, src_size: np.ndarray, tgt_
         return BatchPlan([], max_positions, 0, 0)
     rows = np.diff(np.append(starts, len(order)))  # (n_batches,) pairs per batch
     src_sorted, tgt_sorted = src_size[order], tgt_size[order]
-    padded = rows * (np.maximum.reduceat(src_sorted, starts) + np.maximum.reduceat(tgt_sorted, starts))
+    widths = np.maximum.reduceat(src_sorted, starts) + np.maximum.reduceat(tgt_sorted, starts)
+    padded = rows * widths  # (n_batches,) entries of src and tgt together
     real = int(src_sorted.sum() + tgt_sorted.sum())
     return BatchPlan(np.split(order, starts[1:]), max_positions, real, int(padded.sum()))
 

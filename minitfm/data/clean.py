@@ -47,7 +47,8 @@ class CleanOptions:
         if self.max_ratio < 1:
             raise DataError(f"clean options: max_ratio must be >= 1, got {self.max_ratio}")
         if self.max_word_chars < 1:
-            raise DataError(f"clean options: max_word_chars must be >= 1, got {self.max_word_chars}")
+            raise DataError(f"clean options: max_word_chars must be >= 1, got "
+                            f"{self.max_word_chars}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -72,7 +73,8 @@ class CleanReport:
 
     def summary(self) -> str:
         reasons = ", ".join(f"{name} {count}" for name, count in self.dropped.items() if count)
-        return f"kept {self.kept} of {self.total} pairs" + (f" (dropped: {reasons})" if reasons else "")
+        text = f"kept {self.kept} of {self.total} pairs"
+        return text + (f" (dropped: {reasons})" if reasons else "")
 
     def to_dict(self) -> dict:
         return {"kept": self.kept, "dropped": dict(self.dropped)}
@@ -84,7 +86,7 @@ def normalize_space(line: str) -> str:
 
 
 def drop_reason(src: str, tgt: str, options: CleanOptions) -> str | None:
-    """Why the pair ``(src, tgt)`` should be dropped (one of ``DROP_REASONS``), or None to keep it."""
+    """Why to drop the pair ``(src, tgt)``: one of ``DROP_REASONS``, or None to keep it."""
     src_words, tgt_words = src.split(), tgt.split()
     n_src, n_tgt = len(src_words), len(tgt_words)
     if n_src == 0 or n_tgt == 0:
@@ -100,8 +102,11 @@ def drop_reason(src: str, tgt: str, options: CleanOptions) -> str | None:
     return None
 
 
+Cleaned = tuple[list[str], list[str], CleanReport]
+
+
 def clean_parallel(src: Sequence[str], tgt: Sequence[str],
-                   options: CleanOptions = CleanOptions()) -> tuple[list[str], list[str], CleanReport]:
+                   options: CleanOptions = CleanOptions()) -> Cleaned:
     """Filter aligned sentences; returns the kept pairs (whitespace-normalized) and a report."""
     if len(src) != len(tgt):
         raise DataError(f"clean_parallel: {len(src)} source but {len(tgt)} target sentences; "

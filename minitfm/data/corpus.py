@@ -1,8 +1,9 @@
 """Reading parallel corpora: plain or gzipped text, and WMT's SGML test sets.
 
 A parallel corpus is two files with one sentence per line, line i of one aligned with line i of
-the other. Corpora are named fairseq-style by a prefix and two languages: ``read_parallel("data/
-train", "en", "de")`` reads ``data/train.en`` and ``data/train.de`` (or ``.en.gz`` / ``.de.gz``).
+the other. Corpora are named fairseq-style by a prefix and two languages:
+``read_parallel("data/train", "en", "de")`` reads ``data/train.en`` and ``data/train.de`` (each
+may also be ``.en.gz`` / ``.de.gz``).
 The WMT test sets come as SGML (``<seg id="1">text</seg>`` lines inside ``<doc docid=...>``);
 :func:`read_parallel_files` reads those too, and pairs their segments by document and segment id.
 
@@ -39,7 +40,7 @@ _UTF8_BOM = b"\xef\xbb\xbf"
 
 
 class DataError(ValueError):
-    """Input data is missing, unreadable, misaligned or malformed; the message says how to fix it."""
+    """Input data is missing, unreadable, misaligned or malformed; the message says what to do."""
 
 
 # ----------------------------------------------------------------------------- opening files
@@ -87,7 +88,7 @@ def read_lines(path: str | Path) -> list[str]:
 # ----------------------------------------------------------------------------- plain parallel text
 
 def parallel_files(prefix: str | Path, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
-    """The files of corpus ``prefix`` for the two languages: ``PREFIX.LANG`` or ``PREFIX.LANG.gz``."""
+    """The two files of corpus ``prefix``, each ``PREFIX.LANG`` or ``PREFIX.LANG.gz``."""
     return _find_side(prefix, src_lang), _find_side(prefix, tgt_lang)
 
 
@@ -167,12 +168,13 @@ class ParallelText:
 def read_parallel(prefix: str | Path, src_lang: str, tgt_lang: str, *,
                   skip_invalid: bool = False) -> ParallelText:
     """Read corpus ``PREFIX.SRC_LANG`` / ``PREFIX.TGT_LANG`` (each plain or ``.gz``)."""
-    return read_parallel_files(*parallel_files(prefix, src_lang, tgt_lang), skip_invalid=skip_invalid)
+    src_path, tgt_path = parallel_files(prefix, src_lang, tgt_lang)
+    return read_parallel_files(src_path, tgt_path, skip_invalid=skip_invalid)
 
 
 def read_parallel_files(src_path: str | Path, tgt_path: str | Path, *,
                         skip_invalid: bool = False) -> ParallelText:
-    """Read two aligned files: plain text, gzipped text, or both WMT SGML (``.sgm``, ``.sgm.gz``)."""
+    """Read two aligned files: plain or gzipped text, or both WMT SGML (``.sgm``, ``.sgm.gz``)."""
     src_path, tgt_path = Path(src_path), Path(tgt_path)
     src_sgm, tgt_sgm = _is_sgm(src_path), _is_sgm(tgt_path)
     if src_sgm != tgt_sgm:

@@ -63,7 +63,8 @@ class EncodedCorpus:
         self.tgt_lengths = np.diff(tgt_offsets)  # (n,) int64
 
     @classmethod
-    def from_ids(cls, src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]]) -> EncodedCorpus:
+    def from_ids(cls, src_ids: Sequence[Sequence[int]],
+                 tgt_ids: Sequence[Sequence[int]]) -> EncodedCorpus:
         """An in-memory corpus from lists of id lists (toy tasks, tests, small dev sets)."""
         return cls(*_flatten(src_ids), *_flatten(tgt_ids))
 
@@ -119,7 +120,8 @@ def _load_array(path: Path, mmap: bool) -> np.ndarray:
     try:
         return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (OSError, ValueError) as exc:
-        raise DataError(f"{path}: cannot load cached array ({exc}); delete the cache to rebuild") from exc
+        raise DataError(f"{path}: cannot load cached array ({exc}); delete the cache to "
+                        "rebuild it") from exc
 
 
 # ----------------------------------------------------------------------------- building the cache
@@ -143,7 +145,8 @@ def encode_corpus(prefix: str | Path, src_lang: str, tgt_lang: str, vocab: Vocab
     name = cache_name(prefix, src_lang, tgt_lang)
     key = _cache_key(src_path, tgt_path, src_lang, tgt_lang, vocab, clean, skip_invalid)
     manifest = _read_manifest(cache_dir / f"{name}.json")
-    if manifest is not None and all(manifest.get(k) == v for k, v in key.items()):
+    if (manifest is not None and all(manifest.get(k) == v for k, v in key.items())
+            and all((cache_dir / file).is_file() for file in manifest["files"].values())):
         return EncodedCorpus.load(cache_dir, name)
     if manifest is not None:
         _log.info("re-encoding %s: its source files, vocabulary or options changed", name)

@@ -106,10 +106,12 @@ def prepare_wmt14(out_dir: str | Path, *, src_lang: str = "en", tgt_lang: str = 
         raise DataError(f"WMT14 preparation is for English-German: languages 'en' and 'de' in "
                         f"either order, got {src_lang!r} and {tgt_lang!r}")
     out_dir = Path(out_dir)
+    langs = (src_lang, tgt_lang)
     done = out_dir / "prepare.json"
+    options = {"languages": list(langs), "clean_options": clean.to_dict() if clean else None}
     if done.is_file():
         summary = json.loads(done.read_text(encoding="utf-8"))
-        if summary["languages"] == [src_lang, tgt_lang] and all(
+        if all(summary.get(k) == v for k, v in options.items()) and all(
                 (out_dir / name).is_file() for name in summary["files"]):
             return summary
     base_url = base_url or os.environ.get(BASE_URL_ENV) or None
@@ -123,26 +125,23 @@ def prepare_wmt14(out_dir: str | Path, *, src_lang: str = "en", tgt_lang: str = 
                         size=archive.size, checksum=archive.checksum, progress=progress)
         extract_members(path, names, raw)
 
-    langs = (src_lang, tgt_lang)
     report = CleanReport()
-    train_parts = [(raw / f"{base}.{src_lang}", raw / f"{base}.{tgt_lang}") for _, base in _TRAIN]
-    valid_files = [raw / f"{_VALID[1]}.{lang}" for lang in langs]
-    test_files = [raw / name.format(src=src_lang, tgt=tgt_lang) for name in _TEST[1:]]
-    summary = {
-        "languages": list(langs),
-        "files": [f"{split}.{lang}" for split in ("train", "valid", "test") for lang in langs],
-        "train": _write_train(train_parts, out_dir, langs, clean, report),
-        "valid": _write_split(*valid_files, out_dir / "valid", langs),
-        "test": _write_split(*test_files, out_dir / "test", langs),
-    }
+    train_parts = [(raw / wanted[key][0], raw / wanted[key][1]) for key, _ in _TRAIN]
+    summary = dict(
+        options,
+        files=[f"{split}.{lang}" for split in ("train", "valid", "test") for lang in langs],
+        train=_write_train(train_parts, out_dir, langs, clean, report),
+        valid=_write_split(*(raw / name for name in wanted[_VALID[0]]), out_dir / "valid", langs),
+        test=_write_split(*(raw / name for name in wanted[_TEST[0]]), out_dir / "test", langs),
+    )
     summary["train"]["clean"] = report.to_dict() if clean is not None else None
     _atomic_write_text(done, json.dumps(summary, indent=1) + "\n")
-    _log.info("WMT14 %s-%s prepared in %s: %d training pairs (%s)", src_lang, tgt_lang, out_dir,
-              report.kept, report.summary())
+    _log.info("WMT14 %s-%s prepared in %s: %s", src_lang, tgt_lang, out_dir, report.summary())
     return summary
 
 
 def _wanted_files(src_lang: str, tgt_lang: str) -> dict[str, list[str]]:
+    """Base names of the files to extract, per archive key, source language first."""
     wanted = {key: [f"{base}.{src_lang}", f"{base}.{tgt_lang}"] for key, base in _TRAIN}
     wanted[_VALID[0]] = [f"{_VALID[1]}.{src_lang}", f"{_VALID[1]}.{tgt_lang}"]
     wanted[_TEST[0]] = [name.format(src=src_lang, tgt=tgt_lang) for name in _TEST[1:]]
@@ -356,7 +355,8 @@ def extract_members(archive: str | Path, names: list[str], out_dir: str | Path) 
                         "again") from exc
     missing = [name for name in names if name not in found]
     if missing:
-        raise DataError(f"{archive}: no member named {', '.join(missing)}; is it the right archive?")
+        raise DataError(f"{archive}: no member named {', '.join(missing)}; is it the right "
+                        "archive?")
     return [found[name] for name in names]
 
 

@@ -27,9 +27,10 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
-from .corpus import DataError
+from .corpus import DataError, ParallelReader, parallel_files
 
-__all__ = ["PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "Vocab", "train_vocab", "sample_sentences"]
+__all__ = ["PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "Vocab", "train_vocab", "train_joint_vocab",
+           "sample_sentences"]
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 _SPECIAL_PIECES = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>"}
@@ -56,7 +57,8 @@ class Vocab:
         """The vocabulary from :meth:`serialized_model`'s bytes, or a uint8 array of them."""
         if isinstance(data, np.ndarray):
             if data.dtype != np.uint8 or data.ndim != 1:
-                raise DataError(f"a vocabulary array must be 1-D uint8, got {data.dtype} {data.shape}")
+                raise DataError(f"a vocabulary array must be 1-D uint8, got {data.dtype} "
+                                f"{data.shape}")
             data = data.tobytes()
         return cls(bytes(data))
 
@@ -66,7 +68,8 @@ class Vocab:
         try:
             return cls(Path(path).read_bytes())
         except OSError as exc:
-            raise DataError(f"{path}: cannot read vocabulary model ({exc.strerror or exc})") from exc
+            raise DataError(f"{path}: cannot read the vocabulary model "
+                            f"({exc.strerror or exc})") from exc
 
     def save(self, path: str | Path) -> None:
         Path(path).write_bytes(self._model)
@@ -106,7 +109,7 @@ class Vocab:
         return self._sp.encode(list(texts), out_type=int)
 
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
-        """Texts of id sequences; PAD and BOS are skipped and each sequence ends at its first EOS."""
+        """Texts of id sequences: PAD and BOS skipped, each sequence ending at its first EOS."""
         return self._sp.decode([_strip_special(seq) for seq in ids])
 
     def pieces(self, text: str) -> list[str]:
@@ -178,3 +181,13 @@ def train_vocab(sentences: Iterable[str], vocab_size: int, *,
         raise DataError(f"sentencepiece training failed: {exc}; for a small corpus, lower "
                         "vocab_size or pass hard_vocab_limit=False") from exc
     return Vocab(model.getvalue())
+
+
+def train_joint_vocab(prefix: str | Path, src_lang: str, tgt_lang: str, vocab_size: int, *,
+                      skip_invalid: bool = False, **options) -> Vocab:
+    """Train one vocabulary on both sides of corpus ``PREFIX.SRC`` / ``PREFIX.TGT``, streaming.
+
+    ``options`` are :func:`train_vocab`'s; the paper's shared vocabulary has about 37000 tokens.
+    """
+    reader = ParallelReader(*parallel_files(prefix, src_lang, tgt_lang), skip_invalid=skip_invalid)
+    return train_vocab((text for pair in reader for text in pair), vocab_size, **options)

@@ -80,7 +80,8 @@ def test_sorting_by_length_keeps_padding_low():
 def test_max_tokens_smaller_than_a_sentence_is_an_error():
     with pytest.raises(DataError, match="raise max_tokens or set max_positions"):
         token_batches(np.array([3, 50]), np.array([3, 10]), 40, seed=0, epoch=0)
-    plan = token_batches(np.array([3, 50]), np.array([3, 10]), 40, seed=0, epoch=0, max_positions=20)
+    plan = token_batches(np.array([3, 50]), np.array([3, 10]), 40, seed=0, epoch=0,
+                         max_positions=20)
     assert plan.dropped == 1 and "1 pairs over 20 positions dropped" in plan.summary()
 
 

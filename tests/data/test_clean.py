@@ -28,7 +28,8 @@ def test_each_rule_and_the_report():
 
 
 def test_defaults_are_moses_ratio_and_wmt_lengths():
-    assert CleanOptions() == CleanOptions(min_len=1, max_len=250, max_ratio=9.0, max_word_chars=1000)
+    assert CleanOptions() == CleanOptions(min_len=1, max_len=250, max_ratio=9.0,
+                                          max_word_chars=1000)
 
 
 @pytest.mark.parametrize("kwargs", [dict(min_len=0), dict(min_len=5, max_len=4),

@@ -84,10 +84,13 @@ def test_cache_is_rebuilt_when_a_source_file_changes(corpus_prefix, vocab, tmp_p
     path = tmp_path / "train.en"
     path.write_text("\n".join(["the new cat"] + src[1:]) + "\n", encoding="utf-8")
     assert rebuilt(cache, lambda: encode_corpus(prefix, "en", "de", vocab, cache))
-    assert EncodedCorpus.load(cache, "train.en-de")[0][0].tolist() == vocab.encode(["the new cat"])[0]
+    first_src = EncodedCorpus.load(cache, "train.en-de")[0][0]
+    assert first_src.tolist() == vocab.encode(["the new cat"])[0]
     os.utime(path, ns=(10**18, 10**18))  # same content, new time: rebuilt too
     assert rebuilt(cache, lambda: encode_corpus(prefix, "en", "de", vocab, cache))
     assert not rebuilt(cache, lambda: encode_corpus(prefix, "en", "de", vocab, cache))
+    (cache / "train.en-de.de.tokens.npy").unlink()
+    assert rebuilt(cache, lambda: encode_corpus(prefix, "en", "de", vocab, cache))
 
 
 def test_cleaning_is_recorded_and_part_of_the_key(corpus_prefix, vocab, tmp_path):

@@ -19,7 +19,8 @@ DE = ["Wiederaufnahme der Sitzungsperiode", "Ich erkläre die Sitzung für eröf
 
 def sgm(kind: str, lang: str, lines: list[str]) -> str:
     segs = "".join(f'<seg id="{i}">{text}</seg>\n' for i, text in enumerate(lines, start=1))
-    return f'<{kind}set setid="newstest2014">\n<doc docid="d" genre="news">\n{segs}</doc>\n</{kind}set>\n'
+    return (f'<{kind}set setid="newstest2014">\n<doc docid="d" genre="news">\n'
+            f'{segs}</doc>\n</{kind}set>\n')
 
 
 # member name -> content, per archive, with the released archives' member names
@@ -31,7 +32,8 @@ FAKE_MEMBERS = {
     },
     "training-parallel-commoncrawl.tgz": {
         # an empty line, a badly proportioned pair and invalid UTF-8 for cleaning to catch
-        "commoncrawl.de-en.en": "a crawled line\n\none two three four five six seven eight nine ten\nbad\n",
+        "commoncrawl.de-en.en":
+            "a crawled line\n\none two three four five six seven eight nine ten\nbad\n",
         "commoncrawl.de-en.de": "eine Zeile\nleer\neins\nkaputt \udcff\n",
         "commoncrawl.de-en.annotation": "x\n",
     },
@@ -101,6 +103,9 @@ def test_full_preparation(tmp_path, mirror):
     for path in (out / "downloads").iterdir():
         path.unlink()
     assert prepare_wmt14(out, base_url=base_url, archives=archives, progress=False) == summary
+    # other cleaning options: the training text is re-assembled from the extracted files
+    unclean = prepare_wmt14(out, base_url=base_url, archives=archives, clean=None, progress=False)
+    assert unclean["train"]["clean"] is None and len(read_lines(out / "train.en")) == 7
 
 
 def test_reverse_direction_uses_the_other_test_files(tmp_path, mirror, monkeypatch):
@@ -201,7 +206,8 @@ class RangeHandler(http.server.BaseHTTPRequestHandler):
         body = self.payload[start:]
         self.send_response(206 if start else 200)
         if start:
-            self.send_header("Content-Range", f"bytes {start}-{len(self.payload) - 1}/{len(self.payload)}")
+            size = len(self.payload)
+            self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)

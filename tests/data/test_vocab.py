@@ -7,11 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitfm.data import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataError, Vocab, train_vocab
+from minitfm.data import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataError, Vocab, train_joint_vocab,
+                          train_vocab)
 from minitfm.data.vocab import sample_sentences
 
 WORDS_EN = "the a cat dog house runs sleeps over under big small green red street".split()
-WORDS_DE = "die eine Katze Hund Haus läuft schläft über unter groß klein grün rot Straße".split()
+WORDS_DE = ("die eine Katze Hund Haus läuft schläft über unter groß klein grün rot "
+            "Straße").split()
 
 
 def make_sentences(n: int, seed: int = 0) -> list[str]:
@@ -116,3 +118,13 @@ def test_not_a_model():
 def test_tiny_vocab_size_is_refused(sentences):
     with pytest.raises(DataError, match="larger than"):
         train_vocab(sentences, 4)
+
+
+def test_joint_vocab_from_a_corpus_covers_both_sides(sentences, tmp_path):
+    (tmp_path / "train.en").write_text("\n".join(sentences[1::2]) + "\n", encoding="utf-8")
+    (tmp_path / "train.de").write_text("\n".join(sentences[0::2]) + "\n", encoding="utf-8")
+    joint = train_joint_vocab(tmp_path / "train", "en", "de", 120, hard_vocab_limit=False)
+    interleaved = [s for pair in zip(sentences[1::2], sentences[0::2]) for s in pair]
+    assert joint == train_vocab(interleaved, 120, hard_vocab_limit=False)
+    ids = joint.encode(["Straße läuft", "green street"])
+    assert UNK_ID not in [t for seq in ids for t in seq]
