@@ -1,0 +1,220 @@
+"""The array backend: selection, errors, helpers, and readiness of the library for CuPy.
+
+The CuPy checks need no GPU: every array function the library calls is looked up in CuPy's
+namespace when CuPy is installed (skipped otherwise), and host/device mixing is caught.
+"""
+
+import ast
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from minitfm import backend, model
+
+from .conftest import cupy_device_available
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "minitfm"
+
+# Host-side modules that may import NumPy directly (file I/O, data preparation, synthetic
+# tasks, plotting):
+# they never do the model's array math.
+HOST_SIDE = {"backend.py", "checkpoint.py", "average.py", "plot.py", "tasks.py"}
+
+
+def library_files():
+    return sorted(p for p in PACKAGE.rglob("*.py"))
+
+
+def is_host_side(path):
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] == "data" or rel.name in HOST_SIDE
+
+
+def xp_attribute_chains(tree):
+    """Every dotted name read off the array module: ``xp.random.default_rng`` -> "random.default_rng"."""
+    chains = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        parts, base = [], node
+        while isinstance(base, ast.Attribute):
+            parts.append(base.attr)
+            base = base.value
+        parts.reverse()
+        if isinstance(base, ast.Name) and base.id == "xp":
+            chain = parts
+        elif isinstance(base, ast.Name) and base.id == "backend" and parts[:1] == ["xp"]:
+            chain = parts[1:]
+        else:
+            continue
+        if chain:
+            chains.add(".".join(chain))
+    # keep only maximal chains' prefixes that are module attributes (xp.random.default_rng, not
+    # also xp.random)
+    return {c for c in chains if not any(o != c and o.startswith(c + ".") for o in chains)}
+
+
+def used_xp_names():
+    names = {}
+    for path in library_files():
+        for chain in xp_attribute_chains(ast.parse(path.read_text())):
+            names.setdefault(chain, path.name)
+    return names
+
+
+def resolve(module, chain):
+    obj = module
+    for part in chain.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def test_library_reads_array_functions_off_the_backend():
+    names = used_xp_names()
+    assert {"exp", "zeros", "random.default_rng"} <= set(names)
+
+
+def test_every_array_function_used_exists_in_numpy():
+    missing = [f"{c} ({f})" for c, f in used_xp_names().items() if not _has(np, c)]
+    assert not missing
+
+
+def test_every_array_function_used_exists_in_cupy():
+    cupy = pytest.importorskip("cupy")
+    missing = [f"{c} ({f})" for c, f in used_xp_names().items() if not _has(cupy, c)]
+    assert not missing, f"not in CuPy's namespace: {missing}"
+
+
+def test_generator_methods_used_exist_in_cupy():
+    """Dropout draws from backend.rng(...): record the methods a training step calls on it."""
+    cupy = pytest.importorskip("cupy")
+    called = set()
+
+    class Recording:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            called.add(name)
+            return getattr(self.inner, name)
+
+    cfg = model.Config.preset("tiny", dropout=0.2)
+    params = model.init_params(cfg, 0)
+    src = np.array([[5, 6, 3]])
+    tgt = np.array([[2, 7, 8, 3]])
+    model.loss_and_grads(params, cfg, src, tgt, Recording(backend.rng(0, 1)))
+    assert called
+    assert all(hasattr(cupy.random.Generator, m) for m in called), called
+
+
+def _has(module, chain):
+    try:
+        resolve(module, chain)
+        return True
+    except AttributeError:
+        return False
+
+
+def test_only_host_side_modules_import_numpy_or_cupy():
+    offenders = []
+    for path in library_files():
+        if is_host_side(path):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                mods = [node.module or ""]
+            else:
+                continue
+            if any(m.split(".")[0] in ("numpy", "cupy", "cupyx") for m in mods):
+                offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert not offenders, "array math must go through minitfm.backend.xp: " + ", ".join(offenders)
+
+
+def test_no_module_binds_xp_at_import_time():
+    """``from minitfm.backend import xp`` would freeze the backend chosen at import time."""
+    for path in library_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("backend"):
+                assert all(a.name != "xp" for a in node.names), path
+
+
+# ---- selection --------------------------------------------------------------------------
+
+def test_use_numpy_and_unknown_names(numpy_backend):
+    backend.use("numpy")
+    assert backend.xp is np and backend.name == "numpy" and not backend.is_gpu()
+    with pytest.raises(backend.BackendError, match="unknown backend 'torch'.*numpy.*cupy.*auto"):
+        backend.use("torch")
+    assert backend.name == "numpy"
+
+
+@pytest.mark.skipif(cupy_device_available(), reason="a CUDA device is present")
+def test_cupy_without_a_device_says_why(numpy_backend):
+    with pytest.raises(backend.BackendError) as err:
+        backend.use("cupy")
+    message = str(err.value)
+    assert ("not installed" in message and "pip install" in message) or "no usable CUDA device" in message
+    assert backend.name == "numpy"            # nothing changed
+
+
+@pytest.mark.skipif(cupy_device_available(), reason="a CUDA device is present")
+def test_auto_falls_back_to_numpy_without_a_device(numpy_backend):
+    backend.use("auto")
+    assert backend.name == "numpy"
+
+
+def test_environment_variable_selects_the_backend():
+    code = "from minitfm import backend; print(backend.name)"
+    env = dict(os.environ, MINITFM_BACKEND="numpy")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "numpy"
+    env["MINITFM_BACKEND"] = "tpu"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode != 0 and "unknown backend 'tpu'" in out.stderr
+
+
+# ---- helpers ----------------------------------------------------------------------------
+
+def test_scatter_add_accumulates_repeated_indices(numpy_backend):
+    target = np.zeros((4, 2))
+    backend.scatter_add(target, np.array([1, 3, 1, 1]), np.ones((4, 2)))
+    np.testing.assert_array_equal(target[:, 0], [0, 3, 0, 1])
+
+
+def test_generators_are_reproducible_per_stream(numpy_backend):
+    a = backend.rng(1, 5).random(4)
+    assert np.array_equal(a, backend.rng(1, 5).random(4))
+    assert not np.array_equal(a, backend.rng(1, 6).random(4))
+    assert np.array_equal(backend.host_rng(2, 1).random(3), backend.host_rng(2, 1).random(3))
+
+
+def test_host_and_device_copies(numpy_backend):
+    x = backend.to_device([[1, 2]], dtype=np.float32)
+    assert isinstance(x, np.ndarray) and x.dtype == np.float32
+    assert backend.to_host(x) is x
+
+
+def test_float_dtype_setting():
+    assert backend.float_dtype() == np.float32
+    backend.set_float_dtype("float64")
+    try:
+        assert backend.float_dtype() == np.float64
+    finally:
+        backend.set_float_dtype(np.float32)
+    with pytest.raises(ValueError, match="float16"):
+        backend.set_float_dtype("float16")
+
+
+def test_check_array_names_the_array_and_the_remedy(numpy_backend):
+    class Fake:
+        __cuda_array_interface__ = {}
+    with pytest.raises(TypeError, match=r"weights is a .*Fake on the GPU.*'numpy'.*to_device"):
+        backend.check_array(Fake(), "weights")
+    x = np.zeros(2)
+    assert backend.check_array(x, "x") is x

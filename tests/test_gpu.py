@@ -1,0 +1,35 @@
+"""The CuPy path on a real device (``pytest -m gpu``; skipped where no CUDA device is usable)."""
+
+import numpy as np
+import pytest
+
+from minitfm import backend, gradcheck, model
+
+pytestmark = pytest.mark.gpu
+
+
+def test_gradient_checks_pass_on_cupy(cupy_backend, capsys):
+    assert gradcheck.main([]) == 0
+    assert "backend cupy" in capsys.readouterr().out
+
+
+def test_cupy_step_matches_numpy(cupy_backend):
+    cfg = model.Config.preset("tiny", d_model=16, d_ff=32, n_heads=4)
+    src, tgt = gradcheck.model_batch(backend.host_rng(0), cfg, 3, 5, 6)
+    src, tgt = backend.to_host(src), backend.to_host(tgt)
+    results = {}
+    for name in ("numpy", "cupy"):
+        backend.use(name)
+        params = model.init_params(cfg, 0, dtype=np.float64)
+        stats, grads = model.loss_and_grads(params, cfg, backend.to_device(src), backend.to_device(tgt))
+        results[name] = stats, {k: backend.to_host(v) for k, v in grads.items()}
+    assert results["cupy"][0]["loss"] == pytest.approx(results["numpy"][0]["loss"], rel=1e-10)
+    for k, g in results["numpy"][1].items():
+        np.testing.assert_allclose(results["cupy"][1][k], g, rtol=1e-8, atol=1e-12)
+
+
+def test_numpy_arrays_are_refused_by_a_cupy_model(cupy_backend):
+    cfg = model.Config.preset("tiny")
+    params = model.init_params(cfg, 0)
+    with pytest.raises(TypeError, match="numpy.ndarray on the host.*'cupy'"):
+        model.loss_and_grads(params, cfg, np.array([[5, 3]]), np.array([[2, 5, 3]]))
