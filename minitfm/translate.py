@@ -1,0 +1,193 @@
+"""Translate text with a trained checkpoint: ``python -m minitfm.translate``.
+
+    python -m minitfm.translate --checkpoint model.npz < input.en > output.de
+    python -m minitfm.translate --checkpoint model.npz --input test.en --beam 4 --lenpen 0.6
+    python -m minitfm.translate --checkpoint model.npz --nbest 4 < input.en
+
+Reads one sentence per line (UTF-8, from standard input or ``--input``) and writes one
+translation per line, in the same order, detokenized with the sentencepiece model stored in the
+checkpoint. The search is beam search with the paper's settings by default (beam 4, length
+penalty 0.6, at most source length + 50 output tokens; see :mod:`minitfm.decode`).
+
+- An empty (or blank) line gives an empty line.
+- A line longer than the model accepts (``max_len`` tokens, EOS included) is truncated, with a
+  warning on standard error naming the line; translation goes on.
+- With ``--nbest N`` every input line gives its N best hypotheses, best first, one per line in
+  the Moses n-best format ``INDEX ||| TRANSLATION ||| SCORE`` (INDEX counts input lines from 0,
+  SCORE is the length-normalised log-probability); an empty line gives one empty hypothesis.
+
+Input is split on ``\\n`` only, and invalid UTF-8 is replaced rather than fatal, so the output
+always has exactly as many lines (or n-best groups) as the input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
+from typing import BinaryIO, TextIO
+
+from minitfm import backend, checkpoint, decode, model
+from minitfm.data.corpus import DataError
+from minitfm.data.vocab import Vocab
+
+__all__ = ["TranslateError", "load_translator", "encode_lines", "translate_lines", "main"]
+
+Translation = tuple[str, float]   # (detokenized text, length-normalised log-probability)
+
+
+class TranslateError(RuntimeError):
+    """The checkpoint or the options cannot be used for translation; the message says why."""
+
+
+def load_translator(path: str) -> tuple[dict, model.Config, Vocab]:
+    """``(params, cfg, vocab)`` of a checkpoint, parameters on the active backend."""
+    try:
+        ckpt = checkpoint.load(path, with_optimizer=False)
+    except FileNotFoundError:
+        raise TranslateError(f"checkpoint {path} does not exist") from None
+    except checkpoint.CheckpointError as exc:
+        raise TranslateError(str(exc)) from exc
+    if ckpt.vocab_model is None:
+        raise TranslateError(
+            f"checkpoint {path} has no vocabulary: translation needs the sentencepiece model the "
+            f"model was trained with to encode the input and detokenize the output. Use a "
+            f"checkpoint written with vocab_model (training on text stores it in every checkpoint)")
+    try:
+        cfg = model.Config.from_dict(ckpt.config)
+        vocab = Vocab.from_bytes(ckpt.vocab_model)
+    except (ValueError, TypeError, DataError) as exc:
+        raise TranslateError(f"checkpoint {path} is not usable: {exc}") from exc
+    if vocab.size > min(cfg.src_vocab, cfg.tgt_vocab):
+        raise TranslateError(
+            f"checkpoint {path}: its vocabulary has {vocab.size} pieces but the model only "
+            f"{min(cfg.src_vocab, cfg.tgt_vocab)} embeddings: the vocabulary is not the one the "
+            f"model was trained with")
+    params = checkpoint.params_to_device(ckpt.params)
+    model.check_params(params, cfg)
+    return params, cfg, vocab
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def encode_lines(vocab: Vocab, cfg: model.Config, lines: Sequence[str], first_line: int = 1,
+                 warn: Callable[[str], None] = _warn) -> list[list[int] | None]:
+    """Token ids of each line, None for a blank line; too long lines are cut to fit the model
+    (``cfg.max_len`` positions with EOS) with a warning naming the line (counted from
+    ``first_line``)."""
+    longest = cfg.max_len - 1
+    encoded: list[list[int] | None] = [None] * len(lines)
+    texts = [(i, line) for i, line in enumerate(lines) if line.strip()]
+    for (i, _), ids in zip(texts, vocab.encode([line for _, line in texts])):
+        if len(ids) > longest:
+            warn(f"line {first_line + i} has {len(ids)} tokens, more than the model's maximum of "
+                 f"{longest}: translating only its first {longest} tokens")
+            ids = ids[:longest]
+        encoded[i] = ids
+    return encoded
+
+
+def translate_lines(params: dict, cfg: model.Config, vocab: Vocab, lines: Sequence[str], *,
+                    beam: int = 4, alpha: float = 0.6, nbest: int = 1, batch_size: int = 64,
+                    max_len: int | None = None, first_line: int = 1,
+                    warn: Callable[[str], None] = _warn) -> list[list[Translation]]:
+    """The ``nbest`` best translations of each line, best first; ``[("", 0.0)]`` for a blank."""
+    encoded = encode_lines(vocab, cfg, lines, first_line, warn)
+    todo = [i for i, ids in enumerate(encoded) if ids is not None]
+    found = decode.translate_ids(params, cfg, [encoded[i] for i in todo], beam=beam, alpha=alpha,
+                                 max_len=max_len, nbest=nbest, batch_size=batch_size)
+    results: list[list[Translation]] = [[("", 0.0)] for _ in lines]
+    for i, hyps in zip(todo, found):
+        texts = vocab.decode([tokens for tokens, _ in hyps])
+        results[i] = [(text.replace("\n", " "), score) for text, (_, score) in zip(texts, hyps)]
+    return results
+
+
+def read_lines(stream: BinaryIO) -> Iterator[str]:
+    """The lines of a byte stream, split on ``\\n`` only, without their line endings."""
+    for raw in stream:
+        yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
+
+
+def chunks(items: Iterable[str], size: int) -> Iterator[list[str]]:
+    iterator = iter(items)
+    while chunk := list(islice(iterator, size)):
+        yield chunk
+
+
+def format_translations(results: list[list[Translation]], first_index: int,
+                        nbest: bool) -> Iterator[str]:
+    for index, hyps in enumerate(results, start=first_index):
+        if not nbest:
+            yield hyps[0][0]
+            continue
+        for text, score in hyps:
+            yield f"{index} ||| {text} ||| {score:.4f}"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m minitfm.translate",
+        description="Translate sentences (one per line) with a trained minitfm checkpoint.")
+    p.add_argument("--checkpoint", required=True, help="checkpoint file (.npz) with a vocabulary")
+    p.add_argument("--input", help="input text file (default: standard input)")
+    p.add_argument("--beam", type=int, default=4, help="beam size (default 4; 1 is greedy)")
+    p.add_argument("--lenpen", type=float, default=0.6,
+                   help="length penalty alpha, ((5 + |Y|) / 6)^alpha (default 0.6)")
+    p.add_argument("--nbest", type=int, default=None,
+                   help="print the N best hypotheses with scores, 'INDEX ||| TEXT ||| SCORE'")
+    p.add_argument("--max-len", type=int, default=None,
+                   help="most output tokens (default: source length + 50)")
+    p.add_argument("--batch-size", type=int, default=64, help="sentences decoded together")
+    p.add_argument("--backend", choices=["numpy", "cupy", "auto"], default=None,
+                   help="array backend (default: MINITFM_BACKEND, else numpy)")
+    args = p.parse_args(argv)
+    if args.beam < 1:
+        p.error(f"--beam must be at least 1, got {args.beam}")
+    if args.nbest is not None and not 1 <= args.nbest <= args.beam:
+        p.error(f"--nbest must be between 1 and --beam ({args.beam}), got {args.nbest}")
+    if args.batch_size < 1:
+        p.error(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.lenpen < 0:
+        p.error(f"--lenpen must be >= 0, got {args.lenpen}")
+    return args
+
+
+def run(args: argparse.Namespace, stdin: BinaryIO, stdout: TextIO) -> None:
+    if args.backend is not None:
+        backend.use(args.backend)
+    params, cfg, vocab = load_translator(args.checkpoint)
+    if args.max_len is not None and not 1 <= args.max_len <= cfg.max_len:
+        raise TranslateError(f"--max-len must be between 1 and the model's max_len "
+                             f"({cfg.max_len}), got {args.max_len}")
+    with open(args.input, "rb") if args.input else contextlib.nullcontext(stdin) as source:
+        done = 0
+        for lines in chunks(read_lines(source), 16 * args.batch_size):
+            results = translate_lines(params, cfg, vocab, lines, beam=args.beam,
+                                      alpha=args.lenpen, nbest=args.nbest or 1,
+                                      batch_size=args.batch_size, max_len=args.max_len,
+                                      first_line=done + 1)
+            for out in format_translations(results, done, args.nbest is not None):
+                stdout.write(out + "\n")
+            stdout.flush()
+            done += len(lines)
+
+
+def main(argv: list[str] | None = None, stdin: BinaryIO | None = None,
+         stdout: TextIO | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        run(args, stdin if stdin is not None else sys.stdin.buffer,
+            stdout if stdout is not None else sys.stdout)
+    except (TranslateError, backend.BackendError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
