@@ -1,0 +1,303 @@
+"""Pictures of a model and a training run, as PNG files: ``python -m minitfm.plot``.
+
+    python -m minitfm.plot attention --checkpoint model.npz --source "A man rides a bike." \\
+        [--target "Ein Mann fährt Fahrrad."] [--layer -1] [--out-dir plots]
+    python -m minitfm.plot positional [--d-model 512] [--length 100] [--out pe.png]
+    python -m minitfm.plot lr [--d-model 512] [--warmup 4000 8000] [--steps 100000] [--out lr.png]
+    python -m minitfm.plot curves run/log.jsonl [more.jsonl ...] [--out curves.png]
+
+- ``attention``: every head of one layer, for the encoder self-attention, the decoder
+  self-attention and the encoder-decoder (cross) attention of one sentence pair, with the tokens
+  on the axes (as the paper's figures 3-5). Without ``--target`` the model's own translation is
+  used. Row i of a map is query position i; its entries are the softmax weights of equation (1),
+  read from the forward pass's caches.
+- ``positional``: the sinusoidal encoding matrix of section 3.5, positions against dimensions.
+- ``lr``: the learning rate of equation (3), lrate = d_model^-0.5 * min(step^-0.5,
+  step * warmup^-1.5), for each combination of ``--d-model`` and ``--warmup``.
+- ``curves``: training loss, validation loss and validation metrics (BLEU, accuracy) against the
+  step, from the JSON-lines log of a training run (one object per line with "step", and "loss"
+  or "valid_loss" / "valid_bleu" / ...); lines or keys that are missing are skipped.
+
+matplotlib is an optional dependency (the ``plot`` extra), imported only when a picture is drawn,
+with the non-interactive Agg backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from minitfm import backend, model
+from minitfm.layers import positional
+from minitfm.optim import LRSchedule
+
+__all__ = [
+    "PlotError", "attention_maps", "plot_attention", "plot_positional", "plot_lr_schedule",
+    "read_log", "plot_curves", "main",
+]
+
+ATTENTION_KINDS = ("encoder", "decoder_self", "cross")
+
+
+class PlotError(RuntimeError):
+    """A picture cannot be drawn (no matplotlib, an unusable log or checkpoint); says why."""
+
+
+def _pyplot():
+    """matplotlib.pyplot with the Agg backend, or a PlotError saying how to install it."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise PlotError("plotting needs matplotlib, an optional dependency: install it with "
+                        "`pip install -e '.[plot]'` (or `pip install matplotlib`)") from exc
+    return plt
+
+
+def _save(fig, path) -> str:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    _pyplot().close(fig)
+    return str(path)
+
+
+# ---- attention -------------------------------------------------------------------------------
+
+def _probs(residual_cache, sublayer: str):
+    """The attention probabilities (B, H, T, S) in the cache of one residual attention sub-layer.
+
+    residual.forward caches ``(c_ln, c_sub, c_drop, pre_ln)``; attention.self_forward's c_sub is
+    ``(c_qkv, c_att, c_o, n_heads)``, cross_forward's ``(c_q, c_kv, c_att, c_o, n_heads)``; and
+    sdpa_forward's c_att is ``(q, k, v, p, scale)``.
+    """
+    c_sub = residual_cache[1]
+    c_att = c_sub[1] if sublayer == "self" else c_sub[2]
+    return c_att[3]
+
+
+def attention_maps(params: dict, cfg: model.Config, src, tgt_in) -> dict[str, list]:
+    """Attention probabilities of one forward pass (no dropout), on the host.
+
+    src (B, S) and tgt_in (B, T) token ids (tgt_in starts with BOS). Returns
+    ``{"encoder": [(B, H, S, S) per layer], "decoder_self": [(B, H, T, T) ...],
+    "cross": [(B, H, T, S) ...]}``.
+    """
+    memory, src_mask, (_, (enc_layers, _)) = model.encode(params, cfg, backend.to_device(src))
+    _, (_, (dec_layers, _)) = model.decode(params, cfg, backend.to_device(tgt_in), memory, src_mask)
+    return {"encoder": [backend.to_host(_probs(c1, "self")) for c1, _ in enc_layers],
+            "decoder_self": [backend.to_host(_probs(c1, "self")) for c1, _, _ in dec_layers],
+            "cross": [backend.to_host(_probs(c2, "cross")) for _, c2, _ in dec_layers]}
+
+
+def plot_attention(maps, rows: Sequence[str], cols: Sequence[str], path, title: str = "") -> str:
+    """One heat-map per head of ``maps`` (H, len(rows), len(cols)), queries down, keys across."""
+    plt = _pyplot()
+    heads = len(maps)
+    ncols = min(4, heads)
+    nrows = math.ceil(heads / ncols)
+    size = max(2.5, 0.28 * max(len(rows), len(cols)))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(size * ncols, size * nrows), squeeze=False)
+    for h, ax in enumerate(axes.flat):
+        if h >= heads:
+            ax.axis("off")
+            continue
+        ax.imshow(maps[h], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+        ax.set_title(f"head {h + 1}", fontsize=9)
+        ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(rows)), rows, fontsize=7)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+def _pair(params, cfg, vocab, source: str, target: str | None, beam: int):
+    """Source ids (with EOS), decoder input ids (BOS + target) and the labels of both."""
+    from minitfm import decode
+    src_ids = vocab.encode([source])[0][:cfg.max_len - 1]
+    if not src_ids:
+        raise PlotError("the source sentence is empty")
+    if target is None:
+        tgt_ids = decode.translate_ids(params, cfg, [src_ids], beam=beam)[0][0][0]
+    else:
+        tgt_ids = vocab.encode([target])[0]
+    tgt_ids = tgt_ids[:cfg.max_len - 1]
+    src_labels = vocab.decode([[i] for i in src_ids]) + ["</s>"]      # one label per token
+    tgt_labels = ["<s>"] + vocab.decode([[i] for i in tgt_ids])
+    return src_ids + [cfg.eos_id], [cfg.bos_id] + tgt_ids, src_labels, tgt_labels
+
+
+def attention_figures(params, cfg, vocab, source: str, target: str | None, layer: int,
+                      out_dir, beam: int = 4) -> list[str]:
+    """Write the three attention pictures of ``layer`` for a sentence pair; return their paths."""
+    if not -cfg.n_layers <= layer < cfg.n_layers:
+        raise PlotError(f"--layer must be in [{-cfg.n_layers}, {cfg.n_layers - 1}] for a model "
+                        f"with {cfg.n_layers} layers, got {layer}")
+    layer %= cfg.n_layers
+    src, tgt_in, src_labels, tgt_labels = _pair(params, cfg, vocab, source, target, beam)
+    maps = attention_maps(params, cfg, [src], [tgt_in])
+    axes = {"encoder": (src_labels, src_labels), "decoder_self": (tgt_labels, tgt_labels),
+            "cross": (tgt_labels, src_labels)}
+    titles = {"encoder": "encoder self-attention", "decoder_self": "decoder self-attention",
+              "cross": "encoder-decoder attention"}
+    return [plot_attention(maps[kind][layer][0], *axes[kind],
+                           Path(out_dir) / f"attention_{kind}_layer{layer}.png",
+                           f"{titles[kind]}, layer {layer}") for kind in ATTENTION_KINDS]
+
+
+# ---- positional encoding and learning rate ---------------------------------------------------
+
+def plot_positional(path, d_model: int = 512, length: int = 100) -> str:
+    plt = _pyplot()
+    pe = backend.to_host(positional.encoding(length, d_model, backend.xp.float64))   # (T, d)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    image = ax.imshow(pe, cmap="RdBu", vmin=-1.0, vmax=1.0, aspect="auto")
+    ax.set_xlabel("dimension")
+    ax.set_ylabel("position")
+    ax.set_title(f"sinusoidal positional encoding, d_model = {d_model}")
+    fig.colorbar(image, ax=ax)
+    return _save(fig, path)
+
+
+def plot_lr_schedule(path, d_models: Sequence[int] = (512,), warmups: Sequence[int] = (4000,),
+                     steps: int = 100_000, factor: float = 1.0) -> str:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    grid = range(1, steps + 1, max(1, steps // 2000))
+    for d_model in d_models:
+        for warmup in warmups:
+            schedule = LRSchedule(d_model, warmup, factor)
+            ax.plot(list(grid), [schedule(s) for s in grid],
+                    label=f"d_model={d_model}, warmup={warmup}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("learning rate")
+    ax.set_title("lrate = d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)")
+    ax.legend()
+    return _save(fig, path)
+
+
+# ---- training curves -------------------------------------------------------------------------
+
+def read_log(path) -> list[dict]:
+    """The JSON objects of a JSON-lines log that have a numeric "step"; other lines are skipped."""
+    records = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as exc:
+        raise PlotError(f"cannot read training log {path}: {exc.strerror or exc}") from exc
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue                                  # blank, or cut off by a crash mid-write
+        if isinstance(record, dict) and isinstance(record.get("step"), (int, float)):
+            records.append(record)
+    return records
+
+
+def _series(records: Iterable[dict], key: str) -> tuple[list, list]:
+    points = [(r["step"], r[key]) for r in records
+              if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    return [s for s, _ in points], [v for _, v in points]
+
+
+def plot_curves(logs: dict[str, list[dict]], path) -> str:
+    """Loss, validation metrics and learning rate against the step, for logs ``{name: records}``."""
+    plt = _pyplot()
+    metrics = sorted({k for records in logs.values() for r in records for k in r
+                      if k.startswith("valid_") and k not in ("valid_loss", "valid_nll", "valid_ppl")})
+    panels = [("loss", ["loss", "valid_loss"])] + [(m, [m]) for m in metrics]
+    if any("lr" in r for records in logs.values() for r in records):
+        panels.append(("learning rate", ["lr"]))
+    if not any(_series(records, "loss")[0] or _series(records, "valid_loss")[0]
+               for records in logs.values()):
+        raise PlotError("the training logs have no \"loss\" or \"valid_loss\" values to plot")
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 3 * len(panels)), sharex=True,
+                             squeeze=False)
+    for ax, (label, keys) in zip(axes[:, 0], panels):
+        for name, records in logs.items():
+            for key in keys:
+                steps, values = _series(records, key)
+                if steps:
+                    style = "o-" if key.startswith("valid_") else "-"
+                    ax.plot(steps, values, style, markersize=3,
+                            label=f"{name}: {key}" if len(logs) > 1 else key)
+        ax.set_ylabel(label)
+        if ax.has_data():
+            ax.legend(fontsize=8)
+    axes[-1, 0].set_xlabel("step")
+    return _save(fig, path)
+
+
+# ---- command line ----------------------------------------------------------------------------
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m minitfm.plot",
+                                description="Draw PNG pictures of a model or a training run.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    a = sub.add_parser("attention", help="attention heat-maps of every head of one layer")
+    a.add_argument("--checkpoint", required=True, help="checkpoint with a vocabulary")
+    a.add_argument("--source", required=True, help="source sentence")
+    a.add_argument("--target", help="target sentence (default: the model's translation)")
+    a.add_argument("--layer", type=int, default=-1, help="layer, from 0; negative from the end")
+    a.add_argument("--beam", type=int, default=4, help="beam size when translating")
+    a.add_argument("--out-dir", default=".", help="directory for the three PNG files")
+    a.add_argument("--backend", choices=["numpy", "cupy", "auto"], default=None)
+
+    pe = sub.add_parser("positional", help="the sinusoidal positional-encoding matrix")
+    pe.add_argument("--d-model", type=int, default=512)
+    pe.add_argument("--length", type=int, default=100)
+    pe.add_argument("--out", default="positional.png")
+
+    lr = sub.add_parser("lr", help="the learning-rate schedule of equation (3)")
+    lr.add_argument("--d-model", type=int, nargs="+", default=[512])
+    lr.add_argument("--warmup", type=int, nargs="+", default=[4000])
+    lr.add_argument("--steps", type=int, default=100_000)
+    lr.add_argument("--factor", type=float, default=1.0)
+    lr.add_argument("--out", default="lr.png")
+
+    c = sub.add_parser("curves", help="loss and validation curves from JSON-lines logs")
+    c.add_argument("logs", nargs="+", help="log.jsonl files of training runs")
+    c.add_argument("--out", default="curves.png")
+    return p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> list[str]:
+    if args.command == "positional":
+        return [plot_positional(args.out, args.d_model, args.length)]
+    if args.command == "lr":
+        return [plot_lr_schedule(args.out, args.d_model, args.warmup, args.steps, args.factor)]
+    if args.command == "curves":
+        return [plot_curves({Path(p).parent.name or p: read_log(p) for p in args.logs}, args.out)]
+    from minitfm.translate import TranslateError, load_translator
+    if args.backend is not None:
+        backend.use(args.backend)
+    _pyplot()                                       # fail before loading a model
+    try:
+        params, cfg, vocab = load_translator(args.checkpoint)
+    except TranslateError as exc:
+        raise PlotError(str(exc)) from exc
+    return attention_figures(params, cfg, vocab, args.source, args.target, args.layer,
+                             args.out_dir, args.beam)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        paths = run(args)
+    except (PlotError, ValueError, backend.BackendError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Tests of minitfm.plot: every picture is a non-empty PNG; attention maps are the softmax weights
+of the forward pass (rows sum to one, masked keys get zero); a missing matplotlib is a clear
+error."""
+
+import importlib.util
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from minitfm import checkpoint, model, plot
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TEXT = ["a man is riding a bike", "two dogs play in the grass", "a woman sings on a stage",
+        "ein mann fährt fahrrad", "zwei hunde spielen im gras"]
+
+needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
+                                      reason="matplotlib is not installed (pip install -e '.[plot]')")
+
+
+def assert_png(path):
+    data = open(path, "rb").read()
+    assert data.startswith(PNG_MAGIC) and len(data) > 1000
+
+
+def test_attention_maps_are_softmax_weights():
+    cfg = model.Config.preset("tiny", pre_ln=True)
+    params = model.init_params(cfg, seed=0, dtype=np.float64)
+    src = np.array([[4, 5, 6, 3], [7, 3, 0, 0]])                       # second one padded
+    tgt_in = np.array([[2, 8, 9], [2, 10, 4]])
+    maps = plot.attention_maps(params, cfg, src, tgt_in)
+    shapes = {"encoder": (2, 2, 4, 4), "decoder_self": (2, 2, 3, 3), "cross": (2, 2, 3, 4)}
+    for kind, shape in shapes.items():
+        assert len(maps[kind]) == cfg.n_layers
+        for p in maps[kind]:
+            assert p.shape == shape
+            np.testing.assert_allclose(p.sum(axis=-1), 1.0, atol=1e-12)
+            if kind != "decoder_self":
+                assert (p[1, :, :, 2:] == 0).all()                    # padded source keys
+    for p in maps["decoder_self"]:
+        assert (np.triu(np.ones((3, 3)), k=1)[None, None] * p == 0).all()  # no future keys
+
+
+@needs_matplotlib
+def test_positional_png(tmp_path):
+    assert_png(plot.plot_positional(tmp_path / "pe.png", d_model=64, length=50))
+
+
+@needs_matplotlib
+def test_lr_png_via_command_line(tmp_path, capsys):
+    out = tmp_path / "lr.png"
+    assert plot.main(["lr", "--d-model", "256", "512", "--warmup", "4000", "--steps", "20000",
+                      "--out", str(out)]) == 0
+    assert_png(out)
+    assert str(out) in capsys.readouterr().out
+
+
+@needs_matplotlib
+def test_curves_png_tolerates_missing_keys_and_bad_lines(tmp_path):
+    log = tmp_path / "run" / "log.jsonl"
+    log.parent.mkdir()
+    lines = [json.dumps({"step": s, "loss": 5.0 / s, "lr": 1e-4 * s}) for s in range(1, 30)]
+    lines += [json.dumps({"step": 10, "valid_loss": 1.2, "valid_bleu": 3.5}),
+              json.dumps({"step": 20, "valid_loss": 1.0}),                  # no BLEU this time
+              json.dumps({"loss": 1.0}), "not json", "", '{"step": 30, "loss": 0.1']
+    log.write_text("\n".join(lines) + "\n")
+    records = plot.read_log(log)
+    assert len(records) == 31
+    out = tmp_path / "curves.png"
+    assert plot.main(["curves", str(log), "--out", str(out)]) == 0
+    assert_png(out)
+
+
+def test_curves_without_losses_is_an_error(tmp_path, capsys):
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps({"step": 1, "lr": 0.1}) + "\n")
+    assert plot.main(["curves", str(log), "--out", str(tmp_path / "c.png")]) == 2
+    assert "no \"loss\"" in capsys.readouterr().err
+
+
+@needs_matplotlib
+def test_attention_pngs_from_a_checkpoint(tmp_path):
+    from minitfm.data.vocab import train_vocab
+    vocab = train_vocab(TEXT * 4, 40, hard_vocab_limit=False, num_threads=1)
+    cfg = model.Config.preset("tiny", src_vocab=vocab.size, tgt_vocab=vocab.size, max_len=24)
+    path = tmp_path / "tiny.npz"
+    checkpoint.save(path, model.init_params(cfg, seed=0), step=1, config=cfg.to_dict(),
+                    vocab_id=vocab.identifier, vocab_model=vocab.serialized_model())
+    args = ["attention", "--checkpoint", str(path), "--source", "a man sings",
+            "--out-dir", str(tmp_path / "out")]
+    assert plot.main(args + ["--target", "ein mann", "--layer", "0"]) == 0
+    assert plot.main(args + ["--beam", "2"]) == 0                   # the model's own translation
+    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert names == sorted(f"attention_{kind}_layer{i}.png"
+                           for kind in plot.ATTENTION_KINDS for i in (0, 1))
+    for png in (tmp_path / "out").iterdir():
+        assert_png(png)
+    assert plot.main(args + ["--layer", "5"]) == 2
+
+
+def test_missing_matplotlib_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)               # import now fails
+    with pytest.raises(plot.PlotError, match=r"pip install -e '\.\[plot\]'"):
+        plot.plot_positional(tmp_path / "pe.png")
