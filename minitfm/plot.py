@@ -127,9 +127,17 @@ def _pair(params, cfg, vocab, source: str, target: str | None, beam: int):
     else:
         tgt_ids = vocab.encode([target])[0]
     tgt_ids = tgt_ids[:cfg.max_len - 1]
-    src_labels = vocab.decode([[i] for i in src_ids]) + ["</s>"]      # one label per token
-    tgt_labels = ["<s>"] + vocab.decode([[i] for i in tgt_ids])
+    src_labels = _labels(vocab, src_ids) + ["</s>"]
+    tgt_labels = ["<s>"] + _labels(vocab, tgt_ids)
     return src_ids + [cfg.eos_id], [cfg.bos_id] + tgt_ids, src_labels, tgt_labels
+
+
+def _labels(vocab, ids: list[int]) -> list[str]:
+    """One axis label per token: its subword piece ("▁" marks a word start)."""
+    text = vocab.decode([ids])[0]
+    if vocab.encode([text])[0] == list(ids):          # the usual segmentation of its text
+        return vocab.pieces(text)
+    return [vocab.decode([[i]])[0] or "▁" for i in ids]
 
 
 def attention_figures(params, cfg, vocab, source: str, target: str | None, layer: int,
