@@ -1,0 +1,161 @@
+"""Training-step speed and memory against the machine's own matrix-multiply peak.
+
+    python benchmarks/bench_train.py                       # toy, small, base on the active backend
+    python benchmarks/bench_train.py --presets small --steps 10
+    MINITFM_BACKEND=cupy python benchmarks/bench_train.py  # the same on a GPU
+
+In one run it measures:
+1. the float32 matrix-multiply peak: large square products through the active backend;
+2. for each preset, in a fresh process (so its peak resident memory is its own): the time of a
+   full training step (forward, backward, Adam update), target tokens/s, the model FLOPs of the
+   step counted analytically (every matrix product of the forward and backward passes), the
+   fraction of the measured peak this reaches, and the peak resident memory.
+
+Batches: toy and small 128 sentences x 24 tokens per side; base 4,096 target tokens per batch
+(128 sentences x 32 tokens). Prints a table, then the same figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+from minitfm import backend, model, optim
+
+BATCHES = {"toy": (128, 24, 24), "small": (128, 24, 24), "base": (128, 32, 32)}
+VOCAB = {"toy": 16}
+
+
+def sync():
+    if backend.is_gpu():
+        backend.xp.cuda.Stream.null.synchronize()
+
+
+def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
+    """Best-of-``repeats`` float32 GFLOP/s of an (n x n) @ (n x n) product."""
+    xp = backend.xp
+    rng = backend.rng(0)
+    a = rng.random((n, n), dtype=xp.float32)
+    b = rng.random((n, n), dtype=xp.float32)
+    out = xp.empty((n, n), dtype=xp.float32)
+    xp.matmul(a, b, out=out)
+    sync()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        xp.matmul(a, b, out=out)
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / best / 1e9
+
+
+def step_flops(cfg: model.Config, batch: int, src_len: int, tgt_len: int, n_targets: int) -> float:
+    """Matrix-product FLOPs of one forward + backward pass (2 m n k per product).
+
+    Every forward product has two backward products of the same size (one for each operand's
+    gradient), so the step costs 3x the forward products. Padded positions count: they are
+    computed. The output projection runs on the n_targets real target positions only.
+    """
+    d, f, v = cfg.d_model, cfg.d_ff, cfg.tgt_vocab
+    ns, nt = batch * src_len, batch * tgt_len
+
+    def attention(n_q, q_len, k_len, n_kv, fused_q):
+        proj = 2 * n_q * d * d + 2 * n_kv * d * 2 * d if not fused_q else 2 * n_q * d * 3 * d
+        scores = 2 * 2 * batch * q_len * k_len * d          # Q K^T and P V, all heads
+        return proj + scores + 2 * n_q * d * d               # + output projection
+
+    ffn = lambda n: 2 * 2 * n * d * f                          # noqa: E731
+    enc = cfg.n_layers * (attention(ns, src_len, src_len, ns, True) + ffn(ns))
+    dec = cfg.n_layers * (attention(nt, tgt_len, tgt_len, nt, True)
+                          + attention(nt, tgt_len, src_len, ns, False) + ffn(nt))
+    out = 2 * n_targets * d * v
+    return 3.0 * (enc + dec + out)
+
+
+def make_batch(cfg, batch, src_len, tgt_len, seed=0):
+    """Random ids; sentences of full length (the figures are per real token)."""
+    rng = backend.host_rng(seed)
+    first = 4
+    src = rng.integers(first, cfg.src_vocab, size=(batch, src_len)).astype("int32")
+    tgt = rng.integers(first, cfg.tgt_vocab, size=(batch, tgt_len + 1)).astype("int32")
+    src[:, -1] = cfg.eos_id
+    tgt[:, 0], tgt[:, -1] = cfg.bos_id, cfg.eos_id
+    return backend.to_device(src), backend.to_device(tgt)
+
+
+def run_preset(name: str, steps: int, warmup: int) -> dict:
+    batch, src_len, tgt_len = BATCHES[name]
+    vocab = VOCAB.get(name)
+    cfg = model.Config.preset(name, **({"src_vocab": vocab, "tgt_vocab": vocab} if vocab else {}))
+    params = model.init_params(cfg, 0)
+    adam = optim.Adam(params)
+    src, tgt = make_batch(cfg, batch, src_len, tgt_len)
+    times = []
+    for step in range(warmup + steps):
+        sync()
+        start = time.perf_counter()
+        stats, grads = model.loss_and_grads(params, cfg, src, tgt, backend.rng(0, step))
+        adam.update(params, grads, 1e-4)
+        sync()
+        times.append(time.perf_counter() - start)
+    times = sorted(times[warmup:])
+    median = times[len(times) // 2]
+    n_targets = stats["tokens"]
+    flops = step_flops(cfg, batch, src_len, tgt_len, n_targets)
+    return {"preset": name, "batch": f"{batch}x{src_len}/{tgt_len}", "step_s": median,
+            "step_min_s": times[0], "target_tokens_per_s": n_targets / median,
+            "gflop_per_step": flops / 1e9, "gflop_per_s": flops / median / 1e9,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "parameters": model.num_parameters(params)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--presets", nargs="+", default=["toy", "small", "base"],
+                        choices=sorted(BATCHES))
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per preset (median)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)    # one preset, in this process
+    args = parser.parse_args(argv)
+
+    if args.worker:
+        print(json.dumps(run_preset(args.worker, args.steps, args.warmup)))
+        return 0
+
+    peak = matmul_peak()
+    rows = []
+    for name in args.presets:
+        cmd = [sys.executable, __file__, "--worker", name, "--steps", str(args.steps),
+               "--warmup", str(args.warmup)]
+        out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+        if out.returncode != 0:
+            print(out.stderr, file=sys.stderr)
+            return 1
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        row["fraction_of_peak"] = row["gflop_per_s"] / peak
+        rows.append(row)
+    peak_after = matmul_peak()       # the machine is shared: bracket the run
+    print(f"backend {backend.name}; float32 matmul peak {peak:.1f} GFLOP/s before, "
+          f"{peak_after:.1f} after (fractions use the higher)")
+    peak = max(peak, peak_after)
+    print(f"{'preset':<7} {'batch':>10} {'step s':>8} {'tgt tok/s':>10} {'GFLOP':>8} "
+          f"{'GFLOP/s':>8} {'of peak':>8} {'peak RSS MiB':>13}")
+    for row in rows:
+        row["fraction_of_peak"] = row["gflop_per_s"] / peak
+        print(f"{row['preset']:<7} {row['batch']:>10} {row['step_s']:>8.3f} "
+              f"{row['target_tokens_per_s']:>10.0f} {row['gflop_per_step']:>8.1f} "
+              f"{row['gflop_per_s']:>8.1f} {row['fraction_of_peak']:>8.1%} "
+              f"{row['peak_rss_mib']:>13.0f}")
+    print(json.dumps({"backend": backend.name, "matmul_peak_gflop_per_s": peak, "presets": rows},
+                     indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
