@@ -231,12 +231,16 @@ def _forbid_special(scores, cfg: model.Config):
     return scores
 
 
-def _log_softmax(z):
-    """Row-wise log-softmax of z (R, V)."""
+def _extend_scores(logits, scores):
+    """Every hypothesis' log-probability plus each next token's: scores (n, K) + log-softmax of
+    logits (n*K, V), as (n*K, V), computed in place over ``logits`` with one temporary array."""
     xp = backend.xp
-    z = z - z.max(axis=-1, keepdims=True)
-    z -= xp.log(xp.exp(z).sum(axis=-1, keepdims=True))
-    return z
+    top = logits.max(axis=1, keepdims=True)                            # (R, 1)
+    e = logits - top
+    xp.exp(e, out=e)
+    log_z = top + xp.log(e.sum(axis=1, keepdims=True))                 # (R, 1) log-normaliser
+    logits -= log_z - scores.reshape(-1, 1)
+    return logits
 
 
 def _top_k(x, k: int, block: int = 128):
@@ -250,11 +254,11 @@ def _top_k(x, k: int, block: int = 128):
     """
     xp = backend.xp
     n, m = x.shape
-    whole = (m // block) * block
-    if whole // block <= k:                                            # small rows: no shortlist
+    n_blocks, whole = m // block, (m // block) * block
+    if n_blocks <= k:                                                  # small rows: no shortlist
         return _select(x, xp.broadcast_to(xp.arange(m), (n, m)), k)
-    blocks = x[:, :whole].reshape(n, whole // block, block)            # (n, m/block, block)
-    best = xp.argpartition(blocks.max(axis=2), -k, axis=1)[:, -k:]     # (n, k) block numbers
+    blocks = x[:, :whole].reshape(n, n_blocks, block)                  # (n, m/block, block)
+    best = xp.argpartition(blocks.max(axis=2), n_blocks - k, axis=1)[:, n_blocks - k:]   # (n, k)
     ids = (best[:, :, None] * block + xp.arange(block)).reshape(n, k * block)
     ids = xp.concatenate([ids, xp.broadcast_to(xp.arange(whole, m), (n, m - whole))], axis=1)
     return _select(xp.take_along_axis(x, ids, axis=1), ids, k)
@@ -263,7 +267,8 @@ def _top_k(x, k: int, block: int = 128):
 def _select(values, ids, k: int):
     """The k largest ``values`` (n, c) of each row and their ``ids`` (n, c), best first."""
     xp = backend.xp
-    top = xp.argpartition(values, -k, axis=1)[:, -k:]                  # (n, k), unordered
+    c = values.shape[1]
+    top = xp.argpartition(values, c - k, axis=1)[:, c - k:]            # (n, k), unordered
     top_values = xp.take_along_axis(values, top, axis=1)
     order = xp.argsort(-top_values, axis=1)
     return (xp.take_along_axis(top_values, order, axis=1),
@@ -342,9 +347,9 @@ def beam_search(params: dict, cfg: model.Config, src, beam: int = 4, alpha: floa
     scores[:, 0] = 0.0                    # one live hypothesis (BOS) per sentence at first
 
     for t in range(max(limits)):
-        logp = _forbid_special(_log_softmax(step(params, cfg, cache, tokens, t)), cfg)  # (R, V)
-        vocab = logp.shape[1]
-        candidates = (scores.reshape(-1, 1) + logp).reshape(len(active), k * vocab)      # (n, K*V)
+        extended = _extend_scores(step(params, cfg, cache, tokens, t), scores)         # (R, V)
+        vocab = extended.shape[1]
+        candidates = _forbid_special(extended, cfg).reshape(len(active), k * vocab)      # (n, K*V)
         top_scores, top_ids = _top_k(candidates, 2 * k)                                 # (n, 2K)
         top_scores = backend.to_host(top_scores).tolist()
         top_ids = backend.to_host(top_ids).tolist()
