@@ -26,7 +26,8 @@ import numpy
 
 __all__ = [
     "BackendError", "xp", "name", "use", "float_dtype", "set_float_dtype",
-    "to_device", "to_host", "scatter_add", "rng", "host_rng", "check_array", "is_gpu",
+    "to_device", "to_host", "scatter_add", "dropout_keep", "rng", "host_rng", "check_array",
+    "is_gpu",
 ]
 
 
@@ -108,12 +109,42 @@ def to_host(array):
 
 
 def scatter_add(target, indices, values) -> None:
-    """``target[indices] += values`` with repeated indices accumulated (unbuffered)."""
+    """``target[indices] += values`` with repeated indices accumulated (unbuffered).
+
+    ``indices`` is 1-D and indexes the first axis of ``target``; ``values`` has one row per index.
+    """
     if name == "cupy":
         import cupyx
         cupyx.scatter_add(target, indices, values)
-    else:
-        numpy.add.at(target, indices, values)
+        return
+    # Sort the rows by index and sum each run of equal indices with one reduceat: several times
+    # faster than numpy.add.at for the embedding's (tokens, d_model) rows.
+    if indices.size == 0:
+        return
+    order = numpy.argsort(indices, kind="stable")
+    sorted_idx = indices[order]
+    starts = numpy.flatnonzero(numpy.r_[True, sorted_idx[1:] != sorted_idx[:-1]])
+    target[sorted_idx[starts]] += numpy.add.reduceat(values[order], starts, axis=0)
+
+
+DROPOUT_LEVELS = 1 << 16   # drop probabilities are multiples of 2^-16
+
+
+def dropout_keep(generator, shape, p: float):
+    """A keep mask for inverted dropout: ``(keep, scale)``.
+
+    ``keep`` is a bool array, True with probability 1 - p', where p' = round(p * 2^16) / 2^16 is
+    the drop probability rounded to 16 bits (0.1 -> 0.100006), and ``scale = 1 / (1 - p')`` keeps
+    the expectation exact. On the CPU the mask compares 16-bit random integers, drawn as raw bytes,
+    which costs about half of drawing one float per element.
+    """
+    threshold = round(p * DROPOUT_LEVELS)
+    scale = DROPOUT_LEVELS / (DROPOUT_LEVELS - threshold)
+    if name == "numpy":
+        size = int(numpy.prod(shape))
+        draws = numpy.frombuffer(generator.bytes(2 * size), dtype=numpy.uint16).reshape(shape)
+        return draws >= threshold, scale
+    return generator.random(shape, dtype=numpy.float32) >= threshold / DROPOUT_LEVELS, scale
 
 
 def rng(seed: int, *stream: int):

@@ -261,7 +261,7 @@ def embed(ids, table, cfg, rng, offset=0):
     """Token embedding * sqrt(d_model) + positional encoding, then dropout."""
     x, c_emb = embedding.forward(ids, table)
     x, _ = positional.forward(x, offset)
-    x, c_drop = dropout.forward(x, cfg.dropout, rng)
+    x, c_drop = dropout.forward(x, cfg.dropout, rng, inplace=True)
     return x, (c_emb, c_drop)
 
 

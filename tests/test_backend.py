@@ -12,6 +12,8 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minitfm import backend, model
 
@@ -89,8 +91,12 @@ def test_every_array_function_used_exists_in_cupy():
     assert not missing, f"not in CuPy's namespace: {missing}"
 
 
-def test_generator_methods_used_exist_in_cupy():
-    """Dropout draws from backend.rng(...): record the methods a training step calls on it."""
+def test_generator_methods_used_exist_in_cupy(monkeypatch):
+    """Dropout draws from backend.rng(...): record the methods the CuPy branch calls on it.
+
+    A NumPy generator stands in for CuPy's, with the backend's name set to "cupy" so that its
+    CuPy branches run (for a forward pass, whose arrays stay NumPy arrays).
+    """
     cupy = pytest.importorskip("cupy")
     called = set()
 
@@ -106,7 +112,8 @@ def test_generator_methods_used_exist_in_cupy():
     params = model.init_params(cfg, 0)
     src = np.array([[5, 6, 3]])
     tgt = np.array([[2, 7, 8, 3]])
-    model.loss_and_grads(params, cfg, src, tgt, Recording(backend.rng(0, 1)))
+    monkeypatch.setattr(backend, "name", "cupy")
+    model.loss_and_grads(params, cfg, src, tgt, Recording(backend.rng(0, 1)), grads=False)
     assert called
     assert all(hasattr(cupy.random.Generator, m) for m in called), called
 
@@ -185,6 +192,33 @@ def test_scatter_add_accumulates_repeated_indices(numpy_backend):
     target = np.zeros((4, 2))
     backend.scatter_add(target, np.array([1, 3, 1, 1]), np.ones((4, 2)))
     np.testing.assert_array_equal(target[:, 0], [0, 3, 0, 1])
+
+
+@settings(max_examples=30)
+@given(st.lists(st.integers(0, 6), min_size=0, max_size=30), st.integers(0, 2**31 - 1))
+def test_scatter_add_equals_add_at(indices, seed):
+    indices = np.array(indices, dtype=np.int64)
+    values = np.random.default_rng(seed).standard_normal((len(indices), 3))
+    expected = np.ones((7, 3))
+    np.add.at(expected, indices, values)
+    target = np.ones((7, 3))
+    previous = backend.name
+    backend.use("numpy")
+    try:
+        backend.scatter_add(target, indices, values)
+    finally:
+        backend.use(previous)
+    np.testing.assert_allclose(target, expected, rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=20)
+@given(st.floats(0.0, 0.9), st.integers(0, 1000))
+def test_dropout_keep_rate_and_scale(p, seed):
+    keep, scale = backend.dropout_keep(np.random.default_rng(seed), (200, 100), p)
+    p_rounded = round(p * 2**16) / 2**16
+    assert scale == pytest.approx(1 / (1 - p_rounded))
+    assert keep.dtype == bool and keep.shape == (200, 100)
+    assert abs(keep.mean() - (1 - p_rounded)) < 5 * np.sqrt(p_rounded * (1 - p_rounded) / keep.size) + 1e-12
 
 
 def test_generators_are_reproducible_per_stream(numpy_backend):

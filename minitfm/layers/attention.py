@@ -77,10 +77,11 @@ def split_heads(x, n_parts, n_heads):
 
 def merge_heads(*heads):
     """n_parts arrays (B, H, T, d_k) -> (B, T, n_parts * H * d_k); inverse of split_heads."""
-    xp = backend.xp
-    x = xp.stack(heads)                             # (n_parts, B, H, T, d_k)
-    n_parts, b, h, t, d_k = x.shape
-    return x.transpose(1, 3, 0, 2, 4).reshape(b, t, n_parts * h * d_k)
+    b, h, t, d_k = heads[0].shape
+    out = backend.xp.empty((b, t, len(heads), h, d_k), dtype=heads[0].dtype)
+    for i, x in enumerate(heads):
+        out[:, :, i] = x.transpose(0, 2, 1, 3)     # one copy per part, straight into place
+    return out.reshape(b, t, len(heads) * h * d_k)
 
 
 # ---- multi-head self-attention -------------------------------------------------------------

@@ -3,6 +3,7 @@
 Forward (training, drop probability p, keep mask m_i ~ Bernoulli(1 - p))
     y = x * m / (1 - p)
 so that E[y] = x and nothing needs rescaling at test time (p = 0, or no generator: y = x).
+(p is rounded to a multiple of 2^-16 when the mask is drawn; see backend.dropout_keep.)
 
 Backward
     dL/dx = dL/dy * m / (1 - p)      the same mask, the same scale
@@ -13,21 +14,26 @@ so the masks of a step are reproducible from the seed and the step alone.
 
 from __future__ import annotations
 
+from minitfm import backend
 
-def forward(x, p, rng=None):
-    """Return ``(y, cache)``; identity when ``p == 0`` or ``rng`` is None (evaluation)."""
+
+def forward(x, p, rng=None, inplace=False):
+    """Return ``(y, cache)``; identity when ``p == 0`` or ``rng`` is None (evaluation).
+
+    ``inplace=True`` writes y over x (for callers that own x and no longer need it).
+    """
     if rng is None or p == 0.0:
         return x, None
-    keep = rng.random(x.shape, dtype=x.dtype) >= p     # bool, same shape as x
-    y = x * keep
-    y *= 1.0 / (1.0 - p)
-    return y, (keep, p)
+    keep, scale = backend.dropout_keep(rng, x.shape, p)      # bool, same shape as x
+    y = backend.xp.multiply(x, keep, out=x if inplace else None)
+    y *= scale
+    return y, (keep, scale)
 
 
 def backward(dy, cache):
     if cache is None:
         return dy, {}
-    keep, p = cache
+    keep, scale = cache
     dx = dy * keep
-    dx *= 1.0 / (1.0 - p)
+    dx *= scale
     return dx, {}

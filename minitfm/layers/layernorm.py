@@ -25,12 +25,12 @@ EPS = 1e-5
 def forward(x, gamma, beta, eps=EPS):
     """Return ``(y, cache)`` with the statistics needed by the backward pass."""
     xp = backend.xp
-    mu = x.mean(axis=-1, keepdims=True)             # (..., 1)
-    xc = x - mu
-    var = (xc * xc).mean(axis=-1, keepdims=True)    # (..., 1)
-    rstd = 1.0 / xp.sqrt(var + eps)                 # (..., 1)
-    xhat = xc
-    xhat *= rstd                                    # (..., D), reuses xc's memory
+    d = x.shape[-1]
+    mu = x.mean(axis=-1, keepdims=True)                             # (..., 1)
+    xhat = x - mu                                                   # (..., D), centred
+    var = xp.einsum("...i,...i->...", xhat, xhat)[..., None] / d    # (..., 1), no (..., D) temporary
+    rstd = 1.0 / xp.sqrt(var + eps)                                 # (..., 1)
+    xhat *= rstd                                                    # now normalised, in place
     y = xhat * gamma
     y += beta
     return y, (xhat, rstd, gamma)
@@ -39,11 +39,14 @@ def forward(x, gamma, beta, eps=EPS):
 def backward(dy, cache):
     """Return ``(dx, {"gamma": dgamma, "beta": dbeta})``."""
     xhat, rstd, gamma = cache
+    xp = backend.xp
     d = xhat.shape[-1]
-    dgamma = (dy * xhat).reshape(-1, d).sum(axis=0)
+    dgamma = xp.einsum("ni,ni->i", dy.reshape(-1, d), xhat.reshape(-1, d))     # sum_rows dy * xhat
     dbeta = dy.reshape(-1, d).sum(axis=0)
-    g = dy * gamma                                                  # term 1
-    dx = g - g.mean(axis=-1, keepdims=True)                         # term 2
-    dx -= xhat * (g * xhat).mean(axis=-1, keepdims=True)            # term 3
-    dx *= rstd                                                      # final scale
-    return dx, {"gamma": dgamma, "beta": dbeta}
+    g = dy * gamma                                                              # term 1
+    mean_g = g.mean(axis=-1, keepdims=True)
+    mean_gx = xp.einsum("...i,...i->...", g, xhat)[..., None] / d
+    g -= mean_g                                                                 # term 2
+    g -= xhat * mean_gx                                                         # term 3
+    g *= rstd                                                                   # final scale
+    return g, {"gamma": dgamma, "beta": dbeta}

@@ -13,8 +13,10 @@ Backward: because sum_j q_j = 1,
 so the gradient is the softmax minus the smoothed target: no log-softmax Jacobian is ever formed.
 Rows whose target is the padding id contribute nothing: zero loss and zero gradient.
 
-The forward pass turns the logits buffer into the probabilities in place, and the backward pass
-turns the probabilities into the gradient in place: a (N, V) array is allocated once.
+The forward pass turns the logits buffer into exp(z - max(z)) in place and keeps it with the
+row normalisers 1 / sum(exp); the backward pass turns that into the gradient in place, applying
+the normalisation and dloss in one multiplication: a (N, V) array is allocated once, and swept as
+few times as the math allows (it is the largest array of a training step).
 """
 
 from __future__ import annotations
@@ -26,41 +28,42 @@ def forward(logits, targets, smoothing, pad_id=None):
     """logits (N, V) float, targets (N,) int. Return ``((loss_sum, nll_sum), cache)``.
 
     ``loss_sum`` and ``nll_sum`` are 0-d arrays summed over the non-padding rows. ``logits`` is
-    overwritten (it becomes the softmax probabilities, kept in the cache).
+    overwritten (it becomes exp(logits - max), kept in the cache).
     """
     xp = backend.xp
     n, v = logits.shape
-    rows = xp.arange(n)
     z = logits
     z -= z.max(axis=1, keepdims=True)                           # stable: max(z) = 0
-    sum_z = z.sum(axis=1)                                       # (N,)
-    z_y = z[rows, targets]                                      # (N,)
-    p = xp.exp(z, out=z)
-    lse = xp.log(p.sum(axis=1))                                 # (N,) logsumexp of shifted z
-    p /= xp.exp(lse)[:, None]                                   # softmax, in place
+    z_y = z[xp.arange(n), targets]                              # (N,)
+    sum_z = z.sum(axis=1) if smoothing else None                # (N,), only smoothing needs it
+    e = xp.exp(z, out=z)                                        # (N, V) unnormalised softmax
+    total = e.sum(axis=1)                                       # (N,)
+    lse = xp.log(total)                                         # logsumexp of the shifted z
     logp_y = z_y - lse
-    sum_logp = sum_z - v * lse
-    off = smoothing / (v - 1)
-    loss = -(1.0 - smoothing) * logp_y - off * (sum_logp - logp_y)   # (N,)
     nll = -logp_y
+    loss = (1.0 - smoothing) * nll
+    if smoothing:
+        off = smoothing / (v - 1)
+        loss -= off * ((sum_z - v * lse) - logp_y)              # sum_{j != y} log p_j
     keep = None
     if pad_id is not None:
         keep = (targets != pad_id).astype(logits.dtype)         # (N,)
         loss = loss * keep
         nll = nll * keep
-    return (loss.sum(), nll.sum()), (p, targets, smoothing, keep)
+    return (loss.sum(), nll.sum()), (e, 1.0 / total, targets, smoothing, keep)
 
 
 def backward(dloss, cache):
-    """Return ``dlogits = dloss * (p - q)`` (N, V), computed in place over the cached p."""
-    p, targets, smoothing, keep = cache
+    """Return ``dlogits = dloss * (p - q)`` (N, V), computed in place over the cached exp."""
+    e, inv_total, targets, smoothing, keep = cache
     xp = backend.xp
-    n, v = p.shape
+    n, v = e.shape
     off = smoothing / (v - 1)
-    dz = p
-    dz -= off                                                   # p - q off the target ...
-    dz[xp.arange(n), targets] -= (1.0 - smoothing) - off        # ... and on it
-    if keep is not None:
-        dz *= keep[:, None]
-    dz *= dloss
+    weight = dloss if keep is None else dloss * keep            # scalar, or (N,): 0 on padding rows
+    weight_col = weight if keep is None else weight[:, None]
+    dz = e
+    dz *= inv_total[:, None] * weight_col                       # weight * p
+    if off:
+        dz -= off * weight_col                                  # weight * (p - q) off the target ...
+    dz[xp.arange(n), targets] -= (1.0 - smoothing - off) * weight   # ... and on it
     return dz

@@ -22,11 +22,11 @@ def forward(x, sublayer, ln, p_drop, rng, pre_ln):
     if pre_ln:
         h, c_ln = layernorm.forward(x, ln["gamma"], ln["beta"])
         f, c_sub = sublayer(h)
-        f, c_drop = dropout.forward(f, p_drop, rng)
+        f, c_drop = dropout.forward(f, p_drop, rng, inplace=True)   # f is ours
         f += x
         return f, (c_ln, c_sub, c_drop, pre_ln)
     f, c_sub = sublayer(x)
-    f, c_drop = dropout.forward(f, p_drop, rng)
+    f, c_drop = dropout.forward(f, p_drop, rng, inplace=True)   # f is ours
     f += x
     y, c_ln = layernorm.forward(f, ln["gamma"], ln["beta"])
     return y, (c_ln, c_sub, c_drop, pre_ln)
