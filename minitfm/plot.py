@@ -216,7 +216,6 @@ def _series(records: Iterable[dict], key: str) -> tuple[list, list]:
 
 def plot_curves(logs: dict[str, list[dict]], path) -> str:
     """Loss, validation metrics and learning rate against the step, for logs ``{name: records}``."""
-    plt = _pyplot()
     metrics = sorted({k for records in logs.values() for r in records for k in r
                       if k.startswith("valid_") and k not in ("valid_loss", "valid_nll", "valid_ppl")})
     panels = [("loss", ["loss", "valid_loss"])] + [(m, [m]) for m in metrics]
@@ -225,6 +224,7 @@ def plot_curves(logs: dict[str, list[dict]], path) -> str:
     if not any(_series(records, "loss")[0] or _series(records, "valid_loss")[0]
                for records in logs.values()):
         raise PlotError("the training logs have no \"loss\" or \"valid_loss\" values to plot")
+    plt = _pyplot()
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 3 * len(panels)), sharex=True,
                              squeeze=False)
     for ax, (label, keys) in zip(axes[:, 0], panels):
