@@ -16,7 +16,17 @@ the worst case, several times longer than real translations. The source sentence
 or, without one, with a sentencepiece model trained on SOURCE itself; with no SOURCE, random ids
 with Multi30k-like lengths (about 13 tokens).
 
-    python benchmarks/bench_decode.py [SOURCE] [--sentences 1000] [--tokens 50] [--threads 2]
+    python benchmarks/bench_decode.py [SOURCE] [--sentences 1000] [--tokens 50] [--threads 1]
+
+On a CPU shared with other work, ``--threads 1`` is much faster than letting the BLAS library
+spread every small matrix product over cores that are busy.
+
+Results on a 2-core x86 CPU (float32, one BLAS thread, small preset with random weights):
+
+    cached vs recomputed greedy, 32 sentences x 50 tokens     0.65 s vs 4.29 s   (6.6x)
+    beam 4, 1,000 sentences, to the source + 50 limit         57.8 s  (64 tokens per sentence)
+    the same, Multi30k test_2016_flickr.en as SOURCE           59.1 s  (64 tokens per sentence)
+    the same with --max-len 20                                 16.4 s  (20 tokens per sentence)
 """
 
 from __future__ import annotations
