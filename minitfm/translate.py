@@ -66,7 +66,10 @@ def load_translator(path: str) -> tuple[dict, model.Config, Vocab]:
             f"{min(cfg.src_vocab, cfg.tgt_vocab)} embeddings: the vocabulary is not the one the "
             f"model was trained with")
     params = checkpoint.params_to_device(ckpt.params)
-    model.check_params(params, cfg)
+    try:
+        model.check_params(params, cfg)
+    except (ValueError, TypeError) as exc:
+        raise TranslateError(f"checkpoint {path} is not usable: {exc}") from exc
     return params, cfg, vocab
 
 
