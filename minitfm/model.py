@@ -299,6 +299,41 @@ def logits(params, cfg, h):
     return h @ params[embedding_names(cfg)[1]].T
 
 
+LOGIT_CHUNK = 1 << 24    # logits computed at once, in elements (64 MiB in float32)
+
+
+def output_loss(h, table, targets, smoothing, dloss=None):
+    """Tied output projection and label-smoothed loss, over chunks of rows.
+
+    h (N, d) decoder states at the target positions, table (V, d) the target embedding, targets
+    (N,). The logits of a chunk, h_c table^T, live only while its loss and, when ``dloss`` (the
+    scale of the loss, 1 / normaliser) is given, its backward pass are computed: the loss is the
+    last layer, so its backward can run right after its forward, and memory holds one
+    (rows, V) chunk instead of (N, V).
+
+    Returns ``(loss_sum, nll_sum, dh (N, d), dtable (V, d))``; the last two are None without dloss.
+    """
+    xp = backend.xp
+    n, v = h.shape[0], table.shape[0]
+    chunk = max(1, LOGIT_CHUNK // v)
+    loss_sum = nll_sum = 0.0
+    dh = dtable_t = None
+    if dloss is not None:
+        dh = xp.empty_like(h)
+        dtable_t = xp.zeros((table.shape[1], v), dtype=table.dtype)          # (d, V)
+    for start in range(0, n, chunk):
+        part = slice(start, start + chunk)
+        z, c_out = linear.forward(h[part], table.T)                          # (rows, V)
+        (l_sum, n_sum), c_loss = loss.forward(z, targets[part], smoothing)
+        loss_sum, nll_sum = loss_sum + l_sum, nll_sum + n_sum
+        if dloss is None:
+            continue
+        dz = loss.backward(dloss, c_loss)                                    # (rows, V), over z
+        dh[part], g = linear.backward(dz, c_out)
+        dtable_t += g["w"]
+    return loss_sum, nll_sum, dh, None if dtable_t is None else dtable_t.T
+
+
 def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=None):
     """The label-smoothed loss of a batch and, unless ``grads=False``, the gradients of every parameter.
 
@@ -332,17 +367,16 @@ def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=No
     n_tokens = int(rows.size)
     if n_tokens == 0:
         raise ValueError("tgt has no target tokens (every position after BOS is padding)")
-    h_sel = h.reshape(b * t, d)[rows]                                     # (N, d)
-    z, c_out = linear.forward(h_sel, params[tgt_name].T)                  # (N, V)
-    (loss_sum, nll_sum), c_loss = loss.forward(z, tgt_out.reshape(-1)[rows], cfg.label_smoothing)
     norm = float(normalizer) if normalizer is not None else float(n_tokens)
+    h_sel = h.reshape(b * t, d)[rows]                                     # (N, d)
+    loss_sum, nll_sum, dh_sel, d_out = output_loss(
+        h_sel, params[tgt_name], tgt_out.reshape(-1)[rows], cfg.label_smoothing,
+        1.0 / norm if grads else None)
     stats = {"loss": float(loss_sum) / norm, "nll": float(nll_sum) / norm, "tokens": n_tokens}
     if not grads:
         return stats, None
 
-    # backward, in reverse order of the forward pass
-    dz = loss.backward(1.0 / norm, c_loss)                                # (N, V)
-    dh_sel, g_out = linear.backward(dz, c_out)                            # (N, d)
+    # backward, in reverse order of the forward pass (the output layer's is done already)
     dh = xp.zeros((b * t, d), dtype=h.dtype)
     dh[rows] = dh_sel
     dy, dmemory, g_dec = decoder.stack_backward(dh.reshape(b, t, d), c_tgt[1])
@@ -351,7 +385,7 @@ def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=No
     d_src_emb = embed_backward(dx, c_src[0])
 
     out = {**prefixed(g_enc, "enc."), **prefixed(g_dec, "dec.")}
-    out[tgt_name] = g_out["w"].T + d_tgt_emb       # output projection + target embedding
+    out[tgt_name] = d_out + d_tgt_emb             # output projection + target embedding
     if src_name == tgt_name:
         out[src_name] += d_src_emb                 # ... + source embedding, when shared
     else:
