@@ -1,0 +1,603 @@
+"""Train a Transformer translation model and score it with sacreBLEU: the paper's recipe end to end.
+
+    # Multi30k (or any corpus) on a CPU, with the small preset
+    python train_wmt.py --trainpref DATA/train --validpref DATA/val \\
+        --testpref DATA/test_2016_flickr --source-lang en --target-lang de --preset small \\
+        --time-limit 60 --out runs/multi30k
+
+    # WMT14 English-German on a GPU, the paper's base model
+    python train_wmt.py --prepare wmt14 --preset base --backend cupy --out runs/base
+
+    # score a checkpoint on a test set only (WMT SGML, plain or gzipped text)
+    python train_wmt.py --eval-only --checkpoint runs/base/averaged.npz \\
+        --test-src newstest2014-deen-src.en.sgm --test-ref newstest2014-deen-ref.de.sgm
+
+What it does, in order (paper, sections 5 and 6.1):
+
+1. data: ``--prepare DIR`` downloads and cleans WMT14 into DIR/{train,valid,test}.{en,de};
+   otherwise the corpora are fairseq-style prefixes (``PREFIX.LANG``, plain or gzipped).
+2. vocabulary: one joint sentencepiece BPE model over both sides of the training data, trained
+   once into ``--data-dir`` and reused while the training files and ``--vocab-size`` stay the same.
+3. encoding: every corpus is encoded once into memory-mapped arrays under ``--data-dir``; the
+   training pairs are cleaned first (Moses' rules, ``minitfm.data.clean``) unless ``--no-clean``.
+4. training: Adam with the warmup schedule, batches of about ``--max-tokens`` tokens summed
+   over ``--update-freq`` batches per update, label smoothing, dropout; validation loss and
+   greedy BLEU on the first ``--valid-bleu-sentences`` validation pairs every ``--valid-every``
+   steps; a checkpoint every ``--save-every`` steps; stop after ``--max-steps`` updates or
+   ``--time-limit`` minutes of training, whichever comes first, with a checkpoint either way.
+5. evaluation: the last ``--average-last`` checkpoints are averaged into ``averaged.npz`` and
+   the test set is translated with beam search (beam 4, length penalty 0.6, at most source
+   length + 50 tokens) and scored with sacreBLEU on the detokenized output against the raw
+   references. Hypotheses go to ``STEM.test.hyp.LANG``, scores to ``STEM.test.bleu.json``, where
+   STEM names the checkpoint that was scored.
+
+Defaults per preset (``PRESET_DEFAULTS``; any option given wins): ``small`` suits a CPU (8k
+vocabulary, 3072-token batches, warmup 1000); ``base`` and ``big`` follow the paper (37k
+vocabulary, about 25k tokens per update as 6 batches of 4096 tokens, warmup 4000, 100k / 300k
+steps). On a large GPU, fewer and larger batches are faster: ``--max-tokens 12500 --update-freq 2``.
+
+``--resume`` continues the run in ``--out`` from its latest checkpoint, with the same data position
+and random state; ``--time-limit`` counts the training time of all sessions of a run together.
+Ctrl-C saves a checkpoint and exits; a user error (missing or misaligned files, a checkpoint of
+another run) prints one ``error:`` message and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from tqdm import tqdm
+
+from minitfm import average, backend, checkpoint, decode, model, train, translate
+from minitfm.bleu import BleuScore, corpus_bleu
+from minitfm.data import (BatchPlan, CleanOptions, DataError, EncodedCorpus, ParallelText, Vocab,
+                          collate, encode_corpus, eval_batches, parallel_files, prepare_wmt14,
+                          read_parallel, read_parallel_files, token_batches, train_joint_vocab)
+from minitfm.model import Config
+
+PRESET_DEFAULTS = {
+    # a CPU: Multi30k-sized corpora
+    "small": dict(vocab_size=8000, max_tokens=3072, update_freq=1, warmup=1000, max_steps=20000,
+                  save_every=250, valid_every=500),
+    # the paper's models on one GPU: 6 x 4096 = about 25k tokens per update (section 5.1)
+    "base": dict(vocab_size=37000, max_tokens=4096, update_freq=6, warmup=4000,
+                 max_steps=100_000, save_every=1000, valid_every=2000),
+    "big": dict(vocab_size=37000, max_tokens=4096, update_freq=6, warmup=4000,
+                max_steps=300_000, save_every=1000, valid_every=2000),
+}
+VOCAB_SEED = 0          # the vocabulary does not depend on --seed, so runs can share it
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130  # the shell's code for a process stopped by Ctrl-C
+
+
+class UsageError(Exception):
+    """Options that do not fit together; the message says what to change."""
+
+
+# ---- command line -----------------------------------------------------------------------------
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=preset_table(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    data = p.add_argument_group("data")
+    data.add_argument("--trainpref", help="training corpus PREFIX (PREFIX.SRC, PREFIX.TGT)")
+    data.add_argument("--validpref", help="validation corpus prefix (loss and BLEU)")
+    data.add_argument("--testpref", help="test corpus prefix (final BLEU)")
+    data.add_argument("--test-src", help="test source file: plain, gzipped or WMT SGML")
+    data.add_argument("--test-ref", help="test reference file, same format as --test-src")
+    data.add_argument("--source-lang", default="en", help="source language suffix (default en)")
+    data.add_argument("--target-lang", default="de", help="target language suffix (default de)")
+    data.add_argument("--prepare", metavar="DIR",
+                      help="download and prepare WMT14 into DIR, then use DIR/train, DIR/valid "
+                           "and DIR/test (explicit prefixes win)")
+    data.add_argument("--data-dir", help="vocabulary and encoded-corpus cache (default OUT/data)")
+    data.add_argument("--vocab-size", type=int, help="joint BPE vocabulary size (default: preset)")
+    data.add_argument("--no-clean", action="store_true",
+                      help="do not drop empty, overlong or badly proportioned training pairs")
+
+    arch = p.add_argument_group("model")
+    arch.add_argument("--preset", choices=tuple(PRESET_DEFAULTS), default="small",
+                      help="model preset (default small)")
+    arch.add_argument("--layers", type=int, help="encoder and decoder layers (default: preset)")
+    arch.add_argument("--d-model", type=int, help="model width (default: preset)")
+    arch.add_argument("--d-ff", type=int, help="feed-forward width (default: preset)")
+    arch.add_argument("--heads", type=int, help="attention heads (default: preset)")
+    arch.add_argument("--dropout", type=float, help="dropout (default: preset)")
+    arch.add_argument("--label-smoothing", type=float, help="label smoothing (default: preset)")
+
+    opt = p.add_argument_group("training")
+    opt.add_argument("--max-tokens", type=int, help="padded tokens per batch (default: preset)")
+    opt.add_argument("--update-freq", type=int, help="batches summed into one update "
+                                                     "(default: preset)")
+    opt.add_argument("--max-steps", type=int, help="training updates (default: preset)")
+    opt.add_argument("--time-limit", type=float, metavar="MINUTES",
+                     help="stop, with a checkpoint, after this much training time")
+    opt.add_argument("--warmup", type=int, help="warmup steps (default: preset)")
+    opt.add_argument("--lr-factor", type=float, default=1.0,
+                     help="scales the paper's learning-rate schedule (default 1)")
+    opt.add_argument("--clip-norm", type=float, help="clip the gradient norm (default: no)")
+    opt.add_argument("--seed", type=int, default=0,
+                     help="seeds initialisation, dropout and batch order (default 0)")
+    opt.add_argument("--log-every", type=int, default=10,
+                     help="steps between log lines (default 10)")
+    opt.add_argument("--valid-every", type=int, help="steps between validations (default: "
+                                                     "preset; 0: only at the end)")
+    opt.add_argument("--valid-bleu-sentences", type=int, default=200,
+                     help="validation pairs decoded greedily for BLEU (default 200; 0: none)")
+    opt.add_argument("--save-every", type=int, help="steps between checkpoints (default: preset)")
+    opt.add_argument("--keep-last", type=int, default=5, help="checkpoints kept (default 5)")
+    opt.add_argument("--average-last", type=int, default=5,
+                     help="checkpoints averaged for the test (default 5, as the paper)")
+    opt.add_argument("--backend", choices=("numpy", "cupy", "auto"),
+                     default=os.environ.get("MINITFM_BACKEND", "auto"),
+                     help="array backend (default: $MINITFM_BACKEND, else auto)")
+    opt.add_argument("--out", help="run directory (default runs/wmt-<preset>-<time>; with "
+                                   "--resume and no --out, the newest runs/wmt-<preset>-*)")
+    opt.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    opt.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    ev = p.add_argument_group("evaluation")
+    ev.add_argument("--eval-only", action="store_true",
+                    help="only translate and score the test set with --checkpoint")
+    ev.add_argument("--checkpoint", help="checkpoint to score with --eval-only")
+    ev.add_argument("--beam", type=int, default=4, help="beam size (default 4)")
+    ev.add_argument("--lenpen", type=float, default=0.6, help="length penalty (default 0.6)")
+    ev.add_argument("--eval-batch-size", type=int, default=64,
+                    help="sentences per validation or decoding batch (default 64)")
+    ev.add_argument("--test-max-sentences", type=int,
+                    help="score only the first N test sentences (default: all)")
+    ev.add_argument("--bleu-tokenize", default="13a",
+                    help="sacreBLEU tokenizer (default 13a, WMT's standard)")
+    args = p.parse_args(argv)
+    check_args(p, args)
+    for name, value in PRESET_DEFAULTS[args.preset].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if not args.eval_only:
+        args.out = args.out or default_out_dir(args.preset, args.resume)
+    return args
+
+
+def preset_table() -> str:
+    """The per-preset defaults, for --help."""
+    lines = ["defaults per preset:"]
+    for preset, values in PRESET_DEFAULTS.items():
+        lines.append(f"  {preset:5}  " + ", ".join(f"--{name.replace('_', '-')} {value}"
+                                                  for name, value in values.items()))
+    return "\n".join(lines)
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Reject options that cannot work before any data is read."""
+    positive = ("vocab_size", "max_tokens", "update_freq", "max_steps", "warmup", "layers",
+                "d_model", "d_ff", "heads", "log_every", "keep_last", "average_last", "beam",
+                "eval_batch_size", "test_max_sentences")
+    for name in positive:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    for name in ("valid_every", "save_every", "valid_bleu_sentences"):
+        if getattr(args, name) is not None and getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    for name in ("lr_factor", "time_limit"):
+        if getattr(args, name) is not None and not getattr(args, name) > 0:
+            p.error(f"--{name.replace('_', '-')} must be a positive number, got "
+                    f"{getattr(args, name)}")
+    if not args.lenpen >= 0:
+        p.error(f"--lenpen must be >= 0, got {args.lenpen}")
+    if bool(args.test_src) != bool(args.test_ref):
+        p.error("--test-src and --test-ref go together: give both or neither")
+    if args.eval_only and not args.checkpoint:
+        p.error("--eval-only needs --checkpoint CKPT, the model to score")
+    if args.checkpoint and not args.eval_only:
+        p.error("--checkpoint is for --eval-only; to continue training use --out DIR --resume")
+    if not args.eval_only and not (args.trainpref or args.prepare):
+        p.error("give the training data: --trainpref PREFIX, or --prepare DIR for WMT14")
+    if args.average_last > args.keep_last:
+        p.error(f"--average-last {args.average_last} needs --keep-last >= {args.average_last}: "
+                f"only the last --keep-last checkpoints are kept on disk")
+
+
+def default_out_dir(preset: str, resume: bool) -> str:
+    """A new ``runs/wmt-<preset>-<time>``, or with ``resume`` the newest existing one."""
+    if resume:
+        existing = sorted(glob.glob(os.path.join("runs", f"wmt-{preset}-*")))
+        if not existing:
+            raise UsageError(f"--resume: no run directory runs/wmt-{preset}-* to resume; "
+                             f"pass --out DIR")
+        return existing[-1]
+    return os.path.join("runs", f"wmt-{preset}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def say(text: str) -> None:
+    """Print above any progress bar."""
+    tqdm.write(text)
+
+
+# ---- data -------------------------------------------------------------------------------------
+
+def resolve_corpora(args: argparse.Namespace) -> None:
+    """With ``--prepare DIR``, fill in the prefixes DIR/train, DIR/valid and DIR/test."""
+    if not args.prepare:
+        return
+    say(f"preparing WMT14 {args.source_lang}-{args.target_lang} in {args.prepare}")
+    prepare_wmt14(args.prepare, src_lang=args.source_lang, tgt_lang=args.target_lang,
+                  progress=not args.quiet)
+    args.trainpref = args.trainpref or os.path.join(args.prepare, "train")
+    args.validpref = args.validpref or os.path.join(args.prepare, "valid")
+    if not (args.testpref or args.test_src):
+        args.testpref = os.path.join(args.prepare, "test")
+
+
+def file_stamp(path: Path) -> dict:
+    stat = path.stat()
+    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def load_vocab(args: argparse.Namespace, data_dir: Path) -> Vocab:
+    """The joint BPE vocabulary of the training data: from ``data_dir`` if it was trained on the
+    same files with the same size, else trained now and stored there."""
+    langs = (args.source_lang, args.target_lang)
+    name = f"spm.{langs[0]}-{langs[1]}.{args.vocab_size}"
+    model_path, key_path = data_dir / f"{name}.model", data_dir / f"{name}.json"
+    key = {"sources": [file_stamp(p) for p in parallel_files(args.trainpref, *langs)],
+           "vocab_size": args.vocab_size, "seed": VOCAB_SEED}
+    if model_path.is_file() and key_path.is_file() and \
+            json.loads(key_path.read_text(encoding="utf-8")) == key:
+        return Vocab.load(model_path)
+    say(f"training a {args.vocab_size}-piece joint BPE vocabulary on {args.trainpref}")
+    vocab = train_joint_vocab(args.trainpref, *langs, args.vocab_size, seed=VOCAB_SEED,
+                              hard_vocab_limit=False)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    vocab.save(model_path)
+    key_path.write_text(json.dumps(key, indent=1) + "\n", encoding="utf-8")
+    return vocab
+
+
+def encode(args: argparse.Namespace, prefix: str, vocab: Vocab, cache_dir: Path,
+           clean: CleanOptions | None) -> EncodedCorpus:
+    return encode_corpus(prefix, args.source_lang, args.target_lang, vocab, cache_dir,
+                         clean=clean, progress=not args.quiet)
+
+
+def read_test_set(args: argparse.Namespace) -> ParallelText | None:
+    """The raw test pairs: ``--test-src``/``--test-ref`` (any format), else ``--testpref``."""
+    if args.test_src:
+        text = read_parallel_files(args.test_src, args.test_ref)
+    elif args.testpref:
+        text = read_parallel(args.testpref, args.source_lang, args.target_lang)
+    else:
+        return None
+    if args.test_max_sentences:
+        text.src, text.tgt = text.src[:args.test_max_sentences], text.tgt[:args.test_max_sentences]
+    return text
+
+
+def train_plan(corpus: EncodedCorpus, args: argparse.Namespace, cfg: Config,
+               epoch: int) -> BatchPlan:
+    """The token-count batches of one epoch, shuffled from (seed, epoch). Pairs too long for the
+    model or for one batch of ``--max-tokens`` are left out (and counted in the plan)."""
+    longest = min(cfg.max_len, args.max_tokens - 1)   # a row costs up to longest + 1 entries
+    return token_batches(corpus.src_lengths, corpus.tgt_lengths, args.max_tokens,
+                         seed=args.seed, epoch=epoch, max_positions=longest)
+
+
+def train_batch_factory(corpus: EncodedCorpus, args: argparse.Namespace,
+                        cfg: Config) -> Callable[[int], Iterator[tuple]]:
+    """``batches(epoch)`` for ``train()``: the padded (src, tgt) arrays of each epoch."""
+    def batches(epoch: int) -> Iterator[tuple]:
+        for indices in train_plan(corpus, args, cfg, epoch):
+            yield collate(corpus, indices)
+    return batches
+
+
+def valid_loss_batches(corpus: EncodedCorpus, cfg: Config, batch_size: int) -> list[tuple]:
+    plan = eval_batches(corpus.src_lengths, corpus.tgt_lengths, batch_size,
+                        max_positions=cfg.max_len, sort_by_length=True)
+    return [collate(corpus, indices, max_positions=cfg.max_len) for indices in plan]
+
+
+class TimeLimit:
+    """Ends the batch stream once ``minutes`` of training time (over all sessions) are spent.
+
+    ``train()`` takes a KeyboardInterrupt raised while it reads batches as a stop between two
+    updates: it saves a checkpoint of the last completed update and returns. The stream raises
+    one at the first batch asked for after the deadline, and ``reached`` tells it from Ctrl-C.
+    The clock starts at the first batch, after the run was set up.
+    """
+
+    def __init__(self, minutes: float | None, spent_seconds: float = 0.0):
+        self.budget = None if minutes is None else minutes * 60.0 - spent_seconds
+        self.started: float | None = None
+        self.reached = False
+
+    def wrap(self, batches: Callable[[int], Iterator[tuple]]) -> Callable[[int], Iterator[tuple]]:
+        if self.budget is None:
+            return batches
+
+        def limited(epoch: int) -> Iterator[tuple]:
+            for batch in batches(epoch):
+                self.check()
+                yield batch
+        return limited
+
+    def check(self) -> None:
+        now = time.perf_counter()
+        self.started = self.started if self.started is not None else now
+        if now - self.started >= self.budget:
+            self.reached = True
+            raise KeyboardInterrupt
+
+
+def spent_training_time(out_dir: str) -> float:
+    """Training seconds recorded in the latest checkpoint of ``out_dir`` (0 without one)."""
+    latest = checkpoint.latest(out_dir)
+    if latest is None:
+        return 0.0
+    return float(checkpoint.load(latest, with_optimizer=False).extra.get("elapsed", 0.0))
+
+
+# ---- decoding and BLEU ------------------------------------------------------------------------
+
+def sorted_batches(encoded: list[list[int] | None], batch_size: int) -> Iterator[list[int]]:
+    """Indices of the non-blank sentences, by length, ``batch_size`` at a time."""
+    order = sorted((i for i, ids in enumerate(encoded) if ids is not None),
+                   key=lambda i: len(encoded[i]))
+    for start in range(0, len(order), batch_size):
+        yield order[start:start + batch_size]
+
+
+def greedy_translate(params: dict, cfg: Config, vocab: Vocab, lines: Sequence[str],
+                     batch_size: int) -> list[str]:
+    """Detokenized greedy translations of ``lines`` (fast; for validation BLEU)."""
+    encoded = translate.encode_lines(vocab, cfg, lines, warn=lambda message: None)
+    outputs = [""] * len(lines)
+    for batch in sorted_batches(encoded, batch_size):
+        src = decode.pad_batch([encoded[i] for i in batch], cfg)
+        for i, text in zip(batch, vocab.decode(decode.greedy(params, cfg, src))):
+            outputs[i] = text
+    return outputs
+
+
+def beam_translate(params: dict, cfg: Config, vocab: Vocab, lines: Sequence[str],
+                   args: argparse.Namespace) -> list[str]:
+    """Detokenized beam-search translations of ``lines``, with a progress bar."""
+    outputs: list[str] = []
+    chunk = 4 * args.eval_batch_size
+    with tqdm(total=len(lines), desc="test", unit=" sent", disable=args.quiet) as bar:
+        for start in range(0, len(lines), chunk):
+            results = translate.translate_lines(
+                params, cfg, vocab, lines[start:start + chunk], beam=args.beam,
+                alpha=args.lenpen, batch_size=args.eval_batch_size, first_line=start + 1)
+            outputs += [hyps[0][0] for hyps in results]
+            bar.update(len(results))
+    return outputs
+
+
+def bleu_metric(vocab: Vocab, valid: ParallelText, args: argparse.Namespace):
+    """The ``valid_metric`` callback: greedy BLEU on the first validation pairs."""
+    sources = valid.src[:args.valid_bleu_sentences]
+    references = valid.tgt[:args.valid_bleu_sentences]
+
+    def valid_bleu(params: dict, cfg: Config) -> dict:
+        hypotheses = greedy_translate(params, cfg, vocab, sources, args.eval_batch_size)
+        return {"valid_bleu": corpus_bleu(hypotheses, references,
+                                          tokenize=args.bleu_tokenize).bleu}
+    return valid_bleu
+
+
+def score_test(params: dict, cfg: Config, vocab: Vocab, test: ParallelText, stem: str,
+               args: argparse.Namespace, out_dir: str, info: dict) -> BleuScore:
+    """Translate the test set with beam search, score it, write hypotheses and scores."""
+    started = time.perf_counter()
+    hypotheses = beam_translate(params, cfg, vocab, test.src, args)
+    seconds = time.perf_counter() - started
+    score = corpus_bleu(hypotheses, test.tgt, tokenize=args.bleu_tokenize)
+    os.makedirs(out_dir, exist_ok=True)
+    hyp_path = os.path.join(out_dir, f"{stem}.test.hyp.{args.target_lang}")
+    with open(hyp_path, "w", encoding="utf-8") as f:
+        f.writelines(line + "\n" for line in hypotheses)
+    record = {**score.to_dict(), **info, "test_src": str(test.src_path),
+              "test_ref": str(test.tgt_path), "hypotheses": hyp_path, "beam": args.beam,
+              "lenpen": args.lenpen, "decode_seconds": round(seconds, 1)}
+    with open(os.path.join(out_dir, f"{stem}.test.bleu.json"), "w", encoding="utf-8") as f:
+        f.write(json.dumps(record, indent=1) + "\n")
+    say(f"test: {score}\n  {len(hypotheses)} sentences decoded in {seconds:.1f} s; "
+        f"hypotheses in {hyp_path}")
+    return score
+
+
+# ---- training ---------------------------------------------------------------------------------
+
+def model_config(args: argparse.Namespace, vocab: Vocab) -> Config:
+    overrides = {"n_layers": args.layers, "d_model": args.d_model, "d_ff": args.d_ff,
+                 "n_heads": args.heads, "dropout": args.dropout,
+                 "label_smoothing": args.label_smoothing}
+    try:
+        return Config.preset(args.preset, src_vocab=vocab.size, tgt_vocab=vocab.size,
+                             **{k: v for k, v in overrides.items() if v is not None})
+    except ValueError as exc:
+        raise UsageError(f"model options: {exc}") from exc
+
+
+def describe_run(args: argparse.Namespace, corpora: dict, vocab: Vocab, cfg: Config,
+                 test: ParallelText | None, plan: BatchPlan) -> str:
+    """The summary printed before training; ``plan`` is the first epoch's batches."""
+    train_corpus = corpora["train"]
+    targets = int(train_corpus.tgt_lengths.sum()) + len(train_corpus)   # with EOS
+    per_update = targets / max(len(plan), 1) * args.update_freq
+    clean = train_corpus.manifest.get("clean")
+    kept = (f"{train_corpus.manifest.get('pairs')} of {train_corpus.manifest.get('read')} "
+            f"kept after cleaning" if clean else "not cleaned")
+    params = sum(math.prod(shape) for shape in model.parameter_shapes(cfg).values())
+    lines = [f"train  {args.trainpref}: {len(train_corpus)} pairs ({kept}), "
+             f"{len(train_corpus.src_tokens)} + {len(train_corpus.tgt_tokens)} tokens"]
+    if "valid" in corpora:
+        lines.append(f"valid  {args.validpref}: {len(corpora['valid'])} pairs")
+    lines.append(f"test   {test.src_path} / {test.tgt_path}: {len(test)} pairs"
+                 if test is not None else "test   none (no --testpref / --test-src)")
+    lines += [
+        f"vocab  {vocab.size} joint BPE pieces ({vocab.identifier})",
+        f"model  {args.preset}: {cfg.n_layers} layers, d_model {cfg.d_model}, d_ff {cfg.d_ff}, "
+        f"{cfg.n_heads} heads, dropout {cfg.dropout}, label smoothing {cfg.label_smoothing}; "
+        f"{params:,} parameters; backend {backend.name}",
+        f"batch  {plan.summary()} per epoch; <= {args.max_tokens} tokens x {args.update_freq} "
+        f"= ~{per_update:.0f} target tokens per update",
+        f"train  {args.max_steps} steps"
+        + (f" or {args.time_limit:g} min" if args.time_limit else "")
+        + f", warmup {args.warmup}, lr factor {args.lr_factor:g}; run {args.out}"]
+    return "\n".join(lines)
+
+
+def train_options(args: argparse.Namespace, vocab: Vocab, corpus: EncodedCorpus
+                  ) -> train.TrainOptions:
+    return train.TrainOptions(
+        steps=args.max_steps, out_dir=args.out, seed=args.seed, lr_factor=args.lr_factor,
+        warmup=args.warmup, clip_norm=args.clip_norm, update_freq=args.update_freq,
+        log_every=args.log_every, valid_every=args.valid_every, save_every=args.save_every,
+        keep_last=args.keep_last, resume=args.resume, vocab_id=vocab.identifier,
+        vocab_model=vocab.serialized_model(),
+        run_meta={"languages": [args.source_lang, args.target_lang],
+                  "max_tokens": args.max_tokens, "train_pairs": len(corpus),
+                  "clean": not args.no_clean},
+        progress=not args.quiet)
+
+
+def final_validation(state: train.TrainState, cfg: Config, args: argparse.Namespace,
+                     valid_batches: list | None, metric) -> dict:
+    """The validation results of the last step: from training, or computed now if training
+    stopped between two validations (time limit)."""
+    if valid_batches is None or state.valid.get("step") == state.step:
+        return state.valid
+    results = {"step": state.step, **train.evaluate(state.params, cfg, valid_batches)}
+    if metric is not None:
+        results.update(metric(state.params, cfg))
+    with open(os.path.join(args.out, train.LOG_NAME), "a", encoding="utf-8") as f:
+        f.write(json.dumps(results) + "\n")
+    return results
+
+
+def averaged_model(args: argparse.Namespace, state: train.TrainState) -> tuple[dict, str, dict]:
+    """``(params, stem, info)`` of the model to test: the average of the last checkpoints, written
+    to ``averaged.npz``, or the final parameters when averaging one checkpoint."""
+    paths = [path for _, path in checkpoint.list_checkpoints(args.out)][-args.average_last:]
+    if args.average_last == 1 or len(paths) <= 1:
+        stem = Path(state.last_checkpoint or "final").stem
+        return state.params, stem, {"checkpoint": state.last_checkpoint, "step": state.step}
+    params, last = average.average_checkpoints(paths)
+    names = [os.path.basename(path) for path in paths]
+    path = os.path.join(args.out, "averaged.npz")
+    checkpoint.save(path, params, step=last.step, config=last.config, vocab_id=last.vocab_id,
+                    vocab_model=last.vocab_model, extra={**last.extra, "averaged_from": names})
+    say(f"averaged {len(paths)} checkpoints ({', '.join(names)}) into {path}")
+    return (checkpoint.params_to_device(params), "averaged",
+            {"checkpoint": path, "step": last.step, "averaged_from": names})
+
+
+def run_training(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    if checkpoint.latest(args.out) and not args.resume:
+        raise UsageError(f"{args.out} already holds checkpoints of a run: continue it with "
+                         f"--resume, or choose another --out")
+    resolve_corpora(args)
+    data_dir = Path(args.data_dir or os.path.join(args.out, "data"))
+    vocab = load_vocab(args, data_dir)
+    cache = data_dir / f"encoded-{vocab.identifier}"
+    clean = None if args.no_clean else CleanOptions()
+    corpora = {"train": encode(args, args.trainpref, vocab, cache / "train", clean)}
+    if args.validpref:
+        corpora["valid"] = encode(args, args.validpref, vocab, cache / "valid", None)
+    test = read_test_set(args)
+    cfg = model_config(args, vocab)
+    plan = train_plan(corpora["train"], args, cfg, epoch=0)
+    if not len(plan):
+        raise UsageError(f"no training pair fits in a batch of --max-tokens {args.max_tokens} "
+                         f"(or in the model's {cfg.max_len} positions): raise --max-tokens")
+    say(describe_run(args, corpora, vocab, cfg, test, plan))
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "run.json"), "w", encoding="utf-8") as f:
+        f.write(json.dumps({"args": vars(args), "config": cfg.to_dict()}, indent=1) + "\n")
+
+    valid_batches = metric = None
+    if "valid" in corpora:
+        valid_batches = valid_loss_batches(corpora["valid"], cfg, args.eval_batch_size)
+        if args.valid_bleu_sentences:
+            metric = bleu_metric(vocab, read_parallel(args.validpref, args.source_lang,
+                                                      args.target_lang), args)
+    limit = TimeLimit(args.time_limit, spent_training_time(args.out) if args.resume else 0.0)
+    batches = limit.wrap(train_batch_factory(corpora["train"], args, cfg))
+    state = train.train(cfg, batches, train_options(args, vocab, corpora["train"]),
+                        valid_batches=valid_batches, valid_metric=metric)
+    if state.interrupted and not limit.reached:
+        say(f"interrupted at step {state.step}; continue with the same options and "
+            f"--out {args.out} --resume")
+        return EXIT_INTERRUPTED
+    if limit.reached:
+        say(f"time limit of {args.time_limit:g} min reached at step {state.step}")
+    valid = final_validation(state, cfg, args, valid_batches, metric)
+    score = None
+    if test is not None:
+        params, stem, info = averaged_model(args, state)
+        score = score_test(params, cfg, vocab, test, stem, args, args.out, info)
+    say(final_summary(state, valid, score, time.perf_counter() - started))
+    return 0
+
+
+def final_summary(state: train.TrainState, valid: dict, score: BleuScore | None,
+                  seconds: float) -> str:
+    parts = [f"done: step {state.step}, {state.elapsed / 60:.1f} min of training, "
+             f"{seconds / 60:.1f} min in all"]
+    if "valid_ppl" in valid:
+        parts.append(f"valid ppl {valid['valid_ppl']:.2f}")
+    if "valid_bleu" in valid:
+        parts.append(f"valid BLEU (greedy) {valid['valid_bleu']:.2f}")
+    if score is not None:
+        parts.append(f"test BLEU {score.bleu:.2f} ({score.signature})")
+    return "; ".join(parts)
+
+
+# ---- evaluation only --------------------------------------------------------------------------
+
+def run_eval_only(args: argparse.Namespace) -> int:
+    resolve_corpora(args)
+    test = read_test_set(args)
+    if test is None:
+        raise UsageError("--eval-only needs a test set: --testpref PREFIX, --test-src FILE "
+                         "--test-ref FILE, or --prepare DIR")
+    try:
+        params, cfg, vocab = translate.load_translator(args.checkpoint)
+    except translate.TranslateError as exc:
+        raise UsageError(str(exc)) from exc
+    step = checkpoint.load(args.checkpoint, with_optimizer=False).step
+    out_dir = args.out or os.path.dirname(os.path.abspath(args.checkpoint))
+    say(f"scoring {args.checkpoint} (step {step}) on {len(test)} test pairs; "
+        f"backend {backend.name}")
+    score_test(params, cfg, vocab, test, Path(args.checkpoint).stem, args, out_dir,
+               {"checkpoint": args.checkpoint, "step": step})
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+        backend.use(args.backend)
+        return run_eval_only(args) if args.eval_only else run_training(args)
+    except (UsageError, DataError, checkpoint.CheckpointError, backend.BackendError,
+            train.TrainingDiverged, FileExistsError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
