@@ -1,0 +1,193 @@
+"""End-to-end tests of train_wmt.py on a tiny synthetic corpus, with a tiny model.
+
+The corpus is English-like sentences over 20 words, "translated" word by word through a fixed
+dictionary, so it is a real (learnable) parallel corpus; the target side of every split is
+gzipped. A few steps of training cannot translate anything, so these tests check the plumbing:
+files written, resuming, the time limit, evaluation only, and the errors a user can cause.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minitfm import checkpoint
+from minitfm.bleu import corpus_bleu
+
+ROOT = Path(__file__).resolve().parents[1]
+WORDS = ("the a cat dog sees big small red house tree runs under over green blue man woman eats "
+         "apple bird").split()
+DICTIONARY = {word: word[::-1] + "en" for word in WORDS}
+TINY = ["--layers", "1", "--d-model", "16", "--heads", "2", "--d-ff", "32", "--vocab-size", "64",
+        "--max-tokens", "256", "--warmup", "10", "--valid-bleu-sentences", "8",
+        "--backend", "numpy", "--quiet"]
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("train_wmt", ROOT / "train_wmt.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+train_wmt = load_script()
+
+
+def sentence_pairs(n: int, seed: int) -> tuple[list[str], list[str]]:
+    rng = random.Random(seed)
+    src = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 7))) for _ in range(n)]
+    return src, [" ".join(DICTIONARY[word] for word in line.split()) for line in src]
+
+
+def write_split(prefix: Path, src: list[str], tgt: list[str]) -> None:
+    Path(f"{prefix}.en").write_text("\n".join(src) + "\n", encoding="utf-8")
+    Path(f"{prefix}.de.gz").write_bytes(gzip.compress(("\n".join(tgt) + "\n").encode()))
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    """DIR with train (300 pairs), val (30) and test (20), the German side gzipped."""
+    data = tmp_path / "corpus"
+    data.mkdir()
+    for split, n, seed in (("train", 300, 0), ("val", 30, 1), ("test", 20, 2)):
+        write_split(data / split, *sentence_pairs(n, seed))
+    return data
+
+
+def corpus_args(data: Path) -> list[str]:
+    return ["--trainpref", str(data / "train"), "--validpref", str(data / "val"),
+            "--testpref", str(data / "test"), "--source-lang", "en", "--target-lang", "de"]
+
+
+def run(*args: str) -> int:
+    return train_wmt.main([str(a) for a in args])
+
+
+@pytest.fixture(autouse=True)
+def numpy_only(numpy_backend):
+    """train_wmt selects the backend globally: restore it after each test."""
+
+
+def steps_on_disk(out: Path) -> list[int]:
+    return [step for step, _ in checkpoint.list_checkpoints(out)]
+
+
+def test_end_to_end_writes_checkpoints_log_average_and_bleu(corpus, tmp_path):
+    out = tmp_path / "run"
+    assert run(*corpus_args(corpus), *TINY, "--max-steps", 6, "--save-every", 2,
+               "--valid-every", 3, "--keep-last", 3, "--average-last", 3, "--out", out) == 0
+    assert steps_on_disk(out) == [2, 4, 6]
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    valid = [r for r in records if "valid_ppl" in r]
+    assert [r["step"] for r in valid] == [3, 6] and all("valid_bleu" in r for r in valid)
+    averaged = checkpoint.load(out / "averaged.npz", with_optimizer=False)
+    assert averaged.extra["averaged_from"] == [
+        "checkpoint_00000002.npz", "checkpoint_00000004.npz", "checkpoint_00000006.npz"]
+    assert averaged.vocab_model is not None
+    scores = json.loads((out / "averaged.test.bleu.json").read_text())
+    assert scores["signature"].startswith("nrefs:1|case:mixed") and "tok:13a" in scores["signature"]
+    assert 0.0 <= scores["bleu"] <= 100.0 and scores["sentences"] == 20 and scores["step"] == 6
+    assert (scores["beam"], scores["lenpen"]) == (4, 0.6)
+    assert len((out / "averaged.test.hyp.de").read_text(encoding="utf-8").splitlines()) == 20
+    assert list((out / "data").glob("spm.en-de.64.model"))
+
+
+def test_resume_continues_and_refuses_a_run_that_does_not_fit(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    common = [*corpus_args(corpus), *TINY, "--save-every", 2, "--out", out]
+    assert run(*common, "--max-steps", 4) == 0
+    assert run(*common, "--max-steps", 6) == train_wmt.EXIT_ERROR
+    assert "--resume" in capsys.readouterr().err
+    assert run(*common, "--max-steps", 6, "--resume") == 0
+    assert steps_on_disk(out) == [2, 4, 6]
+    logged = [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines()]
+    assert logged == sorted(logged) and logged[-1] == 6
+    capsys.readouterr()
+    assert run(*common, "--max-steps", 8, "--resume", "--d-model", 32) == train_wmt.EXIT_ERROR
+    assert "d_model" in capsys.readouterr().err
+
+
+def test_vocabulary_is_reused_and_a_changed_one_is_refused_on_resume(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    common = [*corpus_args(corpus), *TINY, "--out", out, "--data-dir", tmp_path / "data"]
+    assert run(*common, "--max-steps", 2) == 0
+    model_file = next((tmp_path / "data").glob("spm.*.model"))
+    stamp = model_file.stat().st_mtime_ns
+    assert run(*common, "--max-steps", 3, "--resume") == 0
+    assert model_file.stat().st_mtime_ns == stamp
+    capsys.readouterr()
+    assert run(*common, "--max-steps", 4, "--resume", "--vocab-size", 48) == train_wmt.EXIT_ERROR
+    assert "vocab" in capsys.readouterr().err
+
+
+def test_time_limit_stops_early_with_a_checkpoint(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run(*corpus_args(corpus), *TINY, "--max-steps", 1000, "--time-limit", 1e-5,
+               "--out", out) == 0
+    steps = steps_on_disk(out)
+    assert len(steps) == 1 and 1 <= steps[0] < 1000
+    assert "time limit" in capsys.readouterr().out
+    assert (out / f"checkpoint_{steps[0]:08d}.test.bleu.json").is_file()
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert records[-1]["step"] == steps[0] and "valid_ppl" in records[-1]
+
+
+def sgml(path: Path, kind: str, lang: str, lines: list[str]) -> Path:
+    segs = "\n".join(f'<seg id="{i}">{line}</seg>' for i, line in enumerate(lines, start=1))
+    path.write_text(f'<{kind} setid="t" srclang="en" trglang="de">\n<doc docid="d1" '
+                    f'genre="news" origlang="en">\n{segs}\n</doc>\n</{kind}>\n', encoding="utf-8")
+    return path
+
+
+def test_eval_only_scores_a_checkpoint_on_an_sgml_test_set(corpus, tmp_path):
+    out = tmp_path / "run"
+    assert run(*corpus_args(corpus), *TINY, "--max-steps", 2, "--out", out) == 0
+    src, ref = sentence_pairs(12, seed=3)
+    test_src = sgml(tmp_path / "test-src.en.sgm", "srcset", "en", src)
+    test_ref = sgml(tmp_path / "test-ref.de.sgm", "refset", "de", ref)
+    ckpt = out / "checkpoint_00000002.npz"
+    assert run("--eval-only", "--checkpoint", ckpt, "--test-src", test_src, "--test-ref",
+               test_ref, "--beam", 2, "--backend", "numpy", "--quiet") == 0
+    scores = json.loads((out / "checkpoint_00000002.test.bleu.json").read_text())
+    assert scores["sentences"] == 12 and scores["test_ref"] == str(test_ref)
+    assert scores["beam"] == 2 and scores["signature"].startswith("nrefs:1")
+
+
+def test_mismatched_line_counts_are_one_clear_error(corpus, tmp_path):
+    src, tgt = sentence_pairs(300, seed=0)
+    write_split(corpus / "train", src, tgt[:-1])
+    done = subprocess.run([sys.executable, str(ROOT / "train_wmt.py"), *corpus_args(corpus),
+                           *TINY, "--max-steps", "2", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == train_wmt.EXIT_ERROR
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "misaligned corpus" in errors[0] and "300" in errors[0]
+    assert "Traceback" not in done.stderr
+
+
+def test_missing_files_and_bad_options_are_errors(corpus, tmp_path, capsys):
+    assert run("--trainpref", tmp_path / "nowhere", *TINY, "--out", tmp_path / "run") == \
+        train_wmt.EXIT_ERROR
+    assert "no 'en' side found" in capsys.readouterr().err
+    assert run(*corpus_args(corpus), *TINY, "--d-model", 15, "--out", tmp_path / "run") == \
+        train_wmt.EXIT_ERROR
+    assert "divisible" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run(*corpus_args(corpus), "--keep-last", 2)
+
+
+def test_corpus_bleu_scores_and_signs():
+    refs = ["ein Hund läuft .", "die Katze schläft auf dem Sofa ."]
+    perfect = corpus_bleu(refs, refs)
+    assert perfect.bleu == pytest.approx(100.0) and perfect.sentences == 2
+    assert "tok:13a" in perfect.signature and perfect.signature in str(perfect)
+    assert corpus_bleu(["x", "y"], refs).bleu < 1.0
+    with pytest.raises(ValueError, match="2 references"):
+        corpus_bleu(["only one"], refs)
