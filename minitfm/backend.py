@@ -117,14 +117,7 @@ def scatter_add(target, indices, values) -> None:
         import cupyx
         cupyx.scatter_add(target, indices, values)
         return
-    # Sort the rows by index and sum each run of equal indices with one reduceat: several times
-    # faster than numpy.add.at for the embedding's (tokens, d_model) rows.
-    if indices.size == 0:
-        return
-    order = numpy.argsort(indices, kind="stable")
-    sorted_idx = indices[order]
-    starts = numpy.flatnonzero(numpy.r_[True, sorted_idx[1:] != sorted_idx[:-1]])
-    target[sorted_idx[starts]] += numpy.add.reduceat(values[order], starts, axis=0)
+    numpy.add.at(target, indices, values)
 
 
 DROPOUT_LEVELS = 1 << 16   # drop probabilities are multiples of 2^-16

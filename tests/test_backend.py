@@ -194,23 +194,6 @@ def test_scatter_add_accumulates_repeated_indices(numpy_backend):
     np.testing.assert_array_equal(target[:, 0], [0, 3, 0, 1])
 
 
-@settings(max_examples=30)
-@given(st.lists(st.integers(0, 6), min_size=0, max_size=30), st.integers(0, 2**31 - 1))
-def test_scatter_add_equals_add_at(indices, seed):
-    indices = np.array(indices, dtype=np.int64)
-    values = np.random.default_rng(seed).standard_normal((len(indices), 3))
-    expected = np.ones((7, 3))
-    np.add.at(expected, indices, values)
-    target = np.ones((7, 3))
-    previous = backend.name
-    backend.use("numpy")
-    try:
-        backend.scatter_add(target, indices, values)
-    finally:
-        backend.use(previous)
-    np.testing.assert_allclose(target, expected, rtol=1e-12, atol=1e-12)
-
-
 @settings(max_examples=20)
 @given(st.floats(0.0, 0.9), st.integers(0, 1000))
 def test_dropout_keep_rate_and_scale(p, seed):
