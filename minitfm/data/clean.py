@@ -20,7 +20,7 @@ as released.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
 from .corpus import DataError
@@ -120,3 +120,18 @@ def clean_parallel(src: Sequence[str], tgt: Sequence[str],
             kept_src.append(src_line)
             kept_tgt.append(tgt_line)
     return kept_src, kept_tgt, report
+
+
+def filter_pairs(pairs: Iterable[tuple[str, str]], options: CleanOptions | None,
+                 report: CleanReport) -> Iterator[tuple[str, str]]:
+    """Yield the pairs that pass cleaning (all of them when ``options`` is None), counting in ``report``."""
+    for src, tgt in pairs:
+        if options is not None:
+            src, tgt = normalize_space(src), normalize_space(tgt)
+            reason = drop_reason(src, tgt, options)
+            report.add(reason)
+            if reason is not None:
+                continue
+        else:
+            report.add(None)
+        yield src, tgt

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -29,7 +29,7 @@ from typing import BinaryIO
 import numpy as np
 from tqdm import tqdm
 
-from .clean import CleanOptions, CleanReport, drop_reason, normalize_space
+from .clean import CleanOptions, CleanReport, filter_pairs
 from .corpus import DataError, ParallelReader, parallel_files
 from .vocab import Vocab
 
@@ -218,7 +218,7 @@ def _build(cache_dir: Path, name: str, key: dict, reader: ParallelReader, vocab:
         with _NpyAppender(temporary["src_tokens"]) as src_out, \
                 _NpyAppender(temporary["tgt_tokens"]) as tgt_out:
             src, tgt = _Side(src_out, []), _Side(tgt_out, [])
-            for chunk in _chunks(_filtered(reader, clean, report), progress, name):
+            for chunk in _chunks(filter_pairs(reader, clean, report), progress, name):
                 src.add(vocab.encode([s for s, _ in chunk]))
                 tgt.add(vocab.encode([t for _, t in chunk]))
         _save_npy(temporary["src_offsets"], src.offsets())
@@ -234,20 +234,6 @@ def _build(cache_dir: Path, name: str, key: dict, reader: ParallelReader, vocab:
     tmp_manifest = manifest_path.with_suffix(".json.tmp")
     tmp_manifest.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp_manifest, manifest_path)
-
-
-def _filtered(pairs: Iterable[tuple[str, str]], clean: CleanOptions | None,
-              report: CleanReport) -> Iterator[tuple[str, str]]:
-    for src, tgt in pairs:
-        if clean is not None:
-            src, tgt = normalize_space(src), normalize_space(tgt)
-            reason = drop_reason(src, tgt, clean)
-            report.add(reason)
-            if reason is not None:
-                continue
-        else:
-            report.add(None)
-        yield src, tgt
 
 
 def _chunks(pairs: Iterator[tuple[str, str]], progress: bool, name: str) -> Iterator[list]:

@@ -46,7 +46,7 @@ from urllib.request import url2pathname
 
 from tqdm import tqdm
 
-from .clean import CleanOptions, CleanReport, drop_reason, normalize_space
+from .clean import CleanOptions, CleanReport, filter_pairs
 from .corpus import DataError, ParallelReader, read_parallel_files
 
 __all__ = ["Archive", "ARCHIVES", "BASE_URL_ENV", "prepare_wmt14", "download", "extract_members"]
@@ -161,15 +161,7 @@ def _write_train(parts: list[tuple[Path, Path]], out_dir: Path, langs: tuple[str
     with _AtomicPair(out_dir / "train", langs) as (src_out, tgt_out):
         for src_path, tgt_path in parts:
             reader = ParallelReader(src_path, tgt_path, skip_invalid=True)
-            for src, tgt in reader:
-                if clean is not None:
-                    src, tgt = normalize_space(src), normalize_space(tgt)
-                    reason = drop_reason(src, tgt, clean)
-                    report.add(reason)
-                    if reason is not None:
-                        continue
-                else:
-                    report.add(None)
+            for src, tgt in filter_pairs(reader, clean, report):
                 src_out.write(src.encode("utf-8") + b"\n")
                 tgt_out.write(tgt.encode("utf-8") + b"\n")
             counts[src_path.name.rsplit(".", 1)[0]] = {
