@@ -1,0 +1,272 @@
+"""Tests of minitfm.train: accumulation, exact resume, Ctrl-C, divergence, the log, rotation and
+refusing checkpoints of another run. A tiny model and a few steps keep each test well under a
+second."""
+
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from minitfm import backend, checkpoint, model, tasks, train
+from minitfm.checkpoint import CheckpointError
+from minitfm.model import PAD_ID, Config
+from minitfm.optim import LRSchedule
+
+VOCAB = 7                                   # symbols; the model sees ids 0 .. 10
+CFG = Config.preset("tiny", src_vocab=tasks.model_vocab(VOCAB), tgt_vocab=tasks.model_vocab(VOCAB),
+                    dropout=0.1)
+
+
+def ragged_batch(seed: int, n: int = 4, length: int = 6):
+    """A copy batch whose sequences have different lengths, padded with PAD."""
+    rng = backend.host_rng(seed)
+    src = np.full((n, length + 1), PAD_ID, dtype=np.int64)
+    tgt = np.full((n, length + 2), PAD_ID, dtype=np.int64)
+    for i, size in enumerate(rng.integers(1, length + 1, size=n)):
+        s, t = tasks.to_batch(*tasks.sample("copy", rng, 1, vocab=VOCAB, length=int(size)))
+        src[i, :s.shape[1]], tgt[i, :t.shape[1]] = s[0], t[0]
+    return src, tgt
+
+
+def epoch_batches(epoch: int):
+    """Five ragged batches per epoch, in an order fixed by the epoch."""
+    order = backend.host_rng(0, epoch).permutation(5)
+    return [ragged_batch(int(i)) for i in order]
+
+
+def options(tmp_path=None, **overrides) -> train.TrainOptions:
+    kwargs = dict(steps=6, out_dir=str(tmp_path) if tmp_path else None, lr_factor=2.0,
+                  warmup=3, log_every=1, progress=False, vocab_id="toy-7")
+    return train.TrainOptions(**{**kwargs, **overrides})
+
+
+def read_log(directory):
+    with open(os.path.join(directory, train.LOG_NAME)) as f:
+        return [json.loads(line) for line in f]
+
+
+def steps_saved(directory):
+    return [step for step, _ in checkpoint.list_checkpoints(directory)]
+
+
+def assert_same_arrays(a: dict, b: dict):
+    assert a.keys() == b.keys()
+    for name in a:
+        assert np.array_equal(backend.to_host(a[name]), backend.to_host(b[name])), name
+
+
+# ---- accumulation -------------------------------------------------------------------------
+
+def test_accumulated_batches_equal_one_big_batch(tmp_path):
+    cfg = CFG.replace(dropout=0.0)
+    small = [ragged_batch(1, n=3), ragged_batch(2, n=5, length=4)]     # different token counts
+    width = [max(b[i].shape[1] for b in small) for i in (0, 1)]
+    big = tuple(np.concatenate([np.pad(b[i], ((0, 0), (0, width[i] - b[i].shape[1])))
+                                for b in small]) for i in (0, 1))
+    params = model.init_params(cfg, seed=0)
+    state = train.TrainState(params=params, optimizer=None, seed=0)
+    stats, grads = train._accumulate(state, cfg, small, step=1, seed=0)
+    expected_stats, expected = model.loss_and_grads(params, cfg, *big)
+    assert stats["tokens"] == expected_stats["tokens"]
+    assert stats["loss"] == pytest.approx(expected_stats["loss"], rel=1e-5)
+    for name, value in grads.items():
+        np.testing.assert_allclose(value, expected[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+    # and through train(): the same losses, step by step
+    train.train(cfg, small, options(tmp_path / "accumulated", steps=3, update_freq=2))
+    train.train(cfg, [big], options(tmp_path / "big", steps=3))
+    for a, b in zip(read_log(tmp_path / "accumulated"), read_log(tmp_path / "big")):
+        assert a["tokens"] == b["tokens"] and a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+
+
+# ---- resume -------------------------------------------------------------------------------
+
+def test_resume_is_bit_identical(tmp_path):
+    straight = train.train(CFG, epoch_batches, options(tmp_path / "straight", update_freq=2))
+    # 3 steps of 2 batches end one batch into epoch 1: the resumed run must skip exactly that
+    first = train.train(CFG, epoch_batches, options(tmp_path / "split", steps=3, update_freq=2))
+    assert (first.step, first.epoch, first.batches_done) == (3, 1, 1)
+    resumed = train.train(CFG, epoch_batches,
+                          options(tmp_path / "split", update_freq=2, resume=True))
+    assert resumed.step == straight.step == 6
+    assert_same_arrays(resumed.params, straight.params)
+    assert_same_arrays(resumed.optimizer.m, straight.optimizer.m)
+    assert_same_arrays(resumed.optimizer.v, straight.optimizer.v)
+    assert [r["step"] for r in read_log(tmp_path / "split")] == [1, 2, 3, 4, 5, 6]
+
+
+def test_resume_drops_log_lines_after_the_checkpoint(tmp_path):
+    train.train(CFG, epoch_batches, options(tmp_path, steps=2))
+    with open(tmp_path / train.LOG_NAME, "a") as f:        # steps a crashed session had logged
+        f.write(json.dumps({"step": 3, "loss": 9.0}) + "\n")
+    train.train(CFG, epoch_batches, options(tmp_path, steps=4, resume=True))
+    assert [r["step"] for r in read_log(tmp_path)] == [1, 2, 3, 4]
+    assert read_log(tmp_path)[2]["loss"] != 9.0
+
+
+def test_resume_of_a_finished_run_does_nothing(tmp_path):
+    done = train.train(CFG, epoch_batches, options(tmp_path, steps=2))
+    again = train.train(CFG, epoch_batches, options(tmp_path, steps=2, resume=True))
+    assert again.step == 2 and not again.valid
+    assert_same_arrays(again.params, done.params)
+
+
+# ---- Ctrl-C -------------------------------------------------------------------------------
+
+def test_ctrl_c_in_the_batches_saves_and_resumes_exactly(tmp_path):
+    def interrupted_at_batch_4(epoch):
+        for i, batch in enumerate(epoch_batches(epoch)):
+            if i == 3:
+                raise KeyboardInterrupt
+            yield batch
+
+    state = train.train(CFG, interrupted_at_batch_4, options(tmp_path / "run"))
+    assert state.interrupted and state.step == 3
+    assert steps_saved(tmp_path / "run") == [3]
+    resumed = train.train(CFG, epoch_batches, options(tmp_path / "run", resume=True))
+    straight = train.train(CFG, epoch_batches, options(tmp_path / "straight"))
+    assert_same_arrays(resumed.params, straight.params)
+
+
+def test_ctrl_c_in_a_callback_saves_the_completed_step(tmp_path):
+    def metric(params, cfg):
+        raise KeyboardInterrupt
+
+    state = train.train(CFG, epoch_batches, options(tmp_path, valid_every=2), valid_metric=metric)
+    assert state.interrupted and state.step == 2
+    assert steps_saved(tmp_path) == [2]
+    assert checkpoint.load(state.last_checkpoint).step == 2
+
+
+def test_ctrl_c_during_an_update_waits_for_its_end():
+    finished = []
+    with pytest.raises(KeyboardInterrupt):
+        with train._interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            finished.append(True)
+    assert finished == [True]
+
+
+# ---- divergence ---------------------------------------------------------------------------
+
+def poison_at(step: int):
+    """A validation callback (validate every step) that puts a NaN into the parameters at ``step``."""
+    calls = []
+
+    def metric(params, cfg):
+        calls.append(step)
+        if len(calls) == step:
+            params["emb"][5, 0] = np.nan
+        return {}
+    return metric
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    with pytest.raises(train.TrainingDiverged, match="loss is nan at step 4") as error:
+        train.train(CFG, epoch_batches, options(tmp_path, save_every=2, valid_every=1),
+                    valid_metric=poison_at(3))
+    assert steps_saved(tmp_path) == [2]
+    assert "checkpoint_00000002.npz, is intact" in str(error.value)
+    good = checkpoint.load(checkpoint.latest(tmp_path))
+    assert all(np.isfinite(a).all() for a in good.params.values())
+
+
+def test_non_finite_parameters_are_never_saved(tmp_path):
+    with pytest.raises(train.TrainingDiverged, match="'emb' holds NaN or Inf at step 2"):
+        train.train(CFG, epoch_batches, options(tmp_path, save_every=1, valid_every=1),
+                    valid_metric=poison_at(2))
+    assert steps_saved(tmp_path) == [1]
+
+
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+def test_huge_learning_rate_is_reported_with_its_step():
+    with pytest.raises(train.TrainingDiverged, match=r"at step \d+; training stopped"):
+        train.train(CFG, epoch_batches, options(steps=20, lr_factor=1e36, warmup=1))
+
+
+# ---- log, validation, rotation ------------------------------------------------------------
+
+def test_log_lines(tmp_path):
+    valid = [ragged_batch(7), ragged_batch(8)]
+    state = train.train(CFG, epoch_batches, options(tmp_path, log_every=2, valid_every=3,
+                                                    clip_norm=1.0),
+                        valid_batches=valid, valid_metric=lambda p, c: {"valid_acc": 0.25})
+    lines = read_log(tmp_path)
+    assert [r["step"] for r in lines] == [2, 3, 4, 6, 6]
+    steps = [r for r in lines if "loss" in r]
+    schedule = LRSchedule(CFG.d_model, warmup=3, factor=2.0)
+    for r in steps:
+        assert set(r) == {"step", "loss", "nll", "lr", "tokens", "tokens_per_s", "elapsed",
+                          "grad_norm"}
+        assert r["lr"] == schedule(r["step"]) and np.isfinite(r["loss"]) and r["tokens_per_s"] > 0
+    assert steps[0]["tokens"] < steps[1]["tokens"] < steps[2]["tokens"] == state.tokens
+    validations = [r for r in lines if "valid_loss" in r]
+    assert set(validations[0]) == {"step", "valid_loss", "valid_nll", "valid_ppl", "valid_acc"}
+    assert validations[-1]["valid_ppl"] == pytest.approx(np.exp(validations[-1]["valid_nll"]))
+    assert state.valid == validations[-1]
+    assert state.valid == {"step": 6, **train.evaluate(state.params, CFG, valid),
+                           "valid_acc": 0.25}
+
+
+def test_keeps_the_last_k_checkpoints(tmp_path):
+    state = train.train(CFG, epoch_batches, options(tmp_path, steps=5, save_every=1, keep_last=2))
+    assert steps_saved(tmp_path) == [4, 5]
+    assert state.last_checkpoint == checkpoint.checkpoint_path(tmp_path, 5)
+
+
+def test_checkpoint_contents(tmp_path):
+    state = train.train(CFG, epoch_batches,
+                        options(tmp_path, steps=2, seed=3, vocab_model=b"model bytes",
+                                run_meta={"task": "copy"}))
+    saved = checkpoint.load(state.last_checkpoint)
+    assert saved.step == saved.optimizer_state["step"] == 2
+    assert saved.config == CFG.to_dict() and saved.vocab_id == "toy-7"
+    assert saved.vocab_model == b"model bytes"
+    assert saved.extra["seed"] == 3 and saved.extra["run_meta"] == {"task": "copy"}
+    assert_same_arrays(saved.params, state.params)
+
+
+# ---- refusing what does not fit -----------------------------------------------------------
+
+@pytest.fixture
+def finished_run(tmp_path):
+    train.train(CFG, epoch_batches, options(tmp_path, steps=2, run_meta={"task": "copy"}))
+    return tmp_path
+
+
+@pytest.mark.parametrize("cfg, overrides, message", [
+    (CFG.replace(d_model=12, n_heads=2), {}, "config field 'd_model': checkpoint has 8"),
+    (CFG, {"vocab_id": "spm-8k"}, "vocabulary differs"),
+    (CFG, {"seed": 1}, "seed: checkpoint has 0, current run has 1"),
+    (CFG, {"run_meta": {"task": "sort"}}, "'task': checkpoint has 'copy'"),
+])
+def test_resume_refuses_another_run(finished_run, cfg, overrides, message):
+    run_options = options(finished_run, steps=4, resume=True,
+                          **{"run_meta": {"task": "copy"}, **overrides})
+    with pytest.raises(CheckpointError, match=message):
+        train.train(cfg, epoch_batches, run_options)
+
+
+def test_resume_refuses_a_truncated_checkpoint(finished_run):
+    path = checkpoint.latest(finished_run)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+    with pytest.raises(CheckpointError, match="damaged"):
+        train.train(CFG, epoch_batches,
+                    options(finished_run, steps=4, resume=True, run_meta={"task": "copy"}))
+
+
+def test_a_new_run_refuses_a_directory_with_checkpoints(finished_run):
+    with pytest.raises(FileExistsError, match="resume it"):
+        train.train(CFG, epoch_batches, options(finished_run, steps=4))
+
+
+def test_bad_options_and_empty_batches_are_explained():
+    with pytest.raises(ValueError, match="resume=True needs out_dir"):
+        options(resume=True)
+    with pytest.raises(ValueError, match="update_freq must be >= 1"):
+        options(update_freq=0)
+    with pytest.raises(ValueError, match="batches of epoch 1 are empty"):
+        train.train(CFG, iter([ragged_batch(0)]), options(steps=2))
