@@ -33,12 +33,14 @@ from minitfm.model import Config                  # noqa: E402
 # Per task: steps, batch size, learning-rate factor, warmup, label smoothing, model shape (None:
 # the preset's). Label smoothing keeps the late steps stable: without it the loss of a solved task
 # heads for zero and Adam's normalised updates make exact match swing by tens of percent. Sorting
-# (counting repeated symbols) is the touchiest: a lower rate and larger batches.
+# (counting repeated symbols) is the touchiest: a lower rate, larger batches and 8 heads (with
+# 4 heads one seed in four miscounts symbols repeated 3-4 times: 98.8 % exact match).
 MODEL_DEFAULTS = dict(layers=None, d_model=None, heads=None, d_ff=None, label_smoothing=0.1)
 TASK_DEFAULTS = {
     "copy": dict(steps=300, batch_size=64, lr_factor=0.3, warmup=100, **MODEL_DEFAULTS),
     "reverse": dict(steps=300, batch_size=64, lr_factor=0.3, warmup=100, **MODEL_DEFAULTS),
-    "sort": dict(steps=500, batch_size=128, lr_factor=0.05, warmup=50, **MODEL_DEFAULTS),
+    "sort": dict(steps=500, batch_size=128, lr_factor=0.05, warmup=50,
+                 **{**MODEL_DEFAULTS, "heads": 8}),
 }
 EXIT_INTERRUPTED = 130   # the shell's code for a process stopped by Ctrl-C
 
