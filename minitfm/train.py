@@ -143,7 +143,8 @@ def _batch_stream(batches: Batches, epoch: int, skip: int) -> Iterator[tuple[int
         if seen == 0:
             raise ValueError(
                 f"the batches of epoch {epoch} are empty: pass a factory batches(epoch) that "
-                f"yields batches for every epoch, or a list (a generator is used up after one pass)")
+                f"yields batches for every epoch, or a list (a generator is used up after one "
+                f"pass)")
         epoch, skip = epoch + 1, 0
 
 
@@ -243,7 +244,8 @@ def _check_same_run(ckpt: checkpoint.Checkpoint, options: TrainOptions) -> None:
             f"start a new run in another directory")
     problems = []
     if ckpt.extra["seed"] != options.seed:
-        problems.append(f"seed: checkpoint has {ckpt.extra['seed']}, current run has {options.seed}")
+        problems.append(f"seed: checkpoint has {ckpt.extra['seed']}, "
+                        f"current run has {options.seed}")
     problems += [f"{key!r}: checkpoint has {saved}, current run has {current}"
                  for key, saved, current in
                  checkpoint.config_differences(ckpt.extra.get("run_meta", {}), options.run_meta)]
@@ -305,12 +307,21 @@ def _append_log(options: TrainOptions, record: dict) -> None:
             f.write(json.dumps(record) + "\n")
 
 
+def _logged_step(line: str) -> int | None:
+    """The step of a log line, or None for a line a crash cut short."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def _truncate_log(path: str, step: int) -> None:
     """Drop log lines after ``step``: a resumed run rewrites the steps lost since its checkpoint."""
     if not os.path.exists(path):
         return
     with open(path, encoding="utf-8") as f:
-        lines = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+        lines = [line for line in f
+                 if (logged := _logged_step(line)) is not None and logged <= step]
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(lines)
 

@@ -100,7 +100,7 @@ def test_resume_is_bit_identical(tmp_path):
 def test_resume_drops_log_lines_after_the_checkpoint(tmp_path):
     train.train(CFG, epoch_batches, options(tmp_path, steps=2))
     with open(tmp_path / train.LOG_NAME, "a") as f:        # steps a crashed session had logged
-        f.write(json.dumps({"step": 3, "loss": 9.0}) + "\n")
+        f.write(json.dumps({"step": 3, "loss": 9.0}) + "\n" + '{"step": 4, "lo')   # cut short
     train.train(CFG, epoch_batches, options(tmp_path, steps=4, resume=True))
     assert [r["step"] for r in read_log(tmp_path)] == [1, 2, 3, 4]
     assert read_log(tmp_path)[2]["loss"] != 9.0
@@ -152,7 +152,8 @@ def test_ctrl_c_during_an_update_waits_for_its_end():
 # ---- divergence ---------------------------------------------------------------------------
 
 def poison_at(step: int):
-    """A validation callback (validate every step) that puts a NaN into the parameters at ``step``."""
+    """A validation callback (validating every step) that puts a NaN into the parameters at
+    ``step``."""
     calls = []
 
     def metric(params, cfg):
