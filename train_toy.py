@@ -26,7 +26,7 @@ import time
 for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_variable, "1")
 
-from minitfm import backend, tasks, train        # noqa: E402  (after the thread settings)
+from minitfm import backend, checkpoint, tasks, train   # noqa: E402  (after thread settings)
 from minitfm.decode import greedy                 # noqa: E402
 from minitfm.model import Config                  # noqa: E402
 
@@ -42,6 +42,7 @@ TASK_DEFAULTS = {
     "sort": dict(steps=500, batch_size=128, lr_factor=0.05, warmup=50,
                  **{**MODEL_DEFAULTS, "heads": 8}),
 }
+EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130   # the shell's code for a process stopped by Ctrl-C
 
 
@@ -58,7 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, help="attention heads (default: preset)")
     p.add_argument("--d-ff", type=int, help="feed-forward width (default: preset)")
     p.add_argument("--label-smoothing", type=float, help="eps_ls (default: per task)")
-    p.add_argument("--lr-factor", type=float, help="scales the paper's schedule (default: per task)")
+    p.add_argument("--lr-factor", type=float,
+                   help="scales the paper's schedule (default: per task)")
     p.add_argument("--warmup", type=int, help="warmup steps (default: per task)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", choices=("numpy", "cupy", "auto"),
@@ -110,9 +112,8 @@ def show(symbols) -> str:
     return " ".join(str(int(s) - tasks.FIRST_SYMBOL) for s in symbols)
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    args = parse_args(argv)
     backend.use(args.backend)
     cfg = model_config(args)
     inputs, outputs = tasks.held_out(args.task, args.eval_size, vocab=args.vocab,
@@ -133,11 +134,12 @@ def main(argv: list[str] | None = None) -> int:
                                   batch_size=args.batch_size, seed=args.seed)
     print(f"{args.task}: {args.vocab} symbols, length {args.length}, {args.steps} steps of "
           f"{args.batch_size} sequences; d_model {cfg.d_model}, {cfg.n_layers} layers, "
-          f"{cfg.n_heads} heads, d_ff {cfg.d_ff}, label smoothing {cfg.label_smoothing}; backend {backend.name}; run {args.out}")
+          f"{cfg.n_heads} heads, d_ff {cfg.d_ff}, label smoothing {cfg.label_smoothing}; "
+          f"backend {backend.name}; run {args.out}")
     state = train.train(cfg, batches, options, valid_metric=exact_match)
     if state.interrupted:
-        print(f"interrupted at step {state.step}; continue with: python train_toy.py "
-              f"--task {args.task} --out {args.out} --resume")
+        print(f"interrupted at step {state.step}; continue with the same options and "
+              f"--out {args.out} --resume")
         return EXIT_INTERRUPTED
     accuracy = state.valid.get("valid_acc")
     if accuracy is None:      # the run was already complete: nothing was validated
@@ -149,6 +151,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"exact match on {len(inputs)} held-out sequences: {100 * accuracy:.1f} % "
           f"(step {state.step}, {time.perf_counter() - started:.1f} s)")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except (checkpoint.CheckpointError, train.TrainingDiverged, backend.BackendError,
+            FileExistsError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -68,6 +68,12 @@ def test_interrupt_and_resume_from_the_command_line(train_toy, tmp_path, capsys,
     assert train_toy.main(SHORT_COPY + run + ["--resume"]) == 0
     assert [step for step, _ in checkpoint.list_checkpoints(tmp_path)] == [12, 20]
     assert [r["step"] for r in read_log(tmp_path) if "nll" in r] == [10, 20]
+    capsys.readouterr()
+
+    assert train_toy.main(SHORT_COPY + run) == train_toy.EXIT_ERROR
+    assert "already holds checkpoints" in capsys.readouterr().err
+    assert train_toy.main(SHORT_COPY + run + ["--resume", "--length", "6"]) == train_toy.EXIT_ERROR
+    assert "'length': checkpoint has 5, current run has 6" in capsys.readouterr().err
 
 
 def test_task_defaults_and_overrides(train_toy, tmp_path):
