@@ -256,41 +256,40 @@ def _check_same_run(ckpt: checkpoint.Checkpoint, options: TrainOptions) -> None:
               "directory")
 
 
-def _resume(state: TrainState, cfg: Config, options: TrainOptions, path: str) -> None:
-    """Load the checkpoint at ``path`` into ``state`` after checking that it fits this run."""
+def _resume(cfg: Config, options: TrainOptions, path: str) -> TrainState:
+    """The state saved at ``path``, after checking that the checkpoint fits this run."""
     ckpt = checkpoint.load(path)
     checkpoint.check_compatible(ckpt, cfg.to_dict(), options.vocab_id)
     _check_same_run(ckpt, options)
-    state.params = checkpoint.params_to_device(ckpt.params)
-    model.check_params(state.params, cfg)
-    state.optimizer = Adam(state.params)
-    state.optimizer.load_state_dict(ckpt.optimizer_state)
-    state.step = ckpt.step
-    state.epoch, state.batches_done = ckpt.extra["epoch"], ckpt.extra["batches_done"]
-    state.tokens, state.elapsed = ckpt.extra["tokens"], ckpt.extra["elapsed"]
-    state.last_checkpoint = path
+    params = checkpoint.params_to_device(ckpt.params)
+    model.check_params(params, cfg)
+    optimizer = Adam(params)
+    optimizer.load_state_dict(ckpt.optimizer_state)
+    extra = ckpt.extra
+    return TrainState(params=params, optimizer=optimizer, seed=extra["seed"], step=ckpt.step,
+                      epoch=extra["epoch"], batches_done=extra["batches_done"],
+                      tokens=extra["tokens"], elapsed=extra["elapsed"], last_checkpoint=path)
 
 
 def _start(cfg: Config, options: TrainOptions, params: dict | None) -> TrainState:
-    """A fresh state, or the latest checkpoint of ``out_dir`` when resuming."""
-    if params is None:
-        params = model.init_params(cfg, options.seed)
-    model.check_params(params, cfg)
-    state = TrainState(params=params, optimizer=Adam(params), seed=options.seed)
-    if not options.out_dir:
-        return state
-    latest = checkpoint.latest(options.out_dir)
+    """The latest checkpoint of ``out_dir`` when resuming, else a fresh state."""
+    latest = checkpoint.latest(options.out_dir) if options.out_dir else None
     if latest and not options.resume:
         raise FileExistsError(
             f"{options.out_dir} already holds checkpoints of a run (latest: {latest}): resume it "
             f"(resume=True, --resume) or choose another output directory")
     if latest:
-        _resume(state, cfg, options, latest)
+        state = _resume(cfg, options, latest)
         _say(options, f"resuming from {latest} (step {state.step})")
-    elif options.resume:
-        _say(options, f"no checkpoint in {options.out_dir}: starting from scratch")
-    os.makedirs(options.out_dir, exist_ok=True)
-    _truncate_log(os.path.join(options.out_dir, LOG_NAME), state.step)
+    else:
+        if options.resume:
+            _say(options, f"no checkpoint in {options.out_dir}: starting from scratch")
+        params = model.init_params(cfg, options.seed) if params is None else params
+        model.check_params(params, cfg)
+        state = TrainState(params=params, optimizer=Adam(params), seed=options.seed)
+    if options.out_dir:
+        os.makedirs(options.out_dir, exist_ok=True)
+        _truncate_log(os.path.join(options.out_dir, LOG_NAME), state.step)
     return state
 
 

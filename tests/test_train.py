@@ -106,6 +106,11 @@ def test_resume_drops_log_lines_after_the_checkpoint(tmp_path):
     assert read_log(tmp_path)[2]["loss"] != 9.0
 
 
+def test_resume_without_a_checkpoint_starts_from_scratch(tmp_path):
+    resumed = train.train(CFG, epoch_batches, options(tmp_path, steps=2, resume=True))
+    assert_same_arrays(resumed.params, train.train(CFG, epoch_batches, options(steps=2)).params)
+
+
 def test_resume_of_a_finished_run_does_nothing(tmp_path):
     done = train.train(CFG, epoch_batches, options(tmp_path, steps=2))
     again = train.train(CFG, epoch_batches, options(tmp_path, steps=2, resume=True))
