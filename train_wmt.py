@@ -305,46 +305,6 @@ def valid_loss_batches(corpus: EncodedCorpus, cfg: Config, batch_size: int) -> l
     return [collate(corpus, indices, max_positions=cfg.max_len) for indices in plan]
 
 
-class TimeLimit:
-    """Ends the batch stream once ``minutes`` of training time (over all sessions) are spent.
-
-    ``train()`` takes a KeyboardInterrupt raised while it reads batches as a stop between two
-    updates: it saves a checkpoint of the last completed update and returns. The stream raises
-    one at the first batch asked for after the deadline, and ``reached`` tells it from Ctrl-C.
-    The clock starts at the first batch, after the run was set up.
-    """
-
-    def __init__(self, minutes: float | None, spent_seconds: float = 0.0):
-        self.budget = None if minutes is None else minutes * 60.0 - spent_seconds
-        self.started: float | None = None
-        self.reached = False
-
-    def wrap(self, batches: Callable[[int], Iterator[tuple]]) -> Callable[[int], Iterator[tuple]]:
-        if self.budget is None:
-            return batches
-
-        def limited(epoch: int) -> Iterator[tuple]:
-            for batch in batches(epoch):
-                self.check()
-                yield batch
-        return limited
-
-    def check(self) -> None:
-        now = time.perf_counter()
-        self.started = self.started if self.started is not None else now
-        if now - self.started >= self.budget:
-            self.reached = True
-            raise KeyboardInterrupt
-
-
-def spent_training_time(out_dir: str) -> float:
-    """Training seconds recorded in the latest checkpoint of ``out_dir`` (0 without one)."""
-    latest = checkpoint.latest(out_dir)
-    if latest is None:
-        return 0.0
-    return float(checkpoint.load(latest, with_optimizer=False).extra.get("elapsed", 0.0))
-
-
 # ---- decoding and BLEU ------------------------------------------------------------------------
 
 def sorted_batches(encoded: list[list[int] | None], batch_size: int) -> Iterator[list[int]]:
@@ -463,7 +423,9 @@ def train_options(args: argparse.Namespace, vocab: Vocab, corpus: EncodedCorpus
         steps=args.max_steps, out_dir=args.out, seed=args.seed, lr_factor=args.lr_factor,
         warmup=args.warmup, clip_norm=args.clip_norm, update_freq=args.update_freq,
         log_every=args.log_every, valid_every=args.valid_every, save_every=args.save_every,
-        keep_last=args.keep_last, resume=args.resume, vocab_id=vocab.identifier,
+        keep_last=args.keep_last, resume=args.resume,
+        time_limit=None if args.time_limit is None else args.time_limit * 60.0,
+        vocab_id=vocab.identifier,
         vocab_model=vocab.serialized_model(),
         run_meta={"languages": [args.source_lang, args.target_lang],
                   "max_tokens": args.max_tokens, "train_pairs": len(corpus),
@@ -532,16 +494,13 @@ def run_training(args: argparse.Namespace) -> int:
         if args.valid_bleu_sentences:
             metric = bleu_metric(vocab, read_parallel(args.validpref, args.source_lang,
                                                       args.target_lang), args)
-    limit = TimeLimit(args.time_limit, spent_training_time(args.out) if args.resume else 0.0)
-    batches = limit.wrap(train_batch_factory(corpora["train"], args, cfg))
+    batches = train_batch_factory(corpora["train"], args, cfg)
     state = train.train(cfg, batches, train_options(args, vocab, corpora["train"]),
                         valid_batches=valid_batches, valid_metric=metric)
-    if state.interrupted and not limit.reached:
+    if state.interrupted:
         say(f"interrupted at step {state.step}; continue with the same options and "
             f"--out {args.out} --resume")
         return EXIT_INTERRUPTED
-    if limit.reached:
-        say(f"time limit of {args.time_limit:g} min reached at step {state.step}")
     valid = final_validation(state, cfg, args, valid_batches, metric)
     score = None
     if test is not None:

@@ -17,6 +17,9 @@ epoch). A checkpoint stores the parameters, Adam's moments, the step, the seed a
 batches, so a resumed run reaches bit-identical parameters to an uninterrupted one on the same
 backend.
 
+Time. ``time_limit`` stops the run, with a checkpoint, after the update that exhausts it; the
+clock (``state.elapsed``, validation included) carries over when a run is resumed.
+
 Failures. Ctrl-C (KeyboardInterrupt) saves a checkpoint of the last completed step and returns
 with ``state.interrupted`` set; an Adam update is never cut in half. A NaN or Inf loss, or
 parameters that are no longer finite, raise :class:`TrainingDiverged` naming the step, before any
@@ -77,6 +80,7 @@ class TrainOptions:
     save_every: int = 0                 # steps between checkpoints; 0: only at the end
     keep_last: int = 5                  # checkpoints kept in out_dir
     resume: bool = False                # continue from the latest checkpoint in out_dir
+    time_limit: float | None = None     # seconds of training (over all sessions of the run)
     vocab_id: str | None = None         # identifies the vocabulary; must match on resume
     vocab_model: bytes | None = None    # the tokenizer model, stored in every checkpoint
     run_meta: dict = field(default_factory=dict)   # JSON values that must match on resume
@@ -90,6 +94,8 @@ class TrainOptions:
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainOptions.{name} must be >= 0 (0: only at the end), "
                                  f"got {getattr(self, name)}")
+        if self.time_limit is not None and self.time_limit <= 0:
+            raise ValueError(f"TrainOptions.time_limit must be > 0 seconds, got {self.time_limit}")
         if self.resume and not self.out_dir:
             raise ValueError("TrainOptions.resume=True needs out_dir, the run directory to resume")
 
@@ -109,6 +115,7 @@ class TrainState:
     valid: dict = field(default_factory=dict)   # the latest validation results
     last_checkpoint: str | None = None
     interrupted: bool = False     # stopped by Ctrl-C (a checkpoint was saved if out_dir is set)
+    out_of_time: bool = False     # stopped by options.time_limit (likewise)
 
 
 # ---- validation ---------------------------------------------------------------------------
@@ -373,8 +380,13 @@ def train(cfg: Config, batches: Batches, options: TrainOptions, *, params: dict 
             if (valid_batches is not None or valid_metric is not None) and \
                     _due(state.step, options.valid_every, options.steps):
                 _validate(state, cfg, options, valid_batches, valid_metric)
-            if options.out_dir and _due(state.step, options.save_every, options.steps):
+            out_of_time = options.time_limit is not None and state.elapsed >= options.time_limit
+            if options.out_dir and (out_of_time or _due(state.step, options.save_every, options.steps)):
                 _save(state, cfg, options)
+            if out_of_time:
+                state.out_of_time = True
+                _say(options, f"time limit of {options.time_limit:g} s reached at step {state.step}")
+                break
     except KeyboardInterrupt:
         state.interrupted = True
         if options.out_dir and state.last_checkpoint != checkpoint.checkpoint_path(

@@ -276,3 +276,21 @@ def test_bad_options_and_empty_batches_are_explained():
         options(update_freq=0)
     with pytest.raises(ValueError, match="batches of epoch 1 are empty"):
         train.train(CFG, iter([ragged_batch(0)]), options(steps=2))
+
+
+# ---- time limit ---------------------------------------------------------------------------
+
+def test_time_limit_stops_after_the_update_that_exhausts_it(tmp_path, monkeypatch):
+    """A fake clock advancing 1 s per reading: the limit of 2.5 s is spent within a few updates."""
+    clock = iter(range(10**6))
+    monkeypatch.setattr(train.time, "perf_counter", lambda: float(next(clock)))
+    state = train.train(CFG, epoch_batches, options(tmp_path, steps=100, time_limit=2.5))
+    assert state.out_of_time and not state.interrupted
+    assert 1 <= state.step < 100
+    assert steps_saved(tmp_path) == [state.step]            # a checkpoint of the last update
+    assert state.elapsed >= 2.5
+
+
+def test_time_limit_must_be_positive():
+    with pytest.raises(ValueError, match="time_limit"):
+        options(time_limit=0)
