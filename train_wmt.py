@@ -501,6 +501,8 @@ def run_training(args: argparse.Namespace) -> int:
         say(f"interrupted at step {state.step}; continue with the same options and "
             f"--out {args.out} --resume")
         return EXIT_INTERRUPTED
+    if state.out_of_time:
+        say(f"time limit of {args.time_limit:g} min reached at step {state.step}")
     valid = final_validation(state, cfg, args, valid_batches, metric)
     score = None
     if test is not None:

@@ -385,7 +385,6 @@ def train(cfg: Config, batches: Batches, options: TrainOptions, *, params: dict 
                 _save(state, cfg, options)
             if out_of_time:
                 state.out_of_time = True
-                _say(options, f"time limit of {options.time_limit:g} s reached at step {state.step}")
                 break
     except KeyboardInterrupt:
         state.interrupted = True
