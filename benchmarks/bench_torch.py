@@ -1,0 +1,130 @@
+"""The same training step in PyTorch (eager, CPU) and in minitfm, measured in one run.
+
+    pip install torch            # not a dependency of minitfm; only this comparison needs it
+    python benchmarks/bench_torch.py [--preset small] [--steps 5]
+
+Both models are the same Transformer: the preset's sizes, post-LN, ReLU feed-forward, one shared
+embedding scaled by sqrt(d_model) that is also the output projection, sinusoidal positions,
+dropout 0.1, label-smoothed cross-entropy over the target tokens, and an Adam update. Both run
+in float32 on the same random batch (128 sentences x 24 tokens per side) with the machine's
+threads. Step times are medians; the fraction of the float32 matrix-multiply peak uses the
+analytic FLOP count of bench_train.py and a peak measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_train import BATCHES, make_batch, matmul_peak, step_flops  # noqa: E402
+
+from minitfm import backend, model, optim  # noqa: E402
+
+
+def torch_step_seconds(cfg: model.Config, src, tgt, steps: int, warmup: int) -> float:
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(0)
+    d = cfg.d_model
+
+    class Seq2Seq(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(cfg.src_vocab, d)
+            nn.init.normal_(self.emb.weight, 0.0, d ** -0.5)
+            self.core = nn.Transformer(d, cfg.n_heads, cfg.n_layers, cfg.n_layers, cfg.d_ff,
+                                       cfg.dropout, batch_first=True)
+            position = torch.arange(cfg.max_len)[:, None]
+            rate = torch.exp(torch.arange(0, d, 2) * (-math.log(10000.0) / d))
+            pe = torch.zeros(cfg.max_len, d)
+            pe[:, 0::2], pe[:, 1::2] = torch.sin(position * rate), torch.cos(position * rate)
+            self.register_buffer("pe", pe)
+            self.drop = nn.Dropout(cfg.dropout)
+
+        def embed(self, ids):
+            return self.drop(self.emb(ids) * math.sqrt(d) + self.pe[: ids.shape[1]])
+
+        def forward(self, src, tgt_in):
+            t = tgt_in.shape[1]
+            causal = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)   # True: masked
+            h = self.core(self.embed(src), self.embed(tgt_in), tgt_mask=causal,
+                          src_key_padding_mask=src == cfg.pad_id,
+                          tgt_key_padding_mask=tgt_in == cfg.pad_id,
+                          memory_key_padding_mask=src == cfg.pad_id)
+            return h @ self.emb.weight.T                        # tied output projection
+
+    net = Seq2Seq()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    loss_fn = nn.CrossEntropyLoss(ignore_index=cfg.pad_id, label_smoothing=cfg.label_smoothing)
+    src_t = torch.from_numpy(backend.to_host(src).astype("int64"))
+    tgt_t = torch.from_numpy(backend.to_host(tgt).astype("int64"))
+    times = []
+    for _ in range(warmup + steps):
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        logits = net(src_t, tgt_t[:, :-1])
+        loss = loss_fn(logits.reshape(-1, logits.shape[-1]), tgt_t[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - start)
+    return sorted(times[warmup:])[steps // 2]
+
+
+def minitfm_step_seconds(cfg: model.Config, src, tgt, steps: int, warmup: int) -> float:
+    params = model.init_params(cfg, 0)
+    adam = optim.Adam(params)
+    times = []
+    for step in range(warmup + steps):
+        start = time.perf_counter()
+        _, grads = model.loss_and_grads(params, cfg, src, tgt, backend.rng(0, step))
+        adam.update(params, grads, 1e-4)
+        times.append(time.perf_counter() - start)
+    return sorted(times[warmup:])[steps // 2]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="small", choices=["small", "base"])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    args = parser.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("PyTorch is not installed: `pip install torch` to run this comparison",
+              file=sys.stderr)
+        return 2
+    torch.set_num_threads(os.cpu_count() or 1)
+
+    batch, src_len, tgt_len = BATCHES[args.preset]
+    cfg = model.Config.preset(args.preset)
+    src, tgt = make_batch(cfg, batch, src_len, tgt_len)
+    flops = step_flops(cfg, batch, src_len, tgt_len, batch * tgt_len)
+    peak = matmul_peak()
+    ours = minitfm_step_seconds(cfg, src, tgt, args.steps, args.warmup)
+    theirs = torch_step_seconds(cfg, src, tgt, args.steps, args.warmup)
+    peak = max(peak, matmul_peak())
+    rows = {"minitfm (NumPy)": ours, f"PyTorch {torch.__version__} eager": theirs}
+    print(f"preset {args.preset}, batch {batch}x{src_len}/{tgt_len}, {flops / 1e9:.1f} GFLOP per "
+          f"step, float32 matmul peak {peak:.1f} GFLOP/s")
+    print(f"{'':<28} {'step s':>8} {'tgt tok/s':>10} {'of peak':>8}")
+    for name, seconds in rows.items():
+        print(f"{name:<28} {seconds:>8.3f} {batch * tgt_len / seconds:>10.0f} "
+              f"{flops / seconds / 1e9 / peak:>8.1%}")
+    print(f"minitfm is {theirs / ours:.2f}x faster per step")
+    print(json.dumps({"preset": args.preset, "peak_gflop_per_s": peak, "gflop_per_step": flops / 1e9,
+                      "minitfm_step_s": ours, "torch_step_s": theirs,
+                      "torch_version": torch.__version__}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
