@@ -307,20 +307,12 @@ def valid_loss_batches(corpus: EncodedCorpus, cfg: Config, batch_size: int) -> l
 
 # ---- decoding and BLEU ------------------------------------------------------------------------
 
-def sorted_batches(encoded: list[list[int] | None], batch_size: int) -> Iterator[list[int]]:
-    """Indices of the non-blank sentences, by length, ``batch_size`` at a time."""
-    order = sorted((i for i, ids in enumerate(encoded) if ids is not None),
-                   key=lambda i: len(encoded[i]))
-    for start in range(0, len(order), batch_size):
-        yield order[start:start + batch_size]
-
-
 def greedy_translate(params: dict, cfg: Config, vocab: Vocab, lines: Sequence[str],
                      batch_size: int) -> list[str]:
     """Detokenized greedy translations of ``lines`` (fast; for validation BLEU)."""
     encoded = translate.encode_lines(vocab, cfg, lines, warn=lambda message: None)
     outputs = [""] * len(lines)
-    for batch in sorted_batches(encoded, batch_size):
+    for batch in decode.length_batches(encoded, batch_size):
         src = decode.pad_batch([encoded[i] for i in batch], cfg)
         for i, text in zip(batch, vocab.decode(decode.greedy(params, cfg, src))):
             outputs[i] = text

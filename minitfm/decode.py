@@ -52,7 +52,7 @@ lists) is host-side Python; the array work goes through ``backend.xp``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from minitfm import backend, model
@@ -61,7 +61,7 @@ from minitfm.layers import residual, subdict
 
 __all__ = [
     "EXTRA_LENGTH", "DecoderCache", "init_cache", "step", "reorder", "length_penalty",
-    "output_limits", "greedy", "beam_search", "translate_ids", "pad_batch",
+    "output_limits", "greedy", "beam_search", "translate_ids", "length_batches", "pad_batch",
 ]
 
 EXTRA_LENGTH = 50   # maximum output length = source length + 50 (section 6.1)
@@ -400,6 +400,15 @@ def pad_batch(sentences: Sequence[Sequence[int]], cfg: model.Config):
     return backend.xp.asarray(rows, dtype=backend.xp.int64)
 
 
+def length_batches(sentences: Sequence[Sequence[int] | None], batch_size: int
+                   ) -> Iterator[list[int]]:
+    """Indices of the sentences, shortest first, ``batch_size`` at a time; None entries skipped."""
+    order = sorted((i for i, s in enumerate(sentences) if s is not None),
+                   key=lambda i: len(sentences[i]))
+    for start in range(0, len(order), batch_size):
+        yield order[start:start + batch_size]
+
+
 def translate_ids(params: dict, cfg: model.Config, sentences: Sequence[Sequence[int]], *,
                   beam: int = 4, alpha: float = 0.6, max_len: int | None = None, nbest: int = 1,
                   batch_size: int = 64) -> list[list[Hypothesis]]:
@@ -411,10 +420,8 @@ def translate_ids(params: dict, cfg: model.Config, sentences: Sequence[Sequence[
     _check_beam(beam, alpha, nbest)
     if batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
-    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
     results: list[list[Hypothesis]] = [[] for _ in sentences]
-    for start in range(0, len(order), batch_size):
-        batch = order[start:start + batch_size]
+    for batch in length_batches(sentences, batch_size):
         src = pad_batch([sentences[i] for i in batch], cfg)
         for i, hyps in zip(batch, beam_search(params, cfg, src, beam, alpha, max_len, nbest)):
             results[i] = hyps
