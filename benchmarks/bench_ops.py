@@ -1,0 +1,370 @@
+"""How much array work one training update issues, counted independently of the device.
+
+    python benchmarks/bench_ops.py                          # base preset, 1 and 6 micro-batches
+    python benchmarks/bench_ops.py --preset small --micro-batches 1 2 --json
+
+On a GPU every array operation is (at least) one kernel launch, and every conversion of a device
+array to a Python number or a host array stalls the queue until the device catches up. Wall time
+on a CPU hides both; this benchmark counts them. It runs real training updates through
+``minitfm.train.train`` with the backend's array module replaced by a counting stand-in:
+
+- an *operation* is one call of an array-creating or array-transforming function of the module
+  (``xp.exp``, ``xp.zeros``, ``xp.einsum``, ...), one ufunc call or reduction on an array
+  (``a + b``, ``a @ b``, ``a *= s``, ``a.sum()``), one fancy-index read (``a[ids]``), one write
+  through an index (``a[idx] = b``), one copy (``a.copy()``, ``a.astype(t)``, a ``reshape`` that
+  cannot be a view), one random draw, one host-to-device copy. Views (slices, transposes,
+  reshapes of contiguous arrays) are free, as on a GPU. A function that runs several operations
+  internally counts once: the count is what the library asks for, not how NumPy does it.
+- a *sync* is one conversion of an array to a Python number or a host array (``float(a)``,
+  ``int(a)``, ``bool(a)``, ``a.item()``, ``a.tolist()``, ``backend.to_host(a)``).
+
+Whole reductions return 0-d arrays, as on a GPU (NumPy would return a host scalar), so reading
+one counts as a sync.
+
+Per update: the difference between a run of ``S + 1`` and a run of ``S`` updates from the same
+start (set-up, the final log line and the like cancel out). Every operation is attributed to the
+innermost ``minitfm`` module on the call stack (``layers.layernorm``, ``optim``, ``train``, ...)
+and to a phase: ``optimizer`` (anything under ``minitfm.optim``), ``backward`` (under a function
+named ``backward`` or ``*_backward``), ``forward`` (other model and layer code), ``loop`` (the
+training loop itself: accumulation, checks, logging).
+
+Batches are small (the count does not depend on the batch size, except for the number of logits
+chunks, printed) so that a count of the ``base`` model takes seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import sys
+import types
+
+import numpy
+
+from minitfm import backend, model, train
+
+# ---- the counting stand-in ---------------------------------------------------------------------
+
+
+class Tally:
+    """Operations and syncs, each by (phase, module)."""
+
+    def __init__(self):
+        self.ops = collections.Counter()
+        self.syncs = collections.Counter()
+        self.depth = 0            # > 0 inside a counted call: nested work is not counted again
+
+    def where(self) -> tuple[str, str]:
+        frame = sys._getframe(2)
+        module = phase = None
+        while frame is not None:
+            name = frame.f_globals.get("__name__", "")
+            if name.startswith("minitfm.") and name != "minitfm.backend":
+                short = name[len("minitfm."):]
+                if module is None:
+                    module = short
+                func = frame.f_code.co_name
+                if phase is None and short == "optim":
+                    phase = "optimizer"
+                if phase is None and (func == "backward" or func.endswith("_backward")):
+                    phase = "backward"
+            frame = frame.f_back
+        module = module or "other"
+        if phase is None:
+            phase = "loop" if module in ("train", "other") else "forward"
+        return phase, module
+
+    def op(self, n: int = 1) -> None:
+        if self.depth == 0:
+            self.ops[self.where()] += n
+
+    def sync(self) -> None:
+        if self.depth == 0:
+            self.syncs[self.where()] += 1
+
+    @contextlib.contextmanager
+    def inside(self):
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+
+
+TALLY = Tally()
+
+
+def _plain(value):
+    """Strip the counting subclass from arrays, also inside lists, tuples and dicts."""
+    if isinstance(value, Counted):
+        return value.view(numpy.ndarray)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _counted(value):
+    """Arrays (and NumPy scalars, which a GPU would return as 0-d arrays) as counted arrays."""
+    if isinstance(value, numpy.ndarray) and not isinstance(value, Counted):
+        return value.view(Counted)
+    if isinstance(value, numpy.generic):
+        return numpy.asarray(value).view(Counted)
+    if isinstance(value, tuple):
+        return tuple(_counted(v) for v in value)
+    if isinstance(value, list):
+        return [_counted(v) for v in value]
+    return value
+
+
+def _shares(result, base) -> bool:
+    return (isinstance(result, numpy.ndarray)
+            and numpy.shares_memory(_plain(result), base.view(numpy.ndarray)))
+
+
+class Counted(numpy.ndarray):
+    """An ndarray whose operations are counted in TALLY."""
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        TALLY.op()
+        out = kwargs.get("out")
+        with TALLY.inside():
+            result = getattr(ufunc, method)(*_plain(inputs), **_plain(kwargs))
+        if out is not None:
+            return out[0] if len(out) == 1 else out
+        return None if method == "at" else _counted(result)
+
+    def __array_function__(self, func, types_, args, kwargs):
+        TALLY.op()
+        with TALLY.inside():
+            result = func(*_plain(args), **_plain(kwargs))
+        return _counted(result)
+
+    def __getitem__(self, index):
+        result = numpy.ndarray.__getitem__(self.view(numpy.ndarray), _plain(index))
+        if isinstance(result, numpy.ndarray) and not _shares(result, self):
+            TALLY.op()                                  # fancy index: a gather
+        return _counted(result)
+
+    def __setitem__(self, index, value):
+        TALLY.op()                                      # a write through an index: a copy
+        numpy.ndarray.__setitem__(self.view(numpy.ndarray), _plain(index), _plain(value))
+
+    def copy(self, *args, **kwargs):
+        TALLY.op()
+        return _counted(self.view(numpy.ndarray).copy(*args, **kwargs))
+
+    def astype(self, dtype, *args, **kwargs):
+        result = self.view(numpy.ndarray).astype(dtype, *args, **kwargs)
+        if not _shares(result, self):
+            TALLY.op()
+        return _counted(result)
+
+    def reshape(self, *shape, **kwargs):
+        result = self.view(numpy.ndarray).reshape(*shape, **kwargs)
+        if not _shares(result, self):
+            TALLY.op()                                  # not a view: a copy
+        return _counted(result)
+
+    def ravel(self, *args, **kwargs):
+        result = self.view(numpy.ndarray).ravel(*args, **kwargs)
+        if not _shares(result, self):
+            TALLY.op()
+        return _counted(result)
+
+    def _reduction(name):
+        def method(self, *args, **kwargs):
+            TALLY.op()                                  # one reduction, as one kernel
+            with TALLY.inside():
+                result = getattr(self.view(numpy.ndarray), name)(*_plain(args), **_plain(kwargs))
+            return _counted(result)
+        method.__name__ = name
+        return method
+
+    mean, var, std = _reduction("mean"), _reduction("var"), _reduction("std")
+
+    def _sync(name):
+        def method(self, *args):
+            TALLY.sync()
+            return getattr(self.view(numpy.ndarray), name)(*args)
+        method.__name__ = name
+        return method
+
+    __float__, __int__, __bool__, __index__ = (_sync("__float__"), _sync("__int__"),
+                                               _sync("__bool__"), _sync("__index__"))
+    item, tolist = _sync("item"), _sync("tolist")
+
+
+class CountingRNG:
+    """A generator whose draws are counted operations returning counted arrays."""
+
+    def __init__(self, generator):
+        self._generator = generator
+
+    def __getattr__(self, name):
+        attr = getattr(self._generator, name)
+        if not callable(attr):
+            return attr
+
+        def draw(*args, **kwargs):
+            TALLY.op()
+            with TALLY.inside():
+                return _counted(attr(*_plain(args), **_plain(kwargs)))
+        return draw
+
+
+def _counting_module(module, submodules=("random", "linalg")):
+    """A stand-in for ``module`` whose functions count one operation per call."""
+    stand_in = types.SimpleNamespace()
+    for name in dir(module):
+        if name.startswith("__"):
+            continue
+        attr = getattr(module, name)
+        if isinstance(attr, types.ModuleType):
+            if name in submodules:
+                setattr(stand_in, name, _counting_module(attr, ()))
+            continue
+        if isinstance(attr, type) or not callable(attr):
+            setattr(stand_in, name, attr)               # dtypes, ndarray, constants: as they are
+            continue
+        setattr(stand_in, name, _counting_function(attr))
+    return stand_in
+
+
+def _counting_function(func):
+    def call(*args, **kwargs):
+        TALLY.op()
+        with TALLY.inside():
+            result = func(*_plain(args), **_plain(kwargs))
+        if isinstance(result, numpy.random.Generator):
+            return CountingRNG(result)
+        return _counted(result)
+    call.__name__ = getattr(func, "__name__", "function")
+    return call
+
+
+@contextlib.contextmanager
+def counting_backend():
+    """Run the NumPy backend through the counting stand-in."""
+    backend.use("numpy")
+    saved = {name: getattr(backend, name) for name in ("xp", "to_device", "to_host", "dropout_keep")}
+    original_to_device, original_keep = backend.to_device, backend.dropout_keep
+
+    def to_device(array, dtype=None):
+        if isinstance(array, Counted) and (dtype is None or array.dtype == dtype):
+            return array
+        TALLY.op()                                      # host -> device copy
+        with TALLY.inside():
+            return _counted(original_to_device(_plain(array), dtype))
+
+    def to_host(array):
+        if isinstance(array, Counted):
+            TALLY.sync()
+        return _plain(array)
+
+    def dropout_keep(generator, shape, p):
+        TALLY.op(2)                                     # draw, compare (as on any backend)
+        with TALLY.inside():
+            keep, scale = original_keep(getattr(generator, "_generator", generator), shape, p)
+        return _counted(keep), scale
+
+    backend.xp = _counting_module(numpy)
+    backend.to_device, backend.to_host, backend.dropout_keep = to_device, to_host, dropout_keep
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(backend, name, value)
+
+
+# ---- one update, counted ---------------------------------------------------------------------
+
+def make_batches(cfg: model.Config, n: int, sentences: int, src_len: int, tgt_len: int,
+                 seed: int = 0) -> list:
+    """``n`` host batches of random ids, (sentences, src_len) and (sentences, tgt_len + 1)."""
+    rng = numpy.random.default_rng(seed)
+    first = max(cfg.pad_id, cfg.bos_id, cfg.eos_id) + 1
+    batches = []
+    for _ in range(n):
+        src = rng.integers(first, cfg.src_vocab, size=(sentences, src_len))
+        tgt = rng.integers(first, cfg.tgt_vocab, size=(sentences, tgt_len + 1))
+        src[:, -1] = cfg.eos_id
+        tgt[:, 0], tgt[:, -1] = cfg.bos_id, cfg.eos_id
+        src[0, src_len // 2:] = cfg.pad_id                # some padding, as in real batches
+        tgt[0, tgt_len // 2 + 1:] = cfg.pad_id
+        batches.append((src, tgt))
+    return batches
+
+
+def count_run(cfg: model.Config, batches: list, steps: int, update_freq: int,
+              clip_norm: float | None) -> tuple[collections.Counter, collections.Counter]:
+    """Operations and syncs of ``steps`` updates of a fresh model, set-up included."""
+    params = model.init_params(cfg, seed=0)
+    options = train.TrainOptions(steps=steps, update_freq=update_freq, clip_norm=clip_norm,
+                                 log_every=10 ** 9, progress=False, warmup=10)
+    TALLY.ops.clear()
+    TALLY.syncs.clear()
+    with counting_backend():
+        params = {name: backend.to_device(value) for name, value in params.items()}
+        train.train(cfg, batches, options, params=params)
+    return collections.Counter(TALLY.ops), collections.Counter(TALLY.syncs)
+
+
+def per_update(cfg: model.Config, update_freq: int, sentences: int, src_len: int, tgt_len: int,
+               clip_norm: float | None) -> dict:
+    batches = make_batches(cfg, update_freq, sentences, src_len, tgt_len)
+    ops1, syncs1 = count_run(cfg, batches, 1, update_freq, clip_norm)
+    ops2, syncs2 = count_run(cfg, batches, 2, update_freq, clip_norm)
+    ops, syncs = ops2 - ops1, syncs2 - syncs1
+    by_phase, by_module = collections.Counter(), collections.Counter()
+    for (phase, module), n in ops.items():
+        by_phase[phase] += n
+        by_module[module] += n
+    return {"micro_batches": update_freq, "ops": sum(ops.values()),
+            "syncs": sum(syncs.values()), "by_phase": dict(by_phase.most_common()),
+            "by_module": dict(by_module.most_common()),
+            "syncs_by_module": {f"{p}/{m}": n for (p, m), n in syncs.most_common()}}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="base", choices=sorted(model.PRESETS))
+    parser.add_argument("--micro-batches", type=int, nargs="+", default=[1, 6])
+    parser.add_argument("--sentences", type=int, default=4)
+    parser.add_argument("--src-len", type=int, default=12)
+    parser.add_argument("--tgt-len", type=int, default=12)
+    parser.add_argument("--clip-norm", type=float, default=1.0,
+                        help="global gradient-norm clipping (0: none); default 1.0")
+    parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    args = parser.parse_args(argv)
+    cfg = model.Config.preset(args.preset)
+    clip = args.clip_norm or None
+    rows_per_chunk = max(1, model.LOGIT_CHUNK // cfg.tgt_vocab)
+    print(f"preset {args.preset}: {model.num_parameters(model.init_params(cfg)):,} parameters in "
+          f"{len(model.parameter_shapes(cfg))} arrays; batch {args.sentences} x "
+          f"{args.src_len}/{args.tgt_len} tokens (logits in chunks of {rows_per_chunk} rows); "
+          f"clip_norm {clip}")
+    results = [per_update(cfg, k, args.sentences, args.src_len, args.tgt_len, clip)
+               for k in args.micro_batches]
+    for r in results:
+        print(f"\n{r['micro_batches']} micro-batch(es) per update: {r['ops']:,} operations, "
+              f"{r['syncs']} syncs")
+        print("  by phase:  " + ", ".join(f"{k} {v:,}" for k, v in r["by_phase"].items()))
+        print("  by module: " + ", ".join(f"{k} {v:,}" for k, v in r["by_module"].items()))
+        if r["syncs"]:
+            print("  syncs:     " + ", ".join(f"{k} {v}" for k, v in r["syncs_by_module"].items()))
+    if len(results) > 1:
+        first, last = results[0], results[-1]
+        extra = (last["ops"] - first["ops"]) / (last["micro_batches"] - first["micro_batches"])
+        print(f"\neach additional micro-batch: {extra:,.0f} operations")
+    if args.json:
+        print(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

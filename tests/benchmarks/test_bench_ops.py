@@ -1,0 +1,73 @@
+"""The operation and sync counter of benchmarks/bench_ops.py counts what it says it counts."""
+
+import importlib.util
+import pathlib
+
+import numpy
+import pytest
+
+from minitfm import backend, model
+
+PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_ops.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_ops", PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def counted(bench, work):
+    bench.TALLY.ops.clear()
+    bench.TALLY.syncs.clear()
+    with bench.counting_backend():
+        work(backend.xp)
+    return sum(bench.TALLY.ops.values()), sum(bench.TALLY.syncs.values())
+
+
+def test_functions_ufuncs_and_reductions_count_once_each(bench, numpy_backend):
+    def work(xp):
+        a = xp.ones((4, 3), dtype=xp.float32)       # 1
+        b = xp.exp(a)                              # 1 (not 2: exp on a counted array inside)
+        b += a                                     # 1
+        c = a @ b.T                                # 1 (the transpose is a view)
+        c.mean(axis=1)                             # 1
+        xp.einsum("ij,ij->i", a, b)                # 1
+    assert counted(bench, work) == (6, 0)
+
+
+def test_views_are_free_and_copies_count(bench, numpy_backend):
+    def work(xp):
+        a = xp.zeros((4, 6), dtype=xp.float32)     # 1
+        a[1:3].reshape(-1)                         # view of contiguous rows: free
+        a.T.reshape(-1)                            # not a view: a copy, 1
+        a[:, ::2]                                  # view: free
+        a[xp.asarray([0, 2])]                      # asarray 1 + gather 1
+        a[0] = 1.0                                 # write: 1
+        a.astype(xp.float64)                       # 1
+    assert counted(bench, work) == (6, 0)
+
+
+def test_conversions_to_host_count_as_syncs(bench, numpy_backend):
+    def work(xp):
+        a = xp.arange(5)                           # 1
+        s = a.sum()                                # 1: a 0-d array, as on a GPU
+        assert not isinstance(s, numpy.generic)
+        int(s)                                     # sync
+        float(a.max())                             # 1 op, 1 sync
+        a.tolist()                                 # sync
+        backend.to_host(a)                         # sync
+    assert counted(bench, work) == (3, 4)
+
+
+def test_one_update_is_counted_by_phase(bench, numpy_backend):
+    cfg = model.Config.preset("tiny")
+    result = bench.per_update(cfg, 1, sentences=2, src_len=5, tgt_len=5, clip_norm=1.0)
+    phases = result["by_phase"]
+    assert set(phases) <= {"forward", "backward", "optimizer", "loop"}
+    assert phases["forward"] > 0 and phases["backward"] > 0
+    n_params = len(model.parameter_shapes(cfg))
+    assert phases["optimizer"] >= n_params          # at least one operation per parameter array
+    assert result["ops"] == sum(phases.values())
