@@ -26,7 +26,7 @@ import numpy
 
 __all__ = [
     "BackendError", "xp", "name", "use", "float_dtype", "set_float_dtype",
-    "to_device", "to_host", "scatter_add", "dropout_keep", "rng", "host_rng", "check_array",
+    "to_device", "to_host", "scatter_add", "sorted_scatter_add", "dropout_keep", "rng", "host_rng", "check_array",
     "is_gpu",
 ]
 
@@ -109,15 +109,41 @@ def to_host(array):
 
 
 def scatter_add(target, indices, values) -> None:
-    """``target[indices] += values`` with repeated indices accumulated (unbuffered).
+    """``target[indices] += values`` with repeated indices accumulated, in a fixed order.
 
     ``indices`` is 1-D and indexes the first axis of ``target``; ``values`` has one row per index.
+    The sums never depend on thread timing, so two runs (and a resumed run) agree bit for bit:
+    NumPy's ``add.at`` adds the rows one after another; on a GPU, where an indexed add uses atomic
+    additions in whatever order the threads arrive, :func:`sorted_scatter_add` is used instead.
     """
-    if name == "cupy":
-        import cupyx
-        cupyx.scatter_add(target, indices, values)
+    if name == "numpy":
+        numpy.add.at(target, indices, values)
+    else:
+        sorted_scatter_add(target, indices, values)
+
+
+def sorted_scatter_add(target, indices, values) -> None:
+    """``target[indices] += values`` as a segment sum over the sorted indices: no atomics, no
+    data-dependent shapes (so no device-to-host synchronisation), the same result on every run.
+
+        order = argsort(indices)            rows of equal index become one contiguous segment
+        c     = 0, cumsum(values[order])    prefix sums in float64, c[k] = sum of the first k rows
+        a, b  = where each row's segment starts and ends (binary search in the sorted indices)
+        sum of the segment = c[b] - c[a]
+    Every row of a segment writes its segment's sum to the segment's index; the writes to one
+    place are all equal, so which lands last does not matter. (float64 prefix sums keep the
+    difference exact to float32 precision.)
+    """
+    n = indices.shape[0]
+    if n == 0:
         return
-    numpy.add.at(target, indices, values)
+    order = xp.argsort(indices)                                        # deterministic on each backend
+    ids = indices[order]                                               # (N,) sorted
+    prefix = xp.zeros((n + 1,) + values.shape[1:], dtype=xp.float64)   # (N + 1, ...)
+    xp.cumsum(values[order], axis=0, dtype=xp.float64, out=prefix[1:])
+    start = xp.searchsorted(ids, ids, side="left")                     # (N,) first row of the segment
+    end = xp.searchsorted(ids, ids, side="right")                      # (N,) one past its last row
+    target[ids] += (prefix[end] - prefix[start]).astype(target.dtype, copy=False)
 
 
 DROPOUT_LEVELS = 1 << 16   # drop probabilities are multiples of 2^-16
