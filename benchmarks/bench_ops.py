@@ -16,7 +16,9 @@ on a CPU hides both; this benchmark counts them. It runs real training updates t
   reshapes of contiguous arrays) are free, as on a GPU. A function that runs several operations
   internally counts once: the count is what the library asks for, not how NumPy does it.
 - a *sync* is one conversion of an array to a Python number or a host array (``float(a)``,
-  ``int(a)``, ``bool(a)``, ``a.item()``, ``a.tolist()``, ``backend.to_host(a)``).
+  ``int(a)``, ``bool(a)``, ``a.item()``, ``a.tolist()``, ``backend.to_host(a)``), and one
+  operation whose result's shape depends on the data (``xp.flatnonzero``, ``xp.nonzero``,
+  ``xp.unique``, ``a[boolean_mask]``): the host must wait to learn that shape.
 
 Whole reductions return 0-d arrays, as on a GPU (NumPy would return a host scalar), so reading
 one counts as a sync.
@@ -144,6 +146,9 @@ class Counted(numpy.ndarray):
         return _counted(result)
 
     def __getitem__(self, index):
+        if any(getattr(i, "dtype", None) == bool for i in (index if isinstance(index, tuple)
+                                                            else (index,))):
+            TALLY.sync()                                # a boolean mask: shape from the data
         result = numpy.ndarray.__getitem__(self.view(numpy.ndarray), _plain(index))
         if isinstance(result, numpy.ndarray) and not _shares(result, self):
             TALLY.op()                                  # fancy index: a gather
@@ -197,6 +202,11 @@ class Counted(numpy.ndarray):
                                                _sync("__bool__"), _sync("__index__"))
     item, tolist = _sync("item"), _sync("tolist")
 
+    def nonzero(self):
+        TALLY.op()
+        TALLY.sync()                                    # the count of non-zeros: from the data
+        return _counted(self.view(numpy.ndarray).nonzero())
+
 
 class CountingRNG:
     """A generator whose draws are counted operations returning counted arrays."""
@@ -234,9 +244,16 @@ def _counting_module(module, submodules=("random", "linalg")):
     return stand_in
 
 
+DATA_DEPENDENT_SHAPES = {"nonzero", "flatnonzero", "argwhere", "unique", "compress", "extract"}
+
+
 def _counting_function(func):
+    shape_from_data = getattr(func, "__name__", "") in DATA_DEPENDENT_SHAPES
+
     def call(*args, **kwargs):
         TALLY.op()
+        if shape_from_data:
+            TALLY.sync()
         with TALLY.inside():
             result = func(*_plain(args), **_plain(kwargs))
         if isinstance(result, numpy.random.Generator):

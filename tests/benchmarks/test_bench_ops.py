@@ -62,6 +62,15 @@ def test_conversions_to_host_count_as_syncs(bench, numpy_backend):
     assert counted(bench, work) == (3, 4)
 
 
+def test_shapes_that_depend_on_the_data_count_as_syncs(bench, numpy_backend):
+    def work(xp):
+        a = xp.arange(6)                           # 1
+        xp.flatnonzero(a > 2)                      # compare 1 + flatnonzero 1, sync
+        a[a > 2]                                   # compare 1 + gather 1, sync
+        a[xp.asarray([1, 2])]                      # asarray 1 + gather 1: shape known, no sync
+    assert counted(bench, work) == (7, 2)
+
+
 def test_one_update_is_counted_by_phase(bench, numpy_backend):
     cfg = model.Config.preset("tiny")
     result = bench.per_update(cfg, 1, sentences=2, src_len=5, tgt_len=5, clip_norm=1.0)
