@@ -140,7 +140,7 @@ def filter_logits(logits, *, temperature: float = 1.0, top_k: int | None = None,
         _check_top_k(top_k, logits.shape[1])
     if top_p is not None:
         _check_top_p(top_p)
-    scaled = logits.astype(backend.xp.float64) / temperature    # float64: a small T may not overflow
+    scaled = logits.astype(backend.xp.float64) / temperature   # float64: small T must not overflow
     if top_k is not None and top_k < logits.shape[1]:
         scaled = top_k_filter(scaled, top_k)
     if top_p is not None:
