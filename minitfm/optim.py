@@ -114,7 +114,7 @@ class WarmupDecaySchedule:
         if step < 1:
             raise ValueError(f"learning-rate steps count from 1, got step={step}")
         if step <= self.warmup:
-            return self.peak_lr * step / self.warmup
+            return self.peak_lr * (step / self.warmup)     # exactly peak_lr at step == warmup
         if step >= self.total_steps:
             return self.min_lr
         progress = (step - self.warmup) / (self.total_steps - self.warmup)   # (0, 1)
