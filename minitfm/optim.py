@@ -1,4 +1,4 @@
-"""Adam, the paper's learning-rate schedule, and global-norm gradient clipping.
+"""Adam (with optional decoupled weight decay), learning-rate schedules, gradient-norm clipping.
 
 Section 5.3 of the paper: "We used the Adam optimizer with beta1 = 0.9, beta2 = 0.98 and
 epsilon = 1e-9. We varied the learning rate over the course of training, according to the formula
@@ -17,6 +17,16 @@ Adam (Kingma & Ba, Algorithm 1), for each parameter p with gradient g at step t 
     v_hat = v / (1 - beta2^t)
     p = p - lr * m_hat / (sqrt(v_hat) + eps)
 
+AdamW (Loshchilov & Hutter, "Decoupled Weight Decay Regularization") adds an optional decay of
+the weights themselves, decoupled from the gradient (so Adam's normalisation does not rescale it):
+
+    p = p - lr * weight_decay * p            before the Adam step, for the decayed parameters only
+
+Which parameters decay is a predicate on their names (:func:`decays_by_default` unless given).
+
+Language models usually train with a different schedule from the paper's: a linear warm-up to a
+peak rate, then a cosine or linear decay to a minimum (:class:`WarmupDecaySchedule`).
+
 Parameters, gradients and the moments ``m``, ``v`` are flat ``dict[str, array]`` with the same
 keys. The update works in place: the parameter arrays are never reallocated, so anything holding
 a reference to them (the model, a weight-tied view) sees the new values, and float32 parameters
@@ -28,11 +38,12 @@ Array math goes through ``backend.xp``, so the same code runs on NumPy and on Cu
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from minitfm import backend
 
-__all__ = ["Adam", "LRSchedule", "clip_grad_norm"]
+__all__ = ["Adam", "LRSchedule", "WarmupDecaySchedule", "decays_by_default", "clip_grad_norm"]
 
 
 def _check_same_keys(expected: dict, given: dict, what: str) -> None:
@@ -68,19 +79,96 @@ class LRSchedule:
         return self.factor * self.d_model ** -0.5 * min(step ** -0.5, step * self.warmup ** -1.5)
 
 
+@dataclass(frozen=True)
+class WarmupDecaySchedule:
+    """Linear warm-up to ``peak_lr``, then a cosine or linear decay to ``min_lr``; steps from 1.
+
+        step <= warmup                lr = peak_lr * step / warmup
+        warmup < step < total_steps   s = (step - warmup) / (total_steps - warmup)   in (0, 1)
+                                      cosine: lr = min_lr + (peak_lr - min_lr) (1 + cos(pi s)) / 2
+                                      linear: lr = min_lr + (peak_lr - min_lr) (1 - s)
+        step >= total_steps           lr = min_lr
+
+    The rate peaks at ``step == warmup`` (``warmup = 0``: no warm-up, the decay starts at step 1)
+    and reaches ``min_lr`` at ``step == total_steps``, usually the last step of training.
+    """
+
+    peak_lr: float
+    warmup: int
+    total_steps: int
+    min_lr: float = 0.0
+    decay: str = "cosine"     # or "linear"
+
+    def __post_init__(self) -> None:
+        if self.decay not in ("cosine", "linear"):
+            raise ValueError(f"decay must be 'cosine' or 'linear', got {self.decay!r}")
+        if not (math.isfinite(self.peak_lr) and self.peak_lr > 0
+                and 0 <= self.min_lr <= self.peak_lr):
+            raise ValueError(f"learning-rate schedule needs peak_lr > 0 and 0 <= min_lr <= "
+                             f"peak_lr, got peak_lr={self.peak_lr}, min_lr={self.min_lr}")
+        if not 0 <= self.warmup < self.total_steps:
+            raise ValueError(f"learning-rate schedule needs 0 <= warmup < total_steps, got "
+                             f"warmup={self.warmup}, total_steps={self.total_steps}")
+
+    def __call__(self, step: int) -> float:
+        if step < 1:
+            raise ValueError(f"learning-rate steps count from 1, got step={step}")
+        if step <= self.warmup:
+            return self.peak_lr * (step / self.warmup)     # exactly peak_lr at step == warmup
+        if step >= self.total_steps:
+            return self.min_lr
+        progress = (step - self.warmup) / (self.total_steps - self.warmup)   # (0, 1)
+        if self.decay == "cosine":
+            remaining = 0.5 * (1.0 + math.cos(math.pi * progress))
+        else:
+            remaining = 1.0 - progress
+        return self.min_lr + (self.peak_lr - self.min_lr) * remaining
+
+
+def decays_by_default(name: str) -> bool:
+    """Whether weight decay applies to parameter ``name`` unless told otherwise.
+
+    Decayed: the weight matrices (last name part starting with ``w``: ``w_qkv``, ``w_o``, ``w1``,
+    ...) and the embeddings (ending in ``emb``: ``emb``, ``src_emb``, ``tgt_emb``, a learned
+    position table named ``pos_emb``). Not decayed: biases (``b_qkv``, ``b1``, ...) and
+    LayerNorm's gain ``gamma`` and shift ``beta``.
+
+    Why: decay pulls a weight towards zero, which for a matrix shrinks the scale of a linear map
+    the next layer (or LayerNorm) can compensate for; for a bias or a shift, zero is a particular
+    offset, and for a gain it is a dead unit, so decaying those only biases the function.
+    Embeddings decay as GPT-2 and nanoGPT do: a shared embedding is also the output projection,
+    a matrix like the others. A row that gets no gradient still shrinks by (1 - lr * decay) per
+    step; pass a different predicate to ``Adam(decay=...)`` to exempt embeddings.
+    """
+    leaf = name.rsplit(".", 1)[-1]
+    return leaf.startswith("w") or leaf.endswith("emb")
+
+
 class Adam:
     """Adam with the paper's defaults and bias correction, over a flat parameter dict.
 
     ``Adam(params)`` creates zero moments shaped like ``params``; each ``update(params, grads, lr)``
     advances ``step`` by one and changes ``params`` in place. ``state_dict()`` /
     ``load_state_dict(state)`` save and restore ``{"step": int, "m": dict, "v": dict}``.
+
+    ``weight_decay > 0`` makes it AdamW: each step first multiplies every parameter whose name
+    ``decay(name)`` accepts (:func:`decays_by_default`: matrices and embeddings) by
+    ``1 - lr * weight_decay``. The decayed names are fixed at construction, in ``decayed``.
+    ``weight_decay = 0`` (the default) is plain Adam.
     """
 
-    def __init__(self, params: dict, *, beta1: float = 0.9, beta2: float = 0.98, eps: float = 1e-9):
+    def __init__(self, params: dict, *, beta1: float = 0.9, beta2: float = 0.98, eps: float = 1e-9,
+                 weight_decay: float = 0.0, decay: Callable[[str], bool] = decays_by_default):
         if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0 and eps > 0.0):
             raise ValueError(f"Adam needs 0 <= beta1, beta2 < 1 and eps > 0, got "
                              f"beta1={beta1}, beta2={beta2}, eps={eps}")
+        if not (math.isfinite(weight_decay) and weight_decay >= 0.0):
+            raise ValueError(f"weight_decay must be finite and >= 0, got {weight_decay}")
+        if not callable(decay):
+            raise TypeError(f"decay must be a function of a parameter name, got {decay!r}")
         self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
+        self.weight_decay = float(weight_decay)
+        self.decayed = frozenset(name for name in params if decay(name))
         xp = backend.xp
         self.m = {name: xp.zeros_like(backend.check_array(p, f"parameter {name!r}"))
                   for name, p in params.items()}
@@ -99,7 +187,7 @@ class Adam:
                     f"gradients must match their parameters exactly")
 
     def update(self, params: dict, grads: dict, lr: float) -> None:
-        """One Adam step at learning rate ``lr``: ``params`` change in place, ``step`` += 1."""
+        """One Adam(W) step at learning rate ``lr``: ``params`` change in place, ``step`` += 1."""
         self._check(params, grads)
         xp = backend.xp
         self.step += 1
@@ -107,7 +195,10 @@ class Adam:
         # lr * m_hat / (sqrt(v_hat) + eps) == step_size * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
         step_size = float(lr) / (1.0 - b1 ** self.step)
         v_scale = 1.0 / math.sqrt(1.0 - b2 ** self.step)
+        keep = 1.0 - float(lr) * self.weight_decay      # AdamW: p -= lr * weight_decay * p
         for name, p in params.items():
+            if self.weight_decay and name in self.decayed:
+                p *= keep
             g, m, v = grads[name], self.m[name], self.v[name]
             buf = xp.multiply(g, 1.0 - b1)          # one scratch array per parameter
             m *= b1

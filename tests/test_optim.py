@@ -1,5 +1,6 @@
-"""Tests of minitfm.optim: the schedule of equation (3), Adam against a float64 hand computation,
-dtype and in-place guarantees, gradient clipping, and the errors for mismatched dicts."""
+"""Tests of minitfm.optim: the schedule of equation (3) and the warm-up/decay schedules, Adam(W)
+against a float64 hand computation, dtype and in-place guarantees, which parameters decay,
+gradient clipping, and the errors for mismatched dicts."""
 
 import math
 
@@ -10,7 +11,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from minitfm import backend
-from minitfm.optim import Adam, LRSchedule, clip_grad_norm
+from minitfm.optim import (Adam, LRSchedule, WarmupDecaySchedule, clip_grad_norm,
+                           decays_by_default)
 
 
 # --- learning-rate schedule --------------------------------------------------------------------
@@ -56,8 +58,8 @@ def test_schedule_counts_from_one():
 
 # --- Adam --------------------------------------------------------------------------------------
 
-def adam_reference(p, grads, lrs, b1=0.9, b2=0.98, eps=1e-9):
-    """Kingma & Ba, Algorithm 1, written out in float64."""
+def adam_reference(p, grads, lrs, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0):
+    """Kingma & Ba, Algorithm 1, written out in float64 (with AdamW's decoupled weight decay)."""
     p = np.array(p, dtype=np.float64)
     m = np.zeros_like(p)
     v = np.zeros_like(p)
@@ -67,7 +69,7 @@ def adam_reference(p, grads, lrs, b1=0.9, b2=0.98, eps=1e-9):
         v = b2 * v + (1 - b2) * g * g
         m_hat = m / (1 - b1 ** t)
         v_hat = v / (1 - b2 ** t)
-        p = p - lr * m_hat / (np.sqrt(v_hat) + eps)
+        p = p - lr * weight_decay * p - lr * m_hat / (np.sqrt(v_hat) + eps)
     return p, m, v
 
 
@@ -242,3 +244,165 @@ def test_adam_on_cupy_matches_numpy():
         assert norm == pytest.approx(float(np.linalg.norm(grads[0])), rel=1e-5)
     finally:
         backend.use("numpy")
+
+
+# --- warm-up then cosine or linear decay -------------------------------------------------------
+
+def test_warmup_decay_known_values():
+    cosine = WarmupDecaySchedule(peak_lr=1e-3, warmup=10, total_steps=110, min_lr=1e-4)
+    linear = WarmupDecaySchedule(peak_lr=1e-3, warmup=10, total_steps=110, min_lr=1e-4,
+                                 decay="linear")
+    for s in (cosine, linear):
+        assert s(1) == pytest.approx(1e-4)
+        assert s(5) == pytest.approx(5e-4)
+        assert s(10) == pytest.approx(1e-3)                     # the peak
+        assert s(60) == pytest.approx(5.5e-4)                   # half way: half way down
+        assert s(110) == s(111) == s(10_000) == 1e-4            # the floor, and it stays
+    assert cosine(35) == pytest.approx(1e-4 + 9e-4 * (1 + math.cos(math.pi / 4)) / 2)  # 8.682e-4
+    assert cosine(35) == pytest.approx(8.6820e-4, rel=1e-4)
+    assert linear(35) == pytest.approx(1e-4 + 9e-4 * 0.75)
+    assert cosine(85) == pytest.approx(1e-4 + 9e-4 * (1 - math.cos(math.pi / 4)) / 2)
+
+
+def test_warmup_decay_without_warmup_starts_at_the_peak():
+    s = WarmupDecaySchedule(peak_lr=2.0, warmup=0, total_steps=4, decay="linear")
+    assert [s(k) for k in range(1, 6)] == [1.5, 1.0, 0.5, 0.0, 0.0]
+    assert WarmupDecaySchedule(peak_lr=2.0, warmup=0, total_steps=4)(2) == pytest.approx(1.0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(warmup=st.integers(0, 300), length=st.integers(1, 3000), decay=st.sampled_from(
+    ["cosine", "linear"]), floor=st.floats(0.0, 1.0))
+def test_warmup_decay_rises_to_the_peak_then_falls_to_the_floor(warmup, length, decay, floor):
+    s = WarmupDecaySchedule(peak_lr=3e-3, warmup=warmup, total_steps=warmup + length,
+                            min_lr=3e-3 * floor, decay=decay)
+    rates = [s(k) for k in range(1, warmup + length + 3)]
+    up, down = rates[:warmup], rates[warmup:]
+    assert all(a < b for a, b in zip(up, up[1:]))
+    assert all(a >= b for a, b in zip(down, down[1:]))
+    assert max(rates) <= 3e-3 and (warmup == 0 or s(warmup) == 3e-3)
+    assert rates[-1] == rates[-2] == s.min_lr
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(peak_lr=0.0, warmup=1, total_steps=2), "peak_lr > 0"),
+    (dict(peak_lr=1.0, warmup=1, total_steps=2, min_lr=2.0), "min_lr <= peak_lr"),
+    (dict(peak_lr=1.0, warmup=1, total_steps=2, min_lr=-1.0), "min_lr <= peak_lr"),
+    (dict(peak_lr=1.0, warmup=5, total_steps=5), "warmup < total_steps"),
+    (dict(peak_lr=1.0, warmup=-1, total_steps=5), "0 <= warmup"),
+    (dict(peak_lr=1.0, warmup=1, total_steps=5, decay="step"), "'cosine' or 'linear'"),
+])
+def test_warmup_decay_rejects_bad_settings(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        WarmupDecaySchedule(**kwargs)
+    with pytest.raises(ValueError, match="count from 1"):
+        WarmupDecaySchedule(peak_lr=1.0, warmup=1, total_steps=5)(0)
+
+
+# --- decoupled weight decay (AdamW) ------------------------------------------------------------
+
+MODEL_NAMES = {  # a slice of the model's parameter names, and whether they decay by default
+    "emb": True, "src_emb": True, "pos_emb": True,
+    "dec.0.self_attn.w_qkv": True, "dec.0.self_attn.b_qkv": False,
+    "dec.0.self_attn.w_o": True, "dec.0.self_attn.b_o": False,
+    "dec.0.cross_attn.w_q": True, "dec.0.cross_attn.w_kv": True, "dec.0.cross_attn.b_kv": False,
+    "dec.0.ff.w1": True, "dec.0.ff.b1": False, "dec.0.ff.w2": True, "dec.0.ff.b2": False,
+    "dec.0.ln1.gamma": False, "dec.0.ln1.beta": False, "dec.ln.gamma": False,
+    "dec.ln.beta": False,
+}
+
+
+def test_decays_by_default_matrices_and_embeddings_not_biases_or_layernorm():
+    for name, decays in MODEL_NAMES.items():
+        assert decays_by_default(name) is decays, name
+
+
+def test_default_decay_covers_every_matrix_of_the_model():
+    from minitfm import model
+    cfg = model.Config.preset("tiny")
+    for name, shape in model.parameter_shapes(cfg).items():
+        assert decays_by_default(name) is (len(shape) == 2), name
+
+
+def random_model(seed, dtype=np.float64):
+    rng = np.random.default_rng(seed)
+    params = {name: rng.standard_normal((3, 2) if decays else 2).astype(dtype)
+              for name, decays in MODEL_NAMES.items()}
+    grads = [{name: rng.standard_normal(p.shape).astype(dtype) for name, p in params.items()}
+             for _ in range(3)]
+    return params, grads
+
+
+def test_weight_decay_zero_is_plain_adam_bit_for_bit():
+    params, grads = random_model(0, np.float32)
+    plain = {k: v.copy() for k, v in params.items()}
+    zero = {k: v.copy() for k, v in params.items()}
+    a, b = Adam(plain), Adam(zero, weight_decay=0.0)
+    for g in grads:
+        a.update(plain, g, 1e-2)
+        b.update(zero, g, 1e-2)
+    for name in params:
+        np.testing.assert_array_equal(zero[name], plain[name])
+        np.testing.assert_array_equal(b.m[name], a.m[name])
+        np.testing.assert_array_equal(b.v[name], a.v[name])
+
+
+def test_weight_decay_applies_to_the_chosen_names_only():
+    params, grads = random_model(1)
+    plain = {k: v.copy() for k, v in params.items()}
+    decayed = {k: v.copy() for k, v in params.items()}
+    a, b = Adam(plain), Adam(decayed, weight_decay=0.1)
+    assert b.decayed == {name for name, decays in MODEL_NAMES.items() if decays}
+    lrs = [1e-2, 2e-2, 5e-3]
+    for g, lr in zip(grads, lrs):
+        a.update(plain, g, lr)
+        b.update(decayed, g, lr)
+    for name, decays in MODEL_NAMES.items():
+        if not decays:
+            np.testing.assert_array_equal(decayed[name], plain[name])
+            continue
+        assert not np.allclose(decayed[name], plain[name])
+        ref, ref_m, ref_v = adam_reference(params[name], [g[name] for g in grads], lrs,
+                                           weight_decay=0.1)
+        np.testing.assert_allclose(decayed[name], ref, rtol=1e-12, atol=1e-15)
+        np.testing.assert_array_equal(b.m[name], a.m[name])    # the moments never see the decay
+
+
+def test_weight_decay_alone_shrinks_by_one_minus_lr_times_decay_per_step():
+    params = {"w": np.array([[2.0, -4.0]]), "b": np.array([3.0])}
+    opt = Adam(params, weight_decay=0.5)
+    zero = {"w": np.zeros((1, 2)), "b": np.zeros(1)}           # Adam's own step is then 0
+    opt.update(params, zero, 0.1)
+    opt.update(params, zero, 0.2)
+    np.testing.assert_allclose(params["w"], [[2.0 * 0.95 * 0.9, -4.0 * 0.95 * 0.9]], rtol=1e-15)
+    np.testing.assert_array_equal(params["b"], [3.0])
+
+
+def test_first_adamw_step_by_hand():
+    w = np.array([[0.5, -1.0]])
+    params = {"w": w.copy()}
+    g = np.array([[0.3, -2.0]])
+    Adam(params, weight_decay=0.01).update(params, {"w": g}, 1e-2)
+    # p - lr wd p - lr m_hat / (sqrt(v_hat) + eps), m_hat = g, v_hat = g^2
+    np.testing.assert_allclose(params["w"], w - 1e-4 * w - 1e-2 * g / (np.abs(g) + 1e-9),
+                               rtol=1e-14)
+
+
+def test_weight_decay_takes_any_name_predicate():
+    params, grads = random_model(2)
+    no_embeddings = lambda name: decays_by_default(name) and not name.endswith("emb")
+    opt = Adam({k: v.copy() for k, v in params.items()}, weight_decay=0.1, decay=no_embeddings)
+    assert opt.decayed == {n for n, d in MODEL_NAMES.items() if d} - {"emb", "src_emb", "pos_emb"}
+    everything = Adam(params, weight_decay=0.1, decay=lambda name: True)
+    assert everything.decayed == set(MODEL_NAMES)
+
+
+@pytest.mark.parametrize("weight_decay", [-0.1, math.nan, math.inf])
+def test_bad_weight_decay_is_refused(weight_decay):
+    with pytest.raises(ValueError, match="weight_decay must be finite and >= 0"):
+        Adam({"w": np.zeros((2, 2))}, weight_decay=weight_decay)
+
+
+def test_decay_must_be_a_predicate():
+    with pytest.raises(TypeError, match="decay must be a function of a parameter name"):
+        Adam({"w": np.zeros((2, 2))}, weight_decay=0.1, decay={"w"})

@@ -6,6 +6,7 @@
     vocab        the joint sentencepiece BPE vocabulary, with fixed special ids
     encoded      corpora encoded once, cached as memory-mapped NumPy arrays
     batching     token-count batches for training, fixed-size ordered batches for evaluation
+    text         a text file as language-model tokens (characters or BPE), in random blocks
 
 This is host-side code: it uses NumPy deliberately, not the array backend, because batches are
 assembled on the CPU (from memory-mapped files) and only then handed to the model, which moves
@@ -21,6 +22,8 @@ from .corpus import (DataError, ParallelReader, ParallelText, parallel_files, re
                      read_parallel, read_parallel_files, read_sgm)
 from .encoded import EncodedCorpus, encode_corpus
 from .prepare import prepare_wmt14
+from .text import (BPETokenizer, CharTokenizer, TextData, load_text, load_tokenizer,
+                   random_blocks, validation_blocks)
 from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocab, train_joint_vocab, train_vocab
 
 __all__ = [
@@ -32,4 +35,6 @@ __all__ = [
     "EncodedCorpus", "encode_corpus",
     "BatchPlan", "token_batches", "eval_batches", "collate", "iterate_batches",
     "prepare_wmt14",
+    "CharTokenizer", "BPETokenizer", "TextData", "load_text", "load_tokenizer", "random_blocks",
+    "validation_blocks",
 ]
