@@ -41,7 +41,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from minitfm import backend
+from minitfm import backend, flat
 
 __all__ = ["Adam", "LRSchedule", "WarmupDecaySchedule", "decays_by_default", "clip_grad_norm"]
 
@@ -169,10 +169,12 @@ class Adam:
         self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
         self.weight_decay = float(weight_decay)
         self.decayed = frozenset(name for name in params if decay(name))
-        xp = backend.xp
-        self.m = {name: xp.zeros_like(backend.check_array(p, f"parameter {name!r}"))
-                  for name, p in params.items()}
-        self.v = {name: xp.zeros_like(p) for name, p in params.items()}
+        for name, p in params.items():
+            backend.check_array(p, f"parameter {name!r}")
+        # the moments share the parameters' layout; in one flat buffer when the parameters are
+        self.m = flat.zeros_like(params)
+        self.v = flat.zeros_like(params)
+        self._decay_mask = None             # 1 where a parameter decays, for flat updates
         self.step = 0
 
     def _check(self, params: dict, grads: dict) -> None:
@@ -187,32 +189,56 @@ class Adam:
                     f"gradients must match their parameters exactly")
 
     def update(self, params: dict, grads: dict, lr: float) -> None:
-        """One Adam(W) step at learning rate ``lr``: ``params`` change in place, ``step`` += 1."""
+        """One Adam(W) step at learning rate ``lr``: ``params`` change in place, ``step`` += 1.
+
+        When parameters and gradients are flat buffers of one layout (:mod:`minitfm.flat`), the
+        step is a dozen operations on whole buffers; otherwise it runs array by array.
+        """
         self._check(params, grads)
-        xp = backend.xp
         self.step += 1
-        b1, b2, eps = self.beta1, self.beta2, self.eps
         # lr * m_hat / (sqrt(v_hat) + eps) == step_size * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-        step_size = float(lr) / (1.0 - b1 ** self.step)
-        v_scale = 1.0 / math.sqrt(1.0 - b2 ** self.step)
-        keep = 1.0 - float(lr) * self.weight_decay      # AdamW: p -= lr * weight_decay * p
+        step_size = float(lr) / (1.0 - self.beta1 ** self.step)
+        v_scale = 1.0 / math.sqrt(1.0 - self.beta2 ** self.step)
+        decay = float(lr) * self.weight_decay             # AdamW: p -= lr * weight_decay * p
+        buffers = flat.buffer_of(params, grads, self.m, self.v)
+        if buffers is not None:
+            p, g, m, v = buffers
+            if decay and self.decayed:
+                xp = backend.xp     # 1 - lr * decay where a parameter decays, 1 elsewhere
+                p *= xp.where(self._flat_decay_mask(params), 1.0 - decay, 1.0).astype(p.dtype)
+            self._adam(p, g, m, v, step_size, v_scale)
+            return
         for name, p in params.items():
-            if self.weight_decay and name in self.decayed:
-                p *= keep
-            g, m, v = grads[name], self.m[name], self.v[name]
-            buf = xp.multiply(g, 1.0 - b1)          # one scratch array per parameter
-            m *= b1
-            m += buf                                # m = b1 m + (1 - b1) g
-            xp.multiply(g, g, out=buf)
-            buf *= 1.0 - b2
-            v *= b2
-            v += buf                                # v = b2 v + (1 - b2) g^2
-            xp.sqrt(v, out=buf)
-            buf *= v_scale
-            buf += eps                              # sqrt(v_hat) + eps
-            xp.divide(m, buf, out=buf)
-            buf *= step_size
-            p -= buf                                # p -= lr m_hat / (sqrt(v_hat) + eps)
+            if decay and name in self.decayed:
+                p *= 1.0 - decay
+            self._adam(p, grads[name], self.m[name], self.v[name], step_size, v_scale)
+
+    def _adam(self, p, g, m, v, step_size: float, v_scale: float) -> None:
+        """The Adam step of one array (or of one flat buffer), in place."""
+        xp = backend.xp
+        b1, b2 = self.beta1, self.beta2
+        buf = xp.multiply(g, 1.0 - b1)          # the only scratch array
+        m *= b1
+        m += buf                                # m = b1 m + (1 - b1) g
+        xp.multiply(g, g, out=buf)
+        buf *= 1.0 - b2
+        v *= b2
+        v += buf                                # v = b2 v + (1 - b2) g^2
+        xp.sqrt(v, out=buf)
+        buf *= v_scale
+        buf += self.eps                         # sqrt(v_hat) + eps
+        xp.divide(m, buf, out=buf)
+        buf *= step_size
+        p -= buf                                # p -= lr m_hat / (sqrt(v_hat) + eps)
+
+    def _flat_decay_mask(self, params: dict):
+        """A flat bool buffer, True at the decayed parameters' positions."""
+        if self._decay_mask is None:
+            mask = flat.zeros_like(params)
+            for name in self.decayed:
+                mask[name] = 1.0
+            self._decay_mask = mask.buffer != 0
+        return self._decay_mask
 
     def state_dict(self) -> dict:
         """``{"step": int, "m": {name: array}, "v": {name: array}}``; live arrays, not copies."""
@@ -234,19 +260,28 @@ class Adam:
         self.step = int(state["step"])
 
 
-def clip_grad_norm(grads: dict, max_norm: float) -> float:
+def clip_grad_norm(grads: dict, max_norm: float):
     """Scale all gradients in place so their global L2 norm is at most ``max_norm``.
 
-    Returns the norm before clipping. A non-finite norm (an overflow or NaN somewhere) leaves the
-    gradients untouched, so the caller can see it and skip the step.
+        norm  = sqrt(sum of g^2 over every gradient)
+        g    *= min(1, max_norm / norm)          (not at all when norm is NaN or Inf)
+
+    Returns the norm before clipping as a 0-d array of the backend: the clipping itself never
+    waits for the device, and the caller reads the number (``float(norm)``) only when it needs it.
+    A non-finite norm (an overflow or NaN somewhere) leaves the gradients untouched, so the
+    caller can see it and skip the step. Flat gradients (:mod:`minitfm.flat`) take two passes.
     """
-    if max_norm <= 0:
+    if not max_norm > 0:
         raise ValueError(f"max_norm must be positive, got {max_norm}")
     xp = backend.xp
-    squares = [xp.vdot(g.ravel(), g.ravel()) for g in grads.values()]  # 0-d arrays, no sync yet
-    total = math.sqrt(float(sum(squares))) if squares else 0.0
-    if math.isfinite(total) and total > max_norm:
-        scale = float(max_norm) / total
-        for g in grads.values():
-            g *= scale
+    buffers = flat.buffer_of(grads)
+    arrays = [buffers[0]] if buffers is not None else [g.ravel() for g in grads.values()]
+    if not arrays:
+        return xp.zeros((), dtype=backend.float_dtype())
+    total = xp.asarray(sum(xp.vdot(g, g) for g in arrays))              # 0-d, on the device
+    xp.sqrt(total, out=total)
+    scale = xp.minimum(float(max_norm) / xp.maximum(total, 1e-30), 1.0)
+    scale = xp.where(xp.isfinite(total), scale, 1.0).astype(arrays[0].dtype)
+    for g in arrays:
+        g *= scale
     return total

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from minitfm import backend
+from minitfm import backend, flat
 from minitfm.optim import (Adam, LRSchedule, WarmupDecaySchedule, clip_grad_norm,
                            decays_by_default)
 
@@ -186,7 +186,8 @@ def test_clip_grad_norm_scales_to_max_norm():
     grads = {"a": np.array([3.0, 0.0], dtype=np.float32), "b": np.array([[4.0]], dtype=np.float32)}
     a = grads["a"]
     norm = clip_grad_norm(grads, 1.0)
-    assert isinstance(norm, float) and norm == pytest.approx(5.0)
+    assert isinstance(norm, np.ndarray) and norm.shape == ()     # on the device: no sync
+    assert float(norm) == pytest.approx(5.0)
     assert grads["a"] is a and grads["a"].dtype == np.float32
     np.testing.assert_allclose(grads["a"], [0.6, 0.0], rtol=1e-6)
     np.testing.assert_allclose(grads["b"], [[0.8]], rtol=1e-6)
@@ -198,7 +199,7 @@ def test_clip_grad_norm_scales_to_max_norm():
        max_norm=st.floats(0.1, 50))
 def test_clip_grad_norm_properties(g, max_norm):
     grads = {"g": g.copy()}
-    norm = clip_grad_norm(grads, max_norm)
+    norm = float(clip_grad_norm(grads, max_norm))
     assert norm == pytest.approx(np.linalg.norm(g))
     if norm <= max_norm:
         np.testing.assert_array_equal(grads["g"], g)           # untouched below the threshold
@@ -209,13 +210,54 @@ def test_clip_grad_norm_properties(g, max_norm):
 
 def test_clip_grad_norm_leaves_non_finite_gradients_alone():
     grads = {"g": np.array([1.0, np.inf])}
-    assert math.isinf(clip_grad_norm(grads, 1.0))
+    assert math.isinf(float(clip_grad_norm(grads, 1.0)))
     np.testing.assert_array_equal(grads["g"], [1.0, np.inf])
 
 
 def test_clip_grad_norm_rejects_non_positive_max_norm():
     with pytest.raises(ValueError, match="max_norm"):
         clip_grad_norm({"g": np.ones(2)}, 0.0)
+
+
+# --- flat buffers ------------------------------------------------------------------------------
+
+def _model_like(rng, dtype=np.float32):
+    shapes = {"emb": (5, 3), "enc.0.attn.w_qkv": (3, 9), "enc.0.attn.b_qkv": (9,),
+              "enc.0.ln1.gamma": (3,)}
+    return {name: rng.standard_normal(shape).astype(dtype) for name, shape in shapes.items()}
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_adam_on_flat_buffers_equals_adam_per_array(weight_decay):
+    """Three steps over one flat buffer give bit for bit the per-array result."""
+    rng = np.random.default_rng(0)
+    start = _model_like(rng)
+    grads = [_model_like(rng) for _ in range(3)]
+    plain = {k: v.copy() for k, v in start.items()}
+    packed = flat.flatten(start)
+    views = dict(packed)
+    opt_plain = Adam(plain, weight_decay=weight_decay)
+    opt_flat = Adam(packed, weight_decay=weight_decay)
+    assert isinstance(opt_flat.m, flat.FlatDict)
+    for step, g in enumerate(grads, 1):
+        opt_plain.update(plain, g, 1e-2 * step)
+        opt_flat.update(packed, flat.flatten(g), 1e-2 * step)
+    for name in start:
+        assert packed[name] is views[name]                      # updated in place, as views
+        np.testing.assert_array_equal(packed[name], plain[name])
+        np.testing.assert_array_equal(opt_flat.m[name], opt_plain.m[name])
+        np.testing.assert_array_equal(opt_flat.v[name], opt_plain.v[name])
+
+
+def test_clip_grad_norm_on_a_flat_buffer_equals_per_array():
+    rng = np.random.default_rng(1)
+    grads = _model_like(rng, np.float64)
+    packed = flat.flatten(grads)
+    norm_plain, norm_flat = clip_grad_norm(grads, 0.5), clip_grad_norm(packed, 0.5)
+    assert float(norm_flat) == pytest.approx(float(norm_plain), rel=1e-12)
+    for name in grads:
+        np.testing.assert_allclose(packed[name], grads[name], rtol=1e-12)
+    assert float(np.linalg.norm(packed.buffer)) == pytest.approx(0.5)
 
 
 # --- on the GPU --------------------------------------------------------------------------------
@@ -241,7 +283,7 @@ def test_adam_on_cupy_matches_numpy():
         np.testing.assert_allclose(backend.to_host(device["w"]), host["w"], rtol=1e-5, atol=1e-6)
         grads_dev = {"w": backend.to_device(grads[0])}
         norm = clip_grad_norm(grads_dev, 1.0)
-        assert norm == pytest.approx(float(np.linalg.norm(grads[0])), rel=1e-5)
+        assert float(norm) == pytest.approx(float(np.linalg.norm(grads[0])), rel=1e-5)
     finally:
         backend.use("numpy")
 
