@@ -405,7 +405,7 @@ def _log_step(state: TrainState, stats: dict, window: dict, options: TrainOption
               "tokens_per_s": tokens / max(window["seconds"], 1e-9),
               "elapsed": round(state.elapsed, 3)}
     if "grad_norm" in stats:
-        record["grad_norm"] = stats["grad_norm"]
+        record["grad_norm"] = float(stats["grad_norm"])
     _append_log(options, record)
     bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
                     tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
