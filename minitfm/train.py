@@ -17,8 +17,10 @@ epoch). A checkpoint stores the parameters, Adam's moments, the step, the seed a
 batches, so a resumed run reaches bit-identical parameters to an uninterrupted one on the same
 backend.
 
-Time. ``time_limit`` stops the run, with a checkpoint, after the update that exhausts it; the
-clock (``state.elapsed``, validation included) carries over when a run is resumed.
+Time. ``time_limit`` stops the run, with a validation and a checkpoint, after the update that
+exhausts it; the clock (``state.elapsed``, validation included) carries over when a run is resumed.
+Either way the run ends, by the step count or the time limit, the last step is validated (when
+there is anything to validate) and ``state.valid`` holds the results.
 
 Failures. Ctrl-C (KeyboardInterrupt) saves a checkpoint of the last completed step and returns
 with ``state.interrupted`` set; an Adam update is never cut in half. A NaN or Inf loss, or
@@ -356,6 +358,7 @@ def train(cfg: Config, batches: Batches, options: TrainOptions, *, params: dict 
         _say(options, f"nothing to do: the run is at step {state.step} of {options.steps}")
         return state
     schedule = LRSchedule(cfg.d_model, options.warmup, options.lr_factor)
+    validating = valid_batches is not None or valid_metric is not None
     stream = _batch_stream(batches, state.epoch, state.batches_done)
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "seconds": 0.0}
     session_start, elapsed_before = time.perf_counter(), state.elapsed
@@ -377,10 +380,9 @@ def train(cfg: Config, batches: Batches, options: TrainOptions, *, params: dict 
             if _due(state.step, options.log_every, options.steps):
                 _log_step(state, stats, window, options, bar)
                 window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "seconds": 0.0}
-            if (valid_batches is not None or valid_metric is not None) and \
-                    _due(state.step, options.valid_every, options.steps):
-                _validate(state, cfg, options, valid_batches, valid_metric)
             out_of_time = options.time_limit is not None and state.elapsed >= options.time_limit
+            if validating and (out_of_time or _due(state.step, options.valid_every, options.steps)):
+                _validate(state, cfg, options, valid_batches, valid_metric)
             if options.out_dir and (out_of_time or _due(state.step, options.save_every, options.steps)):
                 _save(state, cfg, options)
             if out_of_time:

@@ -29,11 +29,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from typing import BinaryIO, TextIO
 
+from tqdm import tqdm
+
 from minitfm import backend, checkpoint, decode, model
 from minitfm.data.corpus import DataError
 from minitfm.data.vocab import Vocab
 
-__all__ = ["TranslateError", "load_translator", "encode_lines", "translate_lines", "main"]
+__all__ = ["TranslateError", "load_translator", "encode_lines", "translate_lines",
+           "translate_texts", "main"]
 
 Translation = tuple[str, float]   # (detokenized text, length-normalised log-probability)
 
@@ -108,6 +111,22 @@ def translate_lines(params: dict, cfg: model.Config, vocab: Vocab, lines: Sequen
         texts = vocab.decode([tokens for tokens, _ in hyps])
         results[i] = [(text.replace("\n", " "), score) for text, (_, score) in zip(texts, hyps)]
     return results
+
+
+def translate_texts(params: dict, cfg: model.Config, vocab: Vocab, lines: Sequence[str], *,
+                    beam: int = 4, alpha: float = 0.6, batch_size: int = 64,
+                    progress: bool = False, warn: Callable[[str], None] = _warn) -> list[str]:
+    """The best translation of each line (``beam=1``: greedy), with an optional progress bar."""
+    outputs: list[str] = []
+    chunk = 4 * batch_size
+    with tqdm(total=len(lines), desc="translate", unit=" sent", disable=not progress) as bar:
+        for start in range(0, len(lines), chunk):
+            results = translate_lines(params, cfg, vocab, lines[start:start + chunk], beam=beam,
+                                      alpha=alpha, batch_size=batch_size, first_line=start + 1,
+                                      warn=warn)
+            outputs += [hyps[0][0] for hyps in results]
+            bar.update(len(results))
+    return outputs
 
 
 def read_lines(stream: BinaryIO) -> Iterator[str]:

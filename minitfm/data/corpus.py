@@ -31,7 +31,8 @@ from typing import BinaryIO, NamedTuple
 
 __all__ = [
     "DataError", "ParallelText", "ParallelReader", "Segment",
-    "parallel_files", "read_parallel", "read_parallel_files", "read_lines", "read_sgm",
+    "file_stamp", "parallel_files", "read_parallel", "read_parallel_files", "read_lines",
+    "read_sgm",
     "unescape_xml",
 ]
 
@@ -83,6 +84,17 @@ def read_lines(path: str | Path) -> list[str]:
     """All lines of a plain or gzipped UTF-8 text file, without line endings."""
     path = Path(path)
     return [_decode(line, path, n) for n, line in enumerate(_iter_raw_lines(path), start=1)]
+
+
+def file_stamp(path: str | Path) -> dict:
+    """What identifies a file's contents cheaply: resolved path, size, modification time.
+
+    Caches derived from a corpus (vocabulary, encoded arrays) store the stamps of its files and
+    are rebuilt when one changes.
+    """
+    path = Path(path)
+    stat = path.stat()
+    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
 # ----------------------------------------------------------------------------- plain parallel text
