@@ -15,7 +15,6 @@ a checkpoint, and ``--resume`` continues from the latest one.
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import sys
 import time
@@ -26,7 +25,7 @@ import time
 for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_variable, "1")
 
-from minitfm import backend, checkpoint, tasks, train   # noqa: E402  (after thread settings)
+from minitfm import backend, cli, tasks, train   # noqa: E402  (after thread settings)
 from minitfm.decode import greedy                 # noqa: E402
 from minitfm.model import Config                  # noqa: E402
 
@@ -43,7 +42,7 @@ TASK_DEFAULTS = {
                  **{**MODEL_DEFAULTS, "heads": 8}),
 }
 EXIT_ERROR = 1
-EXIT_INTERRUPTED = 130   # the shell's code for a process stopped by Ctrl-C
+EXIT_INTERRUPTED = cli.EXIT_INTERRUPTED
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -80,26 +79,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name, value in TASK_DEFAULTS[args.task].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    args.out = args.out or default_out_dir(args.task, args.resume)
     return args
 
 
-def default_out_dir(task: str, resume: bool) -> str:
-    """A new ``runs/toy-<task>-<time>``, or with ``resume`` the newest existing one."""
-    if resume:
-        existing = sorted(glob.glob(os.path.join("runs", f"toy-{task}-*")))
-        if not existing:
-            sys.exit(f"--resume: no run directory runs/toy-{task}-* to resume; pass --out DIR")
-        return existing[-1]
-    return os.path.join("runs", f"toy-{task}-{time.strftime('%Y%m%d-%H%M%S')}")
-
-
 def model_config(args: argparse.Namespace) -> Config:
-    overrides = {"n_layers": args.layers, "d_model": args.d_model, "n_heads": args.heads,
-                 "d_ff": args.d_ff, "label_smoothing": args.label_smoothing}
-    vocab = tasks.model_vocab(args.vocab)
-    return Config.preset(args.preset, src_vocab=vocab, tgt_vocab=vocab,
-                         **{k: v for k, v in overrides.items() if v is not None})
+    return cli.model_config(args.preset, tasks.model_vocab(args.vocab), args)
 
 
 def decode_symbols(params: dict, cfg: Config, inputs, length: int) -> list[list[int]]:
@@ -114,6 +98,7 @@ def show(symbols) -> str:
 
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
+    args.out = args.out or cli.default_run_dir(f"toy-{args.task}", args.resume)
     backend.use(args.backend)
     cfg = model_config(args)
     inputs, outputs = tasks.held_out(args.task, args.eval_size, vocab=args.vocab,
@@ -140,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     if state.interrupted:
         print(f"interrupted at step {state.step}; continue with the same options and "
               f"--out {args.out} --resume")
-        return EXIT_INTERRUPTED
+        return cli.EXIT_INTERRUPTED
     accuracy = state.valid.get("valid_acc")
     if accuracy is None:      # the run was already complete: nothing was validated
         accuracy = exact_match(state.params, cfg)["valid_acc"]
@@ -155,15 +140,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        return run(args)
-    except (checkpoint.CheckpointError, train.TrainingDiverged, backend.BackendError,
-            FileExistsError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    return cli.report_errors(lambda: run(args), EXIT_ERROR)
 
 
 if __name__ == "__main__":

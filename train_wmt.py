@@ -45,22 +45,22 @@ another run) prints one ``error:`` message and exits with status 2.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from tqdm import tqdm
 
-from minitfm import average, backend, checkpoint, decode, model, train, translate
+from minitfm import average, backend, checkpoint, cli, model, train, translate
 from minitfm.bleu import BleuScore, corpus_bleu
-from minitfm.data import (BatchPlan, CleanOptions, DataError, EncodedCorpus, ParallelText, Vocab,
-                          collate, encode_corpus, eval_batches, parallel_files, prepare_wmt14,
-                          read_parallel, read_parallel_files, token_batches, train_joint_vocab)
+from minitfm.cli import UsageError
+from minitfm.data import (BatchPlan, CleanOptions, EncodedCorpus, ParallelText, Vocab,
+                          cached_joint_vocab, encode_corpus, epoch_batches, eval_arrays,
+                          prepare_wmt14, read_parallel, read_parallel_files, token_batches)
 from minitfm.model import Config
 
 PRESET_DEFAULTS = {
@@ -75,11 +75,6 @@ PRESET_DEFAULTS = {
 }
 VOCAB_SEED = 0          # the vocabulary does not depend on --seed, so runs can share it
 EXIT_ERROR = 2
-EXIT_INTERRUPTED = 130  # the shell's code for a process stopped by Ctrl-C
-
-
-class UsageError(Exception):
-    """Options that do not fit together; the message says what to change."""
 
 
 # ---- command line -----------------------------------------------------------------------------
@@ -162,7 +157,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, value)
     if not args.eval_only:
-        args.out = args.out or default_out_dir(args.preset, args.resume)
+        args.out = args.out or cli.default_run_dir(f"wmt-{args.preset}", args.resume)
     return args
 
 
@@ -206,17 +201,6 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 f"only the last --keep-last checkpoints are kept on disk")
 
 
-def default_out_dir(preset: str, resume: bool) -> str:
-    """A new ``runs/wmt-<preset>-<time>``, or with ``resume`` the newest existing one."""
-    if resume:
-        existing = sorted(glob.glob(os.path.join("runs", f"wmt-{preset}-*")))
-        if not existing:
-            raise UsageError(f"--resume: no run directory runs/wmt-{preset}-* to resume; "
-                             f"pass --out DIR")
-        return existing[-1]
-    return os.path.join("runs", f"wmt-{preset}-{time.strftime('%Y%m%d-%H%M%S')}")
-
-
 def say(text: str) -> None:
     """Print above any progress bar."""
     tqdm.write(text)
@@ -237,37 +221,6 @@ def resolve_corpora(args: argparse.Namespace) -> None:
         args.testpref = os.path.join(args.prepare, "test")
 
 
-def file_stamp(path: Path) -> dict:
-    stat = path.stat()
-    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-
-
-def load_vocab(args: argparse.Namespace, data_dir: Path) -> Vocab:
-    """The joint BPE vocabulary of the training data: from ``data_dir`` if it was trained on the
-    same files with the same size, else trained now and stored there."""
-    langs = (args.source_lang, args.target_lang)
-    name = f"spm.{langs[0]}-{langs[1]}.{args.vocab_size}"
-    model_path, key_path = data_dir / f"{name}.model", data_dir / f"{name}.json"
-    key = {"sources": [file_stamp(p) for p in parallel_files(args.trainpref, *langs)],
-           "vocab_size": args.vocab_size, "seed": VOCAB_SEED}
-    if model_path.is_file() and key_path.is_file() and \
-            json.loads(key_path.read_text(encoding="utf-8")) == key:
-        return Vocab.load(model_path)
-    say(f"training a {args.vocab_size}-piece joint BPE vocabulary on {args.trainpref}")
-    vocab = train_joint_vocab(args.trainpref, *langs, args.vocab_size, seed=VOCAB_SEED,
-                              hard_vocab_limit=False)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    vocab.save(model_path)
-    key_path.write_text(json.dumps(key, indent=1) + "\n", encoding="utf-8")
-    return vocab
-
-
-def encode(args: argparse.Namespace, prefix: str, vocab: Vocab, cache_dir: Path,
-           clean: CleanOptions | None) -> EncodedCorpus:
-    return encode_corpus(prefix, args.source_lang, args.target_lang, vocab, cache_dir,
-                         clean=clean, progress=not args.quiet)
-
-
 def read_test_set(args: argparse.Namespace) -> ParallelText | None:
     """The raw test pairs: ``--test-src``/``--test-ref`` (any format), else ``--testpref``."""
     if args.test_src:
@@ -281,58 +234,13 @@ def read_test_set(args: argparse.Namespace) -> ParallelText | None:
     return text
 
 
-def train_plan(corpus: EncodedCorpus, args: argparse.Namespace, cfg: Config,
-               epoch: int) -> BatchPlan:
-    """The token-count batches of one epoch, shuffled from (seed, epoch). Pairs too long for the
-    model or for one batch of ``--max-tokens`` are left out (and counted in the plan)."""
-    longest = min(cfg.max_len, args.max_tokens - 1)   # a row costs up to longest + 1 entries
-    return token_batches(corpus.src_lengths, corpus.tgt_lengths, args.max_tokens,
-                         seed=args.seed, epoch=epoch, max_positions=longest)
-
-
-def train_batch_factory(corpus: EncodedCorpus, args: argparse.Namespace,
-                        cfg: Config) -> Callable[[int], Iterator[tuple]]:
-    """``batches(epoch)`` for ``train()``: the padded (src, tgt) arrays of each epoch."""
-    def batches(epoch: int) -> Iterator[tuple]:
-        for indices in train_plan(corpus, args, cfg, epoch):
-            yield collate(corpus, indices)
-    return batches
-
-
-def valid_loss_batches(corpus: EncodedCorpus, cfg: Config, batch_size: int) -> list[tuple]:
-    plan = eval_batches(corpus.src_lengths, corpus.tgt_lengths, batch_size,
-                        max_positions=cfg.max_len, sort_by_length=True)
-    return [collate(corpus, indices, max_positions=cfg.max_len) for indices in plan]
+def train_positions(args: argparse.Namespace, cfg: Config) -> int:
+    """The longest sentence trained on, as batching's ``max_positions``: what the model accepts,
+    and what fits a batch of ``--max-tokens`` (a row costs up to max_positions + 1 entries)."""
+    return min(cfg.max_len, args.max_tokens - 1)
 
 
 # ---- decoding and BLEU ------------------------------------------------------------------------
-
-def greedy_translate(params: dict, cfg: Config, vocab: Vocab, lines: Sequence[str],
-                     batch_size: int) -> list[str]:
-    """Detokenized greedy translations of ``lines`` (fast; for validation BLEU)."""
-    encoded = translate.encode_lines(vocab, cfg, lines, warn=lambda message: None)
-    outputs = [""] * len(lines)
-    for batch in decode.length_batches(encoded, batch_size):
-        src = decode.pad_batch([encoded[i] for i in batch], cfg)
-        for i, text in zip(batch, vocab.decode(decode.greedy(params, cfg, src))):
-            outputs[i] = text
-    return outputs
-
-
-def beam_translate(params: dict, cfg: Config, vocab: Vocab, lines: Sequence[str],
-                   args: argparse.Namespace) -> list[str]:
-    """Detokenized beam-search translations of ``lines``, with a progress bar."""
-    outputs: list[str] = []
-    chunk = 4 * args.eval_batch_size
-    with tqdm(total=len(lines), desc="test", unit=" sent", disable=args.quiet) as bar:
-        for start in range(0, len(lines), chunk):
-            results = translate.translate_lines(
-                params, cfg, vocab, lines[start:start + chunk], beam=args.beam,
-                alpha=args.lenpen, batch_size=args.eval_batch_size, first_line=start + 1)
-            outputs += [hyps[0][0] for hyps in results]
-            bar.update(len(results))
-    return outputs
-
 
 def bleu_metric(vocab: Vocab, valid: ParallelText, args: argparse.Namespace):
     """The ``valid_metric`` callback: greedy BLEU on the first validation pairs."""
@@ -340,7 +248,9 @@ def bleu_metric(vocab: Vocab, valid: ParallelText, args: argparse.Namespace):
     references = valid.tgt[:args.valid_bleu_sentences]
 
     def valid_bleu(params: dict, cfg: Config) -> dict:
-        hypotheses = greedy_translate(params, cfg, vocab, sources, args.eval_batch_size)
+        hypotheses = translate.translate_texts(params, cfg, vocab, sources, beam=1,
+                                               batch_size=args.eval_batch_size,
+                                               warn=lambda message: None)
         return {"valid_bleu": corpus_bleu(hypotheses, references,
                                           tokenize=args.bleu_tokenize).bleu}
     return valid_bleu
@@ -350,7 +260,9 @@ def score_test(params: dict, cfg: Config, vocab: Vocab, test: ParallelText, stem
                args: argparse.Namespace, out_dir: str, info: dict) -> BleuScore:
     """Translate the test set with beam search, score it, write hypotheses and scores."""
     started = time.perf_counter()
-    hypotheses = beam_translate(params, cfg, vocab, test.src, args)
+    hypotheses = translate.translate_texts(params, cfg, vocab, test.src, beam=args.beam,
+                                           alpha=args.lenpen, batch_size=args.eval_batch_size,
+                                           progress=not args.quiet)
     seconds = time.perf_counter() - started
     score = corpus_bleu(hypotheses, test.tgt, tokenize=args.bleu_tokenize)
     os.makedirs(out_dir, exist_ok=True)
@@ -367,18 +279,22 @@ def score_test(params: dict, cfg: Config, vocab: Vocab, test: ParallelText, stem
     return score
 
 
+def model_to_test(args: argparse.Namespace, state: train.TrainState) -> tuple[dict, str, dict]:
+    """``(params, stem, info)`` of the model to test: the average of the last checkpoints, saved
+    as ``averaged.npz``, or the final parameters when there is only one to average."""
+    paths = [path for _, path in checkpoint.list_checkpoints(args.out)][-args.average_last:]
+    if args.average_last == 1 or len(paths) <= 1:
+        stem = Path(state.last_checkpoint or "final").stem
+        return state.params, stem, {"checkpoint": state.last_checkpoint, "step": state.step}
+    path = os.path.join(args.out, "averaged.npz")
+    params, last = average.save_average(paths, path)
+    names = [os.path.basename(p) for p in paths]
+    say(f"averaged {len(paths)} checkpoints ({', '.join(names)}) into {path}")
+    return (checkpoint.params_to_device(params), "averaged",
+            {"checkpoint": path, "step": last.step, "averaged_from": names})
+
+
 # ---- training ---------------------------------------------------------------------------------
-
-def model_config(args: argparse.Namespace, vocab: Vocab) -> Config:
-    overrides = {"n_layers": args.layers, "d_model": args.d_model, "d_ff": args.d_ff,
-                 "n_heads": args.heads, "dropout": args.dropout,
-                 "label_smoothing": args.label_smoothing}
-    try:
-        return Config.preset(args.preset, src_vocab=vocab.size, tgt_vocab=vocab.size,
-                             **{k: v for k, v in overrides.items() if v is not None})
-    except ValueError as exc:
-        raise UsageError(f"model options: {exc}") from exc
-
 
 def describe_run(args: argparse.Namespace, corpora: dict, vocab: Vocab, cfg: Config,
                  test: ParallelText | None, plan: BatchPlan) -> str:
@@ -425,37 +341,6 @@ def train_options(args: argparse.Namespace, vocab: Vocab, corpus: EncodedCorpus
         progress=not args.quiet)
 
 
-def final_validation(state: train.TrainState, cfg: Config, args: argparse.Namespace,
-                     valid_batches: list | None, metric) -> dict:
-    """The validation results of the last step: from training, or computed now if training
-    stopped between two validations (time limit)."""
-    if valid_batches is None or state.valid.get("step") == state.step:
-        return state.valid
-    results = {"step": state.step, **train.evaluate(state.params, cfg, valid_batches)}
-    if metric is not None:
-        results.update(metric(state.params, cfg))
-    with open(os.path.join(args.out, train.LOG_NAME), "a", encoding="utf-8") as f:
-        f.write(json.dumps(results) + "\n")
-    return results
-
-
-def averaged_model(args: argparse.Namespace, state: train.TrainState) -> tuple[dict, str, dict]:
-    """``(params, stem, info)`` of the model to test: the average of the last checkpoints, written
-    to ``averaged.npz``, or the final parameters when averaging one checkpoint."""
-    paths = [path for _, path in checkpoint.list_checkpoints(args.out)][-args.average_last:]
-    if args.average_last == 1 or len(paths) <= 1:
-        stem = Path(state.last_checkpoint or "final").stem
-        return state.params, stem, {"checkpoint": state.last_checkpoint, "step": state.step}
-    params, last = average.average_checkpoints(paths)
-    names = [os.path.basename(path) for path in paths]
-    path = os.path.join(args.out, "averaged.npz")
-    checkpoint.save(path, params, step=last.step, config=last.config, vocab_id=last.vocab_id,
-                    vocab_model=last.vocab_model, extra={**last.extra, "averaged_from": names})
-    say(f"averaged {len(paths)} checkpoints ({', '.join(names)}) into {path}")
-    return (checkpoint.params_to_device(params), "averaged",
-            {"checkpoint": path, "step": last.step, "averaged_from": names})
-
-
 def run_training(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if checkpoint.latest(args.out) and not args.resume:
@@ -463,15 +348,21 @@ def run_training(args: argparse.Namespace) -> int:
                          f"--resume, or choose another --out")
     resolve_corpora(args)
     data_dir = Path(args.data_dir or os.path.join(args.out, "data"))
-    vocab = load_vocab(args, data_dir)
+    vocab = cached_joint_vocab(args.trainpref, args.source_lang, args.target_lang,
+                               args.vocab_size, data_dir, seed=VOCAB_SEED, announce=say)
     cache = data_dir / f"encoded-{vocab.identifier}"
-    clean = None if args.no_clean else CleanOptions()
-    corpora = {"train": encode(args, args.trainpref, vocab, cache / "train", clean)}
+    langs = (args.source_lang, args.target_lang)
+    corpora = {"train": encode_corpus(args.trainpref, *langs, vocab, cache / "train",
+                                      clean=None if args.no_clean else CleanOptions(),
+                                      progress=not args.quiet)}
     if args.validpref:
-        corpora["valid"] = encode(args, args.validpref, vocab, cache / "valid", None)
+        corpora["valid"] = encode_corpus(args.validpref, *langs, vocab, cache / "valid",
+                                         progress=not args.quiet)
     test = read_test_set(args)
-    cfg = model_config(args, vocab)
-    plan = train_plan(corpora["train"], args, cfg, epoch=0)
+    cfg = cli.model_config(args.preset, vocab.size, args)
+    train_corpus = corpora["train"]
+    plan = token_batches(train_corpus.src_lengths, train_corpus.tgt_lengths, args.max_tokens,
+                         seed=args.seed, epoch=0, max_positions=train_positions(args, cfg))
     if not len(plan):
         raise UsageError(f"no training pair fits in a batch of --max-tokens {args.max_tokens} "
                          f"(or in the model's {cfg.max_len} positions): raise --max-tokens")
@@ -482,36 +373,35 @@ def run_training(args: argparse.Namespace) -> int:
 
     valid_batches = metric = None
     if "valid" in corpora:
-        valid_batches = valid_loss_batches(corpora["valid"], cfg, args.eval_batch_size)
+        valid_batches = eval_arrays(corpora["valid"], args.eval_batch_size,
+                                    max_positions=cfg.max_len)
         if args.valid_bleu_sentences:
-            metric = bleu_metric(vocab, read_parallel(args.validpref, args.source_lang,
-                                                      args.target_lang), args)
-    batches = train_batch_factory(corpora["train"], args, cfg)
-    state = train.train(cfg, batches, train_options(args, vocab, corpora["train"]),
+            metric = bleu_metric(vocab, read_parallel(args.validpref, *langs), args)
+    batches = epoch_batches(train_corpus, args.max_tokens, seed=args.seed,
+                            max_positions=train_positions(args, cfg))
+    state = train.train(cfg, batches, train_options(args, vocab, train_corpus),
                         valid_batches=valid_batches, valid_metric=metric)
     if state.interrupted:
         say(f"interrupted at step {state.step}; continue with the same options and "
             f"--out {args.out} --resume")
-        return EXIT_INTERRUPTED
+        return cli.EXIT_INTERRUPTED
     if state.out_of_time:
         say(f"time limit of {args.time_limit:g} min reached at step {state.step}")
-    valid = final_validation(state, cfg, args, valid_batches, metric)
     score = None
     if test is not None:
-        params, stem, info = averaged_model(args, state)
+        params, stem, info = model_to_test(args, state)
         score = score_test(params, cfg, vocab, test, stem, args, args.out, info)
-    say(final_summary(state, valid, score, time.perf_counter() - started))
+    say(final_summary(state, score, time.perf_counter() - started))
     return 0
 
 
-def final_summary(state: train.TrainState, valid: dict, score: BleuScore | None,
-                  seconds: float) -> str:
+def final_summary(state: train.TrainState, score: BleuScore | None, seconds: float) -> str:
     parts = [f"done: step {state.step}, {state.elapsed / 60:.1f} min of training, "
              f"{seconds / 60:.1f} min in all"]
-    if "valid_ppl" in valid:
-        parts.append(f"valid ppl {valid['valid_ppl']:.2f}")
-    if "valid_bleu" in valid:
-        parts.append(f"valid BLEU (greedy) {valid['valid_bleu']:.2f}")
+    if "valid_ppl" in state.valid:
+        parts.append(f"valid ppl {state.valid['valid_ppl']:.2f}")
+    if "valid_bleu" in state.valid:
+        parts.append(f"valid BLEU (greedy) {state.valid['valid_bleu']:.2f}")
     if score is not None:
         parts.append(f"test BLEU {score.bleu:.2f} ({score.signature})")
     return "; ".join(parts)
@@ -539,17 +429,11 @@ def run_eval_only(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
+    def run() -> int:
         args = parse_args(argv)
         backend.use(args.backend)
         return run_eval_only(args) if args.eval_only else run_training(args)
-    except (UsageError, DataError, checkpoint.CheckpointError, backend.BackendError,
-            train.TrainingDiverged, FileExistsError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    return cli.report_errors(run, EXIT_ERROR)
 
 
 if __name__ == "__main__":
