@@ -19,7 +19,8 @@ from .batching import (BatchPlan, collate, epoch_batches, eval_arrays, eval_batc
                        iterate_batches, token_batches)
 from .clean import CleanOptions, CleanReport, clean_parallel
 from .corpus import (DataError, ParallelReader, ParallelText, file_stamp, parallel_files,
-                     read_lines, read_parallel, read_parallel_files, read_sgm)
+                     raw_lines, read_lines, read_parallel, read_parallel_files, read_sgm,
+                     require_pairs)
 from .encoded import EncodedCorpus, encode_corpus
 from .prepare import prepare_wmt14
 from .vocab import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocab, cached_joint_vocab, train_joint_vocab,
@@ -27,7 +28,8 @@ from .vocab import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocab, cached_joint_vocab, t
 
 __all__ = [
     "DataError", "PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID",
-    "ParallelReader", "ParallelText", "file_stamp", "parallel_files", "read_lines", "read_parallel",
+    "ParallelReader", "ParallelText", "file_stamp", "parallel_files", "require_pairs",
+    "raw_lines", "read_lines", "read_parallel",
     "read_parallel_files", "read_sgm",
     "CleanOptions", "CleanReport", "clean_parallel",
     "Vocab", "train_vocab", "train_joint_vocab", "cached_joint_vocab",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -168,6 +169,12 @@ def train_vocab(sentences: Iterable[str], vocab_size: int, *,
         sentences = sample_sentences(sentences, input_sentence_size, seed)
     elif input_sentence_size:
         sentences = list(islice(sentences, input_sentence_size))
+    stream = iter(sentences)
+    first = next((sentence for sentence in stream if sentence.strip()), None)  # skips blanks
+    if first is None:
+        raise DataError("no text to train a vocabulary on: the training corpus is empty (or "
+                        "holds only blank lines)")
+    sentences = itertools.chain([first], stream)
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
@@ -179,8 +186,8 @@ def train_vocab(sentences: Iterable[str], vocab_size: int, *,
             bos_piece=_SPECIAL_PIECES["bos"], eos_piece=_SPECIAL_PIECES["eos"],
             num_threads=num_threads, minloglevel=2)
     except RuntimeError as exc:
-        raise DataError(f"sentencepiece training failed: {exc}; for a small corpus, lower "
-                        "vocab_size or pass hard_vocab_limit=False") from exc
+        raise DataError(f"sentencepiece training failed: {exc}; for a small corpus, lower the "
+                        "vocabulary size or pass hard_vocab_limit=False") from exc
     return Vocab(model.getvalue())
 
 
