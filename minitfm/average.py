@@ -28,6 +28,7 @@ import numpy
 
 from minitfm import checkpoint
 from minitfm.checkpoint import Checkpoint, CheckpointError
+from minitfm.cli import positive_int
 
 __all__ = ["average", "average_checkpoints", "save_average", "main"]
 
@@ -117,12 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Average the parameters of the last checkpoints of a run into one checkpoint.")
     parser.add_argument("--inputs", nargs="+", required=True, metavar="DIR_OR_FILE",
                         help="directories (their checkpoint_*.npz, in step order) and/or files")
-    parser.add_argument("--last", type=int, default=5,
+    parser.add_argument("--last", type=positive_int, default=5,
                         help="average the last N inputs (default 5, as for the paper's base model)")
     parser.add_argument("--output", required=True, help="the averaged checkpoint to write")
     args = parser.parse_args(argv)
-    if args.last < 1:
-        parser.error(f"--last must be at least 1, got {args.last}")
     if checkpoint.ROTATED_NAME.fullmatch(os.path.basename(args.output)):
         parser.error(f"--output {args.output}: checkpoint_*.npz names are rotated and resumed "
                      f"from by training; choose another name, e.g. averaged.npz")
@@ -131,6 +130,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         save_average(paths, args.output)
     except (FileNotFoundError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:          # disk full, file too large, read-only, a directory
+        print(f"error: cannot write the averaged checkpoint {args.output}: "
+              f"{exc.strerror or exc}; the input checkpoints, and any earlier {args.output}, are "
+              f"unchanged", file=sys.stderr)
         return 1
     if len(paths) < args.last:
         print(f"note: only {len(paths)} checkpoint(s) found, fewer than --last {args.last}",
