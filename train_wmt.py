@@ -198,6 +198,7 @@ def say(text: str) -> None:
 
 def write_text(path: str, text: str, what: str, advice: str) -> None:
     try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
     except OSError as exc:
@@ -447,7 +448,6 @@ def run_eval_only(args: argparse.Namespace) -> int:
     out_dir = args.out or os.path.dirname(os.path.abspath(args.checkpoint))
     say(f"scoring {args.checkpoint} (step {step}) on {len(test)} test pairs; "
         f"backend {backend.describe()}")
-    os.makedirs(out_dir, exist_ok=True)
     score_test(params, cfg, vocab, test, Path(args.checkpoint).stem, args, out_dir,
                {"checkpoint": args.checkpoint, "step": step})
     return 0
