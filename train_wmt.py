@@ -12,24 +12,14 @@
     python train_wmt.py --eval-only --checkpoint runs/base/averaged.npz \\
         --test-src newstest2014-deen-src.en.sgm --test-ref newstest2014-deen-ref.de.sgm
 
-What it does, in order (paper, sections 5 and 6.1):
-
-1. data: ``--prepare DIR`` downloads and cleans WMT14 into DIR/{train,valid,test}.{en,de};
-   otherwise the corpora are fairseq-style prefixes (``PREFIX.LANG``, plain or gzipped).
-2. vocabulary: one joint sentencepiece BPE model over both sides of the training data, trained
-   once into ``--data-dir`` and reused while the training files and ``--vocab-size`` stay the same.
-3. encoding: every corpus is encoded once into memory-mapped arrays under ``--data-dir``; the
-   training pairs are cleaned first (Moses' rules, ``minitfm.data.clean``) unless ``--no-clean``.
-4. training: Adam with the warmup schedule, batches of about ``--max-tokens`` tokens summed
-   over ``--update-freq`` batches per update, label smoothing, dropout; validation loss and
-   greedy BLEU on the first ``--valid-bleu-sentences`` validation pairs every ``--valid-every``
-   steps; a checkpoint every ``--save-every`` steps; stop after ``--max-steps`` updates or
-   ``--time-limit`` minutes of training, whichever comes first, with a checkpoint either way.
-5. evaluation: the last ``--average-last`` checkpoints are averaged into ``averaged.npz`` and
-   the test set is translated with beam search (beam 4, length penalty 0.6, at most source
-   length + 50 tokens) and scored with sacreBLEU on the detokenized output against the raw
-   references. Hypotheses go to ``STEM.test.hyp.LANG``, scores to ``STEM.test.bleu.json``, where
-   STEM names the checkpoint that was scored.
+What it does, in order (paper, sections 5 and 6.1; the README has the details): prepare or read
+the corpora (``PREFIX.LANG``, plain or gzipped) and check each is not empty; train or reuse one
+joint sentencepiece BPE vocabulary; encode every corpus once into memory-mapped arrays (training
+pairs cleaned by Moses' rules unless ``--no-clean``); train with Adam, the warmup schedule, label
+smoothing and token-count batches, validating (loss, greedy BLEU) and saving checkpoints on the
+way, until ``--max-steps`` or ``--time-limit``; average the last ``--average-last`` checkpoints
+into ``averaged.npz``; translate the test set with beam search and score it with sacreBLEU
+(``STEM.test.hyp.LANG``, ``STEM.test.bleu.json``).
 
 Defaults per preset (``PRESET_DEFAULTS``; any option given wins): ``small`` suits a CPU (8k
 vocabulary, 3072-token batches, warmup 1000); ``base`` and ``big`` follow the paper (37k
