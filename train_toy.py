@@ -9,13 +9,12 @@ Each task has its own defaults (``TASK_DEFAULTS``), chosen to reach >= 99 % exac
 two-core CPU in well under a minute; any option given on the command line wins. At the end the
 model decodes held-out sequences greedily and prints the exact-match accuracy and a few examples.
 Checkpoints and ``log.jsonl`` go to ``--out`` (default ``runs/toy-<task>-<time>``); Ctrl-C saves
-a checkpoint, and ``--resume`` continues from the latest one.
+a checkpoint (so do SIGTERM and SIGHUP), and ``--resume`` continues from the latest one.
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import sys
 import time
@@ -26,9 +25,10 @@ import time
 for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_variable, "1")
 
-from minitfm import backend, checkpoint, tasks, train   # noqa: E402  (after thread settings)
+from minitfm import backend, cli, tasks, train   # noqa: E402  (after thread settings)
+from minitfm.cli import integer, number, positive_int   # noqa: E402
 from minitfm.decode import greedy                 # noqa: E402
-from minitfm.model import Config                  # noqa: E402
+from minitfm.model import PRESETS, Config         # noqa: E402
 
 # Per task: steps, batch size, learning-rate factor, warmup, label smoothing, model shape (None:
 # the preset's). Label smoothing keeps the late steps stable: without it the loss of a solved task
@@ -43,63 +43,54 @@ TASK_DEFAULTS = {
                  **{**MODEL_DEFAULTS, "heads": 8}),
 }
 EXIT_ERROR = 1
-EXIT_INTERRUPTED = 130   # the shell's code for a process stopped by Ctrl-C
+EXIT_INTERRUPTED = cli.EXIT_INTERRUPTED
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    fraction = number(0, 1, high_open=True)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--task", choices=tasks.TASKS, default="copy")
-    p.add_argument("--vocab", type=int, default=10, help="number of symbols (default 10)")
-    p.add_argument("--length", type=int, default=10, help="symbols per sequence (default 10)")
-    p.add_argument("--steps", type=int, help="training updates (default: per task)")
-    p.add_argument("--batch-size", type=int, help="sequences per batch (default: per task)")
-    p.add_argument("--preset", default="toy", help="model preset (default toy)")
-    p.add_argument("--layers", type=int, help="encoder and decoder layers (default: preset)")
-    p.add_argument("--d-model", type=int, help="model width (default: preset)")
-    p.add_argument("--heads", type=int, help="attention heads (default: preset)")
-    p.add_argument("--d-ff", type=int, help="feed-forward width (default: preset)")
-    p.add_argument("--label-smoothing", type=float, help="eps_ls (default: per task)")
-    p.add_argument("--lr-factor", type=float,
+    p.add_argument("--vocab", type=integer(2), default=10, help="number of symbols (default 10)")
+    p.add_argument("--length", type=positive_int, default=10,
+                   help="symbols per sequence (default 10)")
+    p.add_argument("--steps", type=positive_int, help="training updates (default: per task)")
+    p.add_argument("--batch-size", type=positive_int,
+                   help="sequences per batch (default: per task)")
+    p.add_argument("--preset", choices=tuple(PRESETS), default="toy",
+                   help="model preset (default toy)")
+    p.add_argument("--layers", type=positive_int, help="encoder and decoder layers "
+                                                       "(default: preset)")
+    p.add_argument("--d-model", type=positive_int, help="model width (default: preset)")
+    p.add_argument("--heads", type=positive_int, help="attention heads (default: preset)")
+    p.add_argument("--d-ff", type=positive_int, help="feed-forward width (default: preset)")
+    p.add_argument("--label-smoothing", type=fraction, help="eps_ls (default: per task)")
+    p.add_argument("--lr-factor", type=number(0, low_open=True),
                    help="scales the paper's schedule (default: per task)")
-    p.add_argument("--warmup", type=int, help="warmup steps (default: per task)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--backend", choices=("numpy", "cupy", "auto"),
-                   default=os.environ.get("MINITFM_BACKEND", "numpy"),
-                   help="array backend (default: $MINITFM_BACKEND, else numpy)")
+    p.add_argument("--warmup", type=positive_int, help="warmup steps (default: per task)")
+    p.add_argument("--clip-norm", type=number(0, low_open=True),
+                   help="clip the gradient norm (default: no)")
+    p.add_argument("--seed", type=integer(0), default=0)
+    cli.add_backend_option(p, "numpy")
     p.add_argument("--out", help="run directory (default runs/toy-<task>-<time>; with --resume "
                                  "and no --out, the newest runs/toy-<task>-*)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
-    p.add_argument("--eval-size", type=int, default=500, help="held-out sequences (default 500)")
-    p.add_argument("--valid-every", type=int, default=0,
+    p.add_argument("--eval-size", type=positive_int, default=500,
+                   help="held-out sequences (default 500)")
+    p.add_argument("--valid-every", type=integer(0), default=0,
                    help="steps between validations (default 0: only at the end)")
-    p.add_argument("--save-every", type=int, default=0,
-                   help="steps between checkpoints (default 0: at the end and on Ctrl-C)")
-    p.add_argument("--examples", type=int, default=5, help="examples to print (default 5)")
+    p.add_argument("--save-every", type=integer(0), default=0,
+                   help="steps between checkpoints (default 0: at the end and on a signal)")
+    p.add_argument("--examples", type=integer(0), default=5, help="examples to print (default 5)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     for name, value in TASK_DEFAULTS[args.task].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    args.out = args.out or default_out_dir(args.task, args.resume)
     return args
 
 
-def default_out_dir(task: str, resume: bool) -> str:
-    """A new ``runs/toy-<task>-<time>``, or with ``resume`` the newest existing one."""
-    if resume:
-        existing = sorted(glob.glob(os.path.join("runs", f"toy-{task}-*")))
-        if not existing:
-            sys.exit(f"--resume: no run directory runs/toy-{task}-* to resume; pass --out DIR")
-        return existing[-1]
-    return os.path.join("runs", f"toy-{task}-{time.strftime('%Y%m%d-%H%M%S')}")
-
-
 def model_config(args: argparse.Namespace) -> Config:
-    overrides = {"n_layers": args.layers, "d_model": args.d_model, "n_heads": args.heads,
-                 "d_ff": args.d_ff, "label_smoothing": args.label_smoothing}
-    vocab = tasks.model_vocab(args.vocab)
-    return Config.preset(args.preset, src_vocab=vocab, tgt_vocab=vocab,
-                         **{k: v for k, v in overrides.items() if v is not None})
+    return cli.model_config(args.preset, tasks.model_vocab(args.vocab), args)
 
 
 def decode_symbols(params: dict, cfg: Config, inputs, length: int) -> list[list[int]]:
@@ -114,8 +105,13 @@ def show(symbols) -> str:
 
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    backend.use(args.backend)
+    args.out = args.out or cli.default_run_dir(f"toy-{args.task}", args.resume)
+    chosen = cli.select_backend(args.backend, "numpy")
     cfg = model_config(args)
+    if args.length + 2 > cfg.max_len:      # the target: BOS, the symbols, EOS
+        raise cli.UsageError(f"--length {args.length} is too long for the {args.preset} "
+                             f"preset's {cfg.max_len} positions: use --length "
+                             f"{cfg.max_len - 2} or less")
     inputs, outputs = tasks.held_out(args.task, args.eval_size, vocab=args.vocab,
                                      length=args.length, seed=args.seed)
 
@@ -125,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
 
     options = train.TrainOptions(
         steps=args.steps, out_dir=args.out, seed=args.seed, lr_factor=args.lr_factor,
-        warmup=args.warmup, log_every=10, valid_every=args.valid_every,
+        warmup=args.warmup, clip_norm=args.clip_norm, log_every=10,
+        valid_every=args.valid_every,
         save_every=args.save_every, keep_last=2, resume=args.resume,
         vocab_id=f"toy-{args.vocab}-symbols",
         run_meta={"task": args.task, "length": args.length, "batch_size": args.batch_size},
@@ -135,16 +132,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"{args.task}: {args.vocab} symbols, length {args.length}, {args.steps} steps of "
           f"{args.batch_size} sequences; d_model {cfg.d_model}, {cfg.n_layers} layers, "
           f"{cfg.n_heads} heads, d_ff {cfg.d_ff}, label smoothing {cfg.label_smoothing}; "
-          f"backend {backend.name}; run {args.out}")
+          f"backend {chosen}; run {args.out}", flush=True)
     state = train.train(cfg, batches, options, valid_metric=exact_match)
     if state.interrupted:
-        print(f"interrupted at step {state.step}; continue with the same options and "
-              f"--out {args.out} --resume")
-        return EXIT_INTERRUPTED
+        return cli.stopped(state, args.out)
     accuracy = state.valid.get("valid_acc")
     if accuracy is None:      # the run was already complete: nothing was validated
         accuracy = exact_match(state.params, cfg)["valid_acc"]
-    hyps = decode_symbols(state.params, cfg, inputs[:args.examples], args.length)
+    hyps = decode_symbols(state.params, cfg, inputs[:args.examples], args.length) \
+        if args.examples else []
     for row, hyp, answer in zip(inputs, hyps, outputs):
         mark = "ok" if list(hyp) == answer.tolist() else "WRONG"
         print(f"  {show(row)}  ->  {show(hyp)}  [{mark}]")
@@ -155,15 +151,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        return run(args)
-    except (checkpoint.CheckpointError, train.TrainingDiverged, backend.BackendError,
-            FileExistsError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    return cli.report_errors(lambda: run(args), EXIT_ERROR)
 
 
 if __name__ == "__main__":

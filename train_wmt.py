@@ -12,24 +12,14 @@
     python train_wmt.py --eval-only --checkpoint runs/base/averaged.npz \\
         --test-src newstest2014-deen-src.en.sgm --test-ref newstest2014-deen-ref.de.sgm
 
-What it does, in order (paper, sections 5 and 6.1):
-
-1. data: ``--prepare DIR`` downloads and cleans WMT14 into DIR/{train,valid,test}.{en,de};
-   otherwise the corpora are fairseq-style prefixes (``PREFIX.LANG``, plain or gzipped).
-2. vocabulary: one joint sentencepiece BPE model over both sides of the training data, trained
-   once into ``--data-dir`` and reused while the training files and ``--vocab-size`` stay the same.
-3. encoding: every corpus is encoded once into memory-mapped arrays under ``--data-dir``; the
-   training pairs are cleaned first (Moses' rules, ``minitfm.data.clean``) unless ``--no-clean``.
-4. training: Adam with the warmup schedule, batches of about ``--max-tokens`` tokens summed
-   over ``--update-freq`` batches per update, label smoothing, dropout; validation loss and
-   greedy BLEU on the first ``--valid-bleu-sentences`` validation pairs every ``--valid-every``
-   steps; a checkpoint every ``--save-every`` steps; stop after ``--max-steps`` updates or
-   ``--time-limit`` minutes of training, whichever comes first, with a checkpoint either way.
-5. evaluation: the last ``--average-last`` checkpoints are averaged into ``averaged.npz`` and
-   the test set is translated with beam search (beam 4, length penalty 0.6, at most source
-   length + 50 tokens) and scored with sacreBLEU on the detokenized output against the raw
-   references. Hypotheses go to ``STEM.test.hyp.LANG``, scores to ``STEM.test.bleu.json``, where
-   STEM names the checkpoint that was scored.
+What it does, in order (paper, sections 5 and 6.1; the README has the details): prepare or read
+the corpora (``PREFIX.LANG``, plain or gzipped) and check each is not empty; train or reuse one
+joint sentencepiece BPE vocabulary; encode every corpus once into memory-mapped arrays (training
+pairs cleaned by Moses' rules unless ``--no-clean``); train with Adam, the warmup schedule, label
+smoothing and token-count batches, validating (loss, greedy BLEU) and saving checkpoints on the
+way, until ``--max-steps`` or ``--time-limit``; average the last ``--average-last`` checkpoints
+into ``averaged.npz``; translate the test set with beam search and score it with sacreBLEU
+(``STEM.test.hyp.LANG``, ``STEM.test.bleu.json``).
 
 Defaults per preset (``PRESET_DEFAULTS``; any option given wins): ``small`` suits a CPU (8k
 vocabulary, 3072-token batches, warmup 1000); ``base`` and ``big`` follow the paper (37k
@@ -38,29 +28,32 @@ steps). On a large GPU, fewer and larger batches are faster: ``--max-tokens 1250
 
 ``--resume`` continues the run in ``--out`` from its latest checkpoint, with the same data position
 and random state; ``--time-limit`` counts the training time of all sessions of a run together.
-Ctrl-C saves a checkpoint and exits; a user error (missing or misaligned files, a checkpoint of
-another run) prints one ``error:`` message and exits with status 2.
+Every corpus named is checked before any work, and a resumed run's options and latest checkpoint
+before anything is written. Ctrl-C, SIGTERM or SIGHUP saves a checkpoint and exits with 128 + the
+signal's number; a user error (a bad option value, missing, empty or misaligned files, a
+checkpoint of another run, a full disk) prints one ``error:`` message and exits with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from tqdm import tqdm
 
-from minitfm import average, backend, checkpoint, decode, model, train, translate
+from minitfm import average, backend, checkpoint, cli, model, train, translate
 from minitfm.bleu import BleuScore, corpus_bleu
+from minitfm.cli import UsageError, integer, number, positive_int
 from minitfm.data import (BatchPlan, CleanOptions, DataError, EncodedCorpus, ParallelText, Vocab,
-                          collate, encode_corpus, eval_batches, parallel_files, prepare_wmt14,
-                          read_parallel, read_parallel_files, token_batches, train_joint_vocab)
+                          cached_joint_vocab, encode_corpus, epoch_batches, eval_arrays,
+                          prepare_wmt14, read_parallel, read_parallel_files, require_pairs,
+                          token_batches)
 from minitfm.model import Config
 
 PRESET_DEFAULTS = {
@@ -73,13 +66,13 @@ PRESET_DEFAULTS = {
     "big": dict(vocab_size=37000, max_tokens=4096, update_freq=6, warmup=4000,
                 max_steps=300_000, save_every=1000, valid_every=2000),
 }
+# the options that define a run: --resume refuses to change them
+RUN_OPTIONS = ("source_lang", "target_lang", "vocab_size", "no_clean", "preset", "layers",
+               "d_model", "d_ff", "heads", "dropout", "label_smoothing", "max_tokens", "seed")
 VOCAB_SEED = 0          # the vocabulary does not depend on --seed, so runs can share it
 EXIT_ERROR = 2
-EXIT_INTERRUPTED = 130  # the shell's code for a process stopped by Ctrl-C
-
-
-class UsageError(Exception):
-    """Options that do not fit together; the message says what to change."""
+FRACTION = number(0, 1, high_open=True)
+POSITIVE = number(0, low_open=True)
 
 
 # ---- command line -----------------------------------------------------------------------------
@@ -99,46 +92,46 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                       help="download and prepare WMT14 into DIR, then use DIR/train, DIR/valid "
                            "and DIR/test (explicit prefixes win)")
     data.add_argument("--data-dir", help="vocabulary and encoded-corpus cache (default OUT/data)")
-    data.add_argument("--vocab-size", type=int, help="joint BPE vocabulary size (default: preset)")
+    data.add_argument("--vocab-size", type=integer(8), help="joint BPE pieces (default: preset)")
     data.add_argument("--no-clean", action="store_true",
                       help="do not drop empty, overlong or badly proportioned training pairs")
 
-    arch = p.add_argument_group("model")
-    arch.add_argument("--preset", choices=tuple(PRESET_DEFAULTS), default="small",
-                      help="model preset (default small)")
-    arch.add_argument("--layers", type=int, help="encoder and decoder layers (default: preset)")
-    arch.add_argument("--d-model", type=int, help="model width (default: preset)")
-    arch.add_argument("--d-ff", type=int, help="feed-forward width (default: preset)")
-    arch.add_argument("--heads", type=int, help="attention heads (default: preset)")
-    arch.add_argument("--dropout", type=float, help="dropout (default: preset)")
-    arch.add_argument("--label-smoothing", type=float, help="label smoothing (default: preset)")
+    arch = p.add_argument_group("model (default: the preset's)")
+    arch.add_argument("--preset", choices=tuple(PRESET_DEFAULTS), default="small")
+    arch.add_argument("--layers", type=positive_int, help="encoder and decoder layers")
+    arch.add_argument("--d-model", type=positive_int, help="model width")
+    arch.add_argument("--d-ff", type=positive_int, help="feed-forward width")
+    arch.add_argument("--heads", type=positive_int, help="attention heads")
+    arch.add_argument("--dropout", type=FRACTION, help="dropout")
+    arch.add_argument("--label-smoothing", type=FRACTION, help="label smoothing")
 
     opt = p.add_argument_group("training")
-    opt.add_argument("--max-tokens", type=int, help="padded tokens per batch (default: preset)")
-    opt.add_argument("--update-freq", type=int, help="batches summed into one update "
-                                                     "(default: preset)")
-    opt.add_argument("--max-steps", type=int, help="training updates (default: preset)")
-    opt.add_argument("--time-limit", type=float, metavar="MINUTES",
+    opt.add_argument("--max-tokens", type=integer(3), help="padded tokens per batch (default: "
+                                                           "preset)")
+    opt.add_argument("--update-freq", type=positive_int, help="batches summed into one update "
+                                                              "(default: preset)")
+    opt.add_argument("--max-steps", type=positive_int, help="training updates (default: preset)")
+    opt.add_argument("--time-limit", type=POSITIVE, metavar="MINUTES",
                      help="stop, with a checkpoint, after this much training time")
-    opt.add_argument("--warmup", type=int, help="warmup steps (default: preset)")
-    opt.add_argument("--lr-factor", type=float, default=1.0,
+    opt.add_argument("--warmup", type=positive_int, help="warmup steps (default: preset)")
+    opt.add_argument("--lr-factor", type=POSITIVE, default=1.0,
                      help="scales the paper's learning-rate schedule (default 1)")
-    opt.add_argument("--clip-norm", type=float, help="clip the gradient norm (default: no)")
-    opt.add_argument("--seed", type=int, default=0,
+    opt.add_argument("--clip-norm", type=POSITIVE, help="clip the gradient norm (default: no)")
+    opt.add_argument("--seed", type=integer(0), default=0,
                      help="seeds initialisation, dropout and batch order (default 0)")
-    opt.add_argument("--log-every", type=int, default=10,
+    opt.add_argument("--log-every", type=positive_int, default=10,
                      help="steps between log lines (default 10)")
-    opt.add_argument("--valid-every", type=int, help="steps between validations (default: "
-                                                     "preset; 0: only at the end)")
-    opt.add_argument("--valid-bleu-sentences", type=int, default=200,
+    opt.add_argument("--valid-every", type=integer(0), help="steps between validations "
+                                                            "(default: preset; 0: at the end)")
+    opt.add_argument("--valid-bleu-sentences", type=integer(0), default=200,
                      help="validation pairs decoded greedily for BLEU (default 200; 0: none)")
-    opt.add_argument("--save-every", type=int, help="steps between checkpoints (default: preset)")
-    opt.add_argument("--keep-last", type=int, default=5, help="checkpoints kept (default 5)")
-    opt.add_argument("--average-last", type=int, default=5,
+    opt.add_argument("--save-every", type=integer(0), help="steps between checkpoints "
+                                                           "(default: preset; 0: at the end)")
+    opt.add_argument("--keep-last", type=positive_int, default=5,
+                     help="checkpoints kept (default 5)")
+    opt.add_argument("--average-last", type=positive_int, default=5,
                      help="checkpoints averaged for the test (default 5, as the paper)")
-    opt.add_argument("--backend", choices=("numpy", "cupy", "auto"),
-                     default=os.environ.get("MINITFM_BACKEND", "auto"),
-                     help="array backend (default: $MINITFM_BACKEND, else auto)")
+    cli.add_backend_option(opt, "auto")
     opt.add_argument("--out", help="run directory (default runs/wmt-<preset>-<time>; with "
                                    "--resume and no --out, the newest runs/wmt-<preset>-*)")
     opt.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
@@ -148,11 +141,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ev.add_argument("--eval-only", action="store_true",
                     help="only translate and score the test set with --checkpoint")
     ev.add_argument("--checkpoint", help="checkpoint to score with --eval-only")
-    ev.add_argument("--beam", type=int, default=4, help="beam size (default 4)")
-    ev.add_argument("--lenpen", type=float, default=0.6, help="length penalty (default 0.6)")
-    ev.add_argument("--eval-batch-size", type=int, default=64,
+    ev.add_argument("--beam", type=positive_int, default=4, help="beam size (default 4)")
+    ev.add_argument("--lenpen", type=number(0), default=0.6, help="length penalty (default 0.6)")
+    ev.add_argument("--eval-batch-size", type=positive_int, default=64,
                     help="sentences per validation or decoding batch (default 64)")
-    ev.add_argument("--test-max-sentences", type=int,
+    ev.add_argument("--test-max-sentences", type=positive_int,
                     help="score only the first N test sentences (default: all)")
     ev.add_argument("--bleu-tokenize", default="13a",
                     help="sacreBLEU tokenizer (default 13a, WMT's standard)")
@@ -161,8 +154,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for name, value in PRESET_DEFAULTS[args.preset].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    if not args.eval_only:
-        args.out = args.out or default_out_dir(args.preset, args.resume)
     return args
 
 
@@ -176,23 +167,7 @@ def preset_table() -> str:
 
 
 def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Reject options that cannot work before any data is read."""
-    positive = ("vocab_size", "max_tokens", "update_freq", "max_steps", "warmup", "layers",
-                "d_model", "d_ff", "heads", "log_every", "keep_last", "average_last", "beam",
-                "eval_batch_size", "test_max_sentences")
-    for name in positive:
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-    for name in ("valid_every", "save_every", "valid_bleu_sentences"):
-        if getattr(args, name) is not None and getattr(args, name) < 0:
-            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    for name in ("lr_factor", "time_limit"):
-        if getattr(args, name) is not None and not getattr(args, name) > 0:
-            p.error(f"--{name.replace('_', '-')} must be a positive number, got "
-                    f"{getattr(args, name)}")
-    if not args.lenpen >= 0:
-        p.error(f"--lenpen must be >= 0, got {args.lenpen}")
+    """Reject options that do not fit together, before any data is read."""
     if bool(args.test_src) != bool(args.test_ref):
         p.error("--test-src and --test-ref go together: give both or neither")
     if args.eval_only and not args.checkpoint:
@@ -206,20 +181,18 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 f"only the last --keep-last checkpoints are kept on disk")
 
 
-def default_out_dir(preset: str, resume: bool) -> str:
-    """A new ``runs/wmt-<preset>-<time>``, or with ``resume`` the newest existing one."""
-    if resume:
-        existing = sorted(glob.glob(os.path.join("runs", f"wmt-{preset}-*")))
-        if not existing:
-            raise UsageError(f"--resume: no run directory runs/wmt-{preset}-* to resume; "
-                             f"pass --out DIR")
-        return existing[-1]
-    return os.path.join("runs", f"wmt-{preset}-{time.strftime('%Y%m%d-%H%M%S')}")
-
-
 def say(text: str) -> None:
     """Print above any progress bar."""
     tqdm.write(text)
+
+
+def write_text(path: str, text: str, what: str, advice: str) -> None:
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        raise UsageError(f"cannot write {what} {path}: {exc.strerror or exc}; {advice}") from exc
 
 
 # ---- data -------------------------------------------------------------------------------------
@@ -237,37 +210,6 @@ def resolve_corpora(args: argparse.Namespace) -> None:
         args.testpref = os.path.join(args.prepare, "test")
 
 
-def file_stamp(path: Path) -> dict:
-    stat = path.stat()
-    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-
-
-def load_vocab(args: argparse.Namespace, data_dir: Path) -> Vocab:
-    """The joint BPE vocabulary of the training data: from ``data_dir`` if it was trained on the
-    same files with the same size, else trained now and stored there."""
-    langs = (args.source_lang, args.target_lang)
-    name = f"spm.{langs[0]}-{langs[1]}.{args.vocab_size}"
-    model_path, key_path = data_dir / f"{name}.model", data_dir / f"{name}.json"
-    key = {"sources": [file_stamp(p) for p in parallel_files(args.trainpref, *langs)],
-           "vocab_size": args.vocab_size, "seed": VOCAB_SEED}
-    if model_path.is_file() and key_path.is_file() and \
-            json.loads(key_path.read_text(encoding="utf-8")) == key:
-        return Vocab.load(model_path)
-    say(f"training a {args.vocab_size}-piece joint BPE vocabulary on {args.trainpref}")
-    vocab = train_joint_vocab(args.trainpref, *langs, args.vocab_size, seed=VOCAB_SEED,
-                              hard_vocab_limit=False)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    vocab.save(model_path)
-    key_path.write_text(json.dumps(key, indent=1) + "\n", encoding="utf-8")
-    return vocab
-
-
-def encode(args: argparse.Namespace, prefix: str, vocab: Vocab, cache_dir: Path,
-           clean: CleanOptions | None) -> EncodedCorpus:
-    return encode_corpus(prefix, args.source_lang, args.target_lang, vocab, cache_dir,
-                         clean=clean, progress=not args.quiet)
-
-
 def read_test_set(args: argparse.Namespace) -> ParallelText | None:
     """The raw test pairs: ``--test-src``/``--test-ref`` (any format), else ``--testpref``."""
     if args.test_src:
@@ -276,63 +218,45 @@ def read_test_set(args: argparse.Namespace) -> ParallelText | None:
         text = read_parallel(args.testpref, args.source_lang, args.target_lang)
     else:
         return None
+    if not len(text):
+        raise DataError(f"no sentence pairs in {text.src_path} / {text.tgt_path}: nothing to "
+                        f"score; check the test set's files")
     if args.test_max_sentences:
         text.src, text.tgt = text.src[:args.test_max_sentences], text.tgt[:args.test_max_sentences]
     return text
 
 
-def train_plan(corpus: EncodedCorpus, args: argparse.Namespace, cfg: Config,
-               epoch: int) -> BatchPlan:
-    """The token-count batches of one epoch, shuffled from (seed, epoch). Pairs too long for the
-    model or for one batch of ``--max-tokens`` are left out (and counted in the plan)."""
-    longest = min(cfg.max_len, args.max_tokens - 1)   # a row costs up to longest + 1 entries
-    return token_batches(corpus.src_lengths, corpus.tgt_lengths, args.max_tokens,
-                         seed=args.seed, epoch=epoch, max_positions=longest)
+def check_resumable(args: argparse.Namespace) -> None:
+    """Before anything is written: the latest checkpoint of ``--out`` reads back whole, and the
+    options that define the run are those it was started with (``run.json``)."""
+    latest = checkpoint.latest(args.out)
+    if latest is None:
+        return
+    if not args.resume:
+        raise UsageError(f"{args.out} already holds checkpoints of a run: continue it with "
+                         f"--resume, or choose another --out")
+    checkpoint.load(latest)
+    try:
+        started = json.loads(Path(args.out, train.RUN_INFO_NAME).read_text())["args"]
+    except (OSError, ValueError, KeyError):
+        return                                   # no record: train() checks the checkpoint
+    changed = [f"{name} (--{name.replace('_', '-')}): the run has {started[name]!r}, now "
+               f"{getattr(args, name)!r}" for name in RUN_OPTIONS
+               if name in started and started[name] != getattr(args, name)]
+    if changed:
+        raise UsageError(f"cannot resume {args.out} with other options:\n  " + "\n  ".join(changed)
+                         + "\nResume with the options it was started with, or start a new run "
+                           "with another --out")
 
 
-def train_batch_factory(corpus: EncodedCorpus, args: argparse.Namespace,
-                        cfg: Config) -> Callable[[int], Iterator[tuple]]:
-    """``batches(epoch)`` for ``train()``: the padded (src, tgt) arrays of each epoch."""
-    def batches(epoch: int) -> Iterator[tuple]:
-        for indices in train_plan(corpus, args, cfg, epoch):
-            yield collate(corpus, indices)
-    return batches
-
-
-def valid_loss_batches(corpus: EncodedCorpus, cfg: Config, batch_size: int) -> list[tuple]:
-    plan = eval_batches(corpus.src_lengths, corpus.tgt_lengths, batch_size,
-                        max_positions=cfg.max_len, sort_by_length=True)
-    return [collate(corpus, indices, max_positions=cfg.max_len) for indices in plan]
+def train_positions(args: argparse.Namespace, cfg: Config) -> int:
+    """The longest sentence trained on, as batching's ``max_positions``: what fits a batch of
+    ``--max-tokens`` (a row costs up to max_positions + 1 entries) and the model. The model
+    checks the whole target array, BOS to EOS (max_positions + 1 entries), against max_len."""
+    return min(cfg.max_len - 1, args.max_tokens - 1)
 
 
 # ---- decoding and BLEU ------------------------------------------------------------------------
-
-def greedy_translate(params: dict, cfg: Config, vocab: Vocab, lines: Sequence[str],
-                     batch_size: int) -> list[str]:
-    """Detokenized greedy translations of ``lines`` (fast; for validation BLEU)."""
-    encoded = translate.encode_lines(vocab, cfg, lines, warn=lambda message: None)
-    outputs = [""] * len(lines)
-    for batch in decode.length_batches(encoded, batch_size):
-        src = decode.pad_batch([encoded[i] for i in batch], cfg)
-        for i, text in zip(batch, vocab.decode(decode.greedy(params, cfg, src))):
-            outputs[i] = text
-    return outputs
-
-
-def beam_translate(params: dict, cfg: Config, vocab: Vocab, lines: Sequence[str],
-                   args: argparse.Namespace) -> list[str]:
-    """Detokenized beam-search translations of ``lines``, with a progress bar."""
-    outputs: list[str] = []
-    chunk = 4 * args.eval_batch_size
-    with tqdm(total=len(lines), desc="test", unit=" sent", disable=args.quiet) as bar:
-        for start in range(0, len(lines), chunk):
-            results = translate.translate_lines(
-                params, cfg, vocab, lines[start:start + chunk], beam=args.beam,
-                alpha=args.lenpen, batch_size=args.eval_batch_size, first_line=start + 1)
-            outputs += [hyps[0][0] for hyps in results]
-            bar.update(len(results))
-    return outputs
-
 
 def bleu_metric(vocab: Vocab, valid: ParallelText, args: argparse.Namespace):
     """The ``valid_metric`` callback: greedy BLEU on the first validation pairs."""
@@ -340,7 +264,9 @@ def bleu_metric(vocab: Vocab, valid: ParallelText, args: argparse.Namespace):
     references = valid.tgt[:args.valid_bleu_sentences]
 
     def valid_bleu(params: dict, cfg: Config) -> dict:
-        hypotheses = greedy_translate(params, cfg, vocab, sources, args.eval_batch_size)
+        hypotheses = translate.translate_texts(params, cfg, vocab, sources, beam=1,
+                                               batch_size=args.eval_batch_size,
+                                               warn=lambda message: None)
         return {"valid_bleu": corpus_bleu(hypotheses, references,
                                           tokenize=args.bleu_tokenize).bleu}
     return valid_bleu
@@ -350,45 +276,58 @@ def score_test(params: dict, cfg: Config, vocab: Vocab, test: ParallelText, stem
                args: argparse.Namespace, out_dir: str, info: dict) -> BleuScore:
     """Translate the test set with beam search, score it, write hypotheses and scores."""
     started = time.perf_counter()
-    hypotheses = beam_translate(params, cfg, vocab, test.src, args)
+    hypotheses = translate.translate_texts(params, cfg, vocab, test.src, beam=args.beam,
+                                           alpha=args.lenpen, batch_size=args.eval_batch_size,
+                                           progress=not args.quiet)
     seconds = time.perf_counter() - started
     score = corpus_bleu(hypotheses, test.tgt, tokenize=args.bleu_tokenize)
-    os.makedirs(out_dir, exist_ok=True)
     hyp_path = os.path.join(out_dir, f"{stem}.test.hyp.{args.target_lang}")
-    with open(hyp_path, "w", encoding="utf-8") as f:
-        f.writelines(line + "\n" for line in hypotheses)
     record = {**score.to_dict(), **info, "test_src": str(test.src_path),
               "test_ref": str(test.tgt_path), "hypotheses": hyp_path, "beam": args.beam,
               "lenpen": args.lenpen, "decode_seconds": round(seconds, 1)}
-    with open(os.path.join(out_dir, f"{stem}.test.bleu.json"), "w", encoding="utf-8") as f:
-        f.write(json.dumps(record, indent=1) + "\n")
+    advice = f"BLEU {score.bleu:.2f}; free space or pass another --out, and score again"
+    write_text(hyp_path, "".join(line + "\n" for line in hypotheses), "hypotheses", advice)
+    write_text(os.path.join(out_dir, f"{stem}.test.bleu.json"),
+               json.dumps(record, indent=1) + "\n", "scores", advice)
     say(f"test: {score}\n  {len(hypotheses)} sentences decoded in {seconds:.1f} s; "
         f"hypotheses in {hyp_path}")
     return score
 
 
-# ---- training ---------------------------------------------------------------------------------
-
-def model_config(args: argparse.Namespace, vocab: Vocab) -> Config:
-    overrides = {"n_layers": args.layers, "d_model": args.d_model, "d_ff": args.d_ff,
-                 "n_heads": args.heads, "dropout": args.dropout,
-                 "label_smoothing": args.label_smoothing}
+def model_to_test(args: argparse.Namespace, state: train.TrainState) -> tuple[dict, str, dict]:
+    """``(params, stem, info)`` of the model to test: the average of the last checkpoints, saved
+    as ``averaged.npz``, or the final parameters when there is only one to average."""
+    paths = [path for _, path in checkpoint.list_checkpoints(args.out)][-args.average_last:]
+    if args.average_last == 1 or len(paths) <= 1:
+        stem = Path(state.last_checkpoint or "final").stem
+        return state.params, stem, {"checkpoint": state.last_checkpoint, "step": state.step}
+    path = os.path.join(args.out, "averaged.npz")
     try:
-        return Config.preset(args.preset, src_vocab=vocab.size, tgt_vocab=vocab.size,
-                             **{k: v for k, v in overrides.items() if v is not None})
-    except ValueError as exc:
-        raise UsageError(f"model options: {exc}") from exc
+        params, last = average.save_average(paths, path)
+    except OSError as exc:
+        raise UsageError(f"cannot write the averaged model {path}: {exc.strerror or exc}; the "
+                         f"checkpoints are intact: free space and average them with python -m "
+                         f"minitfm.average --inputs {args.out} --output {path}") from exc
+    names = [os.path.basename(p) for p in paths]
+    say(f"averaged {len(paths)} checkpoints ({', '.join(names)}) into {path}")
+    return (checkpoint.params_to_device(params), "averaged",
+            {"checkpoint": path, "step": last.step, "averaged_from": names})
 
+
+# ---- training ---------------------------------------------------------------------------------
 
 def describe_run(args: argparse.Namespace, corpora: dict, vocab: Vocab, cfg: Config,
                  test: ParallelText | None, plan: BatchPlan) -> str:
     """The summary printed before training; ``plan`` is the first epoch's batches."""
-    train_corpus = corpora["train"]
-    targets = int(train_corpus.tgt_lengths.sum()) + len(train_corpus)   # with EOS
-    per_update = targets / max(len(plan), 1) * args.update_freq
-    clean = train_corpus.manifest.get("clean")
-    kept = (f"{train_corpus.manifest.get('pairs')} of {train_corpus.manifest.get('read')} "
-            f"kept after cleaning" if clean else "not cleaned")
+    train_corpus, manifest = corpora["train"], corpora["train"].manifest
+    per_update = (int(train_corpus.tgt_lengths.sum()) + len(train_corpus)) / len(plan) \
+        * args.update_freq                                              # targets, EOS included
+    kept = "not cleaned"
+    if manifest.get("clean"):
+        dropped = ", ".join(f"{reason} {n}" for reason, n in manifest["clean"]["dropped"].items()
+                            if n)
+        kept = (f"{manifest.get('pairs')} of {manifest.get('read')} kept after cleaning"
+                + (f"; dropped: {dropped}" if dropped else ""))
     params = sum(math.prod(shape) for shape in model.parameter_shapes(cfg).values())
     lines = [f"train  {args.trainpref}: {len(train_corpus)} pairs ({kept}), "
              f"{len(train_corpus.src_tokens)} + {len(train_corpus.tgt_tokens)} tokens"]
@@ -400,7 +339,7 @@ def describe_run(args: argparse.Namespace, corpora: dict, vocab: Vocab, cfg: Con
         f"vocab  {vocab.size} joint BPE pieces ({vocab.identifier})",
         f"model  {args.preset}: {cfg.n_layers} layers, d_model {cfg.d_model}, d_ff {cfg.d_ff}, "
         f"{cfg.n_heads} heads, dropout {cfg.dropout}, label smoothing {cfg.label_smoothing}; "
-        f"{params:,} parameters; backend {backend.name}",
+        f"{params:,} parameters; backend {backend.describe()}",
         f"batch  {plan.summary()} per epoch; <= {args.max_tokens} tokens x {args.update_freq} "
         f"= ~{per_update:.0f} target tokens per update",
         f"train  {args.max_steps} steps"
@@ -409,109 +348,75 @@ def describe_run(args: argparse.Namespace, corpora: dict, vocab: Vocab, cfg: Con
     return "\n".join(lines)
 
 
-def train_options(args: argparse.Namespace, vocab: Vocab, corpus: EncodedCorpus
-                  ) -> train.TrainOptions:
-    return train.TrainOptions(
+def run_training(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    args.out = args.out or cli.default_run_dir(f"wmt-{args.preset}", args.resume)
+    check_resumable(args)
+    resolve_corpora(args)
+    langs = (args.source_lang, args.target_lang)
+    for prefix in (args.trainpref, args.validpref):
+        if prefix:
+            require_pairs(prefix, *langs)
+    test = read_test_set(args)
+    data_dir = Path(args.data_dir or os.path.join(args.out, "data"))
+    vocab = cached_joint_vocab(args.trainpref, *langs, args.vocab_size, data_dir,
+                               seed=VOCAB_SEED, announce=say)
+    cache = data_dir / f"encoded-{vocab.identifier}"
+    corpora = {"train": encode_corpus(args.trainpref, *langs, vocab, cache / "train",
+                                      clean=None if args.no_clean else CleanOptions(),
+                                      progress=not args.quiet)}
+    if args.validpref:
+        corpora["valid"] = encode_corpus(args.validpref, *langs, vocab, cache / "valid",
+                                         progress=not args.quiet)
+    cfg = cli.model_config(args.preset, vocab.size, args)
+    train_corpus = corpora["train"]
+    plan = token_batches(train_corpus.src_lengths, train_corpus.tgt_lengths, args.max_tokens,
+                         seed=args.seed, epoch=0, max_positions=train_positions(args, cfg))
+    if not len(plan):
+        raise UsageError(f"no training pair of {args.trainpref} fits in a batch of --max-tokens "
+                         f"{args.max_tokens} (or in the model's {cfg.max_len} positions), of "
+                         f"{len(train_corpus)} after cleaning: raise --max-tokens, or check the "
+                         f"corpus (--no-clean keeps every pair)")
+    say(describe_run(args, corpora, vocab, cfg, test, plan))
+
+    valid_batches = metric = None
+    if "valid" in corpora:
+        valid_batches = eval_arrays(corpora["valid"], args.eval_batch_size,
+                                    max_positions=cfg.max_len - 1)
+        if args.valid_bleu_sentences:
+            metric = bleu_metric(vocab, read_parallel(args.validpref, *langs), args)
+    options = train.TrainOptions(
         steps=args.max_steps, out_dir=args.out, seed=args.seed, lr_factor=args.lr_factor,
         warmup=args.warmup, clip_norm=args.clip_norm, update_freq=args.update_freq,
         log_every=args.log_every, valid_every=args.valid_every, save_every=args.save_every,
         keep_last=args.keep_last, resume=args.resume,
         time_limit=None if args.time_limit is None else args.time_limit * 60.0,
-        vocab_id=vocab.identifier,
-        vocab_model=vocab.serialized_model(),
-        run_meta={"languages": [args.source_lang, args.target_lang],
-                  "max_tokens": args.max_tokens, "train_pairs": len(corpus),
-                  "clean": not args.no_clean},
-        progress=not args.quiet)
-
-
-def final_validation(state: train.TrainState, cfg: Config, args: argparse.Namespace,
-                     valid_batches: list | None, metric) -> dict:
-    """The validation results of the last step: from training, or computed now if training
-    stopped between two validations (time limit)."""
-    if valid_batches is None or state.valid.get("step") == state.step:
-        return state.valid
-    results = {"step": state.step, **train.evaluate(state.params, cfg, valid_batches)}
-    if metric is not None:
-        results.update(metric(state.params, cfg))
-    with open(os.path.join(args.out, train.LOG_NAME), "a", encoding="utf-8") as f:
-        f.write(json.dumps(results) + "\n")
-    return results
-
-
-def averaged_model(args: argparse.Namespace, state: train.TrainState) -> tuple[dict, str, dict]:
-    """``(params, stem, info)`` of the model to test: the average of the last checkpoints, written
-    to ``averaged.npz``, or the final parameters when averaging one checkpoint."""
-    paths = [path for _, path in checkpoint.list_checkpoints(args.out)][-args.average_last:]
-    if args.average_last == 1 or len(paths) <= 1:
-        stem = Path(state.last_checkpoint or "final").stem
-        return state.params, stem, {"checkpoint": state.last_checkpoint, "step": state.step}
-    params, last = average.average_checkpoints(paths)
-    names = [os.path.basename(path) for path in paths]
-    path = os.path.join(args.out, "averaged.npz")
-    checkpoint.save(path, params, step=last.step, config=last.config, vocab_id=last.vocab_id,
-                    vocab_model=last.vocab_model, extra={**last.extra, "averaged_from": names})
-    say(f"averaged {len(paths)} checkpoints ({', '.join(names)}) into {path}")
-    return (checkpoint.params_to_device(params), "averaged",
-            {"checkpoint": path, "step": last.step, "averaged_from": names})
-
-
-def run_training(args: argparse.Namespace) -> int:
-    started = time.perf_counter()
-    if checkpoint.latest(args.out) and not args.resume:
-        raise UsageError(f"{args.out} already holds checkpoints of a run: continue it with "
-                         f"--resume, or choose another --out")
-    resolve_corpora(args)
-    data_dir = Path(args.data_dir or os.path.join(args.out, "data"))
-    vocab = load_vocab(args, data_dir)
-    cache = data_dir / f"encoded-{vocab.identifier}"
-    clean = None if args.no_clean else CleanOptions()
-    corpora = {"train": encode(args, args.trainpref, vocab, cache / "train", clean)}
-    if args.validpref:
-        corpora["valid"] = encode(args, args.validpref, vocab, cache / "valid", None)
-    test = read_test_set(args)
-    cfg = model_config(args, vocab)
-    plan = train_plan(corpora["train"], args, cfg, epoch=0)
-    if not len(plan):
-        raise UsageError(f"no training pair fits in a batch of --max-tokens {args.max_tokens} "
-                         f"(or in the model's {cfg.max_len} positions): raise --max-tokens")
-    say(describe_run(args, corpora, vocab, cfg, test, plan))
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "run.json"), "w", encoding="utf-8") as f:
-        f.write(json.dumps({"args": vars(args), "config": cfg.to_dict()}, indent=1) + "\n")
-
-    valid_batches = metric = None
-    if "valid" in corpora:
-        valid_batches = valid_loss_batches(corpora["valid"], cfg, args.eval_batch_size)
-        if args.valid_bleu_sentences:
-            metric = bleu_metric(vocab, read_parallel(args.validpref, args.source_lang,
-                                                      args.target_lang), args)
-    batches = train_batch_factory(corpora["train"], args, cfg)
-    state = train.train(cfg, batches, train_options(args, vocab, corpora["train"]),
-                        valid_batches=valid_batches, valid_metric=metric)
+        vocab_id=vocab.identifier, vocab_model=vocab.serialized_model(),
+        run_meta={"languages": list(langs), "max_tokens": args.max_tokens,
+                  "train_pairs": len(train_corpus), "clean": not args.no_clean},
+        run_info={"args": vars(args), "config": cfg.to_dict()}, progress=not args.quiet)
+    batches = epoch_batches(train_corpus, args.max_tokens, seed=args.seed,
+                            max_positions=train_positions(args, cfg))
+    state = train.train(cfg, batches, options, valid_batches=valid_batches, valid_metric=metric)
     if state.interrupted:
-        say(f"interrupted at step {state.step}; continue with the same options and "
-            f"--out {args.out} --resume")
-        return EXIT_INTERRUPTED
+        return cli.stopped(state, args.out)
     if state.out_of_time:
         say(f"time limit of {args.time_limit:g} min reached at step {state.step}")
-    valid = final_validation(state, cfg, args, valid_batches, metric)
     score = None
     if test is not None:
-        params, stem, info = averaged_model(args, state)
+        params, stem, info = model_to_test(args, state)
         score = score_test(params, cfg, vocab, test, stem, args, args.out, info)
-    say(final_summary(state, valid, score, time.perf_counter() - started))
+    say(final_summary(state, score, time.perf_counter() - started))
     return 0
 
 
-def final_summary(state: train.TrainState, valid: dict, score: BleuScore | None,
-                  seconds: float) -> str:
+def final_summary(state: train.TrainState, score: BleuScore | None, seconds: float) -> str:
     parts = [f"done: step {state.step}, {state.elapsed / 60:.1f} min of training, "
              f"{seconds / 60:.1f} min in all"]
-    if "valid_ppl" in valid:
-        parts.append(f"valid ppl {valid['valid_ppl']:.2f}")
-    if "valid_bleu" in valid:
-        parts.append(f"valid BLEU (greedy) {valid['valid_bleu']:.2f}")
+    if "valid_ppl" in state.valid:
+        parts.append(f"valid ppl {state.valid['valid_ppl']:.2f}")
+    if "valid_bleu" in state.valid:
+        parts.append(f"valid BLEU (greedy) {state.valid['valid_bleu']:.2f}")
     if score is not None:
         parts.append(f"test BLEU {score.bleu:.2f} ({score.signature})")
     return "; ".join(parts)
@@ -532,24 +437,22 @@ def run_eval_only(args: argparse.Namespace) -> int:
     step = checkpoint.load(args.checkpoint, with_optimizer=False).step
     out_dir = args.out or os.path.dirname(os.path.abspath(args.checkpoint))
     say(f"scoring {args.checkpoint} (step {step}) on {len(test)} test pairs; "
-        f"backend {backend.name}")
+        f"backend {backend.describe()}")
     score_test(params, cfg, vocab, test, Path(args.checkpoint).stem, args, out_dir,
                {"checkpoint": args.checkpoint, "step": step})
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
+    def run() -> int:
         args = parse_args(argv)
-        backend.use(args.backend)
+        chosen = cli.select_backend(args.backend, "auto")
+        if args.preset in ("base", "big") and backend.name == "numpy" and not args.eval_only:
+            print(f"warning: the {args.preset} preset on the CPU ({chosen}) will take days; "
+                  f"train it on a CUDA GPU with --backend cupy (pip install -e '.[gpu]')",
+                  file=sys.stderr)
         return run_eval_only(args) if args.eval_only else run_training(args)
-    except (UsageError, DataError, checkpoint.CheckpointError, backend.BackendError,
-            train.TrainingDiverged, FileExistsError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    return cli.report_errors(run, EXIT_ERROR)
 
 
 if __name__ == "__main__":

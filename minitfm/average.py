@@ -28,8 +28,9 @@ import numpy
 
 from minitfm import checkpoint
 from minitfm.checkpoint import Checkpoint, CheckpointError
+from minitfm.cli import positive_int
 
-__all__ = ["average", "average_checkpoints", "main"]
+__all__ = ["average", "average_checkpoints", "save_average", "main"]
 
 
 def _check_same_model(reference: Checkpoint, other: Checkpoint) -> None:
@@ -83,6 +84,18 @@ def average(paths: Sequence[str | os.PathLike]) -> dict[str, numpy.ndarray]:
     return average_checkpoints(paths)[0]
 
 
+def save_average(paths: Sequence[str | os.PathLike], output: str | os.PathLike
+                 ) -> tuple[dict[str, numpy.ndarray], Checkpoint]:
+    """Average ``paths`` and save the result to ``output``: the config and vocabulary of the
+    inputs, the step of the last one, no optimizer state, and ``extra["averaged_from"]`` naming
+    the inputs. Returns the averaged parameters (host arrays) and the last input read."""
+    params, last = average_checkpoints(paths)
+    checkpoint.save(output, params, step=last.step, config=last.config, vocab_id=last.vocab_id,
+                    vocab_model=last.vocab_model,
+                    extra={**last.extra, "averaged_from": [os.path.basename(p) for p in paths]})
+    return params, last
+
+
 def _collect_inputs(inputs: Sequence[str]) -> list[str]:
     """Directories expand to their checkpoints in step order; files are kept in the order given."""
     paths: list[str] = []
@@ -105,28 +118,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Average the parameters of the last checkpoints of a run into one checkpoint.")
     parser.add_argument("--inputs", nargs="+", required=True, metavar="DIR_OR_FILE",
                         help="directories (their checkpoint_*.npz, in step order) and/or files")
-    parser.add_argument("--last", type=int, default=5,
+    parser.add_argument("--last", type=positive_int, default=5,
                         help="average the last N inputs (default 5, as for the paper's base model)")
     parser.add_argument("--output", required=True, help="the averaged checkpoint to write")
     args = parser.parse_args(argv)
-    if args.last < 1:
-        parser.error(f"--last must be at least 1, got {args.last}")
     if checkpoint.ROTATED_NAME.fullmatch(os.path.basename(args.output)):
         parser.error(f"--output {args.output}: checkpoint_*.npz names are rotated and resumed "
                      f"from by training; choose another name, e.g. averaged.npz")
     try:
         paths = _collect_inputs(args.inputs)[-args.last:]
-        params, last = average_checkpoints(paths)
+        save_average(paths, args.output)
     except (FileNotFoundError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:          # disk full, file too large, read-only, a directory
+        print(f"error: cannot write the averaged checkpoint {args.output}: "
+              f"{exc.strerror or exc}; the input checkpoints, and any earlier {args.output}, are "
+              f"unchanged", file=sys.stderr)
         return 1
     if len(paths) < args.last:
         print(f"note: only {len(paths)} checkpoint(s) found, fewer than --last {args.last}",
               file=sys.stderr)
     names = [os.path.basename(p) for p in paths]
-    checkpoint.save(args.output, params, step=last.step, config=last.config,
-                    vocab_id=last.vocab_id, vocab_model=last.vocab_model,
-                    extra={**last.extra, "averaged_from": names})
     print(f"averaged {len(paths)} checkpoint(s) ({', '.join(names)}) into {args.output}")
     return 0
 

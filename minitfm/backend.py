@@ -11,7 +11,9 @@ Choosing the backend
 - in code: ``backend.use("cupy")``.
 
 Asking for CuPy where it cannot run raises :class:`BackendError` saying why (not installed, or no
-CUDA device). It never silently falls back to the CPU.
+CUDA device). It never silently falls back to the CPU: ``auto`` records why it chose NumPy, and
+:func:`describe` says so. The environment variable is read when ``xp`` or ``name`` is first
+needed, not at import, so a bad value is reported where the commands report their errors.
 
 What the layers need beyond the common NumPy/CuPy API lives here too: host<->device copies,
 scatter-add (the embedding backward), seeded random generators, the default float dtype, and a
@@ -26,8 +28,8 @@ import numpy
 
 __all__ = [
     "BackendError", "xp", "name", "use", "float_dtype", "set_float_dtype",
-    "to_device", "to_host", "scatter_add", "sorted_scatter_add", "dropout_keep", "rng", "host_rng", "check_array",
-    "is_gpu",
+    "to_device", "to_host", "scatter_add", "sorted_scatter_add", "dropout_keep", "rng",
+    "host_rng", "check_array", "is_gpu", "describe", "environment_choice",
 ]
 
 
@@ -35,9 +37,11 @@ class BackendError(RuntimeError):
     """The requested array backend cannot be used on this machine."""
 
 
-xp = numpy        # the active array module: numpy or cupy
-name = "numpy"    # its name
+# xp, the active array module (numpy or cupy), and name, its name, are set by use(); until then
+# the module's __getattr__ selects the backend of MINITFM_BACKEND on first access.
 _float_dtype = numpy.float32
+_auto_fallback: str | None = None   # why "auto" chose NumPy, if it did
+ENVIRONMENT_VARIABLE = "MINITFM_BACKEND"
 
 
 def _load_cupy():
@@ -62,23 +66,67 @@ def _load_cupy():
 
 def use(backend_name: str) -> None:
     """Make ``backend_name`` ("numpy", "cupy" or "auto") the active array backend."""
-    global xp, name
+    global xp, name, _auto_fallback
     choice = backend_name.strip().lower()
+    if choice not in ("numpy", "cupy", "auto"):
+        raise BackendError(f"unknown backend {backend_name!r}: use 'numpy', 'cupy' or 'auto'")
+    fallback = None
     if choice == "auto":
         try:
-            xp, name = _load_cupy(), "cupy"
-        except BackendError:
-            xp, name = numpy, "numpy"
+            module, chosen = _load_cupy(), "cupy"
+        except BackendError as exc:
+            module, chosen = numpy, "numpy"
+            fallback = ("CuPy is not installed" if isinstance(exc.__cause__, ImportError)
+                        else f"CuPy was found but cannot run: {exc}")
     elif choice == "cupy":
-        xp, name = _load_cupy(), "cupy"
-    elif choice == "numpy":
-        xp, name = numpy, "numpy"
+        module, chosen = _load_cupy(), "cupy"
     else:
-        raise BackendError(f"unknown backend {backend_name!r}: use 'numpy', 'cupy' or 'auto'")
+        module, chosen = numpy, "numpy"
+    xp, name, _auto_fallback = module, chosen, fallback
+
+
+def environment_choice(default: str = "numpy") -> str:
+    """The backend named by ``MINITFM_BACKEND`` (``default`` when unset), checked."""
+    value = os.environ.get(ENVIRONMENT_VARIABLE, "").strip() or default
+    if value.lower() not in ("numpy", "cupy", "auto"):
+        raise BackendError(f"{ENVIRONMENT_VARIABLE}={value!r}: unknown backend {value!r}: set it "
+                           f"to numpy, cupy or auto, or unset it")
+    return value
+
+
+def __getattr__(attribute: str):
+    """``xp`` and ``name`` before any use(): select the backend of the environment first."""
+    if attribute in ("xp", "name"):
+        use(environment_choice())
+        return globals()[attribute]
+    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")
+
+
+def _active():
+    """The active array module, selecting it from the environment on first use."""
+    return globals()["xp"] if "xp" in globals() else __getattr__("xp")
+
+
+def _active_name() -> str:
+    _active()
+    return globals()["name"]
 
 
 def is_gpu() -> bool:
-    return name == "cupy"
+    return _active_name() == "cupy"
+
+
+def describe() -> str:
+    """The active backend in words: ``cupy (NVIDIA ...)``, ``numpy``, or with ``auto`` having
+    fallen back, ``numpy (auto: CuPy is not installed)`` and the like."""
+    if _active_name() == "cupy":
+        try:
+            import cupy
+            device = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+            return f"cupy ({device.decode() if isinstance(device, bytes) else device})"
+        except Exception:    # pragma: no cover - depends on the machine
+            return "cupy"
+    return f"numpy (auto: {_auto_fallback})" if _auto_fallback else "numpy"
 
 
 def float_dtype():
@@ -96,6 +144,7 @@ def set_float_dtype(dtype) -> None:
 
 def to_device(array, dtype=None):
     """Copy a host (NumPy) array, or anything array-like, to the active backend."""
+    xp = _active()
     return xp.asarray(array, dtype=dtype)
 
 
@@ -116,7 +165,7 @@ def scatter_add(target, indices, values) -> None:
     NumPy's ``add.at`` adds the rows one after another; on a GPU, where an indexed add uses atomic
     additions in whatever order the threads arrive, :func:`sorted_scatter_add` is used instead.
     """
-    if name == "numpy":
+    if _active_name() == "numpy":
         numpy.add.at(target, indices, values)
     else:
         sorted_scatter_add(target, indices, values)
@@ -137,6 +186,7 @@ def sorted_scatter_add(target, indices, values) -> None:
     n = indices.shape[0]
     if n == 0:
         return
+    xp = _active()
     order = xp.argsort(indices)                                        # deterministic on each backend
     ids = indices[order]                                               # (N,) sorted
     prefix = xp.zeros((n + 1,) + values.shape[1:], dtype=xp.float64)   # (N + 1, ...)
@@ -159,7 +209,7 @@ def dropout_keep(generator, shape, p: float):
     """
     threshold = round(p * DROPOUT_LEVELS)
     scale = DROPOUT_LEVELS / (DROPOUT_LEVELS - threshold)
-    if name == "numpy":
+    if _active_name() == "numpy":
         size = int(numpy.prod(shape))
         draws = numpy.frombuffer(generator.bytes(2 * size), dtype=numpy.uint16).reshape(shape)
         return draws >= threshold, scale
@@ -172,6 +222,7 @@ def rng(seed: int, *stream: int):
     Dropout draws from ``rng(seed, step)``: the masks of step k depend only on the seed and k, so a
     resumed run draws exactly the masks an uninterrupted one would.
     """
+    xp = _active()
     return xp.random.default_rng([int(seed), *[int(s) for s in stream]])
 
 
@@ -190,14 +241,13 @@ def check_array(array, what: str):
     Catches host/device mixing: a NumPy array handed to a CuPy model, or a CuPy array handed to
     a NumPy one.
     """
+    xp = _active()
     if isinstance(array, xp.ndarray):
         return array
     where = "the GPU" if hasattr(array, "__cuda_array_interface__") else "the host"
     kind = f"{type(array).__module__}.{type(array).__name__}"
     raise TypeError(
-        f"{what} is a {kind} on {where}, but the active backend is {name!r}: "
+        f"{what} is a {kind} on {where}, but the active backend is {_active_name()!r}: "
         f"move it with minitfm.backend.to_device(...) (or to_host(...)), or switch the backend "
         f"with minitfm.backend.use(...) / MINITFM_BACKEND")
 
-
-use(os.environ.get("MINITFM_BACKEND", "numpy"))

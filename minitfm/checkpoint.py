@@ -163,7 +163,8 @@ def save(path: str | os.PathLike, params: dict, *, optimizer_state: dict | None 
 def _damaged(path: str, reason: object) -> CheckpointError:
     return CheckpointError(
         f"checkpoint file {path} is damaged (truncated or corrupt) and cannot be read: {reason}. "
-        f"Move it aside and resume from an earlier one (list_checkpoints shows them)")
+        f"Move it aside (e.g. rename it to .npz.bad) and resume from an earlier one: --resume "
+        f"takes the newest remaining checkpoint_*.npz of its directory")
 
 
 def _read_meta(archive, path: str) -> dict:
@@ -198,6 +199,10 @@ def load(path: str | os.PathLike, *, with_optimizer: bool = True) -> Checkpoint:
     checkpoint, or has an unknown format version; ``FileNotFoundError`` if it does not exist.
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise CheckpointError(
+            f"{path} is a directory: pass a checkpoint file, e.g. {checkpoint_path(path, 1)} "
+            f"(or use --resume / python -m minitfm.average for run directories)")
     try:
         with numpy.load(path, allow_pickle=False) as archive:
             meta = _read_meta(archive, path)
@@ -215,6 +220,12 @@ def load(path: str | os.PathLike, *, with_optimizer: bool = True) -> Checkpoint:
                               optimizer_state=optimizer_state, extra=meta["extra"])
     except (FileNotFoundError, CheckpointError):
         raise
+    except ValueError as exc:
+        if "Object arrays cannot be loaded" in str(exc):    # numpy: they need pickle
+            raise CheckpointError(
+                f"{path} holds Python objects, which minitfm checkpoints never do; refused "
+                f"without unpickling (unpickling runs code from the file)") from exc
+        raise _damaged(path, f"{type(exc).__name__}: {exc}") from exc
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, KeyError, TypeError) as exc:
         # BadZipFile: truncated archive or CRC mismatch; ValueError: bad .npy header or JSON
         raise _damaged(path, f"{type(exc).__name__}: {exc}") from exc

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from minitfm import backend, model
+from minitfm.cli import number, positive_int
 from minitfm.layers import positional
 from minitfm.optim import LRSchedule
 
@@ -254,20 +255,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.add_argument("--source", required=True, help="source sentence")
     a.add_argument("--target", help="target sentence (default: the model's translation)")
     a.add_argument("--layer", type=int, default=-1, help="layer, from 0; negative from the end")
-    a.add_argument("--beam", type=int, default=4, help="beam size when translating")
+    a.add_argument("--beam", type=positive_int, default=4, help="beam size when translating")
     a.add_argument("--out-dir", default=".", help="directory for the three PNG files")
     a.add_argument("--backend", choices=["numpy", "cupy", "auto"], default=None)
 
     pe = sub.add_parser("positional", help="the sinusoidal positional-encoding matrix")
-    pe.add_argument("--d-model", type=int, default=512)
-    pe.add_argument("--length", type=int, default=100)
+    pe.add_argument("--d-model", type=positive_int, default=512)
+    pe.add_argument("--length", type=positive_int, default=100)
     pe.add_argument("--out", default="positional.png")
 
     lr = sub.add_parser("lr", help="the learning-rate schedule of equation (3)")
-    lr.add_argument("--d-model", type=int, nargs="+", default=[512])
-    lr.add_argument("--warmup", type=int, nargs="+", default=[4000])
-    lr.add_argument("--steps", type=int, default=100_000)
-    lr.add_argument("--factor", type=float, default=1.0)
+    lr.add_argument("--d-model", type=positive_int, nargs="+", default=[512])
+    lr.add_argument("--warmup", type=positive_int, nargs="+", default=[4000])
+    lr.add_argument("--steps", type=positive_int, default=100_000)
+    lr.add_argument("--factor", type=number(0, low_open=True), default=1.0)
     lr.add_argument("--out", default="lr.png")
 
     c = sub.add_parser("curves", help="loss and validation curves from JSON-lines logs")

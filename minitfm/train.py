@@ -17,19 +17,29 @@ epoch). A checkpoint stores the parameters, Adam's moments, the step, the seed a
 batches, so a resumed run reaches bit-identical parameters to an uninterrupted one on the same
 backend.
 
-Time. ``time_limit`` stops the run, with a checkpoint, after the update that exhausts it; the
-clock (``state.elapsed``, validation included) carries over when a run is resumed.
+Time. ``time_limit`` stops the run, with a validation and a checkpoint, after the update that
+exhausts it; the clock (``state.elapsed``, validation included) carries over when a run is resumed.
+Either way the run ends, by the step count or the time limit, the last step is validated (when
+there is anything to validate) and ``state.valid`` holds the results.
 
-Failures. Ctrl-C (KeyboardInterrupt) saves a checkpoint of the last completed step and returns
-with ``state.interrupted`` set; an Adam update is never cut in half. A NaN or Inf loss, or
-parameters that are no longer finite, raise :class:`TrainingDiverged` naming the step, before any
-checkpoint of the broken state is written. Resuming from a checkpoint of another config,
-vocabulary or seed, or from a damaged file, raises ``checkpoint.CheckpointError`` saying which.
+Failures. Ctrl-C (SIGINT), SIGTERM (``kill``, ``docker stop``, batch schedulers) and SIGHUP all
+stop training the same way: the update under way is finished (never cut in half), a checkpoint of
+the last completed step is saved, and ``train`` returns with ``state.interrupted`` set and
+``state.stop_signal`` naming the signal. Once stopping, further signals are counted and ignored,
+so a second Ctrl-C cannot cut that save short. A NaN or Inf loss, parameters that are no longer
+finite, or a loss that stays above twice chance (2 ln V) for ``DIVERGED_WINDOWS`` logged windows
+after the warmup raise :class:`TrainingDiverged` naming the step, before any checkpoint of the
+broken state is written. A checkpoint or log line that cannot be written (disk full, file too
+large, read-only file system) raises :class:`WriteFailed` naming the file, the reason and the
+latest checkpoint, which is left intact. Resuming from a checkpoint of another config, vocabulary
+or seed, or from a damaged file, raises ``checkpoint.CheckpointError`` saying which; nothing in
+the run directory is written before those checks pass.
 
 Output in ``out_dir``: ``checkpoint_{step:08d}.npz`` (the last ``keep_last`` of them) and
 ``log.jsonl``, one JSON object per logged step (step, loss, nll, lr, tokens, tokens_per_s,
 elapsed; grad_norm when clipping) or validation (step, valid_loss, valid_nll, valid_ppl and what
-the ``valid_metric`` callback returns, e.g. valid_acc or valid_bleu).
+the ``valid_metric`` callback returns, e.g. valid_acc or valid_bleu); and ``run.json`` when
+``options.run_info`` is given, written once the checks have passed.
 """
 
 from __future__ import annotations
@@ -51,9 +61,14 @@ from minitfm import backend, checkpoint, model
 from minitfm.model import Config
 from minitfm.optim import Adam, LRSchedule, clip_grad_norm
 
-__all__ = ["TrainOptions", "TrainState", "TrainingDiverged", "train", "evaluate", "LOG_NAME"]
+__all__ = ["TrainOptions", "TrainState", "TrainingDiverged", "WriteFailed", "train", "evaluate",
+           "LOG_NAME", "RUN_INFO_NAME", "DIVERGED_WINDOWS"]
 
 LOG_NAME = "log.jsonl"
+RUN_INFO_NAME = "run.json"
+DIVERGED_WINDOWS = 3     # logged windows above 2 ln V, after the warmup, that stop a run
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
+                     if hasattr(signal, name))
 
 Batch = tuple            # (src (B, S), tgt (B, T+1)) token-id arrays, host or device
 Batches = Callable[[int], Iterable[Batch]] | Iterable[Batch]
@@ -61,7 +76,11 @@ ValidMetric = Callable[[dict, Config], dict]
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss or the parameters stopped being finite numbers."""
+    """The loss or the parameters stopped being finite numbers, or the loss ran far off."""
+
+
+class WriteFailed(RuntimeError):
+    """A checkpoint or log line could not be written; the message names the intact checkpoint."""
 
 
 @dataclass
@@ -84,6 +103,7 @@ class TrainOptions:
     vocab_id: str | None = None         # identifies the vocabulary; must match on resume
     vocab_model: bytes | None = None    # the tokenizer model, stored in every checkpoint
     run_meta: dict = field(default_factory=dict)   # JSON values that must match on resume
+    run_info: dict | None = None        # JSON written to out_dir/run.json once checks pass
     progress: bool = True               # tqdm bar and validation messages on the console
 
     def __post_init__(self) -> None:
@@ -114,7 +134,9 @@ class TrainState:
     elapsed: float = 0.0          # training seconds so far, over all sessions of the run
     valid: dict = field(default_factory=dict)   # the latest validation results
     last_checkpoint: str | None = None
-    interrupted: bool = False     # stopped by Ctrl-C (a checkpoint was saved if out_dir is set)
+    interrupted: bool = False     # stopped by a signal (a checkpoint was saved if out_dir is set)
+    stop_signal: int | None = None   # which: SIGINT (also a KeyboardInterrupt raised in code),
+                                     # SIGTERM or SIGHUP
     out_of_time: bool = False     # stopped by options.time_limit (likewise)
 
 
@@ -161,20 +183,69 @@ def _target_tokens(tgt, cfg: Config) -> int:
 
 # ---- one update ---------------------------------------------------------------------------
 
+class _StopRequests:
+    """SIGINT, SIGTERM and SIGHUP while training: the first one stops the run, raised as a
+    KeyboardInterrupt where it arrives, or held back to the end of a block that must not be cut
+    (:meth:`held`: an update, a save). Later ones are counted and ignored: the run is stopping
+    already, and they must not cut its final save short."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.ignored = 0
+        self._holding = 0
+        self._raised = False
+        self._previous: dict = {}
+
+    def __enter__(self) -> _StopRequests:
+        if threading.current_thread() is threading.main_thread():
+            for signum in STOP_SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._receive)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+
+    def _receive(self, signum, frame) -> None:
+        if self.signum is not None:
+            self.ignored += 1
+            return
+        self.signum = signum
+        if not self._holding:
+            self._raised = True
+            raise KeyboardInterrupt
+
+    def stopping(self) -> None:
+        """From now on every signal is ignored (the run is stopping for another reason)."""
+        if self.signum is None:
+            self.signum = signal.SIGINT
+        self._raised = True
+
+    @contextlib.contextmanager
+    def held(self):
+        self._holding += 1
+        try:
+            yield
+        finally:
+            self._holding -= 1
+        if self.signum is not None and not self._raised and not self._holding:
+            self._raised = True
+            raise KeyboardInterrupt
+
+
+_active_stops: _StopRequests | None = None    # the running train()'s
+
+
 @contextlib.contextmanager
 def _interrupts_deferred():
-    """Hold back Ctrl-C until the block is done, so an update is never applied halfway."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
+    """Hold back Ctrl-C (and SIGTERM, SIGHUP) until the block is done, so an update or a save is
+    never cut in half; the held-back signal then raises KeyboardInterrupt."""
+    if _active_stops is not None:
+        with _active_stops.held():
+            yield
         return
-    caught = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
+    with _StopRequests() as stops, stops.held():
         yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if caught:
-        raise KeyboardInterrupt
 
 
 def _accumulate(state: TrainState, cfg: Config, micro_batches: list, step: int,
@@ -196,13 +267,18 @@ def _accumulate(state: TrainState, cfg: Config, micro_batches: list, step: int,
     return stats, grads
 
 
-def _diverged(what: str, step: int, state: TrainState) -> TrainingDiverged:
-    kept = (f"the last good checkpoint, {state.last_checkpoint}, is intact" if state.last_checkpoint
-            else "no checkpoint was written")
+def _diverged(what: str, step: int, state: TrainState, good: str | None = None) -> TrainingDiverged:
+    good = state.last_checkpoint if good is None else good
+    if good:
+        kept = f"the last good checkpoint, {good}, is intact"
+    elif state.last_checkpoint:
+        kept = f"every checkpoint up to {state.last_checkpoint} was written after the loss ran off"
+    else:
+        kept = "no checkpoint was written"
     return TrainingDiverged(
         f"{what} at step {step}; training stopped and {kept}. Lower the learning rate "
-        f"(lr_factor), lengthen the warmup or clip gradients (clip_norm), then resume from the "
-        f"last good checkpoint or start again")
+        f"(--lr-factor), lengthen the warmup (--warmup) or clip gradients (--clip-norm), then "
+        f"start again or resume from the last good checkpoint")
 
 
 def _update(state: TrainState, cfg: Config, options: TrainOptions, schedule: LRSchedule,
@@ -227,19 +303,33 @@ def _update(state: TrainState, cfg: Config, options: TrainOptions, schedule: LRS
 
 # ---- checkpoints --------------------------------------------------------------------------
 
+def _write_failed(what: str, exc: OSError, state: TrainState) -> WriteFailed:
+    reason = exc.strerror or str(exc)
+    kept = (f"the previous checkpoint {state.last_checkpoint} is intact" if state.last_checkpoint
+            else "no checkpoint of this run was written yet")
+    return WriteFailed(f"cannot write {what}: {reason}; {kept}. Free space (or make the "
+                       f"directory writable) and continue with --resume")
+
+
 def _save(state: TrainState, cfg: Config, options: TrainOptions) -> None:
     """Write a checkpoint of ``state`` (refusing non-finite parameters) and rotate old ones."""
     for name, value in state.params.items():
         if not bool(backend.xp.isfinite(value).all()):
             raise _diverged(f"parameter {name!r} holds NaN or Inf", state.step, state)
-    path = checkpoint.save(
-        checkpoint.checkpoint_path(options.out_dir, state.step), state.params,
-        optimizer_state=state.optimizer.state_dict(), step=state.step, config=cfg.to_dict(),
-        vocab_id=options.vocab_id, vocab_model=options.vocab_model,
-        extra={"seed": state.seed, "epoch": state.epoch, "batches_done": state.batches_done,
-               "tokens": state.tokens, "elapsed": state.elapsed, "run_meta": options.run_meta})
-    checkpoint.keep_last(options.out_dir, options.keep_last)
-    state.last_checkpoint = path
+    path = checkpoint.checkpoint_path(options.out_dir, state.step)
+    try:
+        with _interrupts_deferred():
+            checkpoint.save(
+                path, state.params, optimizer_state=state.optimizer.state_dict(),
+                step=state.step, config=cfg.to_dict(), vocab_id=options.vocab_id,
+                vocab_model=options.vocab_model,
+                extra={"seed": state.seed, "epoch": state.epoch,
+                       "batches_done": state.batches_done, "tokens": state.tokens,
+                       "elapsed": state.elapsed, "run_meta": options.run_meta})
+            state.last_checkpoint = path
+            checkpoint.keep_last(options.out_dir, options.keep_last)
+    except OSError as exc:
+        raise _write_failed(f"checkpoint {path}", exc, state) from exc
 
 
 def _check_same_run(ckpt: checkpoint.Checkpoint, options: TrainOptions) -> None:
@@ -295,9 +385,22 @@ def _start(cfg: Config, options: TrainOptions, params: dict | None) -> TrainStat
         model.check_params(params, cfg)
         state = TrainState(params=params, optimizer=Adam(params), seed=options.seed)
     if options.out_dir:
-        os.makedirs(options.out_dir, exist_ok=True)
-        _truncate_log(os.path.join(options.out_dir, LOG_NAME), state.step)
+        try:
+            os.makedirs(options.out_dir, exist_ok=True)
+            _truncate_log(os.path.join(options.out_dir, LOG_NAME), state.step)
+            if options.run_info is not None:
+                _write_run_info(os.path.join(options.out_dir, RUN_INFO_NAME), options.run_info)
+        except OSError as exc:
+            raise _write_failed(f"the run directory {options.out_dir} ({exc.filename})", exc,
+                                state) from exc
     return state
+
+
+def _write_run_info(path: str, info: dict) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps(info, indent=1) + "\n")
+    os.replace(tmp, path)
 
 
 # ---- log ----------------------------------------------------------------------------------
@@ -307,10 +410,15 @@ def _say(options: TrainOptions, text: str) -> None:
         tqdm.write(text)
 
 
-def _append_log(options: TrainOptions, record: dict) -> None:
-    if options.out_dir:
-        with open(os.path.join(options.out_dir, LOG_NAME), "a", encoding="utf-8") as f:
+def _append_log(options: TrainOptions, record: dict, state: TrainState) -> None:
+    if not options.out_dir:
+        return
+    path = os.path.join(options.out_dir, LOG_NAME)
+    try:
+        with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+    except OSError as exc:
+        raise _write_failed(f"the log {path}", exc, state) from exc
 
 
 def _logged_step(line: str) -> int | None:
@@ -355,50 +463,89 @@ def train(cfg: Config, batches: Batches, options: TrainOptions, *, params: dict 
     if state.step >= options.steps:
         _say(options, f"nothing to do: the run is at step {state.step} of {options.steps}")
         return state
+    global _active_stops
     schedule = LRSchedule(cfg.d_model, options.warmup, options.lr_factor)
+    validating = valid_batches is not None or valid_metric is not None
     stream = _batch_stream(batches, state.epoch, state.batches_done)
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "seconds": 0.0}
     session_start, elapsed_before = time.perf_counter(), state.elapsed
+    watch = _DivergenceWatch(cfg, options, state)
     bar = tqdm(total=options.steps, initial=state.step, disable=not options.progress,
                unit="step", dynamic_ncols=True)
-    try:
-        while state.step < options.steps:
-            started = time.perf_counter()
-            taken = list(itertools.islice(stream, options.update_freq))
-            micro_batches = [(backend.to_device(src), backend.to_device(tgt))
-                             for _, _, (src, tgt) in taken]
-            stats = _update(state, cfg, options, schedule, micro_batches, taken[-1][:2])
-            window["seconds"] += time.perf_counter() - started
-            state.elapsed = elapsed_before + time.perf_counter() - session_start
-            for key in ("loss", "nll"):
-                window[key] += stats[key] * stats["tokens"]
-            window["tokens"] += stats["tokens"]
-            bar.update(1)
-            if _due(state.step, options.log_every, options.steps):
-                _log_step(state, stats, window, options, bar)
-                window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "seconds": 0.0}
-            if (valid_batches is not None or valid_metric is not None) and \
-                    _due(state.step, options.valid_every, options.steps):
-                _validate(state, cfg, options, valid_batches, valid_metric)
-            out_of_time = options.time_limit is not None and state.elapsed >= options.time_limit
-            if options.out_dir and (out_of_time or _due(state.step, options.save_every, options.steps)):
+    with _StopRequests() as stops:
+        _active_stops = stops
+        try:
+            while state.step < options.steps:
+                started = time.perf_counter()
+                taken = list(itertools.islice(stream, options.update_freq))
+                micro_batches = [(backend.to_device(src), backend.to_device(tgt))
+                                 for _, _, (src, tgt) in taken]
+                stats = _update(state, cfg, options, schedule, micro_batches, taken[-1][:2])
+                window["seconds"] += time.perf_counter() - started
+                state.elapsed = elapsed_before + time.perf_counter() - session_start
+                for key in ("loss", "nll"):
+                    window[key] += stats[key] * stats["tokens"]
+                window["tokens"] += stats["tokens"]
+                bar.update(1)
+                if _due(state.step, options.log_every, options.steps):
+                    watch.check(_log_step(state, stats, window, options, bar))
+                    window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "seconds": 0.0}
+                out_of_time = options.time_limit is not None and state.elapsed >= options.time_limit
+                if validating and (out_of_time
+                                   or _due(state.step, options.valid_every, options.steps)):
+                    _validate(state, cfg, options, valid_batches, valid_metric)
+                if options.out_dir and (out_of_time
+                                        or _due(state.step, options.save_every, options.steps)):
+                    _save(state, cfg, options)
+                    watch.saved()
+                if out_of_time:
+                    state.out_of_time = True
+                    break
+        except KeyboardInterrupt:
+            stops.stopping()                # from here on, further signals are ignored
+            state.interrupted, state.stop_signal = True, stops.signum
+            if options.out_dir and state.last_checkpoint != checkpoint.checkpoint_path(
+                    options.out_dir, state.step):
                 _save(state, cfg, options)
-            if out_of_time:
-                state.out_of_time = True
-                break
-    except KeyboardInterrupt:
-        state.interrupted = True
-        if options.out_dir and state.last_checkpoint != checkpoint.checkpoint_path(
-                options.out_dir, state.step):
-            _save(state, cfg, options)
-        _say(options, f"interrupted at step {state.step}"
-             + (f"; checkpoint {state.last_checkpoint}" if options.out_dir else ""))
-    finally:
-        bar.close()
+            how = ("interrupted" if state.stop_signal == signal.SIGINT
+                   else f"stopped by {signal.Signals(state.stop_signal).name}")
+            _say(options, f"{how} at step {state.step}"
+                 + (f"; checkpoint {state.last_checkpoint}" if options.out_dir else ""))
+        finally:
+            _active_stops = None
+            bar.close()
     return state
 
 
-def _log_step(state: TrainState, stats: dict, window: dict, options: TrainOptions, bar) -> None:
+class _DivergenceWatch:
+    """Stops a run whose loss stays far above chance: above 2 ln V (a model that guesses
+    uniformly scores ln V) for ``DIVERGED_WINDOWS`` logged windows in a row after the warmup.
+    NaN and Inf are caught at once by the update; this catches the finite blow-ups."""
+
+    def __init__(self, cfg: Config, options: TrainOptions, state: TrainState) -> None:
+        self.limit = 2.0 * math.log(cfg.tgt_vocab)
+        self.warmup, self.state = options.warmup, state
+        self.high = 0                             # windows in a row above the limit
+        self.good_checkpoint = state.last_checkpoint
+
+    def check(self, loss: float) -> None:
+        if self.state.step <= self.warmup or loss <= self.limit:
+            self.high = 0
+            return
+        self.high += 1
+        if self.high >= DIVERGED_WINDOWS:
+            raise _diverged(
+                f"the training loss has stayed above 2 ln V = {self.limit:.2f} (twice chance) "
+                f"for {self.high} logged windows after the warmup, at {loss:.4g} per token",
+                self.state.step, self.state, good=self.good_checkpoint or "")
+
+    def saved(self) -> None:
+        if self.high == 0:
+            self.good_checkpoint = self.state.last_checkpoint
+
+
+def _log_step(state: TrainState, stats: dict, window: dict, options: TrainOptions, bar) -> float:
+    """Append the log line of the window that ends now; return its loss per token."""
     tokens = window["tokens"]
     record = {"step": state.step, "loss": window["loss"] / tokens, "nll": window["nll"] / tokens,
               "lr": stats["lr"], "tokens": state.tokens,
@@ -406,9 +553,10 @@ def _log_step(state: TrainState, stats: dict, window: dict, options: TrainOption
               "elapsed": round(state.elapsed, 3)}
     if "grad_norm" in stats:
         record["grad_norm"] = float(stats["grad_norm"])
-    _append_log(options, record)
+    _append_log(options, record, state)
     bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
                     tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
+    return record["loss"]
 
 
 def _validate(state: TrainState, cfg: Config, options: TrainOptions,
@@ -419,7 +567,7 @@ def _validate(state: TrainState, cfg: Config, options: TrainOptions,
     if valid_metric is not None:
         results.update(valid_metric(state.params, cfg))
     state.valid = {"step": state.step, **results}
-    _append_log(options, state.valid)
+    _append_log(options, state.valid, state)
     _say(options, f"step {state.step}: " + ", ".join(
         f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
         for key, value in results.items()))

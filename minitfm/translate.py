@@ -16,24 +16,32 @@ penalty 0.6, at most source length + 50 output tokens; see :mod:`minitfm.decode`
   the Moses n-best format ``INDEX ||| TRANSLATION ||| SCORE`` (INDEX counts input lines from 0,
   SCORE is the length-normalised log-probability); an empty line gives one empty hypothesis.
 
-Input is split on ``\\n`` only, and invalid UTF-8 is replaced rather than fatal, so the output
-always has exactly as many lines (or n-best groups) as the input.
+Input is split on ``\\n`` only, and invalid UTF-8 is replaced rather than fatal (with one warning
+at the end naming the lines), so the output always has exactly as many lines (or n-best groups) as
+the input. Gzipped input (``--input`` or standard input) is recognised by its first bytes and
+decompressed, as the corpora are; a truncated one is an error.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import gzip
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from typing import BinaryIO, TextIO
 
+from tqdm import tqdm
+
 from minitfm import backend, checkpoint, decode, model
-from minitfm.data.corpus import DataError
+from minitfm.cli import add_backend_option, number, positive_int, select_backend
+from minitfm.data.corpus import DataError, raw_lines
 from minitfm.data.vocab import Vocab
 
-__all__ = ["TranslateError", "load_translator", "encode_lines", "translate_lines", "main"]
+GZIP_MAGIC = b"\x1f\x8b"
+
+__all__ = ["TranslateError", "load_translator", "encode_lines", "translate_lines",
+           "translate_texts", "main"]
 
 Translation = tuple[str, float]   # (detokenized text, length-normalised log-probability)
 
@@ -110,10 +118,60 @@ def translate_lines(params: dict, cfg: model.Config, vocab: Vocab, lines: Sequen
     return results
 
 
-def read_lines(stream: BinaryIO) -> Iterator[str]:
-    """The lines of a byte stream, split on ``\\n`` only, without their line endings."""
-    for raw in stream:
-        yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
+def translate_texts(params: dict, cfg: model.Config, vocab: Vocab, lines: Sequence[str], *,
+                    beam: int = 4, alpha: float = 0.6, batch_size: int = 64,
+                    progress: bool = False, warn: Callable[[str], None] = _warn) -> list[str]:
+    """The best translation of each line (``beam=1``: greedy), with an optional progress bar."""
+    outputs: list[str] = []
+    chunk = 4 * batch_size
+    with tqdm(total=len(lines), desc="translate", unit=" sent", disable=not progress) as bar:
+        for start in range(0, len(lines), chunk):
+            results = translate_lines(params, cfg, vocab, lines[start:start + chunk], beam=beam,
+                                      alpha=alpha, batch_size=batch_size, first_line=start + 1,
+                                      warn=warn)
+            outputs += [hyps[0][0] for hyps in results]
+            bar.update(len(results))
+    return outputs
+
+
+class InputLines:
+    """The lines of ``--input`` (plain or gzipped) or of a byte stream, split on ``\\n`` only,
+    without their line endings; invalid UTF-8 is replaced, and the line numbers collected in
+    ``invalid`` for one warning at the end."""
+
+    def __init__(self, path: str | None, stream: BinaryIO) -> None:
+        self.path, self.stream = path, stream
+        self.invalid: list[int] = []
+
+    def _raw(self) -> Iterator[bytes]:
+        if self.path is not None:
+            yield from raw_lines(self.path)              # gzip by magic, DataError if truncated
+            return
+        stream = self.stream
+        if hasattr(stream, "peek") and stream.peek(2)[:2] == GZIP_MAGIC:
+            stream = gzip.GzipFile(fileobj=stream)
+        try:
+            for raw in stream:
+                yield raw.rstrip(b"\n").rstrip(b"\r")
+        except (OSError, EOFError) as exc:
+            raise DataError(f"standard input: read failed ({exc}); the gzip stream is corrupt "
+                            f"or truncated") from exc
+
+    def __iter__(self) -> Iterator[str]:
+        for number, raw in enumerate(self._raw(), start=1):
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError:
+                self.invalid.append(number)
+                yield raw.decode("utf-8", errors="replace")
+
+    def warning(self) -> str | None:
+        if not self.invalid:
+            return None
+        shown = ", ".join(map(str, self.invalid[:10])) + (", ..." if len(self.invalid) > 10
+                                                          else "")
+        return (f"invalid UTF-8 replaced by U+FFFD on {len(self.invalid)} line(s) of "
+                f"{self.path or 'standard input'}: {shown}")
 
 
 def chunks(items: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -137,47 +195,42 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m minitfm.translate",
         description="Translate sentences (one per line) with a trained minitfm checkpoint.")
     p.add_argument("--checkpoint", required=True, help="checkpoint file (.npz) with a vocabulary")
-    p.add_argument("--input", help="input text file (default: standard input)")
-    p.add_argument("--beam", type=int, default=4, help="beam size (default 4; 1 is greedy)")
-    p.add_argument("--lenpen", type=float, default=0.6,
+    p.add_argument("--input", help="input text file, plain or gzipped (default: standard input)")
+    p.add_argument("--beam", type=positive_int, default=4, help="beam size (default 4; 1 is greedy)")
+    p.add_argument("--lenpen", type=number(0), default=0.6,
                    help="length penalty alpha, ((5 + |Y|) / 6)^alpha (default 0.6)")
-    p.add_argument("--nbest", type=int, default=None,
+    p.add_argument("--nbest", type=positive_int, default=None,
                    help="print the N best hypotheses with scores, 'INDEX ||| TEXT ||| SCORE'")
-    p.add_argument("--max-len", type=int, default=None,
+    p.add_argument("--max-len", type=positive_int, default=None,
                    help="most output tokens (default: source length + 50)")
-    p.add_argument("--batch-size", type=int, default=64, help="sentences decoded together")
-    p.add_argument("--backend", choices=["numpy", "cupy", "auto"], default=None,
-                   help="array backend (default: MINITFM_BACKEND, else numpy)")
+    p.add_argument("--batch-size", type=positive_int, default=64,
+                   help="sentences decoded together")
+    add_backend_option(p, "numpy")
     args = p.parse_args(argv)
-    if args.beam < 1:
-        p.error(f"--beam must be at least 1, got {args.beam}")
-    if args.nbest is not None and not 1 <= args.nbest <= args.beam:
+    if args.nbest is not None and not args.nbest <= args.beam:
         p.error(f"--nbest must be between 1 and --beam ({args.beam}), got {args.nbest}")
-    if args.batch_size < 1:
-        p.error(f"--batch-size must be at least 1, got {args.batch_size}")
-    if args.lenpen < 0:
-        p.error(f"--lenpen must be >= 0, got {args.lenpen}")
     return args
 
 
 def run(args: argparse.Namespace, stdin: BinaryIO, stdout: TextIO) -> None:
-    if args.backend is not None:
-        backend.use(args.backend)
+    select_backend(args.backend, "numpy")
     params, cfg, vocab = load_translator(args.checkpoint)
     if args.max_len is not None and not 1 <= args.max_len <= cfg.max_len:
         raise TranslateError(f"--max-len must be between 1 and the model's max_len "
                              f"({cfg.max_len}), got {args.max_len}")
-    with open(args.input, "rb") if args.input else contextlib.nullcontext(stdin) as source:
-        done = 0
-        for lines in chunks(read_lines(source), 16 * args.batch_size):
-            results = translate_lines(params, cfg, vocab, lines, beam=args.beam,
-                                      alpha=args.lenpen, nbest=args.nbest or 1,
-                                      batch_size=args.batch_size, max_len=args.max_len,
-                                      first_line=done + 1)
-            for out in format_translations(results, done, args.nbest is not None):
-                stdout.write(out + "\n")
-            stdout.flush()
-            done += len(lines)
+    source = InputLines(args.input, stdin)
+    done = 0
+    for lines in chunks(source, 16 * args.batch_size):
+        results = translate_lines(params, cfg, vocab, lines, beam=args.beam,
+                                  alpha=args.lenpen, nbest=args.nbest or 1,
+                                  batch_size=args.batch_size, max_len=args.max_len,
+                                  first_line=done + 1)
+        for out in format_translations(results, done, args.nbest is not None):
+            stdout.write(out + "\n")
+        stdout.flush()
+        done += len(lines)
+    if source.warning():
+        _warn(source.warning())
 
 
 def main(argv: list[str] | None = None, stdin: BinaryIO | None = None,
@@ -186,8 +239,11 @@ def main(argv: list[str] | None = None, stdin: BinaryIO | None = None,
     try:
         run(args, stdin if stdin is not None else sys.stdin.buffer,
             stdout if stdout is not None else sys.stdout)
-    except (TranslateError, backend.BackendError, OSError) as exc:
+    except (TranslateError, backend.BackendError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: {exc.filename or 'a file'}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     return 0
 

@@ -16,24 +16,29 @@ Errors caused by the data (missing or corrupt files, misaligned corpora, a vocab
 special ids) raise :class:`DataError`, a ``ValueError`` whose message says what to fix.
 """
 
-from .batching import BatchPlan, collate, eval_batches, iterate_batches, token_batches
+from .batching import (BatchPlan, collate, epoch_batches, eval_arrays, eval_batches,
+                       iterate_batches, token_batches)
 from .clean import CleanOptions, CleanReport, clean_parallel
-from .corpus import (DataError, ParallelReader, ParallelText, parallel_files, read_lines,
-                     read_parallel, read_parallel_files, read_sgm)
+from .corpus import (DataError, ParallelReader, ParallelText, file_stamp, parallel_files,
+                     raw_lines, read_lines, read_parallel, read_parallel_files, read_sgm,
+                     require_pairs)
 from .encoded import EncodedCorpus, encode_corpus
 from .prepare import prepare_wmt14
 from .text import (BPETokenizer, CharTokenizer, TextData, load_text, load_tokenizer,
                    random_blocks, validation_blocks)
-from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocab, train_joint_vocab, train_vocab
+from .vocab import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocab, cached_joint_vocab, train_joint_vocab,
+                    train_vocab)
 
 __all__ = [
     "DataError", "PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID",
-    "ParallelReader", "ParallelText", "parallel_files", "read_lines", "read_parallel",
+    "ParallelReader", "ParallelText", "file_stamp", "parallel_files", "require_pairs",
+    "raw_lines", "read_lines", "read_parallel",
     "read_parallel_files", "read_sgm",
     "CleanOptions", "CleanReport", "clean_parallel",
-    "Vocab", "train_vocab", "train_joint_vocab",
+    "Vocab", "train_vocab", "train_joint_vocab", "cached_joint_vocab",
     "EncodedCorpus", "encode_corpus",
-    "BatchPlan", "token_batches", "eval_batches", "collate", "iterate_batches",
+    "BatchPlan", "token_batches", "eval_batches", "collate", "iterate_batches", "epoch_batches",
+    "eval_arrays",
     "prepare_wmt14",
     "CharTokenizer", "BPETokenizer", "TextData", "load_text", "load_tokenizer", "random_blocks",
     "validation_blocks",

@@ -25,7 +25,7 @@ sentence, so there they are *truncated* instead, and counted.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +34,8 @@ from .corpus import DataError
 from .encoded import EncodedCorpus
 from .vocab import BOS_ID, EOS_ID, PAD_ID
 
-__all__ = ["BatchPlan", "token_batches", "eval_batches", "collate", "iterate_batches"]
+__all__ = ["BatchPlan", "token_batches", "eval_batches", "collate", "iterate_batches",
+           "epoch_batches", "eval_arrays"]
 
 
 @dataclass
@@ -161,6 +162,27 @@ def iterate_batches(corpus: EncodedCorpus, plan: BatchPlan
     for indices in plan.batches:
         src, tgt = collate(corpus, indices, max_positions=plan.max_positions)
         yield indices, src, tgt
+
+
+def epoch_batches(corpus: EncodedCorpus, max_tokens: int, *, seed: int,
+                  max_positions: int | None = None) -> Callable[[int], Iterator[tuple]]:
+    """``batches(epoch)`` for ``minitfm.train.train``: the padded ``(src, tgt)`` arrays of the
+    token-count batches of ``epoch`` (:func:`token_batches` from ``seed`` and the epoch)."""
+    def batches(epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        plan = token_batches(corpus.src_lengths, corpus.tgt_lengths, max_tokens, seed=seed,
+                             epoch=epoch, max_positions=max_positions)
+        for indices in plan:
+            yield collate(corpus, indices)
+    return batches
+
+
+def eval_arrays(corpus: EncodedCorpus, batch_size: int, *,
+                max_positions: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every pair of ``corpus`` once, as padded ``(src, tgt)`` arrays of ``batch_size`` pairs
+    ordered by source length, over-long sentences truncated (a validation set in memory)."""
+    plan = eval_batches(corpus.src_lengths, corpus.tgt_lengths, batch_size,
+                        max_positions=max_positions, sort_by_length=True)
+    return [collate(corpus, indices, max_positions=max_positions) for indices in plan]
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -31,7 +31,8 @@ from typing import BinaryIO, NamedTuple
 
 __all__ = [
     "DataError", "ParallelText", "ParallelReader", "Segment",
-    "parallel_files", "read_parallel", "read_parallel_files", "read_lines", "read_sgm",
+    "file_stamp", "parallel_files", "require_pairs", "raw_lines", "read_parallel", "read_parallel_files", "read_lines",
+    "read_sgm",
     "unescape_xml",
 ]
 
@@ -79,10 +80,27 @@ def _decode(line: bytes, path: Path, number: int) -> str:
             "fix the file or read it with skip_invalid=True to drop such pairs") from None
 
 
+def raw_lines(path: str | Path) -> Iterator[bytes]:
+    """The lines of a plain or gzipped file as bytes, without line endings (and without a UTF-8
+    byte-order mark); a truncated or corrupt gzip file raises :class:`DataError`."""
+    return _iter_raw_lines(Path(path))
+
+
 def read_lines(path: str | Path) -> list[str]:
     """All lines of a plain or gzipped UTF-8 text file, without line endings."""
     path = Path(path)
     return [_decode(line, path, n) for n, line in enumerate(_iter_raw_lines(path), start=1)]
+
+
+def file_stamp(path: str | Path) -> dict:
+    """What identifies a file's contents cheaply: resolved path, size, modification time.
+
+    Caches derived from a corpus (vocabulary, encoded arrays) store the stamps of its files and
+    are rebuilt when one changes.
+    """
+    path = Path(path)
+    stat = path.stat()
+    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
 # ----------------------------------------------------------------------------- plain parallel text
@@ -90,6 +108,25 @@ def read_lines(path: str | Path) -> list[str]:
 def parallel_files(prefix: str | Path, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
     """The two files of corpus ``prefix``, each ``PREFIX.LANG`` or ``PREFIX.LANG.gz``."""
     return _find_side(prefix, src_lang), _find_side(prefix, tgt_lang)
+
+
+def require_pairs(prefix: str | Path, src_lang: str, tgt_lang: str) -> None:
+    """Raise :class:`DataError` unless corpus ``prefix`` holds at least one sentence pair.
+
+    Reads only the first line of each side: a cheap check, before hours of work, that the files
+    named on the command line are the intended ones and not empty.
+    """
+    paths = parallel_files(prefix, src_lang, tgt_lang)
+    empty = []
+    for path in paths:
+        lines = _iter_raw_lines(path)
+        if next(lines, None) is None:
+            empty.append(str(path))
+        lines.close()
+    if empty:
+        raise DataError(f"no sentence pairs in {paths[0]} / {paths[1]} ({' and '.join(empty)} "
+                        f"{'is' if len(empty) == 1 else 'are'} empty): check the corpus prefix "
+                        f"{prefix} and the language suffixes")
 
 
 def _find_side(prefix: str | Path, lang: str) -> Path:

@@ -30,7 +30,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .clean import CleanOptions, CleanReport, filter_pairs
-from .corpus import DataError, ParallelReader, parallel_files
+from .corpus import DataError, ParallelReader, file_stamp, parallel_files
 from .vocab import Vocab
 
 __all__ = ["EncodedCorpus", "encode_corpus", "cache_name"]
@@ -164,15 +164,10 @@ def _cache_key(src_path: Path, tgt_path: Path, src_lang: str, tgt_lang: str, voc
         "vocab": vocab.identifier,
         "src_lang": src_lang,
         "tgt_lang": tgt_lang,
-        "sources": [_file_stamp(src_path), _file_stamp(tgt_path)],
+        "sources": [file_stamp(src_path), file_stamp(tgt_path)],
         "clean_options": clean.to_dict() if clean is not None else None,
         "skip_invalid": skip_invalid,
     }
-
-
-def _file_stamp(path: Path) -> dict:
-    stat = path.stat()
-    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
 def _read_manifest(path: Path) -> dict | None:

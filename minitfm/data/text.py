@@ -42,8 +42,8 @@ import numpy as np
 
 from minitfm import backend
 
-from .corpus import DataError, _open_bytes
-from .encoded import TOKEN_DTYPE, _file_stamp, _load_array, _NpyAppender, _read_manifest
+from .corpus import DataError, _open_bytes, file_stamp
+from .encoded import TOKEN_DTYPE, _load_array, _NpyAppender, _read_manifest
 from .vocab import EOS_ID, Vocab, train_vocab
 
 __all__ = ["CharTokenizer", "BPETokenizer", "Tokenizer", "load_tokenizer", "tokenizer_from_array",
@@ -322,7 +322,7 @@ def encode_text_file(path: str | Path, tokenizer: Tokenizer,
     name = f"{path.name}.{tokenizer.kind}-{tokenizer.identifier}"
     tokens_path, manifest_path = cache_dir / f"{name}.tokens.npy", cache_dir / f"{name}.json"
     key = {"format": FORMAT, "tokenizer": f"{tokenizer.kind}:{tokenizer.identifier}",
-           "source": _file_stamp(path)}
+           "source": file_stamp(path)}
     manifest = _read_manifest(manifest_path)
     if (manifest is not None and all(manifest.get(k) == v for k, v in key.items())
             and tokens_path.is_file()):

@@ -19,18 +19,20 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
+import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 from pathlib import Path
 
 import numpy as np
 import sentencepiece as spm
 
-from .corpus import DataError, ParallelReader, parallel_files
+from .corpus import DataError, ParallelReader, file_stamp, parallel_files
 
 __all__ = ["PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "Vocab", "train_vocab", "train_joint_vocab",
-           "sample_sentences"]
+           "cached_joint_vocab", "sample_sentences"]
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 _SPECIAL_PIECES = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>"}
@@ -167,6 +169,12 @@ def train_vocab(sentences: Iterable[str], vocab_size: int, *,
         sentences = sample_sentences(sentences, input_sentence_size, seed)
     elif input_sentence_size:
         sentences = list(islice(sentences, input_sentence_size))
+    stream = iter(sentences)
+    first = next((sentence for sentence in stream if sentence.strip()), None)  # skips blanks
+    if first is None:
+        raise DataError("no text to train a vocabulary on: the training corpus is empty (or "
+                        "holds only blank lines)")
+    sentences = itertools.chain([first], stream)
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
@@ -178,8 +186,8 @@ def train_vocab(sentences: Iterable[str], vocab_size: int, *,
             bos_piece=_SPECIAL_PIECES["bos"], eos_piece=_SPECIAL_PIECES["eos"],
             num_threads=num_threads, minloglevel=2)
     except RuntimeError as exc:
-        raise DataError(f"sentencepiece training failed: {exc}; for a small corpus, lower "
-                        "vocab_size or pass hard_vocab_limit=False") from exc
+        raise DataError(f"sentencepiece training failed: {exc}; for a small corpus, lower the "
+                        "vocabulary size or pass hard_vocab_limit=False") from exc
     return Vocab(model.getvalue())
 
 
@@ -191,3 +199,30 @@ def train_joint_vocab(prefix: str | Path, src_lang: str, tgt_lang: str, vocab_si
     """
     reader = ParallelReader(*parallel_files(prefix, src_lang, tgt_lang), skip_invalid=skip_invalid)
     return train_vocab((text for pair in reader for text in pair), vocab_size, **options)
+
+
+def cached_joint_vocab(prefix: str | Path, src_lang: str, tgt_lang: str, vocab_size: int,
+                       directory: str | Path, *, seed: int = 0,
+                       announce: Callable[[str], None] = lambda text: None) -> Vocab:
+    """The joint vocabulary of corpus ``prefix``, trained once and kept in ``directory``.
+
+    ``directory/spm.SRC-TGT.SIZE.model`` is reused while ``SIZE.json`` beside it records the same
+    training files (path, size, modification time), size and seed; otherwise the vocabulary is
+    trained again (``announce`` is told) with ``hard_vocab_limit=False``, so a small corpus ends
+    with fewer pieces than asked rather than failing.
+    """
+    directory = Path(directory)
+    name = f"spm.{src_lang}-{tgt_lang}.{vocab_size}"
+    model_path, key_path = directory / f"{name}.model", directory / f"{name}.json"
+    key = {"sources": [file_stamp(p) for p in parallel_files(prefix, src_lang, tgt_lang)],
+           "vocab_size": vocab_size, "seed": seed}
+    if model_path.is_file() and key_path.is_file() and \
+            json.loads(key_path.read_text(encoding="utf-8")) == key:
+        return Vocab.load(model_path)
+    announce(f"training a {vocab_size}-piece joint BPE vocabulary on {prefix}")
+    vocab = train_joint_vocab(prefix, src_lang, tgt_lang, vocab_size, seed=seed,
+                              hard_vocab_limit=False)
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab.save(model_path)
+    key_path.write_text(json.dumps(key, indent=1) + "\n", encoding="utf-8")
+    return vocab

@@ -1,0 +1,159 @@
+"""What the command lines share: the run directory, the model config from options, option
+validation, the backend choice and the way ``main()`` reports errors and signals.
+
+``train_toy.py``, ``train_wmt.py`` and ``python -m minitfm.translate / average / plot`` are thin
+front ends over the library; the glue they have in common lives here once, so that all behave
+alike:
+
+- every numeric option is checked by argparse with a ``type=`` from here (:func:`integer`,
+  :func:`number`): a bad value is a usage error naming the option and its allowed range, before
+  any work; NaN and infinity are refused wherever a finite number is meant;
+- a user error prints one ``error:`` line and exits with the command's error status; a file that
+  cannot be written names the file and the reason;
+- Ctrl-C outside training prints ``interrupted`` and exits with 130, the shell's code for it;
+  a training run stopped by a signal exits with 128 + the signal's number (SIGINT 130,
+  SIGTERM 143, SIGHUP 129) after saving its checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+
+from minitfm import backend, checkpoint, train
+from minitfm.data import DataError
+from minitfm.model import Config
+
+__all__ = ["EXIT_INTERRUPTED", "UsageError", "USER_ERRORS", "integer", "number", "positive_int",
+           "add_backend_option", "select_backend", "default_run_dir", "model_config",
+           "stopped", "report_errors"]
+
+EXIT_INTERRUPTED = 130   # the shell's code for a process stopped by Ctrl-C
+
+
+class UsageError(Exception):
+    """Options that do not fit together; the message says what to change."""
+
+
+# what a user can cause: reported as one line, without a traceback
+USER_ERRORS = (UsageError, DataError, checkpoint.CheckpointError, backend.BackendError,
+               train.TrainingDiverged, train.WriteFailed, FileExistsError, FileNotFoundError)
+
+
+# ---- option values ---------------------------------------------------------------------------
+
+def _bounds(low, high, low_open: bool, high_open: bool) -> str:
+    if low is not None and high is not None:
+        return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    if low is not None:
+        return f"{'>' if low_open else '>='} {low:g}"
+    if high is not None:
+        return f"{'<' if high_open else '<='} {high:g}"
+    return ""
+
+
+def integer(low: int | None = None, high: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type=`` for an integer in [low, high] (None: unbounded)."""
+    def parse(text: str) -> int:
+        wanted = " ".join(filter(None, ("an integer", _bounds(low, high, False, False))))
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}") from None
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
+        return value
+    return parse
+
+
+positive_int = integer(1)
+
+
+def number(low: float | None = None, high: float | None = None, *, low_open: bool = False,
+           high_open: bool = False) -> Callable[[str], float]:
+    """An argparse ``type=`` for a finite number in the given range; NaN and infinity are
+    refused. ``low_open`` / ``high_open`` exclude the bound itself."""
+    def parse(text: str) -> float:
+        wanted = " ".join(filter(None, ("a finite number",
+                                         _bounds(low, high, low_open, high_open))))
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}") from None
+        if (not math.isfinite(value)
+                or (low is not None and (value < low or (low_open and value == low)))
+                or (high is not None and (value > high or (high_open and value == high)))):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
+        return value
+    return parse
+
+
+# ---- backend ---------------------------------------------------------------------------------
+
+def add_backend_option(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--backend", choices=("numpy", "cupy", "auto"), default=None,
+                        help=f"array backend (default: $MINITFM_BACKEND, else {default})")
+
+
+def select_backend(choice: str | None, default: str) -> str:
+    """Activate ``--backend`` (else ``$MINITFM_BACKEND``, else ``default``); return it in words,
+    saying why when ``auto`` fell back to NumPy."""
+    backend.use(choice or backend.environment_choice(default))
+    return backend.describe()
+
+
+def default_run_dir(kind: str, resume: bool) -> str:
+    """A new ``runs/KIND-<time>``, or with ``resume`` the newest existing ``runs/KIND-*``."""
+    if resume:
+        existing = sorted(glob.glob(os.path.join("runs", f"{kind}-*")))
+        if not existing:
+            raise UsageError(f"--resume: no run directory runs/{kind}-* to resume; pass --out DIR")
+        return existing[-1]
+    return os.path.join("runs", f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def model_config(preset: str, vocab_size: int, args: argparse.Namespace) -> Config:
+    """The preset's config for a joint vocabulary of ``vocab_size``, with the model options given
+    on the command line (``--layers``, ``--d-model``, ``--d-ff``, ``--heads``, ``--dropout``,
+    ``--label-smoothing``; absent or None: the preset's value)."""
+    options = {"n_layers": "layers", "d_model": "d_model", "d_ff": "d_ff", "n_heads": "heads",
+               "dropout": "dropout", "label_smoothing": "label_smoothing"}
+    overrides = {field: getattr(args, option) for field, option in options.items()
+                 if getattr(args, option, None) is not None}
+    try:
+        return Config.preset(preset, src_vocab=vocab_size, tgt_vocab=vocab_size, **overrides)
+    except ValueError as exc:
+        raise UsageError(f"model options: {exc}") from exc
+
+
+def stopped(state: train.TrainState, out: str) -> int:
+    """Say how to continue a run stopped by a signal; return its exit status, 128 + signal."""
+    signum = state.stop_signal or signal.SIGINT
+    how = ("interrupted" if signum == signal.SIGINT
+           else f"stopped by {signal.Signals(signum).name}")
+    saved = (f"checkpoint {state.last_checkpoint} saved" if state.last_checkpoint
+             else "no checkpoint saved")
+    print(f"{how} at step {state.step}; {saved}; continue with the same options and "
+          f"--out {out} --resume", flush=True)
+    return 128 + signum
+
+
+def report_errors(run: Callable[[], int], exit_error: int) -> int:
+    """``run()``'s exit status; a user error prints ``error: ...`` and gives ``exit_error``."""
+    try:
+        return run()
+    except USER_ERRORS as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exit_error
+    except OSError as exc:          # a file the command could not read or write
+        print(f"error: {exc.filename or 'a file'}: {exc.strerror or exc}", file=sys.stderr)
+        return exit_error
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
