@@ -1,5 +1,8 @@
 """The whole Transformer: gradients, masks, dtypes, configuration and input checks."""
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -255,6 +258,40 @@ def test_parameter_names_and_order_are_those_of_saved_checkpoints(share, pre_ln,
     if pre_ln:
         expected += ["enc.ln.gamma", "enc.ln.beta", "dec.ln.gamma", "dec.ln.beta"]
     assert model.parameter_names(cfg) == expected
+
+
+def readme_parameter_table(cfg) -> dict:
+    """The README's parameter table, expanded for ``cfg``: {name: shape}."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Parameters", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    symbols = {"V": cfg.src_vocab, "V_src": cfg.src_vocab, "V_tgt": cfg.tgt_vocab,
+               "d": cfg.d_model, "2d": 2 * cfg.d_model, "3d": 3 * cfg.d_model, "d_ff": cfg.d_ff}
+    table = {}
+    for row in rows:
+        names_cell, shapes_cell, what = (cell.strip() for cell in row.strip("|").split("|"))
+        if ("pre-LN only" in what and not cfg.pre_ln
+                or "`share_embeddings=True`" in what and not cfg.share_embeddings
+                or "`share_embeddings=False`" in what and cfg.share_embeddings):
+            continue
+        names = []
+        for name in re.findall(r"`([^`]+)`", names_cell):
+            names.append(names[-1].rsplit(".", 1)[0] + name if name.startswith(".") else name)
+        shapes = [tuple(symbols[s.strip()] for s in inner.split(",") if s.strip())
+                  for inner in re.findall(r"\(([^)]*)\)", shapes_cell)]
+        assert len(shapes) == len(names), row
+        for name, shape in zip(names, shapes):
+            for i in range(cfg.n_layers) if "{i}" in name else [None]:
+                table[name.replace("{i}", str(i))] = shape
+    return table
+
+
+@pytest.mark.parametrize("share", [True, False])
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_readme_parameter_table_matches_the_model(share, pre_ln):
+    cfg = model.Config(src_vocab=50, tgt_vocab=50 if share else 70, n_layers=3, d_model=8,
+                       d_ff=20, n_heads=2, share_embeddings=share, pre_ln=pre_ln)
+    assert readme_parameter_table(cfg) == model.parameter_shapes(cfg)
 
 
 def test_parameter_count_of_the_base_model():
