@@ -111,11 +111,6 @@ def _projection_shapes(name, d_in, d_out):
     return {f"{k}_{name}": shape for k, shape in linear.param_shapes(d_in, d_out).items()}
 
 
-def _projection(p, name):
-    """The parameters ``{"w", "b"}`` of the linear layer ``name`` ("qkv", "q", "kv", "o")."""
-    return {"w": p["w_" + name], "b": p["b_" + name]}
-
-
 def _projection_grads(grads, name):
     """A linear layer's gradients ``{"w", "b"}`` under the names of projection ``name``."""
     return {f"{k}_{name}": g for k, g in grads.items()}
@@ -137,10 +132,10 @@ def self_param_shapes(d_model: int) -> dict[str, tuple[int, ...]]:
 
 def self_forward(x, p, mask, n_heads):
     """x (B, T, d_model); p has "w_qkv" (d, 3d), "b_qkv", "w_o" (d, d), "b_o"."""
-    qkv, c_qkv = linear.forward(x, _projection(p, "qkv"))               # (B, T, 3d)
+    qkv, c_qkv = linear.forward(x, {"w": p["w_qkv"], "b": p["b_qkv"]})              # (B, T, 3d)
     q, k, v = split_heads(qkv, 3, n_heads)                               # (B, H, T, d_k) each
     o, c_att = sdpa_forward(q, k, v, mask)
-    y, c_o = linear.forward(merge_heads(o), _projection(p, "o"))         # (B, T, d)
+    y, c_o = linear.forward(merge_heads(o), {"w": p["w_o"], "b": p["b_o"]})         # (B, T, d)
     return y, SelfCache(c_qkv, c_att, c_o, n_heads)
 
 
@@ -151,12 +146,12 @@ def self_step(x, p, k_buf, v_buf, t: int, n_heads: int):
     ``k_buf`` and ``v_buf`` (R, H, L, d_k), whose slots < t hold the earlier positions' (written
     by the earlier steps). Equals row t of ``self_forward`` with a causal mask.
     """
-    qkv, _ = linear.forward(x, _projection(p, "qkv"))                   # (R, 3d)
+    qkv, _ = linear.forward(x, {"w": p["w_qkv"], "b": p["b_qkv"]})                  # (R, 3d)
     q, k, v = split_heads(qkv[:, None], 3, n_heads)                      # (R, H, 1, d_k) each
     k_buf[:, :, t] = k[:, :, 0]
     v_buf[:, :, t] = v[:, :, 0]
     o, _ = sdpa_forward(q, k_buf[:, :, :t + 1], v_buf[:, :, :t + 1])     # (R, H, 1, d_k)
-    y, _ = linear.forward(merge_heads(o)[:, 0], _projection(p, "o"))     # (R, d)
+    y, _ = linear.forward(merge_heads(o)[:, 0], {"w": p["w_o"], "b": p["b_o"]})     # (R, d)
     return y
 
 
@@ -189,18 +184,18 @@ def cross_forward(x, memory, p, mask, n_heads):
 
     p has "w_q" (d, d), "b_q", "w_kv" (d, 2d), "b_kv", "w_o", "b_o".
     """
-    qp, c_q = linear.forward(x, _projection(p, "q"))                     # (B, T, d)
-    kv, c_kv = linear.forward(memory, _projection(p, "kv"))              # (B, S, 2d)
+    qp, c_q = linear.forward(x, {"w": p["w_q"], "b": p["b_q"]})                     # (B, T, d)
+    kv, c_kv = linear.forward(memory, {"w": p["w_kv"], "b": p["b_kv"]})             # (B, S, 2d)
     (q,) = split_heads(qp, 1, n_heads)
     k, v = split_heads(kv, 2, n_heads)
     o, c_att = sdpa_forward(q, k, v, mask)
-    y, c_o = linear.forward(merge_heads(o), _projection(p, "o"))
+    y, c_o = linear.forward(merge_heads(o), {"w": p["w_o"], "b": p["b_o"]})
     return y, CrossCache(c_q, c_kv, c_att, c_o, n_heads)
 
 
 def cross_kv(memory, p, n_heads):
     """The keys and values of ``cross_forward``, (B, H, S, d_k) each, from memory (B, S, d)."""
-    kv, _ = linear.forward(memory, _projection(p, "kv"))                 # (B, S, 2d)
+    kv, _ = linear.forward(memory, {"w": p["w_kv"], "b": p["b_kv"]})                # (B, S, 2d)
     return split_heads(kv, 2, n_heads)
 
 
@@ -210,10 +205,10 @@ def cross_step(x, p, k, v, mask, n_heads: int):
     x (R, d_model); k and v (R, H, S, d_k) from ``cross_kv``; mask (R, 1, 1, S). Equals one row
     of ``cross_forward``.
     """
-    qp, _ = linear.forward(x, _projection(p, "q"))                      # (R, d)
+    qp, _ = linear.forward(x, {"w": p["w_q"], "b": p["b_q"]})                       # (R, d)
     (q,) = split_heads(qp[:, None], 1, n_heads)                          # (R, H, 1, d_k)
     o, _ = sdpa_forward(q, k, v, mask)                                   # (R, H, 1, d_k)
-    y, _ = linear.forward(merge_heads(o)[:, 0], _projection(p, "o"))     # (R, d)
+    y, _ = linear.forward(merge_heads(o)[:, 0], {"w": p["w_o"], "b": p["b_o"]})     # (R, d)
     return y
 
 

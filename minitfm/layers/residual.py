@@ -49,9 +49,15 @@ def forward(x, sublayer, ln, p_drop, rng, pre_ln):
 
 
 def step(x, sublayer_step, ln, pre_ln):
-    """``forward`` for one decoding step: no dropout, no cache; ``sublayer_step(h) -> out``."""
-    y, _ = forward(x, lambda h: (sublayer_step(h), None), ln, 0.0, None, pre_ln)
-    return y
+    """``forward`` at inference, for one decoding step: no dropout, no cache;
+    ``sublayer_step(h) -> out``."""
+    if pre_ln:
+        f = sublayer_step(layernorm.forward(x, ln)[0])
+        f += x
+        return f
+    f = sublayer_step(x)
+    f += x
+    return layernorm.forward(f, ln)[0]
 
 
 def backward(dy, cache: Cache, sublayer_backward):
