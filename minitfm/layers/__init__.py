@@ -50,10 +50,10 @@ Incremental decoding
 --------------------
 Generating one position at a time reuses the keys and values of the earlier positions. The
 one-position ``*_step`` functions (``attention.self_step``, ``attention.cross_step``,
-``encoder.layer_step``, ``decoder.layer_step``, ``decoder.stack_step``) sit right below the
-full-sequence ``*_forward`` they mirror, take the per-layer key/value arrays explicitly, return the
-output alone (no dropout, nothing for a backward pass) and are held equal to the forward pass by
-the tests.
+``residual.step``, ``encoder.layer_step``, ``decoder.layer_step``, ``decoder.stack_step``) sit
+right below the full-sequence ``*_forward`` they mirror, take the per-layer key/value arrays
+explicitly, return the output alone (no dropout, nothing for a backward pass) and are held equal
+to the forward pass by the tests.
 """
 
 
