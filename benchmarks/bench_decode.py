@@ -4,8 +4,8 @@ Two measurements, printed as one JSON object and as a table:
 
 1. cached vs recomputed greedy decoding of exactly ``--tokens`` output tokens (EOS is masked so
    that every sentence runs the full length): the cached decoder (:func:`minitfm.decode.step`)
-   against re-running the whole decoder over the prefix at every step (``model.decode``). Both
-   encode the source once and must produce the same tokens.
+   against re-running the whole decoder over the prefix at every step
+   (``model.decoder_forward``). Both encode the source once and must produce the same tokens.
 2. beam search throughput: :func:`minitfm.decode.translate_ids` with the paper's settings (beam 4,
    alpha 0.6, maximum length source + 50) over ``--sentences`` sentences.
 
@@ -96,11 +96,11 @@ def forbid_eos(logits, cfg):
 def greedy_cached(params, cfg, src, n_tokens):
     from minitfm import backend, decode
     xp = backend.xp
-    cache = decode.init_cache(params, cfg, src, capacity=n_tokens)
+    kv = decode.init_kv_cache(params, cfg, src, capacity=n_tokens)
     tokens = xp.full((src.shape[0],), cfg.bos_id, dtype=xp.int64)
     out = []
     for t in range(n_tokens):
-        tokens = forbid_eos(decode.step(params, cfg, cache, tokens, t), cfg).argmax(axis=-1)
+        tokens = forbid_eos(decode.step(params, cfg, kv, tokens, t), cfg).argmax(axis=-1)
         out.append(tokens)
     return backend.to_host(xp.stack(out, axis=1))
 
@@ -108,10 +108,10 @@ def greedy_cached(params, cfg, src, n_tokens):
 def greedy_recomputed(params, cfg, src, n_tokens):
     from minitfm import backend, model
     xp = backend.xp
-    memory, src_mask, _ = model.encode(params, cfg, src)
+    memory, src_mask, _ = model.encoder_forward(params, cfg, src)
     prefix = xp.full((src.shape[0], 1), cfg.bos_id, dtype=xp.int64)
     for _ in range(n_tokens):
-        h, _ = model.decode(params, cfg, prefix, memory, src_mask)     # the whole prefix again
+        h, _ = model.decoder_forward(params, cfg, prefix, memory, src_mask)   # the whole prefix
         tokens = forbid_eos(model.logits(params, cfg, h[:, -1]), cfg).argmax(axis=-1)
         prefix = xp.concatenate([prefix, tokens[:, None]], axis=1)
     return backend.to_host(prefix[:, 1:])

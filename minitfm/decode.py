@@ -1,4 +1,4 @@
-"""Greedy decoding and beam search over an incremental decoding cache.
+"""Greedy decoding and beam search over a key/value cache.
 
 The paper's settings (section 6.1): "we used beam search with a beam size of 4 and length
 penalty alpha = 0.6 [...] We set the maximum output length during inference to input length +
@@ -14,17 +14,20 @@ Incremental decoding
 --------------------
 The decoder is causal: the output at position t depends only on the inputs at positions <= t.
 Re-running the whole prefix at every step makes step t cost O(t) projections and O(t^2)
-attention. Instead a :class:`DecoderCache` keeps, for every decoder layer,
+attention. Instead a :class:`KVCache` keeps, for every decoder layer,
 
 - the cross-attention keys and values, a function of the encoder output alone: computed once per
-  sentence, before the first step;
+  sentence, before the first step (``model.cross_kv``);
 - the self-attention keys and values of the positions decoded so far, in buffers allocated once
   at the maximum length: step t writes position t's K and V into slot t, and position t's query
   attends to slots 0..t.
 
-Step t then runs every layer on one position (:func:`step`): O(1) projections and O(t) attention.
-No mask is needed in the self-attention, because slots after t are never read and decoding never
-feeds a padding token.
+Step t then runs every layer on one position (:func:`step`, i.e. ``model.decoder_step``): O(1)
+projections and O(t) attention. No mask is needed in the self-attention, because slots after t
+are never read and decoding never feeds a padding token. The one-position computations sit
+beside the full-sequence ones they mirror: ``model.embed(..., offset=t)``,
+``decoder.stack_step`` / ``layer_step``, ``attention.self_step`` / ``cross_step``; this module
+holds only the key/value arrays and the search.
 
 Beam search, batched
 --------------------
@@ -56,11 +59,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from minitfm import backend, model
-from minitfm.layers import attention, embedding, feedforward, layernorm, linear, positional
-from minitfm.layers import residual, subdict
 
 __all__ = [
-    "EXTRA_LENGTH", "DecoderCache", "init_cache", "step", "reorder", "length_penalty",
+    "EXTRA_LENGTH", "KVCache", "init_kv_cache", "step", "reorder", "length_penalty",
     "output_limits", "greedy", "beam_search", "translate_ids", "length_batches", "pad_batch",
 ]
 
@@ -69,10 +70,10 @@ EXTRA_LENGTH = 50   # maximum output length = source length + 50 (section 6.1)
 Hypothesis = tuple[list[int], float]   # (tokens without BOS/EOS, length-normalised log-prob)
 
 
-# ---- the incremental decoding cache ----------------------------------------------------------
+# ---- the key/value cache ---------------------------------------------------------------------
 
 @dataclass
-class DecoderCache:
+class KVCache:
     """Per-layer keys and values for incremental decoding; axis 0 of every array is the row.
 
     self_k, self_v    one (R, H, L, d_k) buffer per layer; slots < t are filled at step t
@@ -96,8 +97,8 @@ class DecoderCache:
         return int(self.self_k[0].shape[2])
 
 
-def init_cache(params: dict, cfg: model.Config, src, beam: int = 1,
-               capacity: int | None = None) -> DecoderCache:
+def init_kv_cache(params: dict, cfg: model.Config, src, beam: int = 1,
+                  capacity: int | None = None) -> KVCache:
     """Encode ``src`` (B, S) and return a cache of B*beam rows (each sentence repeated ``beam``
     times) with room for ``capacity`` decoding steps (default ``cfg.max_len``)."""
     xp = backend.xp
@@ -105,23 +106,23 @@ def init_cache(params: dict, cfg: model.Config, src, beam: int = 1,
     if not 1 <= capacity <= cfg.max_len:
         raise ValueError(f"cache capacity must be in [1, Config.max_len={cfg.max_len}], "
                          f"got {capacity}")
-    memory, src_mask, _ = model.encode(params, cfg, src)              # (B, S, d), (B, 1, 1, S)
-    b = memory.shape[0]
+    memory, src_mask, _ = model.encoder_forward(params, cfg, src)     # (B, S, d), (B, 1, 1, S)
+    cross_k, cross_v = model.cross_kv(params, cfg, memory)            # (B, H, S, d_k) per layer
+    rows = memory.shape[0] * beam
     d_k = cfg.d_model // cfg.n_heads
-    cache = DecoderCache([], [], [], [], xp.repeat(src_mask, beam, axis=0))
-    for i in range(cfg.n_layers):
-        p = subdict(params, f"dec.{i}.cross_attn.")
-        kv, _ = linear.forward(memory, p["w_kv"], p["b_kv"])           # (B, S, 2d)
-        k, v = attention.split_heads(kv, 2, cfg.n_heads)               # (B, H, S, d_k) each
-        cache.cross_k.append(xp.repeat(k, beam, axis=0))              # (B*beam, H, S, d_k)
-        cache.cross_v.append(xp.repeat(v, beam, axis=0))
-        for buffers in (cache.self_k, cache.self_v):
-            buffers.append(xp.zeros((b * beam, cfg.n_heads, capacity, d_k), dtype=memory.dtype))
-    return cache
+
+    def buffer():
+        return xp.zeros((rows, cfg.n_heads, capacity, d_k), dtype=memory.dtype)
+
+    return KVCache(self_k=[buffer() for _ in range(cfg.n_layers)],
+                   self_v=[buffer() for _ in range(cfg.n_layers)],
+                   cross_k=[xp.repeat(k, beam, axis=0) for k in cross_k],   # (B*beam, H, S, d_k)
+                   cross_v=[xp.repeat(v, beam, axis=0) for v in cross_v],
+                   src_mask=xp.repeat(src_mask, beam, axis=0))
 
 
-def reorder(cache: DecoderCache, rows: Sequence[int], filled: int) -> DecoderCache:
-    """The cache whose row j is row ``rows[j]`` of ``cache``; only slots < ``filled`` are copied.
+def reorder(kv: KVCache, rows: Sequence[int], filled: int) -> KVCache:
+    """The cache whose row j is row ``rows[j]`` of ``kv``; only slots < ``filled`` are copied.
 
     Works in place: only the rows that change are copied (typically fewer than half of the
     beams change parent), and fewer rows (sentences leaving the batch) become a view of the
@@ -133,69 +134,28 @@ def reorder(cache: DecoderCache, rows: Sequence[int], filled: int) -> DecoderCac
     moved = [j for j, r in enumerate(rows) if r != j]
     if moved:
         dst, src = _int_array(moved), _int_array([rows[j] for j in moved])
-        for buf in cache.self_k + cache.self_v:
+        for buf in kv.self_k + kv.self_v:
             buf[dst, :, :filled] = buf[src, :, :filled]               # (moved, H, filled, d_k)
-        if n < cache.rows:
-            for array in cache.cross_k + cache.cross_v + [cache.src_mask]:
+        if n < kv.rows:
+            for array in kv.cross_k + kv.cross_v + [kv.src_mask]:
                 array[dst] = array[src]
-    if n == cache.rows:
-        return cache
-    return DecoderCache(self_k=[b[:n] for b in cache.self_k], self_v=[b[:n] for b in cache.self_v],
-                        cross_k=[k[:n] for k in cache.cross_k], cross_v=[v[:n] for v in cache.cross_v],
-                        src_mask=cache.src_mask[:n])
+    if n == kv.rows:
+        return kv
+    return KVCache(self_k=[b[:n] for b in kv.self_k], self_v=[b[:n] for b in kv.self_v],
+                   cross_k=[k[:n] for k in kv.cross_k], cross_v=[v[:n] for v in kv.cross_v],
+                   src_mask=kv.src_mask[:n])
 
 
 # ---- one decoding step -----------------------------------------------------------------------
 
-def _self_attention_step(h, p, k_buf, v_buf, t: int, n_heads: int):
-    """Masked self-attention of position t over the cached positions 0..t; h (R, d)."""
-    qkv, _ = linear.forward(h, p["w_qkv"], p["b_qkv"])                # (R, 3d)
-    q, k, v = attention.split_heads(qkv[:, None], 3, n_heads)         # (R, H, 1, d_k) each
-    k_buf[:, :, t] = k[:, :, 0]
-    v_buf[:, :, t] = v[:, :, 0]
-    o, _ = attention.sdpa_forward(q, k_buf[:, :, :t + 1], v_buf[:, :, :t + 1])   # (R, H, 1, d_k)
-    return linear.forward(attention.merge_heads(o)[:, 0], p["w_o"], p["b_o"])    # (R, d)
-
-
-def _cross_attention_step(h, p, k, v, src_mask, n_heads: int):
-    """Attention of the new position over the encoder output's cached K, V; h (R, d)."""
-    qp, _ = linear.forward(h, p["w_q"], p["b_q"])                     # (R, d)
-    (q,) = attention.split_heads(qp[:, None], 1, n_heads)             # (R, H, 1, d_k)
-    o, _ = attention.sdpa_forward(q, k, v, src_mask)                  # (R, H, 1, d_k)
-    return linear.forward(attention.merge_heads(o)[:, 0], p["w_o"], p["b_o"])    # (R, d)
-
-
-def _layer_step(x, p: dict, cache: DecoderCache, i: int, t: int, cfg: model.Config):
-    """Decoder layer ``i`` on position t alone, x (R, d): the three residual sub-layers, no
-    dropout. The rows stay 2-D so that every projection is one plain matrix product."""
-    sa, ca, ff = subdict(p, "self_attn."), subdict(p, "cross_attn."), subdict(p, "ff.")
-    x, _ = residual.forward(
-        x, lambda h: _self_attention_step(h, sa, cache.self_k[i], cache.self_v[i], t, cfg.n_heads),
-        subdict(p, "ln1."), 0.0, None, cfg.pre_ln)
-    x, _ = residual.forward(
-        x, lambda h: _cross_attention_step(h, ca, cache.cross_k[i], cache.cross_v[i],
-                                           cache.src_mask, cfg.n_heads),
-        subdict(p, "ln2."), 0.0, None, cfg.pre_ln)
-    x, _ = residual.forward(
-        x, lambda h: feedforward.forward(h, ff["w1"], ff["b1"], ff["w2"], ff["b2"]),
-        subdict(p, "ln3."), 0.0, None, cfg.pre_ln)
-    return x
-
-
-def step(params: dict, cfg: model.Config, cache: DecoderCache, tokens, t: int):
+def step(params: dict, cfg: model.Config, kv: KVCache, tokens, t: int):
     """Feed ``tokens`` (R,), the decoder inputs at position t, and return the logits (R, V) of
     the tokens at position t + 1. Writes slot t of the cache's self-attention buffers."""
-    if t >= cache.capacity:
-        raise ValueError(f"decoding step {t} is past the cache capacity {cache.capacity}")
-    _, tgt_name = model.embedding_names(cfg)
-    x, _ = embedding.forward(tokens[:, None], params[tgt_name])        # (R, 1, d)
-    x, _ = positional.forward(x, offset=t)
-    x = x[:, 0]                                                        # (R, d)
-    for i in range(cfg.n_layers):
-        x = _layer_step(x, subdict(params, f"dec.{i}."), cache, i, t, cfg)
-    if cfg.pre_ln:
-        x, _ = layernorm.forward(x, params["dec.ln.gamma"], params["dec.ln.beta"])
-    return model.logits(params, cfg, x)                               # (R, V)
+    if t >= kv.capacity:
+        raise ValueError(f"decoding step {t} is past the cache capacity {kv.capacity}")
+    h = model.decoder_step(params, cfg, tokens, t, kv.self_k, kv.self_v,
+                           kv.cross_k, kv.cross_v, kv.src_mask)                # (R, d)
+    return model.logits(params, cfg, h)                                         # (R, V)
 
 
 # ---- search helpers --------------------------------------------------------------------------
@@ -290,12 +250,12 @@ def greedy(params: dict, cfg: model.Config, src, max_len: int | None = None) -> 
     """
     src = _prepare(params, cfg, src)
     limits = output_limits(src, cfg, max_len)
-    cache = init_cache(params, cfg, src, beam=1, capacity=max(limits))
+    kv = init_kv_cache(params, cfg, src, beam=1, capacity=max(limits))
     outputs: list[list[int]] = [[] for _ in limits]
     active = list(range(len(limits)))                       # the sentence of each cache row
     tokens = backend.xp.full((len(active),), cfg.bos_id, dtype=backend.xp.int64)   # (R,)
     for t in range(max(limits)):
-        logits = _forbid_special(step(params, cfg, cache, tokens, t), cfg)          # (R, V)
+        logits = _forbid_special(step(params, cfg, kv, tokens, t), cfg)             # (R, V)
         tokens = logits.argmax(axis=-1)                                             # (R,)
         keep = []
         for row, (s, token) in enumerate(zip(active, backend.to_host(tokens).tolist())):
@@ -307,7 +267,7 @@ def greedy(params: dict, cfg: model.Config, src, max_len: int | None = None) -> 
         if not keep:
             break
         if len(keep) < len(active):
-            cache = reorder(cache, keep, filled=t + 1)
+            kv = reorder(kv, keep, filled=t + 1)
             tokens = tokens[_int_array(keep)]
             active = [active[r] for r in keep]
     return outputs
@@ -337,17 +297,17 @@ def beam_search(params: dict, cfg: model.Config, src, beam: int = 4, alpha: floa
     xp = backend.xp
     src = _prepare(params, cfg, src)
     limits = output_limits(src, cfg, max_len)
-    cache = init_cache(params, cfg, src, beam=beam, capacity=max(limits))
+    kv = init_kv_cache(params, cfg, src, beam=beam, capacity=max(limits))
     k = beam
     finished: list[list[Hypothesis]] = [[] for _ in limits]
     active = list(range(len(limits)))                       # the sentence of each group of K rows
     prefixes: list[list[int]] = [[] for _ in range(len(active) * k)]   # one per cache row
     tokens = xp.full((len(active) * k,), cfg.bos_id, dtype=xp.int64)   # (R,)
-    scores = xp.full((len(active), k), -math.inf, dtype=cache.src_mask.dtype)
+    scores = xp.full((len(active), k), -math.inf, dtype=kv.src_mask.dtype)
     scores[:, 0] = 0.0                    # one live hypothesis (BOS) per sentence at first
 
     for t in range(max(limits)):
-        extended = _extend_scores(step(params, cfg, cache, tokens, t), scores)         # (R, V)
+        extended = _extend_scores(step(params, cfg, kv, tokens, t), scores)            # (R, V)
         vocab = extended.shape[1]
         candidates = _forbid_special(extended, cfg).reshape(len(active), k * vocab)      # (n, K*V)
         top_scores, top_ids = _top_k(candidates, 2 * k)                                 # (n, 2K)
@@ -381,7 +341,7 @@ def beam_search(params: dict, cfg: model.Config, src, beam: int = 4, alpha: floa
                 next_prefixes.append(prefixes[parent] + [token])
         if not still_active:
             break
-        cache = reorder(cache, rows, filled=t + 1)
+        kv = reorder(kv, rows, filled=t + 1)
         active, prefixes = still_active, next_prefixes
         tokens = _int_array(next_tokens)
         scores = xp.asarray(next_scores, dtype=scores.dtype).reshape(len(active), k)

@@ -111,7 +111,7 @@ def check_case(case: Case, seed: int = 0, sizes: dict | None = None) -> dict:
     return check_gradients(objective, back(g), arrays)
 
 
-# ---- the cases: one per layer, plus the whole model ------------------------------------------
+# ---- the cases: one section per layer, in the order of minitfm/layers/ -----------------------
 
 def _normal(rng, *shape):
     return backend.to_device(rng.standard_normal(shape), dtype="float64")
@@ -119,6 +119,12 @@ def _normal(rng, *shape):
 
 def _ids(rng, low, high, *shape):
     return backend.to_device(rng.integers(low, high, size=shape), dtype="int64")
+
+
+def _params(rng, shapes: dict, scale: float = 1.0) -> dict:
+    """Random values for a layer's ``param_shapes``: matrices times ``scale``; vectors N(0, 1)."""
+    return {name: _normal(rng, *shape) * (scale if len(shape) == 2 else 1.0)
+            for name, shape in shapes.items()}
 
 
 def _lengths_mask(rng, batch, length):
@@ -129,73 +135,78 @@ def _lengths_mask(rng, batch, length):
     return xp.where(pad, attention.MASKED, 0.0)[:, None, None, :]
 
 
-class _Cfg:
-    """The few config fields the encoder/decoder layers read."""
-
-    def __init__(self, n_heads, dropout=0.0, pre_ln=False, n_layers=1):
-        self.n_heads, self.dropout, self.pre_ln, self.n_layers = n_heads, dropout, pre_ln, n_layers
-
-
-def _grads_of(result, input_name):
-    """Turn a backward's ``(dinput, grads)`` into one dict keyed like the case's arrays."""
-    dinput, grads = result
-    return {input_name: dinput, **grads}
+def _grads_of(result, *input_names):
+    """A backward's ``(d_inputs..., grads)`` as one dict keyed like the case's arrays; an input
+    named None (token ids) has no gradient to check."""
+    *d_inputs, grads = result
+    assert len(d_inputs) == len(input_names), "one name per gradient of an input"
+    return {**{n: d for n, d in zip(input_names, d_inputs) if n is not None}, **grads}
 
 
 def _x(rng, s):
     return {"x": _normal(rng, s["b"], s["t"], s["d"])}
 
 
+# linear
+
+def _linear(rng, s):
+    return {**_x(rng, s), **_params(rng, linear.param_shapes(s["d"], s["f"]))}
+
+
 def _run_linear(a, s):
-    y, c = linear.forward(a["x"], a["w"], a["b"])
+    y, c = linear.forward(a["x"], a)
     return y, lambda dy: _grads_of(linear.backward(dy, c), "x")
 
 
-def _run_embedding(a, s):
-    y, c = embedding.forward(a["ids"], a["table"])
-    return y, lambda dy: embedding.backward(dy, c)[1]
+# embedding
 
+def _embedding(rng, s):
+    return {"ids": _ids(rng, 0, s["v"], s["b"], s["t"]),
+            **_params(rng, embedding.param_shapes(s["v"], s["d"]))}
+
+
+def _run_embedding(a, s):
+    y, c = embedding.forward(a["ids"], a)
+    return y, lambda dy: _grads_of(embedding.backward(dy, c), None)     # no gradient for ids
+
+
+# positional
 
 def _run_positional(a, s):
     y, c = positional.forward(a["x"], offset=3)
     return y, lambda dy: _grads_of(positional.backward(dy, c), "x")
 
 
+# dropout
+
 def _run_dropout(a, s):
     y, c = dropout.forward(a["x"], 0.3, backend.rng(7))    # same seed: the same mask every call
     return y, lambda dy: _grads_of(dropout.backward(dy, c), "x")
 
 
+# layernorm
+
+def _layernorm(rng, s):
+    return {**_x(rng, s), **_params(rng, layernorm.param_shapes(s["d"]))}
+
+
 def _run_layernorm(a, s):
-    y, c = layernorm.forward(a["x"], a["gamma"], a["beta"])
+    y, c = layernorm.forward(a["x"], a)
     return y, lambda dy: _grads_of(layernorm.backward(dy, c), "x")
 
 
+# feedforward
+
+def _feedforward(rng, s):
+    return {**_x(rng, s), **_params(rng, feedforward.param_shapes(s["d"], s["f"]))}
+
+
 def _run_feedforward(a, s):
-    y, c = feedforward.forward(a["x"], a["w1"], a["b1"], a["w2"], a["b2"])
+    y, c = feedforward.forward(a["x"], a)
     return y, lambda dy: _grads_of(feedforward.backward(dy, c), "x")
 
 
-CASES = [
-    Case("linear",
-         lambda rng, s: {"x": _normal(rng, s["b"], s["t"], s["d"]),
-                         "w": _normal(rng, s["d"], s["f"]), "b": _normal(rng, s["f"])},
-         _run_linear, dict(b=2, t=3, d=4, f=5)),
-    Case("embedding",
-         lambda rng, s: {"ids": _ids(rng, 0, s["v"], s["b"], s["t"]),
-                         "table": _normal(rng, s["v"], s["d"])},
-         _run_embedding, dict(b=2, t=6, v=5, d=4)),
-    Case("positional", _x, _run_positional, dict(b=2, t=4, d=6)),
-    Case("dropout", _x, _run_dropout, dict(b=2, t=4, d=5)),
-    Case("layernorm",
-         lambda rng, s: {**_x(rng, s), "gamma": _normal(rng, s["d"]), "beta": _normal(rng, s["d"])},
-         _run_layernorm, dict(b=2, t=3, d=5)),
-    Case("feedforward",
-         lambda rng, s: {**_x(rng, s), "w1": _normal(rng, s["d"], s["f"]), "b1": _normal(rng, s["f"]),
-                         "w2": _normal(rng, s["f"], s["d"]), "b2": _normal(rng, s["d"])},
-         _run_feedforward, dict(b=2, t=3, d=4, f=6)),
-]
-
+# attention: scaled dot-product, multi-head self- and cross-attention
 
 def _sdpa(rng, s):
     b, h, t, src, dk = s["b"], s["h"], s["t"], s["s"], s["dk"]
@@ -208,22 +219,18 @@ def _run_sdpa(a, s, causal=False):
     if causal:
         mask = mask + model.causal_mask(a["q"].shape[2], a["q"].dtype)
     o, c = attention.sdpa_forward(a["q"], a["k"], a["v"], mask)
-    return o, lambda do: dict(zip(("q", "k", "v"), attention.sdpa_backward(do, c)))
+    return o, lambda do: _grads_of(attention.sdpa_backward(do, c), "q", "k", "v")
 
 
-def _attn_params(rng, d, names):
-    widths = {"w_qkv": 3 * d, "w_q": d, "w_kv": 2 * d, "w_o": d}
-    p = {}
-    for n in names:                          # half the unit scale: scores of order 1, no saturation
-        p[n] = _normal(rng, d, widths[n]) * 0.5 * d ** -0.5
-        p["b" + n[1:]] = _normal(rng, widths[n])
-    return p
+def _attention_params(rng, shapes, d):
+    # half the unit scale: scores of order 1, no saturation
+    return _params(rng, shapes, scale=0.5 * d ** -0.5)
 
 
 def _self_attn(rng, s):
     d = s["h"] * s["dk"]
     return {"x": _normal(rng, s["b"], s["t"], d), "mask": _lengths_mask(rng, s["b"], s["t"]),
-            **_attn_params(rng, d, ["w_qkv", "w_o"])}
+            **_attention_params(rng, attention.self_param_shapes(d), d)}
 
 
 def _run_self_attn(a, s):
@@ -234,33 +241,34 @@ def _run_self_attn(a, s):
 def _cross_attn(rng, s):
     d = s["h"] * s["dk"]
     return {"x": _normal(rng, s["b"], s["t"], d), "memory": _normal(rng, s["b"], s["s"], d),
-            "mask": _lengths_mask(rng, s["b"], s["s"]), **_attn_params(rng, d, ["w_q", "w_kv", "w_o"])}
+            "mask": _lengths_mask(rng, s["b"], s["s"]),
+            **_attention_params(rng, attention.cross_param_shapes(d), d)}
 
 
 def _run_cross_attn(a, s):
     y, c = attention.cross_forward(a["x"], a["memory"], a, a["mask"], s["h"])
+    return y, lambda dy: _grads_of(attention.cross_backward(dy, c), "x", "memory")
 
-    def back(dy):
-        dx, dmemory, grads = attention.cross_backward(dy, c)
-        return {"x": dx, "memory": dmemory, **grads}
-    return y, back
 
+# residual
 
 def _residual(rng, s):
-    return {"x": _normal(rng, s["b"], s["t"], s["d"]), "w": _normal(rng, s["d"], s["d"]),
-            "gamma": _normal(rng, s["d"]), "beta": _normal(rng, s["d"])}
+    return {**_x(rng, s), "w": _normal(rng, s["d"], s["d"]),
+            **_params(rng, layernorm.param_shapes(s["d"]))}
 
 
 def _run_residual(a, s, pre_ln):
-    """Residual + LayerNorm around a linear sub-layer, with dropout (fixed mask)."""
-    y, c = residual.forward(a["x"], lambda h: linear.forward(h, a["w"]), a, 0.2, backend.rng(3),
-                            pre_ln)
+    """Residual + LayerNorm around a linear sub-layer (no bias), with dropout (fixed mask)."""
+    y, c = residual.forward(a["x"], lambda h: linear.forward(h, {"w": a["w"]}), a, 0.2,
+                            backend.rng(3), pre_ln)
 
     def back(dy):
-        dx, g_ln, g_lin = residual.backward(dy, c, linear.backward)
-        return {"x": dx, "w": g_lin["w"], **g_ln}
+        dx, g_linear, g_ln = residual.backward(dy, c, linear.backward)
+        return {"x": dx, **g_linear, **g_ln}
     return y, back
 
+
+# encoder and decoder stacks
 
 def _stack_params(rng, cfg: model.Config, prefix):
     """Random (not initial) values for the parameters of one stack, so LN gains etc. matter."""
@@ -308,12 +316,10 @@ def _run_decoder(a, s, pre_ln):
     rng = backend.rng(5) if cfg.dropout else None
     self_mask = model.causal_mask(a["x"].shape[1], a["x"].dtype)
     y, c = decoder.stack_forward(a["x"], a["memory"], a, self_mask, a["mask"], cfg, rng)
+    return y, lambda dy: _grads_of(decoder.stack_backward(dy, c), "x", "memory")
 
-    def back(dy):
-        dx, dmemory, grads = decoder.stack_backward(dy, c)
-        return {"x": dx, "memory": dmemory, **grads}
-    return y, back
 
+# loss
 
 def _loss(rng, s):
     targets = _ids(rng, 0, s["v"], s["n"])
@@ -323,13 +329,19 @@ def _loss(rng, s):
 
 def _run_loss(a, s, smoothing=0.1):
     (loss_sum, _), c = loss.forward(a["logits"].copy(), a["targets"], smoothing, pad_id=0)
-    return loss_sum, lambda dl: {"logits": loss.backward(dl, c)}
+    return loss_sum, lambda dl: _grads_of(loss.backward(dl, c), "logits")
 
 
 ATTN_SIZES = dict(b=2, h=2, t=3, s=4, dk=3)
 STACK_SIZES = dict(b=2, h=2, t=3, s=4, dk=2, f=5, n=2, p=0.0)
 
-CASES += [
+CASES = [
+    Case("linear", _linear, _run_linear, dict(b=2, t=3, d=4, f=5)),
+    Case("embedding", _embedding, _run_embedding, dict(b=2, t=6, v=5, d=4)),
+    Case("positional", _x, _run_positional, dict(b=2, t=4, d=6)),
+    Case("dropout", _x, _run_dropout, dict(b=2, t=4, d=5)),
+    Case("layernorm", _layernorm, _run_layernorm, dict(b=2, t=3, d=5)),
+    Case("feedforward", _feedforward, _run_feedforward, dict(b=2, t=3, d=4, f=6)),
     Case("attention (padding mask)", _sdpa, _run_sdpa, ATTN_SIZES),
     Case("attention (causal mask)", lambda rng, s: _sdpa(rng, {**s, "s": s["t"]}),
          lambda a, s: _run_sdpa(a, s, causal=True), ATTN_SIZES),

@@ -6,10 +6,15 @@
     h at non-padding targets ──► h E^T (logits, output projection tied to the embedding)
                              ──► label-smoothed cross-entropy, averaged over target tokens
 
-A model is a flat dict of named arrays (see ``parameter_names``); gradients are a dict with the
-same keys. With ``share_embeddings`` one matrix "emb" is the source embedding, the target
-embedding and the output projection (paper, section 3.4), and its gradient is the sum of the
-gradients of its three uses.
+A model is a flat dict of named arrays (see ``parameter_shapes``, composed from each layer's own
+declaration); gradients are a dict with the same keys. With ``share_embeddings`` one matrix "emb"
+is the source embedding, the target embedding and the output projection (paper, section 3.4), and
+its gradient is the sum of the gradients of its three uses.
+
+Incremental decoding runs the same model one target position at a time: ``decoder_step`` is
+``decoder_forward`` on position t, through ``embed(..., offset=t)`` and the decoder's
+``stack_step``, over per-layer keys and values (``cross_kv`` computes the encoder output's once);
+decode.py holds those arrays (its ``KVCache``) and the search.
 """
 
 from __future__ import annotations
@@ -17,12 +22,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from minitfm import backend
 from minitfm.layers import decoder, dropout, embedding, encoder, linear, loss, positional
 from minitfm.layers import prefixed, subdict
 from minitfm.layers.attention import MASKED
 
+# The special token ids, fixed for every vocabulary (data/vocab.py trains its models with them).
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 
@@ -109,44 +116,22 @@ PRESETS = {
 # ---- parameters ---------------------------------------------------------------------------
 
 def parameter_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
-    """Every parameter's name and shape, in a fixed order."""
-    d, f = cfg.d_model, cfg.d_ff
-    shapes: dict[str, tuple[int, ...]] = {}
+    """Every parameter's name and shape, in a fixed order, composed from the layers' own
+    declarations: the embedding(s), then "enc." + the encoder stack's and "dec." + the decoder
+    stack's names (see encoder.py, decoder.py)."""
+    d = cfg.d_model
     if cfg.share_embeddings:
-        shapes["emb"] = (cfg.src_vocab, d)
+        tables = {"emb": cfg.src_vocab}
     else:
-        shapes["src_emb"] = (cfg.src_vocab, d)
-        shapes["tgt_emb"] = (cfg.tgt_vocab, d)
-
-    def ln(prefix):
-        shapes[prefix + "gamma"] = (d,)
-        shapes[prefix + "beta"] = (d,)
-
-    def ff(prefix):
-        shapes.update({prefix + "w1": (d, f), prefix + "b1": (f,),
-                       prefix + "w2": (f, d), prefix + "b2": (d,)})
-
-    for i in range(cfg.n_layers):
-        p = f"enc.{i}."
-        shapes.update({p + "attn.w_qkv": (d, 3 * d), p + "attn.b_qkv": (3 * d,),
-                       p + "attn.w_o": (d, d), p + "attn.b_o": (d,)})
-        ln(p + "ln1.")
-        ff(p + "ff.")
-        ln(p + "ln2.")
-    for i in range(cfg.n_layers):
-        p = f"dec.{i}."
-        shapes.update({p + "self_attn.w_qkv": (d, 3 * d), p + "self_attn.b_qkv": (3 * d,),
-                       p + "self_attn.w_o": (d, d), p + "self_attn.b_o": (d,)})
-        ln(p + "ln1.")
-        shapes.update({p + "cross_attn.w_q": (d, d), p + "cross_attn.b_q": (d,),
-                       p + "cross_attn.w_kv": (d, 2 * d), p + "cross_attn.b_kv": (2 * d,),
-                       p + "cross_attn.w_o": (d, d), p + "cross_attn.b_o": (d,)})
-        ln(p + "ln2.")
-        ff(p + "ff.")
-        ln(p + "ln3.")
-    if cfg.pre_ln:
-        ln("enc.ln.")
-        ln("dec.ln.")
+        tables = {"src_emb": cfg.src_vocab, "tgt_emb": cfg.tgt_vocab}
+    shapes = {name: embedding.param_shapes(vocab, d)["table"] for name, vocab in tables.items()}
+    stacks = {**prefixed(encoder.param_shapes(cfg), "enc."),
+              **prefixed(decoder.param_shapes(cfg), "dec.")}
+    # Both stacks' final LayerNorms (pre-LN) come after all their layers: the order fixes the
+    # initial values drawn from a seed and the order of saved checkpoints, so it stays as it was.
+    final_ln = ("enc.ln.", "dec.ln.")
+    shapes.update((k, v) for k, v in stacks.items() if not k.startswith(final_ln))
+    shapes.update((k, v) for k, v in stacks.items() if k.startswith(final_ln))
     return shapes
 
 
@@ -257,32 +242,47 @@ def causal_mask(length, dtype):
     return xp.where(future, MASKED, 0.0).astype(dtype)[None, None]
 
 
+class EmbedCache(NamedTuple):
+    embedding: embedding.Cache
+    dropout: dropout.Cache | None
+
+
+class ForwardCache(NamedTuple):
+    """The cache of ``encoder_forward`` or ``decoder_forward``."""
+    embed: EmbedCache
+    stack: object           # encoder.StackCache or decoder.StackCache
+
+
 def embed(ids, table, cfg, rng, offset=0):
-    """Token embedding * sqrt(d_model) + positional encoding, then dropout."""
-    x, c_emb = embedding.forward(ids, table)
+    """Token embedding * sqrt(d_model) + positional encoding, then dropout.
+
+    ids (B, T) -> (B, T, d); ``offset`` is the position of ids[:, 0] (decoder_step's t).
+    """
+    x, c_emb = embedding.forward(ids, {"table": table})
     x, _ = positional.forward(x, offset)
     x, c_drop = dropout.forward(x, cfg.dropout, rng, inplace=True)
-    return x, (c_emb, c_drop)
+    return x, EmbedCache(c_emb, c_drop)
 
 
-def embed_backward(dx, cache):
-    c_emb, c_drop = cache
-    dx, _ = dropout.backward(dx, c_drop)
+def embed_backward(dx, cache: EmbedCache):
+    """The gradient of the embedding table (V, d) from dx (B, T, d)."""
+    dx, _ = dropout.backward(dx, cache.dropout)
     dx, _ = positional.backward(dx, None)
-    return embedding.backward(dx, c_emb)[1]["table"]
+    _, grads = embedding.backward(dx, cache.embedding)
+    return grads["table"]
 
 
-def encode(params, cfg, src, rng=None):
+def encoder_forward(params, cfg, src, rng=None):
     """Run the encoder. Return ``(memory (B, S, d), src_mask (B, 1, 1, S), cache)``."""
     src_name, _ = embedding_names(cfg)
     dtype = params[src_name].dtype
     src_mask = padding_mask(src, cfg.pad_id, dtype)
     x, c_emb = embed(src, params[src_name], cfg, rng)
     memory, c_enc = encoder.stack_forward(x, subdict(params, "enc."), src_mask, cfg, rng)
-    return memory, src_mask, (c_emb, c_enc)
+    return memory, src_mask, ForwardCache(c_emb, c_enc)
 
 
-def decode(params, cfg, tgt_in, memory, src_mask, rng=None):
+def decoder_forward(params, cfg, tgt_in, memory, src_mask, rng=None):
     """Run the decoder over a whole target prefix. Return ``(h (B, T, d), cache)``."""
     _, tgt_name = embedding_names(cfg)
     dtype = params[tgt_name].dtype
@@ -291,7 +291,26 @@ def decode(params, cfg, tgt_in, memory, src_mask, rng=None):
     y, c_emb = embed(tgt_in, params[tgt_name], cfg, rng)
     h, c_dec = decoder.stack_forward(y, memory, subdict(params, "dec."), self_mask, src_mask,
                                      cfg, rng)
-    return h, (c_emb, c_dec)
+    return h, ForwardCache(c_emb, c_dec)
+
+
+def cross_kv(params, cfg, memory):
+    """Every decoder layer's cross-attention keys and values of memory (B, S, d), computed once
+    for incremental decoding: two lists of ``cfg.n_layers`` arrays (B, H, S, d_k)."""
+    return decoder.stack_cross_kv(memory, subdict(params, "dec."), cfg)
+
+
+def decoder_step(params, cfg, tokens, t, self_k, self_v, cross_k, cross_v, src_mask):
+    """``decoder_forward`` on position t alone: tokens (R,) at position t -> h (R, d).
+
+    self_k, self_v: one (R, H, L, d_k) buffer per layer, slots < t filled by the earlier steps and
+    slot t written here; cross_k, cross_v: one (R, H, S, d_k) array per layer (``cross_kv``);
+    src_mask (R, 1, 1, S). Equals row t of ``decoder_forward`` (without dropout).
+    """
+    _, tgt_name = embedding_names(cfg)
+    x, _ = embed(tokens[:, None], params[tgt_name], cfg, None, offset=t)      # (R, 1, d)
+    return decoder.stack_step(x[:, 0], subdict(params, "dec."), self_k, self_v, cross_k, cross_v,
+                              src_mask, t, cfg)
 
 
 def logits(params, cfg, h):
@@ -323,12 +342,12 @@ def output_loss(h, table, targets, smoothing, dloss=None):
         dtable_t = xp.zeros((table.shape[1], v), dtype=table.dtype)          # (d, V)
     for start in range(0, n, chunk):
         part = slice(start, start + chunk)
-        z, c_out = linear.forward(h[part], table.T)                          # (rows, V)
+        z, c_out = linear.forward(h[part], {"w": table.T})                   # (rows, V)
         (l_sum, n_sum), c_loss = loss.forward(z, targets[part], smoothing)
         loss_sum, nll_sum = loss_sum + l_sum, nll_sum + n_sum
         if dloss is None:
             continue
-        dz = loss.backward(dloss, c_loss)                                    # (rows, V), over z
+        dz, _ = loss.backward(dloss, c_loss)                                 # (rows, V), over z
         dh[part], g = linear.backward(dz, c_out)
         dtable_t += g["w"]
     return loss_sum, nll_sum, dh, None if dtable_t is None else dtable_t.T
@@ -358,8 +377,8 @@ def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=No
         raise ValueError(f"src has {src.shape[0]} sentences but tgt has {tgt.shape[0]}")
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
 
-    memory, src_mask, c_src = encode(params, cfg, src, rng)
-    h, c_tgt = decode(params, cfg, tgt_in, memory, src_mask, rng)          # (B, T, d)
+    memory, src_mask, c_src = encoder_forward(params, cfg, src, rng)
+    h, c_tgt = decoder_forward(params, cfg, tgt_in, memory, src_mask, rng)   # (B, T, d)
 
     # logits only where there is a target to predict: never a (B*T, V) array of padding rows
     b, t, d = h.shape
@@ -379,10 +398,10 @@ def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=No
     # backward, in reverse order of the forward pass (the output layer's is done already)
     dh = xp.zeros((b * t, d), dtype=h.dtype)
     dh[rows] = dh_sel
-    dy, dmemory, g_dec = decoder.stack_backward(dh.reshape(b, t, d), c_tgt[1])
-    d_tgt_emb = embed_backward(dy, c_tgt[0])
-    dx, g_enc = encoder.stack_backward(dmemory, c_src[1])
-    d_src_emb = embed_backward(dx, c_src[0])
+    dy, dmemory, g_dec = decoder.stack_backward(dh.reshape(b, t, d), c_tgt.stack)
+    d_tgt_emb = embed_backward(dy, c_tgt.embed)
+    dx, g_enc = encoder.stack_backward(dmemory, c_src.stack)
+    d_src_emb = embed_backward(dx, c_src.embed)
 
     out = {**prefixed(g_enc, "enc."), **prefixed(g_dec, "dec.")}
     out[tgt_name] = d_out + d_tgt_emb             # output projection + target embedding

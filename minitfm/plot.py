@@ -70,30 +70,21 @@ def _save(fig, path) -> str:
 
 # ---- attention -------------------------------------------------------------------------------
 
-def _probs(residual_cache, sublayer: str):
-    """The attention probabilities (B, H, T, S) in the cache of one residual attention sub-layer.
-
-    residual.forward caches ``(c_ln, c_sub, c_drop, pre_ln)``; attention.self_forward's c_sub is
-    ``(c_qkv, c_att, c_o, n_heads)``, cross_forward's ``(c_q, c_kv, c_att, c_o, n_heads)``; and
-    sdpa_forward's c_att is ``(q, k, v, p, scale)``.
-    """
-    c_sub = residual_cache[1]
-    c_att = c_sub[1] if sublayer == "self" else c_sub[2]
-    return c_att[3]
-
-
 def attention_maps(params: dict, cfg: model.Config, src, tgt_in) -> dict[str, list]:
     """Attention probabilities of one forward pass (no dropout), on the host.
 
     src (B, S) and tgt_in (B, T) token ids (tgt_in starts with BOS). Returns
     ``{"encoder": [(B, H, S, S) per layer], "decoder_self": [(B, H, T, T) ...],
-    "cross": [(B, H, T, S) ...]}``.
+    "cross": [(B, H, T, S) ...]}``: the ``p`` of each attention's scaled dot-product cache.
     """
-    memory, src_mask, (_, (enc_layers, _)) = model.encode(params, cfg, backend.to_device(src))
-    _, (_, (dec_layers, _)) = model.decode(params, cfg, backend.to_device(tgt_in), memory, src_mask)
-    return {"encoder": [backend.to_host(_probs(c1, "self")) for c1, _ in enc_layers],
-            "decoder_self": [backend.to_host(_probs(c1, "self")) for c1, _, _ in dec_layers],
-            "cross": [backend.to_host(_probs(c2, "cross")) for _, c2, _ in dec_layers]}
+    memory, src_mask, enc = model.encoder_forward(params, cfg, backend.to_device(src))
+    _, dec = model.decoder_forward(params, cfg, backend.to_device(tgt_in), memory, src_mask)
+    return {"encoder": [backend.to_host(layer.self_attn.sublayer.attention.p)
+                        for layer in enc.stack.layers],
+            "decoder_self": [backend.to_host(layer.self_attn.sublayer.attention.p)
+                             for layer in dec.stack.layers],
+            "cross": [backend.to_host(layer.cross_attn.sublayer.attention.p)
+                      for layer in dec.stack.layers]}
 
 
 def plot_attention(maps, rows: Sequence[str], cols: Sequence[str], path, title: str = "") -> str:

@@ -29,14 +29,14 @@ def sources(lengths, seed=0, vocab=11):
 # ---- the cache against the full forward pass ---------------------------------------------------
 
 def full_logits(params, cfg, src, tgt_in):
-    memory, src_mask, _ = model.encode(params, cfg, src)
-    h, _ = model.decode(params, cfg, tgt_in, memory, src_mask)
+    memory, src_mask, _ = model.encoder_forward(params, cfg, src)
+    h, _ = model.decoder_forward(params, cfg, tgt_in, memory, src_mask)
     return model.logits(params, cfg, h)                                # (B, T, V)
 
 
 def cached_logits(params, cfg, src, tgt_in):
-    cache = decode.init_cache(params, cfg, src, capacity=tgt_in.shape[1])
-    steps = [decode.step(params, cfg, cache, tgt_in[:, t], t) for t in range(tgt_in.shape[1])]
+    kv = decode.init_kv_cache(params, cfg, src, capacity=tgt_in.shape[1])
+    steps = [decode.step(params, cfg, kv, tgt_in[:, t], t) for t in range(tgt_in.shape[1])]
     return np.stack(steps, axis=1)                                     # (B, T, V)
 
 
@@ -68,17 +68,17 @@ def test_cached_steps_equal_full_forward_float32(pre_ln):
 
 def test_reorder_gathers_rows_and_drops_sentences():
     params, cfg = tiny()
-    cache = decode.init_cache(params, cfg, sources([3, 5]), beam=2, capacity=4)
+    kv = decode.init_kv_cache(params, cfg, sources([3, 5]), beam=2, capacity=4)
     for t, tokens in enumerate(([A, B, C, D], [B, A, D, C])):
-        decode.step(params, cfg, cache, np.array(tokens), t)
-    before = [k.copy() for k in cache.self_k]
-    cache = decode.reorder(cache, [1, 1, 2, 3], filled=2)       # beam 0 of sentence 0 is pruned
-    np.testing.assert_array_equal(cache.self_k[0][:, :, :2], before[0][[1, 1, 2, 3], :, :2])
-    cache = decode.reorder(cache, [3, 2], filled=2)             # sentence 0 leaves the batch
-    assert cache.rows == 2
+        decode.step(params, cfg, kv, np.array(tokens), t)
+    before = [k.copy() for k in kv.self_k]
+    kv = decode.reorder(kv, [1, 1, 2, 3], filled=2)             # beam 0 of sentence 0 is pruned
+    np.testing.assert_array_equal(kv.self_k[0][:, :, :2], before[0][[1, 1, 2, 3], :, :2])
+    kv = decode.reorder(kv, [3, 2], filled=2)                   # sentence 0 leaves the batch
+    assert kv.rows == 2
     for i in range(cfg.n_layers):
-        np.testing.assert_array_equal(cache.self_k[i][:, :, :2], before[i][[3, 2], :, :2])
-    np.testing.assert_array_equal(cache.src_mask[:, 0, 0], sources([3, 5])[[1, 1]] == 0)
+        np.testing.assert_array_equal(kv.self_k[i][:, :, :2], before[i][[3, 2], :, :2])
+    np.testing.assert_array_equal(kv.src_mask[:, 0, 0], sources([3, 5])[[1, 1]] == 0)
 
 
 # ---- search on the real (tiny, random) model ---------------------------------------------------
@@ -109,6 +109,31 @@ def test_batch_equals_one_at_a_time(seed):
         assert [h[0] for h in one] == [h[0] for h in batched[i]]
         np.testing.assert_allclose([h[1] for h in one], [h[1] for h in batched[i]], atol=1e-10)
         assert decode.greedy(params, cfg, alone, max_len=20)[0] == greedy[i]
+
+
+def greedy_by_full_forward(params, cfg, src_row, max_len):
+    """Greedy decoding of one sentence the plain way: the whole decoder over the prefix at every
+    step, no key/value cache, no batching."""
+    prefix = [cfg.bos_id]
+    for _ in range(max_len):
+        logits = full_logits(params, cfg, src_row[None], np.array([prefix]))[0, -1]     # (V,)
+        logits[[cfg.pad_id, cfg.bos_id]] = -np.inf
+        token = int(logits.argmax())
+        if token == cfg.eos_id:
+            break
+        prefix.append(token)
+    return prefix[1:]
+
+
+@pytest.mark.parametrize("pre_ln", [False, True])
+@pytest.mark.parametrize("seed", MIXED_SEEDS)
+def test_greedy_equals_the_full_forward_reference(pre_ln, seed):
+    params, cfg = tiny(pre_ln, seed)
+    lengths = [1, 8, 3, 5, 0]
+    src = sources(lengths, seed)
+    expected = [greedy_by_full_forward(params, cfg, src[i, :n + 1], 20)
+                for i, n in enumerate(lengths)]
+    assert decode.greedy(params, cfg, src, max_len=20) == expected
 
 
 def sequence_log_prob(params, cfg, src_row, tokens, with_eos=True):
@@ -144,9 +169,9 @@ def test_special_tokens_are_never_generated_nor_fed(monkeypatch):
     params, cfg = tiny(seed=2)
     fed = []
 
-    def spy(params, cfg, cache, tokens, t):
+    def spy(params, cfg, kv, tokens, t):
         fed.append((t, np.asarray(tokens).tolist()))
-        return real_step(params, cfg, cache, tokens, t)
+        return real_step(params, cfg, kv, tokens, t)
 
     real_step = decode.step
     monkeypatch.setattr(decode, "step", spy)
@@ -165,7 +190,7 @@ def markov_step(table):
     """A stand-in for decode.step: the next-token distribution depends on the last token only."""
     log_table = np.log(np.asarray(table, dtype=np.float64))
 
-    def fake_step(params, cfg, cache, tokens, t):
+    def fake_step(params, cfg, kv, tokens, t):
         fake_step.fed.append(np.asarray(tokens).tolist())
         return log_table[np.asarray(tokens)]                          # (R, V) logits
 

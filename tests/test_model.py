@@ -1,5 +1,8 @@
 """The whole Transformer: gradients, masks, dtypes, configuration and input checks."""
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -62,29 +65,14 @@ def _batch(seed=0, batch=3, src_len=5, tgt_len=6, cfg=TINY):
     return gradcheck.model_batch(backend.host_rng(seed), cfg, batch, src_len, tgt_len)
 
 
-def _attention_probs(caches):
-    """Every attention probability array found in a nest of forward caches."""
-    found = []
-
-    def walk(c):
-        if isinstance(c, (tuple, list)):
-            if len(c) == 5 and isinstance(c[4], float) and hasattr(c[3], "shape"):
-                found.append(c[3])                                    # sdpa cache: (q, k, v, p, scale)
-            for item in c:
-                walk(item)
-    walk(caches)
-    return found
-
-
 def test_no_attention_to_padded_source_keys():
     params = model.init_params(TINY, 0, dtype=np.float64)
     src, tgt = _batch()
-    memory, src_mask, enc_cache = model.encode(params, TINY, src)
-    h, dec_cache = model.decode(params, TINY, tgt[:, :-1], memory, src_mask)
+    memory, src_mask, enc_cache = model.encoder_forward(params, TINY, src)
+    h, dec_cache = model.decoder_forward(params, TINY, tgt[:, :-1], memory, src_mask)
     padded = (src == TINY.pad_id)[:, None, None, :]                         # (B, 1, 1, S)
-    enc_probs = _attention_probs(enc_cache)
-    cross_probs = [p for p in _attention_probs(dec_cache) if p.shape[-1] == src.shape[1]
-                   and p.shape[-2] != src.shape[1]]
+    enc_probs = [layer.self_attn.sublayer.attention.p for layer in enc_cache.stack.layers]
+    cross_probs = [layer.cross_attn.sublayer.attention.p for layer in dec_cache.stack.layers]
     assert len(enc_probs) == TINY.n_layers and cross_probs
     assert padded.any()
     for p in enc_probs + cross_probs:
@@ -114,8 +102,8 @@ def test_padded_target_positions_contribute_nothing():
     n_targets = int((tgt[:, 1:] != TINY.pad_id).sum())
     assert stats["tokens"] == n_targets
     # the per-token loss summed over real targets, recomputed from the logits by hand
-    memory, src_mask, _ = model.encode(params, TINY, src)
-    h, _ = model.decode(params, TINY, tgt[:, :-1], memory, src_mask)
+    memory, src_mask, _ = model.encoder_forward(params, TINY, src)
+    h, _ = model.decoder_forward(params, TINY, tgt[:, :-1], memory, src_mask)
     z = model.logits(params, TINY, h)
     logp = z - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)) - z.max(-1, keepdims=True)
     y = tgt[:, 1:]
@@ -130,12 +118,12 @@ def test_future_target_tokens_never_change_earlier_outputs(seed, t):
     params = model.init_params(TINY, seed % 7, dtype=np.float64)
     src, tgt = _batch(seed)
     tgt_in = tgt[:, :-1].copy()
-    memory, src_mask, _ = model.encode(params, TINY, src)
-    h, _ = model.decode(params, TINY, tgt_in, memory, src_mask)
+    memory, src_mask, _ = model.encoder_forward(params, TINY, src)
+    h, _ = model.decoder_forward(params, TINY, tgt_in, memory, src_mask)
     changed = tgt_in.copy()
     rng = np.random.default_rng(seed)
     changed[:, t + 1:] = rng.integers(4, TINY.tgt_vocab, size=changed[:, t + 1:].shape)
-    h2, _ = model.decode(params, TINY, changed, memory, src_mask)
+    h2, _ = model.decoder_forward(params, TINY, changed, memory, src_mask)
     np.testing.assert_array_equal(h2[:, : t + 1], h[:, : t + 1])
 
 
@@ -173,8 +161,8 @@ def test_float32_is_never_upcast():
     params = model.init_params(cfg, 0, dtype=np.float32)
     src, tgt = _batch(4)
     rng = backend.rng(0, 0)
-    memory, src_mask, c_enc = model.encode(params, cfg, src, rng)
-    h, c_dec = model.decode(params, cfg, tgt[:, :-1], memory, src_mask, rng)
+    memory, src_mask, c_enc = model.encoder_forward(params, cfg, src, rng)
+    h, c_dec = model.decoder_forward(params, cfg, tgt[:, :-1], memory, src_mask, rng)
     z = model.logits(params, cfg, h.reshape(-1, cfg.d_model))
     (loss_sum, _), c_loss = loss_layer.forward(z, tgt[:, 1:].reshape(-1), cfg.label_smoothing)
     arrays = list(_float_arrays([memory, src_mask, c_enc, h, c_dec, c_loss, loss_sum]))
@@ -249,6 +237,61 @@ def test_initialisation_is_reproducible_and_scaled():
     assert np.abs(w).max() <= bound and np.abs(w).max() > 0.9 * bound
     assert np.all(a["enc.0.ln1.gamma"] == 1) and np.all(a["enc.0.attn.b_o"] == 0)
     assert list(a) == model.parameter_names(cfg)
+
+
+# the parameter names and their order as first published: checkpoints store them in this order,
+# and init_params draws their initial values from the seed in this order
+ENCODER_LAYER = ["attn.w_qkv", "attn.b_qkv", "attn.w_o", "attn.b_o", "ln1.gamma", "ln1.beta",
+                 "ff.w1", "ff.b1", "ff.w2", "ff.b2", "ln2.gamma", "ln2.beta"]
+DECODER_LAYER = ["self_attn.w_qkv", "self_attn.b_qkv", "self_attn.w_o", "self_attn.b_o",
+                 "ln1.gamma", "ln1.beta", "cross_attn.w_q", "cross_attn.b_q", "cross_attn.w_kv",
+                 "cross_attn.b_kv", "cross_attn.w_o", "cross_attn.b_o", "ln2.gamma", "ln2.beta",
+                 "ff.w1", "ff.b1", "ff.w2", "ff.b2", "ln3.gamma", "ln3.beta"]
+
+
+@pytest.mark.parametrize("share,pre_ln,n_layers", [(True, False, 2), (False, True, 3)])
+def test_parameter_names_and_order_are_those_of_saved_checkpoints(share, pre_ln, n_layers):
+    cfg = TINY.replace(share_embeddings=share, pre_ln=pre_ln, n_layers=n_layers)
+    expected = ["emb"] if share else ["src_emb", "tgt_emb"]
+    expected += [f"enc.{i}.{n}" for i in range(n_layers) for n in ENCODER_LAYER]
+    expected += [f"dec.{i}.{n}" for i in range(n_layers) for n in DECODER_LAYER]
+    if pre_ln:
+        expected += ["enc.ln.gamma", "enc.ln.beta", "dec.ln.gamma", "dec.ln.beta"]
+    assert model.parameter_names(cfg) == expected
+
+
+def readme_parameter_table(cfg) -> dict:
+    """The README's parameter table, expanded for ``cfg``: {name: shape}."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Parameters", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    symbols = {"V": cfg.src_vocab, "V_src": cfg.src_vocab, "V_tgt": cfg.tgt_vocab,
+               "d": cfg.d_model, "2d": 2 * cfg.d_model, "3d": 3 * cfg.d_model, "d_ff": cfg.d_ff}
+    table = {}
+    for row in rows:
+        names_cell, shapes_cell, what = (cell.strip() for cell in row.strip("|").split("|"))
+        if ("pre-LN only" in what and not cfg.pre_ln
+                or "`share_embeddings=True`" in what and not cfg.share_embeddings
+                or "`share_embeddings=False`" in what and cfg.share_embeddings):
+            continue
+        names = []
+        for name in re.findall(r"`([^`]+)`", names_cell):
+            names.append(names[-1].rsplit(".", 1)[0] + name if name.startswith(".") else name)
+        shapes = [tuple(symbols[s.strip()] for s in inner.split(",") if s.strip())
+                  for inner in re.findall(r"\(([^)]*)\)", shapes_cell)]
+        assert len(shapes) == len(names), row
+        for name, shape in zip(names, shapes):
+            for i in range(cfg.n_layers) if "{i}" in name else [None]:
+                table[name.replace("{i}", str(i))] = shape
+    return table
+
+
+@pytest.mark.parametrize("share", [True, False])
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_readme_parameter_table_matches_the_model(share, pre_ln):
+    cfg = model.Config(src_vocab=50, tgt_vocab=50 if share else 70, n_layers=3, d_model=8,
+                       d_ff=20, n_heads=2, share_embeddings=share, pre_ln=pre_ln)
+    assert readme_parameter_table(cfg) == model.parameter_shapes(cfg)
 
 
 def test_parameter_count_of_the_base_model():

@@ -6,7 +6,8 @@ the model share one embedding matrix between encoder, decoder and the output pro
 
 The special ids are fixed, whatever the model was trained on, so the rest of the code can rely on
 them: ``PAD_ID = 0`` (padding, ignored by the loss), ``UNK_ID = 1``, ``BOS_ID = 2`` (starts the
-decoder input), ``EOS_ID = 3`` (ends every source and target sentence).
+decoder input), ``EOS_ID = 3`` (ends every source and target sentence). They are defined once, in
+``minitfm.model`` (the defaults of its Config), and imported here.
 
 Reproducibility: the same sentences, vocabulary size and seed give a byte-identical model, hence
 the same :attr:`Vocab.identifier`. Large corpora are sampled down to ``input_sentence_size``
@@ -29,12 +30,13 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
+from minitfm.model import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
 from .corpus import DataError, ParallelReader, file_stamp, parallel_files
 
 __all__ = ["PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "Vocab", "train_vocab", "train_joint_vocab",
            "cached_joint_vocab", "sample_sentences"]
 
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 _SPECIAL_PIECES = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>"}
 
 

@@ -1,10 +1,59 @@
-"""One file per layer: each exposes ``forward(...) -> (out, cache)`` and
-``backward(dout, cache) -> (dinput(s), grads)``, with the math and the derivation of the backward
-pass in its docstring. Layers hold no state: everything the backward pass needs is in the cache.
+"""One file per layer, in the order a reader meets them: linear, embedding, positional, dropout,
+layernorm, feedforward, attention, residual, encoder, decoder, loss. Each file has the math and
+the derivation of its backward pass in its docstring, then the code.
 
-Parameters are flat dicts with dotted names; a layer sees the slice of its own names
-(``subdict(params, "enc.0.")``) and returns gradients under the same local names, which the caller
-puts back under its prefix (``prefixed(grads, "enc.0.")``).
+The contract every layer keeps
+------------------------------
+    out, cache = forward(inputs..., params, settings...)
+    *d_inputs, grads = backward(dout, cache)
+
+- ``params`` is a dict of the layer's arrays under its own local names ("w", "gamma", "w_qkv"),
+  and ``param_shapes(...)`` declares those names and their shapes, in order. A layer without
+  parameters (positional, dropout, scaled dot-product attention) takes none.
+- ``grads`` is a dict with the same local names as ``params`` ({} for a layer without any).
+- ``d_inputs`` holds the gradient of each array input the output flows from, in the order of
+  forward's arguments: ``dx`` for most layers, ``(dx, dmemory)`` for cross-attention, ``(dq, dk,
+  dv)`` for scaled dot-product attention, ``dlogits`` for the loss. Token ids have no gradient
+  and get None in their place (embedding returns ``(None, grads)``). Masks, targets, the dropout
+  generator and settings such as ``n_heads`` are constants, not inputs: no gradient.
+- ``cache`` is a NamedTuple defined in the layer's file (``linear.Cache``,
+  ``attention.SelfCache``); whatever the backward pass needs is in it, and only the layer that
+  built it reads it. A caller passes it back whole, or reads a named field
+  (``layer_cache.self_attn.sublayer.attention.p``), never a position. Layers hold no state, so a
+  layer can be used several times in one step (the shared embedding is used three times).
+
+Why dicts for parameters, in every layer: the composite layers (attention, the encoder and
+decoder layers and stacks) take from four to several hundred arrays, and a dict slice of the
+model's flat parameter dict (``subdict(params, "enc.0.")``) hands them over by name; gradients
+come back under the same local names, which the caller puts back under its prefix
+(``prefixed(grads, "enc.0.")``). The leaf layers take the same shape of argument so that one
+rule holds everywhere: ``grads`` has exactly the keys of ``params``.
+
+Two layers need a word more:
+- ``loss.forward`` returns the pair ``(loss_sum, nll_sum)`` as its output; ``dout`` is the
+  gradient of ``loss_sum`` (the negative log-likelihood is reported, not trained).
+- ``residual`` wraps another layer F: ``forward`` takes ``sublayer(h) -> (out, cache)``, and
+  ``backward`` takes the matching ``sublayer_backward``; the residual's gradient for its input F
+  is whatever F's backward returns after its dx (the gradients of F's other inputs and of its
+  parameters), so it returns ``(dx, *rest_of_F, ln_grads)``: still its inputs, then its own
+  parameters (the LayerNorm's).
+
+The in-place rule
+-----------------
+Layers write into the arrays they create wherever that saves memory: ``residual`` applies
+dropout to the sub-layer's output and adds x to it *in place*, and the loss turns its logits into
+the softmax in place. So no layer may keep its own output in its cache (nor a view of it): the
+array it returns belongs to the caller, who may overwrite it. A layer may keep its inputs and
+its intermediate arrays (linear keeps x; layernorm keeps xhat, not y).
+
+Incremental decoding
+--------------------
+Generating one position at a time reuses the keys and values of the earlier positions. The
+one-position ``*_step`` functions (``attention.self_step``, ``attention.cross_step``,
+``residual.step``, ``encoder.layer_step``, ``decoder.layer_step``, ``decoder.stack_step``) sit
+right below the full-sequence ``*_forward`` they mirror, take the per-layer key/value arrays
+explicitly, return the output alone (no dropout, nothing for a backward pass) and are held equal
+to the forward pass by the tests.
 """
 
 
@@ -15,5 +64,5 @@ def subdict(params, prefix):
 
 
 def prefixed(grads, prefix):
-    """``grads`` with ``prefix`` put in front of every name."""
+    """``grads`` (or any dict keyed by name) with ``prefix`` put in front of every name."""
     return {prefix + k: v for k, v in grads.items()}

@@ -22,11 +22,25 @@ The per-head projections are fused into one matrix product: self-attention proje
 W_QKV = [W_Q | W_K | W_V] (d_model, 3 d_model); cross-attention projects the decoder state with
 W_Q and the encoder output once with W_KV = [W_K | W_V] (d_model, 2 d_model). Each head reads
 its d_k = d_model / h columns of those products.
+
+Parameters: self-attention "w_qkv" (d, 3d), "b_qkv" (3d,), "w_o" (d, d), "b_o" (d,);
+cross-attention "w_q" (d, d), "b_q", "w_kv" (d, 2d), "b_kv", "w_o", "b_o" -- each pair the "w" and
+"b" of one linear layer (see ``self_param_shapes``, ``cross_param_shapes``).
+
+Incremental decoding
+The output at position t of causal self-attention depends only on positions <= t, so a model that
+generates one position at a time need not recompute the earlier ones: ``self_step`` projects
+position t alone, writes its key and value into slot t of per-layer buffers (R, H, L, d_k) and
+lets its query attend to slots 0..t -- the row t of ``self_forward`` with a causal mask (no mask is
+needed: slots after t are never read). ``cross_step`` is the row t of ``cross_forward``; the keys
+and values of the encoder output do not change from step to step and are projected once, by
+``cross_kv``. Each step sits right below the forward pass it mirrors.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from minitfm import backend
 from minitfm.layers import linear
@@ -35,6 +49,14 @@ MASKED = -1e9
 
 
 # ---- scaled dot-product attention ------------------------------------------------------------
+
+class SdpaCache(NamedTuple):
+    q: object               # (B, H, T, d_k)
+    k: object               # (B, H, S, d_k)
+    v: object               # (B, H, S, d_k)
+    p: object               # (B, H, T, S) the attention probabilities, softmax(S)
+    scale: float            # 1 / sqrt(d_k)
+
 
 def sdpa_forward(q, k, v, mask=None):
     """q (B, H, T, d_k), k and v (B, H, S, d_k), mask broadcastable to (B, H, T, S)."""
@@ -48,24 +70,24 @@ def sdpa_forward(q, k, v, mask=None):
     p = xp.exp(s, out=s)
     p /= p.sum(axis=-1, keepdims=True)              # (B, H, T, S)
     o = p @ v                                       # (B, H, T, d_k)
-    return o, (q, k, v, p, scale)
+    return o, SdpaCache(q, k, v, p, scale)
 
 
-def sdpa_backward(do, cache):
-    """Return ``(dq, dk, dv)``."""
-    q, k, v, p, scale = cache
+def sdpa_backward(do, cache: SdpaCache):
+    """Return ``(dq, dk, dv, {})``: no parameters (the mask is a constant)."""
+    q, k, v, p = cache.q, cache.k, cache.v, cache.p
     dv = p.swapaxes(-1, -2) @ do                    # (B, H, S, d_k)
     dp = do @ v.swapaxes(-1, -2)                    # (B, H, T, S)
     dp -= (dp * p).sum(axis=-1, keepdims=True)
     ds = dp
     ds *= p                                         # dS = P * (dP - rowsum(dP * P))
-    ds *= scale                                     # fold 1/sqrt(d_k) in once for dQ and dK
+    ds *= cache.scale                               # fold 1/sqrt(d_k) in once for dQ and dK
     dq = ds @ k                                     # (B, H, T, d_k)
     dk = ds.swapaxes(-1, -2) @ q                    # (B, H, S, d_k)
-    return dq, dk, dv
+    return dq, dk, dv, {}
 
 
-# ---- head split / merge ----------------------------------------------------------------------
+# ---- head split / merge, projections ---------------------------------------------------------
 
 def split_heads(x, n_parts, n_heads):
     """(B, T, n_parts * d_model) -> n_parts arrays (B, H, T, d_k)."""
@@ -84,49 +106,118 @@ def merge_heads(*heads):
     return out.reshape(b, t, len(heads) * h * d_k)
 
 
+def _projection_shapes(name, d_in, d_out):
+    """The parameter shapes of the linear layer ``name``: "w_{name}", "b_{name}"."""
+    return {f"{k}_{name}": shape for k, shape in linear.param_shapes(d_in, d_out).items()}
+
+
+def _projection_grads(grads, name):
+    """A linear layer's gradients ``{"w", "b"}`` under the names of projection ``name``."""
+    return {f"{k}_{name}": g for k, g in grads.items()}
+
+
 # ---- multi-head self-attention -------------------------------------------------------------
+
+class SelfCache(NamedTuple):
+    qkv: linear.Cache       # x -> [Q | K | V]
+    attention: SdpaCache
+    out: linear.Cache       # merged heads -> y
+    n_heads: int
+
+
+def self_param_shapes(d_model: int) -> dict[str, tuple[int, ...]]:
+    return {**_projection_shapes("qkv", d_model, 3 * d_model),
+            **_projection_shapes("o", d_model, d_model)}
+
 
 def self_forward(x, p, mask, n_heads):
     """x (B, T, d_model); p has "w_qkv" (d, 3d), "b_qkv", "w_o" (d, d), "b_o"."""
-    qkv, c_qkv = linear.forward(x, p["w_qkv"], p["b_qkv"])                # (B, T, 3d)
+    qkv, c_qkv = linear.forward(x, {"w": p["w_qkv"], "b": p["b_qkv"]})              # (B, T, 3d)
     q, k, v = split_heads(qkv, 3, n_heads)                               # (B, H, T, d_k) each
     o, c_att = sdpa_forward(q, k, v, mask)
-    y, c_o = linear.forward(merge_heads(o), p["w_o"], p["b_o"])          # (B, T, d)
-    return y, (c_qkv, c_att, c_o, n_heads)
+    y, c_o = linear.forward(merge_heads(o), {"w": p["w_o"], "b": p["b_o"]})         # (B, T, d)
+    return y, SelfCache(c_qkv, c_att, c_o, n_heads)
 
 
-def self_backward(dy, cache):
+def self_step(x, p, k_buf, v_buf, t: int, n_heads: int):
+    """Causal self-attention of position t alone over positions 0..t; return y (R, d).
+
+    x (R, d_model) is position t of R rows. Its key and value are written into slot t of
+    ``k_buf`` and ``v_buf`` (R, H, L, d_k), whose slots < t hold the earlier positions' (written
+    by the earlier steps). Equals row t of ``self_forward`` with a causal mask.
+    """
+    qkv, _ = linear.forward(x, {"w": p["w_qkv"], "b": p["b_qkv"]})                  # (R, 3d)
+    q, k, v = split_heads(qkv[:, None], 3, n_heads)                      # (R, H, 1, d_k) each
+    k_buf[:, :, t] = k[:, :, 0]
+    v_buf[:, :, t] = v[:, :, 0]
+    o, _ = sdpa_forward(q, k_buf[:, :, :t + 1], v_buf[:, :, :t + 1])     # (R, H, 1, d_k)
+    y, _ = linear.forward(merge_heads(o)[:, 0], {"w": p["w_o"], "b": p["b_o"]})     # (R, d)
+    return y
+
+
+def self_backward(dy, cache: SelfCache):
     """Return ``(dx, {"w_qkv", "b_qkv", "w_o", "b_o"})``."""
-    c_qkv, c_att, c_o, n_heads = cache
-    do, g_o = linear.backward(dy, c_o)
-    dq, dk, dv = sdpa_backward(*split_heads(do, 1, n_heads), c_att)
-    dx, g_qkv = linear.backward(merge_heads(dq, dk, dv), c_qkv)
-    return dx, {"w_qkv": g_qkv["w"], "b_qkv": g_qkv["b"], "w_o": g_o["w"], "b_o": g_o["b"]}
+    do, g_o = linear.backward(dy, cache.out)
+    dq, dk, dv, _ = sdpa_backward(*split_heads(do, 1, cache.n_heads), cache.attention)
+    dx, g_qkv = linear.backward(merge_heads(dq, dk, dv), cache.qkv)
+    return dx, {**_projection_grads(g_qkv, "qkv"), **_projection_grads(g_o, "o")}
 
 
 # ---- multi-head cross-attention (decoder queries, encoder keys and values) -----------------
+
+class CrossCache(NamedTuple):
+    q: linear.Cache         # x -> Q
+    kv: linear.Cache        # memory -> [K | V]
+    attention: SdpaCache
+    out: linear.Cache       # merged heads -> y
+    n_heads: int
+
+
+def cross_param_shapes(d_model: int) -> dict[str, tuple[int, ...]]:
+    return {**_projection_shapes("q", d_model, d_model),
+            **_projection_shapes("kv", d_model, 2 * d_model),
+            **_projection_shapes("o", d_model, d_model)}
+
 
 def cross_forward(x, memory, p, mask, n_heads):
     """x (B, T, d) decoder state, memory (B, S, d) encoder output.
 
     p has "w_q" (d, d), "b_q", "w_kv" (d, 2d), "b_kv", "w_o", "b_o".
     """
-    qp, c_q = linear.forward(x, p["w_q"], p["b_q"])                      # (B, T, d)
-    kv, c_kv = linear.forward(memory, p["w_kv"], p["b_kv"])              # (B, S, 2d)
+    qp, c_q = linear.forward(x, {"w": p["w_q"], "b": p["b_q"]})                     # (B, T, d)
+    kv, c_kv = linear.forward(memory, {"w": p["w_kv"], "b": p["b_kv"]})             # (B, S, 2d)
     (q,) = split_heads(qp, 1, n_heads)
     k, v = split_heads(kv, 2, n_heads)
     o, c_att = sdpa_forward(q, k, v, mask)
-    y, c_o = linear.forward(merge_heads(o), p["w_o"], p["b_o"])
-    return y, (c_q, c_kv, c_att, c_o, n_heads)
+    y, c_o = linear.forward(merge_heads(o), {"w": p["w_o"], "b": p["b_o"]})
+    return y, CrossCache(c_q, c_kv, c_att, c_o, n_heads)
 
 
-def cross_backward(dy, cache):
+def cross_kv(memory, p, n_heads):
+    """The keys and values of ``cross_forward``, (B, H, S, d_k) each, from memory (B, S, d)."""
+    kv, _ = linear.forward(memory, {"w": p["w_kv"], "b": p["b_kv"]})                # (B, S, 2d)
+    return split_heads(kv, 2, n_heads)
+
+
+def cross_step(x, p, k, v, mask, n_heads: int):
+    """Cross-attention of one position over precomputed keys and values; return y (R, d).
+
+    x (R, d_model); k and v (R, H, S, d_k) from ``cross_kv``; mask (R, 1, 1, S). Equals one row
+    of ``cross_forward``.
+    """
+    qp, _ = linear.forward(x, {"w": p["w_q"], "b": p["b_q"]})                       # (R, d)
+    (q,) = split_heads(qp[:, None], 1, n_heads)                          # (R, H, 1, d_k)
+    o, _ = sdpa_forward(q, k, v, mask)                                   # (R, H, 1, d_k)
+    y, _ = linear.forward(merge_heads(o)[:, 0], {"w": p["w_o"], "b": p["b_o"]})     # (R, d)
+    return y
+
+
+def cross_backward(dy, cache: CrossCache):
     """Return ``(dx, dmemory, {"w_q", "b_q", "w_kv", "b_kv", "w_o", "b_o"})``."""
-    c_q, c_kv, c_att, c_o, n_heads = cache
-    do, g_o = linear.backward(dy, c_o)
-    dq, dk, dv = sdpa_backward(*split_heads(do, 1, n_heads), c_att)
-    dx, g_q = linear.backward(merge_heads(dq), c_q)
-    dmemory, g_kv = linear.backward(merge_heads(dk, dv), c_kv)
-    grads = {"w_q": g_q["w"], "b_q": g_q["b"], "w_kv": g_kv["w"], "b_kv": g_kv["b"],
-             "w_o": g_o["w"], "b_o": g_o["b"]}
+    do, g_o = linear.backward(dy, cache.out)
+    dq, dk, dv, _ = sdpa_backward(*split_heads(do, 1, cache.n_heads), cache.attention)
+    dx, g_q = linear.backward(merge_heads(dq), cache.q)
+    dmemory, g_kv = linear.backward(merge_heads(dk, dv), cache.kv)
+    grads = {**_projection_grads(g_q, "q"), **_projection_grads(g_kv, "kv"),
+             **_projection_grads(g_o, "o")}
     return dx, dmemory, grads

@@ -9,16 +9,23 @@ Backward
     dL/dx = dL/dy * m / (1 - p)      the same mask, the same scale
 
 The mask comes from the generator passed in; the model draws it from ``backend.rng(seed, step)``,
-so the masks of a step are reproducible from the seed and the step alone.
+so the masks of a step are reproducible from the seed and the step alone. No parameters.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from minitfm import backend
 
 
+class Cache(NamedTuple):
+    keep: object            # bool, the shape of x: the kept elements
+    scale: float            # 1 / (1 - p)
+
+
 def forward(x, p, rng=None, inplace=False):
-    """Return ``(y, cache)``; identity when ``p == 0`` or ``rng`` is None (evaluation).
+    """Return ``(y, cache)``; identity (cache None) when ``p == 0`` or ``rng`` is None (evaluation).
 
     ``inplace=True`` writes y over x (for callers that own x and no longer need it).
     """
@@ -27,13 +34,13 @@ def forward(x, p, rng=None, inplace=False):
     keep, scale = backend.dropout_keep(rng, x.shape, p)      # bool, same shape as x
     y = backend.xp.multiply(x, keep, out=x if inplace else None)
     y *= scale
-    return y, (keep, scale)
+    return y, Cache(keep, scale)
 
 
-def backward(dy, cache):
+def backward(dy, cache: Cache | None):
+    """Return ``(dx, {})``."""
     if cache is None:
         return dy, {}
-    keep, scale = cache
-    dx = dy * keep
-    dx *= scale
+    dx = dy * cache.keep
+    dx *= cache.scale
     return dx, {}

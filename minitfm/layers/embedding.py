@@ -9,32 +9,44 @@ Backward
     plain assignment (``E_grad[ids] += ...`` would keep only one of the repeated rows). The ids get
     no gradient.
 
-The same matrix may be used several times in one step (source embedding, target embedding, output
-projection); each use returns its own gradient and the model adds them.
+Parameters: "table" (V, d_model). The same matrix may be used several times in one step (source
+embedding, target embedding, output projection); each use returns its own gradient and the model
+adds them.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from minitfm import backend
 
 
-def forward(ids, table, scale=None):
-    """Return ``(table[ids] * scale, cache)``; ``scale`` defaults to sqrt(d_model)."""
-    d_model = table.shape[1]
+class Cache(NamedTuple):
+    ids: object             # (...) integer token ids
+    shape: tuple            # (V, d_model) of the table
+    dtype: object
+    scale: float
+
+
+def param_shapes(vocab: int, d_model: int) -> dict[str, tuple[int, ...]]:
+    return {"table": (vocab, d_model)}
+
+
+def forward(ids, p, scale=None):
+    """Return ``(p["table"][ids] * scale, cache)``; ``scale`` defaults to sqrt(d_model)."""
+    table = p["table"]
     if scale is None:
-        scale = math.sqrt(d_model)
+        scale = math.sqrt(table.shape[1])
     y = table[ids]                                  # (..., d_model), a fresh copy
     y *= scale
-    return y, (ids, table.shape, table.dtype, scale)
+    return y, Cache(ids, table.shape, table.dtype, scale)
 
 
-def backward(dy, cache):
+def backward(dy, cache: Cache):
     """Return ``(None, {"table": dtable})``: integer ids have no gradient."""
-    ids, shape, dtype, scale = cache
     xp = backend.xp
-    dtable = xp.zeros(shape, dtype=dtype)           # (V, d_model)
-    backend.scatter_add(dtable, ids.reshape(-1), dy.reshape(-1, shape[1]))
-    dtable *= scale
+    dtable = xp.zeros(cache.shape, dtype=cache.dtype)   # (V, d_model)
+    backend.scatter_add(dtable, cache.ids.reshape(-1), dy.reshape(-1, cache.shape[1]))
+    dtable *= cache.scale
     return None, {"table": dtable}

@@ -6,35 +6,79 @@ layer normalization (see residual.py):
     x = Residual(x, FeedForward(x))
 With pre-LN a final layer normalization ("ln") follows the stack.
 
-Parameter names, relative to the stack ("enc." in the model):
+Parameter names, relative to the stack ("enc." in the model), declared by ``param_shapes``:
     {i}.attn.{w_qkv,b_qkv,w_o,b_o}   {i}.ln1.{gamma,beta}
     {i}.ff.{w1,b1,w2,b2}             {i}.ln2.{gamma,beta}       ln.{gamma,beta} (pre-LN only)
 
 Backward: the layers in reverse order, each sub-layer's residual backward in reverse order; the
 gradient of every parameter is collected under its full name.
+
+``layer_step`` is ``layer_forward`` on one position with a causal mask (a decoder-only language
+model's layer), over the key/value buffers of its self-attention (see attention.self_step).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from minitfm.layers import attention, feedforward, layernorm, prefixed, residual, subdict
+
+
+class LayerCache(NamedTuple):
+    self_attn: residual.Cache       # its .sublayer is an attention.SelfCache
+    ff: residual.Cache              # its .sublayer is a feedforward.Cache
+
+
+class StackCache(NamedTuple):
+    layers: list                    # one LayerCache per layer
+    ln: layernorm.Cache | None      # the final LayerNorm (pre-LN only)
+
+
+def layer_param_shapes(d_model: int, d_ff: int) -> dict[str, tuple[int, ...]]:
+    return {**prefixed(attention.self_param_shapes(d_model), "attn."),
+            **prefixed(layernorm.param_shapes(d_model), "ln1."),
+            **prefixed(feedforward.param_shapes(d_model, d_ff), "ff."),
+            **prefixed(layernorm.param_shapes(d_model), "ln2.")}
+
+
+def param_shapes(cfg) -> dict[str, tuple[int, ...]]:
+    """The stack's parameters: "{i}." + the layer's, for each layer, then "ln." (pre-LN only)."""
+    shapes = {}
+    for i in range(cfg.n_layers):
+        shapes.update(prefixed(layer_param_shapes(cfg.d_model, cfg.d_ff), f"{i}."))
+    if cfg.pre_ln:
+        shapes.update(prefixed(layernorm.param_shapes(cfg.d_model), "ln."))
+    return shapes
 
 
 def layer_forward(x, p, mask, cfg, rng):
     """x (B, S, d_model); ``cfg`` supplies n_heads, dropout, pre_ln."""
     attn, ff = subdict(p, "attn."), subdict(p, "ff.")
-    x, c1 = residual.forward(
+    x, c_attn = residual.forward(
         x, lambda h: attention.self_forward(h, attn, mask, cfg.n_heads),
         subdict(p, "ln1."), cfg.dropout, rng, cfg.pre_ln)
-    x, c2 = residual.forward(
-        x, lambda h: feedforward.forward(h, ff["w1"], ff["b1"], ff["w2"], ff["b2"]),
-        subdict(p, "ln2."), cfg.dropout, rng, cfg.pre_ln)
-    return x, (c1, c2)
+    x, c_ff = residual.forward(
+        x, lambda h: feedforward.forward(h, ff), subdict(p, "ln2."), cfg.dropout, rng, cfg.pre_ln)
+    return x, LayerCache(c_attn, c_ff)
 
 
-def layer_backward(dy, cache):
-    c1, c2 = cache
-    dx, g_ln2, g_ff = residual.backward(dy, c2, feedforward.backward)
-    dx, g_ln1, g_attn = residual.backward(dx, c1, attention.self_backward)
+def layer_step(x, p, k_buf, v_buf, t: int, cfg):
+    """``layer_forward`` with a causal mask, on position t alone: x (R, d_model) -> (R, d_model).
+
+    Writes position t's self-attention key and value into slot t of ``k_buf`` and ``v_buf``
+    (R, H, L, d_k). No dropout.
+    """
+    attn, ff = subdict(p, "attn."), subdict(p, "ff.")
+    x = residual.step(x, lambda h: attention.self_step(h, attn, k_buf, v_buf, t, cfg.n_heads),
+                      subdict(p, "ln1."), cfg.pre_ln)
+    x = residual.step(x, lambda h: feedforward.forward(h, ff)[0], subdict(p, "ln2."), cfg.pre_ln)
+    return x
+
+
+def layer_backward(dy, cache: LayerCache):
+    """Return ``(dx, grads)``."""
+    dx, g_ff, g_ln2 = residual.backward(dy, cache.ff, feedforward.backward)
+    dx, g_attn, g_ln1 = residual.backward(dx, cache.self_attn, attention.self_backward)
     grads = {**prefixed(g_attn, "attn."), **prefixed(g_ln1, "ln1."),
              **prefixed(g_ff, "ff."), **prefixed(g_ln2, "ln2.")}
     return dx, grads
@@ -42,23 +86,23 @@ def layer_backward(dy, cache):
 
 def stack_forward(x, p, mask, cfg, rng):
     """Run ``cfg.n_layers`` layers; ``p`` holds the stack's parameters (names as above)."""
-    caches = []
+    layers = []
     for i in range(cfg.n_layers):
         x, c = layer_forward(x, subdict(p, f"{i}."), mask, cfg, rng)
-        caches.append(c)
+        layers.append(c)
     c_ln = None
     if cfg.pre_ln:
-        x, c_ln = layernorm.forward(x, p["ln.gamma"], p["ln.beta"])
-    return x, (caches, c_ln)
+        x, c_ln = layernorm.forward(x, subdict(p, "ln."))
+    return x, StackCache(layers, c_ln)
 
 
-def stack_backward(dy, cache):
-    caches, c_ln = cache
+def stack_backward(dy, cache: StackCache):
+    """Return ``(dx, grads)``."""
     grads = {}
-    if c_ln is not None:
-        dy, g = layernorm.backward(dy, c_ln)
+    if cache.ln is not None:
+        dy, g = layernorm.backward(dy, cache.ln)
         grads.update(prefixed(g, "ln."))
-    for i in reversed(range(len(caches))):
-        dy, g = layer_backward(dy, caches[i])
+    for i in reversed(range(len(cache.layers))):
+        dy, g = layer_backward(dy, cache.layers[i])
         grads.update(prefixed(g, f"{i}."))
     return dy, grads

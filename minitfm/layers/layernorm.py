@@ -13,16 +13,30 @@ Backward (per row; g = dL/dxhat = dy * gamma)
        term 2: -mean(g)               through mu (every x_i shifts the mean by 1/D)
        term 3: -xhat * mean(g * xhat) through var (d var / d x_i = 2 (x_i - mu) / D)
        final scale: rstd
+
+Parameters: "gamma" (D,) and "beta" (D,).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from minitfm import backend
 
 EPS = 1e-5
 
 
-def forward(x, gamma, beta, eps=EPS):
+class Cache(NamedTuple):
+    xhat: object            # (..., D) the normalised input
+    rstd: object            # (..., 1) 1 / sqrt(var + eps)
+    gamma: object           # (D,)
+
+
+def param_shapes(d: int) -> dict[str, tuple[int, ...]]:
+    return {"gamma": (d,), "beta": (d,)}
+
+
+def forward(x, p, eps=EPS):
     """Return ``(y, cache)`` with the statistics needed by the backward pass."""
     xp = backend.xp
     d = x.shape[-1]
@@ -31,14 +45,14 @@ def forward(x, gamma, beta, eps=EPS):
     var = xp.einsum("...i,...i->...", xhat, xhat)[..., None] / d    # (..., 1), no (..., D) temporary
     rstd = 1.0 / xp.sqrt(var + eps)                                 # (..., 1)
     xhat *= rstd                                                    # now normalised, in place
-    y = xhat * gamma
-    y += beta
-    return y, (xhat, rstd, gamma)
+    y = xhat * p["gamma"]
+    y += p["beta"]
+    return y, Cache(xhat, rstd, p["gamma"])
 
 
-def backward(dy, cache):
+def backward(dy, cache: Cache):
     """Return ``(dx, {"gamma": dgamma, "beta": dbeta})``."""
-    xhat, rstd, gamma = cache
+    xhat, rstd, gamma = cache.xhat, cache.rstd, cache.gamma
     xp = backend.xp
     d = xhat.shape[-1]
     dgamma = xp.einsum("ni,ni->i", dy.reshape(-1, d), xhat.reshape(-1, d))     # sum_rows dy * xhat

@@ -8,30 +8,43 @@ Backward (flatten the leading axes of x and y into N rows: X (N, d_in), dY (N, d
     dL/dW = X^T dY                   W_ij touches every row n: sum over n of x_ni dy_nj
     dL/db = sum_n dY                 b_j is added to every row
 
-The weight may be any 2-D view, e.g. the transposed embedding matrix when the output projection is
-tied to the embedding: ``forward(h, E.T)`` then ``dE = grads["w"].T``.
+Parameters: "w" (d_in, d_out) and "b" (d_out,); without "b" the layer has no bias. The weight may
+be any 2-D view, e.g. the transposed embedding matrix when the output projection is tied to the
+embedding: ``forward(h, {"w": E.T})`` then ``dE = grads["w"].T``.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
 
-def forward(x, w, b=None):
-    """Return ``(x @ w + b, cache)``."""
+
+class Cache(NamedTuple):
+    x: object               # (..., d_in) the input
+    w: object               # (d_in, d_out)
+    has_bias: bool
+
+
+def param_shapes(d_in: int, d_out: int) -> dict[str, tuple[int, ...]]:
+    return {"w": (d_in, d_out), "b": (d_out,)}
+
+
+def forward(x, p):
+    """Return ``(x @ p["w"] + p["b"], cache)``."""
+    w, b = p["w"], p.get("b")
     d_in, d_out = w.shape
     # one (N, d_in) @ (d_in, d_out) product: a stacked (B, T, d_in) @ w would run B small ones
     y = (x.reshape(-1, d_in) @ w).reshape(*x.shape[:-1], d_out)
     if b is not None:
         y += b
-    return y, (x, w, b is not None)
+    return y, Cache(x, w, b is not None)
 
 
-def backward(dy, cache):
+def backward(dy, cache: Cache):
     """Return ``(dx, {"w": dw, "b": db})`` (no ``"b"`` when the forward had no bias)."""
-    x, w, has_bias = cache
-    d_in, d_out = w.shape
-    dy2 = dy.reshape(-1, d_out)                     # (N, d_out)
-    dx = (dy2 @ w.T).reshape(x.shape)               # (..., d_in)
-    grads = {"w": x.reshape(-1, d_in).T @ dy2}      # (d_in, d_out)
-    if has_bias:
-        grads["b"] = dy2.sum(axis=0)                # (d_out,)
+    d_in, d_out = cache.w.shape
+    dy2 = dy.reshape(-1, d_out)                             # (N, d_out)
+    dx = (dy2 @ cache.w.T).reshape(cache.x.shape)           # (..., d_in)
+    grads = {"w": cache.x.reshape(-1, d_in).T @ dy2}        # (d_in, d_out)
+    if cache.has_bias:
+        grads["b"] = dy2.sum(axis=0)                        # (d_out,)
     return dx, grads

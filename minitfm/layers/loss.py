@@ -16,12 +16,22 @@ Rows whose target is the padding id contribute nothing: zero loss and zero gradi
 The forward pass turns the logits buffer into exp(z - max(z)) in place and keeps it with the
 row normalisers 1 / sum(exp); the backward pass turns that into the gradient in place, applying
 the normalisation and dloss in one multiplication: a (N, V) array is allocated once, and swept as
-few times as the math allows (it is the largest array of a training step).
+few times as the math allows (it is the largest array of a training step). No parameters.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from minitfm import backend
+
+
+class Cache(NamedTuple):
+    e: object               # (N, V) exp(z - max z), over the logits buffer
+    inv_total: object       # (N,) 1 / sum exp(z - max z)
+    targets: object         # (N,) int
+    smoothing: float
+    keep: object            # (N,) 1.0 on non-padding rows, 0.0 on padding; None without pad_id
 
 
 def forward(logits, targets, smoothing, pad_id=None):
@@ -50,12 +60,13 @@ def forward(logits, targets, smoothing, pad_id=None):
         keep = (targets != pad_id).astype(logits.dtype)         # (N,)
         loss = loss * keep
         nll = nll * keep
-    return (loss.sum(), nll.sum()), (e, 1.0 / total, targets, smoothing, keep)
+    return (loss.sum(), nll.sum()), Cache(e, 1.0 / total, targets, smoothing, keep)
 
 
-def backward(dloss, cache):
-    """Return ``dlogits = dloss * (p - q)`` (N, V), computed in place over the cached exp."""
-    e, inv_total, targets, smoothing, keep = cache
+def backward(dloss, cache: Cache):
+    """Return ``(dlogits, {})``: dlogits = dloss * (p - q) (N, V), in place over the cached exp."""
+    e, inv_total, targets, smoothing, keep = (cache.e, cache.inv_total, cache.targets,
+                                              cache.smoothing, cache.keep)
     xp = backend.xp
     n, v = e.shape
     off = smoothing / (v - 1)
@@ -66,4 +77,4 @@ def backward(dloss, cache):
     if off:
         dz -= off * weight_col                                  # weight * (p - q) off the target ...
     dz[xp.arange(n), targets] -= (1.0 - smoothing - off) * weight   # ... and on it
-    return dz
+    return dz, {}

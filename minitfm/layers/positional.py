@@ -6,7 +6,8 @@
 Forward:  y[b, t] = x[b, t] + PE(offset + t)      x, y (B, T, d_model)
 Backward: dL/dx = dL/dy                            PE is a constant, so the sum passes dy through.
 
-``offset`` lets incremental decoding encode position t alone.
+No parameters and nothing to cache (the cache is None). ``offset`` lets incremental decoding
+encode position t alone (``model.embed(..., offset=t)``).
 """
 
 from __future__ import annotations
@@ -32,5 +33,5 @@ def forward(x, offset=0):
 
 
 def backward(dy, cache):
-    """The gradient passes through unchanged."""
+    """Return ``(dy, {})``: the gradient passes through unchanged."""
     return dy, {}

@@ -10,39 +10,66 @@ Pre-LN (optional; trains more stably in deep stacks, and needs a final LN after 
 
 In both the residual branch adds the identity's gradient to the sub-layer's: the "+" of the
 forward pass becomes a fan-out of the gradient in the backward pass.
+
+Parameters: those of the LayerNorm, "gamma" and "beta". The sub-layer F is an input, a function
+``sublayer(h) -> (out, cache)`` holding its own parameters; the backward pass takes the matching
+``sublayer_backward(dout, cache) -> (dh, *rest)`` and returns the sub-layer's ``rest`` (the
+gradients of its other inputs, then of its parameters) where the gradient of the input F goes.
+Dropout and "+= x" work in place on the sub-layer's output: see the in-place rule in
+``minitfm/layers/__init__.py``.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from minitfm.layers import dropout, layernorm
+
+
+class Cache(NamedTuple):
+    ln: layernorm.Cache
+    sublayer: object        # the sub-layer's own cache
+    dropout: dropout.Cache | None
+    pre_ln: bool
 
 
 def forward(x, sublayer, ln, p_drop, rng, pre_ln):
     """``sublayer(h) -> (out, cache)``; ``ln`` has "gamma" and "beta"."""
     if pre_ln:
-        h, c_ln = layernorm.forward(x, ln["gamma"], ln["beta"])
+        h, c_ln = layernorm.forward(x, ln)
         f, c_sub = sublayer(h)
         f, c_drop = dropout.forward(f, p_drop, rng, inplace=True)   # f is ours
         f += x
-        return f, (c_ln, c_sub, c_drop, pre_ln)
+        return f, Cache(c_ln, c_sub, c_drop, pre_ln)
     f, c_sub = sublayer(x)
     f, c_drop = dropout.forward(f, p_drop, rng, inplace=True)   # f is ours
     f += x
-    y, c_ln = layernorm.forward(f, ln["gamma"], ln["beta"])
-    return y, (c_ln, c_sub, c_drop, pre_ln)
+    y, c_ln = layernorm.forward(f, ln)
+    return y, Cache(c_ln, c_sub, c_drop, pre_ln)
 
 
-def backward(dy, cache, sublayer_backward):
-    """Return ``(dx, ln_grads, *rest)`` where ``sublayer_backward(df, cache) -> (dh, *rest)``."""
-    c_ln, c_sub, c_drop, pre_ln = cache
+def step(x, sublayer_step, ln, pre_ln):
+    """``forward`` at inference, for one decoding step: no dropout, no cache;
+    ``sublayer_step(h) -> out``."""
     if pre_ln:
-        df, _ = dropout.backward(dy, c_drop)
-        dh, *rest = sublayer_backward(df, c_sub)
-        dx, g_ln = layernorm.backward(dh, c_ln)
+        f = sublayer_step(layernorm.forward(x, ln)[0])
+        f += x
+        return f
+    f = sublayer_step(x)
+    f += x
+    return layernorm.forward(f, ln)[0]
+
+
+def backward(dy, cache: Cache, sublayer_backward):
+    """Return ``(dx, *rest, {"gamma", "beta"})``; ``sublayer_backward(df, c) -> (dh, *rest)``."""
+    if cache.pre_ln:
+        df, _ = dropout.backward(dy, cache.dropout)
+        dh, *rest = sublayer_backward(df, cache.sublayer)
+        dx, g_ln = layernorm.backward(dh, cache.ln)
         dx += dy                                    # the identity path
-        return (dx, g_ln, *rest)
-    ds, g_ln = layernorm.backward(dy, c_ln)
-    df, _ = dropout.backward(ds, c_drop)
-    dx, *rest = sublayer_backward(df, c_sub)
+        return (dx, *rest, g_ln)
+    ds, g_ln = layernorm.backward(dy, cache.ln)
+    df, _ = dropout.backward(ds, cache.dropout)
+    dx, *rest = sublayer_backward(df, cache.sublayer)
     dx += ds                                        # the identity path
-    return (dx, g_ln, *rest)
+    return (dx, *rest, g_ln)

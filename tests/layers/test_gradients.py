@@ -1,10 +1,12 @@
 """Every layer's backward pass against float64 central differences, on random shapes and values."""
 
+from pathlib import Path
+
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from minitfm import gradcheck
+from minitfm import gradcheck, layers
 
 # d >= 3: with two features LayerNorm's output is +-1 whatever its input, so every gradient
 # upstream of it vanishes and finite differences only measure rounding noise.
@@ -32,6 +34,11 @@ def assert_close(errors, case):
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
 def test_layer_gradients(case, data, seed):
     sizes = data.draw(sizes_for(case, RANGES))
+    if "multi-head" in case.name:
+        # d_model >= 2, as for the stacks: with one head of one dimension the gradient through
+        # the queries is often ~1e-6 of the objective, below what central differences resolve
+        # (about 1 draw in 100 failed so, with a larger step converging to the analytic value)
+        assume(sizes["h"] * sizes["dk"] >= 2)
     assert_close(gradcheck.check_case(case, seed, sizes), case)
 
 
@@ -51,6 +58,18 @@ def test_every_layer_file_has_a_case():
                   "attention", "self-attention", "cross-attention", "residual", "encoder",
                   "decoder", "cross-entropy"]:
         assert layer in names
+
+
+def test_cases_follow_the_order_of_the_layer_files():
+    """One section per file of minitfm/layers/, in the order its __init__ lists them."""
+    files = [p.stem for p in Path(layers.__file__).parent.glob("*.py") if p.stem != "__init__"]
+    order = layers.__doc__.split(":", 1)[1].split(".", 1)[0].replace("\n", " ")
+    order = [name.strip() for name in order.replace(" and ", ",").split(",")]
+    assert sorted(order) == sorted(files)
+    case_name = {"loss": "cross-entropy"}                  # what each file's cases are called
+    first = [min(i for i, c in enumerate(gradcheck.CASES) if case_name.get(f, f) in c.name)
+             for f in order]
+    assert first == sorted(first)
 
 
 def test_checker_catches_a_wrong_backward():
