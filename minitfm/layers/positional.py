@@ -27,9 +27,24 @@ def encoding(length, d_model, dtype, offset=0):
     return pe.astype(dtype, copy=False)
 
 
+_tables: dict = {}      # (backend, d_model, dtype) -> the rows computed so far, on the device
+
+
+def table(length, d_model, dtype):
+    """PE rows 0 .. length-1, computed once (in float64, then cast) and kept: a constant of the
+    model, so a training step or a decoding step only reads it."""
+    key = (backend.name, d_model, backend.xp.dtype(dtype).str)
+    rows = _tables.get(key)
+    if rows is None or rows.shape[0] < length:
+        rows = encoding(max(length, 2 * (0 if rows is None else rows.shape[0]), 64), d_model,
+                        dtype)
+        _tables[key] = rows
+    return rows[:length]
+
+
 def forward(x, offset=0):
     """Return ``(x + PE, None)``; there is nothing to cache."""
-    return x + encoding(x.shape[-2], x.shape[-1], x.dtype, offset), None
+    return x + table(offset + x.shape[-2], x.shape[-1], x.dtype)[offset:], None
 
 
 def backward(dy, cache):
