@@ -15,12 +15,12 @@ which must not exceed 1e-6 (typical values here are 1e-10 to 1e-8).
 
 The step balances the two errors of a difference quotient: truncation, O(h^4) here, which strongly
 curved functions make large (a LayerNorm over three features), and rounding, O(eps |L| / h),
-which matters for gradients much smaller than L (one attention head of one dimension). With
-h = 1e-4 both stay near 1e-9 for the layers. A ReLU has a kink at 0, where a quotient whose points
-straddle it is meaningless; the whole model has enough ReLU units that a stencil of +-2e-4 straddles
-one now and then, so the model checks take h = 2e-5 (rounding is no problem there). Rounding is
-also why test inputs keep activations at unit scale: a saturated softmax has gradients so small
-next to L that no h resolves them.
+which matters for gradients much smaller than L. h = 2e-5 keeps both near 1e-9 here, where the
+three-point quotient needed h = 1e-5 and still lost ~1e-5 to curvature now and then. A ReLU has
+a kink at 0, where a quotient whose points straddle it is meaningless: a larger h (1e-4) would
+straddle one now and then in the stacks and the model. Rounding is also why test inputs keep
+activations at unit scale, and why attention is drawn with d_model >= 2: a saturated softmax, or
+one head of one dimension, has gradients so small next to L that no h resolves them.
 
     python -m minitfm.gradcheck              # every layer and the whole model, as a table
     python -m minitfm.gradcheck layernorm    # the cases whose name contains "layernorm"
@@ -41,8 +41,7 @@ from minitfm.layers import (attention, decoder, dropout, embedding, encoder, fee
                             layernorm, linear, loss, positional, residual)
 
 TOLERANCE = 1e-6
-STEP = 1e-4              # layers
-MODEL_STEP = 2e-5        # the whole model: see the module docstring
+STEP = 2e-5
 
 
 # ---- the checker ----------------------------------------------------------------------------
@@ -415,7 +414,7 @@ def check_model(cfg: model.Config, seed: int = 0, batch: int = 2, src_len: int =
     def objective():
         return model.loss_and_grads(params, cfg, src, tgt, rng(), grads=False)[0]["loss"]
 
-    return check_gradients(objective, grads, params, MODEL_STEP)
+    return check_gradients(objective, grads, params)
 
 
 def model_cases() -> list[tuple[str, model.Config]]:
@@ -446,8 +445,7 @@ def main(argv=None) -> int:
         print(f"no check matches {args.only!r}", file=sys.stderr)
         return 2
     width = max(len(name) for name, _ in rows)
-    print(f"backend {backend.name}, float64 five-point central differences (h={STEP:g}, "
-          f"{MODEL_STEP:g} for the model), "
+    print(f"backend {backend.name}, float64 five-point central differences (h={STEP:g}), "
           f"tolerance {args.tolerance:g}\n")
     print(f"{'layer':<{width}}  {'worst relative error':>20}  {'worst input':<14} result")
     failed = 0
