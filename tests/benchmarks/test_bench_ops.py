@@ -78,5 +78,5 @@ def test_one_update_is_counted_by_phase(bench, numpy_backend):
     assert set(phases) <= {"forward", "backward", "optimizer", "loop"}
     assert phases["forward"] > 0 and phases["backward"] > 0
     n_params = len(model.parameter_shapes(cfg))
-    assert phases["optimizer"] >= n_params          # at least one operation per parameter array
+    assert 0 < phases["optimizer"] < n_params       # whole-buffer passes, not one per array
     assert result["ops"] == sum(phases.values())
