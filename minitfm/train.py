@@ -16,10 +16,10 @@ gradient norm and the finite checks are read only when a log line is written (``
 Reproducibility. The whole random state of a run is ``(seed, step)`` plus the data position:
 the dropout masks of the i-th batch of step k come from ``backend.rng(seed, k, i)``, and
 ``batches(epoch)`` must yield the same batches in the same order for the same epoch (derive any
-shuffling from the seed and the epoch). A checkpoint stores the parameters, Adam's moments, the step, the seed and the position
-``(epoch, batches consumed in that epoch)``; ``resume=True`` restores them and skips the consumed
-batches, so a resumed run reaches bit-identical parameters to an uninterrupted one on the same
-backend.
+shuffling from the seed and the epoch). A checkpoint stores the parameters, Adam's moments, the
+step, the seed and the position ``(epoch, batches consumed in that epoch)``; ``resume=True``
+restores them and skips the consumed batches, so a resumed run reaches bit-identical parameters
+to an uninterrupted one on the same backend.
 
 Time. ``time_limit`` stops the run, with a validation and a checkpoint, after the update that
 exhausts it; the clock (``state.elapsed``, validation included) carries over when a run is resumed.
@@ -212,7 +212,7 @@ class _StopRequests:
     already, and they must not cut its final save short.
 
     ``always_held``: a signal is only recorded, never raised (the workers of a distributed run
-    agree on stopping at update boundaries; see :func:`_agreed_stop`)."""
+    agree on stopping at update boundaries; see :func:`_stop_if_any_worker_asks`)."""
 
     def __init__(self, always_held: bool = False) -> None:
         self.signum: int | None = None
