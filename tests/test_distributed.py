@@ -74,6 +74,11 @@ def test_collectives_of_one_process_leave_their_input():
     assert world.stop_requests(0) == {}
     assert world.stop_requests(signal.SIGTERM) == {0: signal.SIGTERM}
     assert world.describe() == "1 process"
+    assert world.broadcast_numbers([7, 0.5]) == [7.0, 0.5]
+    assert world.broadcast_text("runs/a") == "runs/a"
+    world.barrier()
+    with world.root_first():
+        pass
     world.finish()
 
 
@@ -305,6 +310,26 @@ say(updates=[world.shard(order[u * 6:(u + 1) * 6]) for u in range(2)])
     assert records[0]["updates"] == [["batch0", "batch1", "batch2"], ["batch6", "batch7", "batch8"]]
     assert records[1]["updates"] == [["batch3", "batch4", "batch5"],
                                      ["batch9", "batch10", "batch11"]]
+
+
+@pytest.mark.mpi
+def test_root_first_and_broadcasts_from_rank_0(mpi, tmp_path):
+    cache = tmp_path / "cache"
+    run = mpirun(PRELUDE + f"""
+with world.root_first():                 # rank 0 makes the cache, slowly; rank 1 then finds it
+    found = os.path.exists({str(cache)!r})
+    if world.is_root:
+        time.sleep(0.3)
+        open({str(cache)!r}, "w").write("made by rank 0")
+say(found=found, text=world.broadcast_text(f"runs/tr\u00e4in-{{world.rank}}"),
+    numbers=world.broadcast_numbers([world.rank + 1, 2.5 * world.rank, 2**52 + 1]))
+""")
+    assert run.returncode == 0, run.stderr
+    records = run.records()
+    assert records[0]["found"] is False and records[1]["found"] is True
+    for record in records.values():
+        assert record["text"] == "runs/tr\u00e4in-0"
+        assert record["numbers"] == [1.0, 0.0, 2**52 + 1]
 
 
 LOOP = PRELUDE + """
