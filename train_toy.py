@@ -4,6 +4,7 @@
     python train_toy.py --task reverse
     python train_toy.py --task sort --steps 1000 --out runs/sort
     python train_toy.py --task sort --out runs/sort --steps 1500 --resume   # continue that run
+    mpiexec -n 2 python train_toy.py          # 2 workers: each update is 2 batches, one each
 
 Each task has its own defaults (``TASK_DEFAULTS``), chosen to reach >= 99 % exact match on a
 two-core CPU in well under a minute; any option given on the command line wins. At the end the
@@ -25,7 +26,7 @@ import time
 for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_variable, "1")
 
-from minitfm import backend, cli, tasks, train   # noqa: E402  (after thread settings)
+from minitfm import backend, cli, distributed, tasks, train   # noqa: E402  (after thread settings)
 from minitfm.cli import integer, number, positive_int   # noqa: E402
 from minitfm.decode import greedy                 # noqa: E402
 from minitfm.model import PRESETS, Config         # noqa: E402
@@ -105,7 +106,10 @@ def show(symbols) -> str:
 
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    args.out = args.out or cli.default_run_dir(f"toy-{args.task}", args.resume)
+    world = distributed.world()      # several workers (mpiexec): rank 0 writes and reports
+    if world.is_root:
+        args.out = args.out or cli.default_run_dir(f"toy-{args.task}", args.resume)
+    args.out = world.broadcast_text(args.out or "")
     chosen = cli.select_backend(args.backend, "numpy")
     cfg = model_config(args)
     if args.length + 2 > cfg.max_len:      # the target: BOS, the symbols, EOS
@@ -129,13 +133,17 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.quiet)
     batches = tasks.train_batches(args.task, vocab=args.vocab, length=args.length,
                                   batch_size=args.batch_size, seed=args.seed)
-    print(f"{args.task}: {args.vocab} symbols, length {args.length}, {args.steps} steps of "
-          f"{args.batch_size} sequences; d_model {cfg.d_model}, {cfg.n_layers} layers, "
-          f"{cfg.n_heads} heads, d_ff {cfg.d_ff}, label smoothing {cfg.label_smoothing}; "
-          f"backend {chosen}; run {args.out}", flush=True)
+    if world.is_root:
+        print(f"{args.task}: {args.vocab} symbols, length {args.length}, {args.steps} steps of "
+              f"{args.batch_size} sequences; d_model {cfg.d_model}, {cfg.n_layers} layers, "
+              f"{cfg.n_heads} heads, d_ff {cfg.d_ff}, label smoothing {cfg.label_smoothing}; "
+              f"backend {chosen}; run {args.out}"
+              + (f"; {world.describe()}" if world.distributed else ""), flush=True)
     state = train.train(cfg, batches, options, valid_metric=exact_match)
     if state.interrupted:
         return cli.stopped(state, args.out)
+    if not world.is_root:
+        return 0
     accuracy = state.valid.get("valid_acc")
     if accuracy is None:      # the run was already complete: nothing was validated
         accuracy = exact_match(state.params, cfg)["valid_acc"]

@@ -8,6 +8,9 @@
     # WMT14 English-German on a GPU, the paper's base model
     python train_wmt.py --prepare wmt14 --preset base --backend cupy --out runs/base
 
+    # N data-parallel workers (pip install -e ".[mpi]"); one per GPU with --backend cupy
+    mpiexec -n 2 python train_wmt.py --trainpref DATA/train ... --out runs/multi30k
+
     # score a checkpoint on a test set only (WMT SGML, plain or gzipped text)
     python train_wmt.py --eval-only --checkpoint runs/base/averaged.npz \\
         --test-src newstest2014-deen-src.en.sgm --test-ref newstest2014-deen-ref.de.sgm
@@ -32,6 +35,12 @@ Every corpus named is checked before any work, and a resumed run's options and l
 before anything is written. Ctrl-C, SIGTERM or SIGHUP saves a checkpoint and exits with 128 + the
 signal's number; a user error (a bad option value, missing, empty or misaligned files, a
 checkpoint of another run, a full disk) prints one ``error:`` message and exits with status 2.
+
+Under ``mpiexec -n N`` each of the N workers takes ``--update-freq`` batches of every update (the
+arithmetic of one worker with N times the ``--update-freq``); rank 0 prepares the data first (the
+others then read its cache, so ``--data-dir`` must be on a file system all of them see), and
+alone writes the run directory, shows progress and runs the final evaluation. A signal to any
+worker stops all of them with a checkpoint; an error in one ends all of them.
 """
 
 from __future__ import annotations
@@ -47,7 +56,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from minitfm import average, backend, checkpoint, cli, model, train, translate
+from minitfm import average, backend, checkpoint, cli, distributed, model, train, translate
 from minitfm.bleu import BleuScore, corpus_bleu
 from minitfm.cli import UsageError, integer, number, positive_int
 from minitfm.data import (BatchPlan, CleanOptions, DataError, EncodedCorpus, ParallelText, Vocab,
@@ -182,8 +191,9 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def say(text: str) -> None:
-    """Print above any progress bar."""
-    tqdm.write(text)
+    """Print above any progress bar (as one of several workers: rank 0 alone)."""
+    if distributed.world().is_root:
+        tqdm.write(text)
 
 
 def write_text(path: str, text: str, what: str, advice: str) -> None:
@@ -320,8 +330,9 @@ def describe_run(args: argparse.Namespace, corpora: dict, vocab: Vocab, cfg: Con
                  test: ParallelText | None, plan: BatchPlan) -> str:
     """The summary printed before training; ``plan`` is the first epoch's batches."""
     train_corpus, manifest = corpora["train"], corpora["train"].manifest
+    world = distributed.world()
     per_update = (int(train_corpus.tgt_lengths.sum()) + len(train_corpus)) / len(plan) \
-        * args.update_freq                                              # targets, EOS included
+        * args.update_freq * world.size                                 # targets, EOS included
     kept = "not cleaned"
     if manifest.get("clean"):
         dropped = ", ".join(f"{reason} {n}" for reason, n in manifest["clean"]["dropped"].items()
@@ -341,17 +352,19 @@ def describe_run(args: argparse.Namespace, corpora: dict, vocab: Vocab, cfg: Con
         f"{cfg.n_heads} heads, dropout {cfg.dropout}, label smoothing {cfg.label_smoothing}; "
         f"{params:,} parameters; backend {backend.describe()}",
         f"batch  {plan.summary()} per epoch; <= {args.max_tokens} tokens x {args.update_freq} "
-        f"= ~{per_update:.0f} target tokens per update",
+        + (f"x {world.size} workers " if world.distributed else "")
+        + f"= ~{per_update:.0f} target tokens per update",
         f"train  {args.max_steps} steps"
         + (f" or {args.time_limit:g} min" if args.time_limit else "")
         + f", warmup {args.warmup}, lr factor {args.lr_factor:g}; run {args.out}"]
+    if world.distributed:
+        lines.append(f"workers  {world.describe()}")
     return "\n".join(lines)
 
 
-def run_training(args: argparse.Namespace) -> int:
-    started = time.perf_counter()
-    args.out = args.out or cli.default_run_dir(f"wmt-{args.preset}", args.resume)
-    check_resumable(args)
+def prepare_data(args: argparse.Namespace) -> tuple[Vocab, dict, ParallelText | None]:
+    """The vocabulary, the encoded corpora (train, and valid if given) and the raw test pairs,
+    made once and cached in the data directory (default OUT/data)."""
     resolve_corpora(args)
     langs = (args.source_lang, args.target_lang)
     for prefix in (args.trainpref, args.validpref):
@@ -368,6 +381,21 @@ def run_training(args: argparse.Namespace) -> int:
     if args.validpref:
         corpora["valid"] = encode_corpus(args.validpref, *langs, vocab, cache / "valid",
                                          progress=not args.quiet)
+    return vocab, corpora, test
+
+
+def run_training(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    world = distributed.world()
+    if world.is_root:                # the run directory and its checks are rank 0's
+        args.out = args.out or cli.default_run_dir(f"wmt-{args.preset}", args.resume)
+        check_resumable(args)
+    else:
+        args.quiet = True
+    args.out = world.broadcast_text(args.out or "")
+    with world.root_first():         # rank 0 prepares and caches the data, the others read it
+        vocab, corpora, test = prepare_data(args)
+    langs = (args.source_lang, args.target_lang)
     cfg = cli.model_config(args.preset, vocab.size, args)
     train_corpus = corpora["train"]
     plan = token_batches(train_corpus.src_lengths, train_corpus.tgt_lengths, args.max_tokens,
@@ -380,7 +408,7 @@ def run_training(args: argparse.Namespace) -> int:
     say(describe_run(args, corpora, vocab, cfg, test, plan))
 
     valid_batches = metric = None
-    if "valid" in corpora:
+    if "valid" in corpora and world.is_root:          # rank 0 validates
         valid_batches = eval_arrays(corpora["valid"], args.eval_batch_size,
                                     max_positions=cfg.max_len - 1)
         if args.valid_bleu_sentences:
@@ -400,6 +428,8 @@ def run_training(args: argparse.Namespace) -> int:
     state = train.train(cfg, batches, options, valid_batches=valid_batches, valid_metric=metric)
     if state.interrupted:
         return cli.stopped(state, args.out)
+    if not world.is_root:            # the final evaluation is rank 0's
+        return 0
     if state.out_of_time:
         say(f"time limit of {args.time_limit:g} min reached at step {state.step}")
     score = None
@@ -447,11 +477,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run() -> int:
         args = parse_args(argv)
         chosen = cli.select_backend(args.backend, "auto")
+        world = distributed.world()
+        if world.distributed and backend.name == "cupy":
+            world.use_local_gpu()                      # one worker per GPU
         if args.preset in ("base", "big") and backend.name == "numpy" and not args.eval_only:
             print(f"warning: the {args.preset} preset on the CPU ({chosen}) will take days; "
                   f"train it on a CUDA GPU with --backend cupy (pip install -e '.[gpu]')",
                   file=sys.stderr)
-        return run_eval_only(args) if args.eval_only else run_training(args)
+        if args.eval_only:
+            return run_eval_only(args) if world.is_root else 0
+        return run_training(args)
     return cli.report_errors(run, EXIT_ERROR)
 
 

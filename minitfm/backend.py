@@ -224,8 +224,9 @@ def dropout_keep(generator, shape, p: float):
 def rng(seed: int, *stream: int):
     """A random generator of the active backend, reproducible from ``(seed, *stream)``.
 
-    Dropout draws from ``rng(seed, step)``: the masks of step k depend only on the seed and k, so a
-    resumed run draws exactly the masks an uninterrupted one would.
+    Dropout draws from ``rng(seed, step, i)`` for the i-th batch of an update: the masks depend
+    only on the seed, the step and the batch's place in it, so a resumed run, or the same update
+    split over several workers, draws exactly the masks one uninterrupted worker would.
     """
     xp = _active()
     return xp.random.default_rng([int(seed), *[int(s) for s in stream]])

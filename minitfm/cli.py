@@ -12,7 +12,9 @@ alike:
   cannot be written names the file and the reason;
 - Ctrl-C outside training prints ``interrupted`` and exits with 130, the shell's code for it;
   a training run stopped by a signal exits with 128 + the signal's number (SIGINT 130,
-  SIGTERM 143, SIGHUP 129) after saving its checkpoint.
+  SIGTERM 143, SIGHUP 129) after saving its checkpoint;
+- started as several workers (``mpiexec -n N``), a signal to any of them stops all with that
+  status, and an error or a Ctrl-C in one worker ends all of them (:func:`report_errors`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from minitfm import backend, checkpoint, train
+from minitfm import backend, checkpoint, distributed, train
 from minitfm.data import DataError
 from minitfm.model import Config
 
@@ -139,21 +141,38 @@ def stopped(state: train.TrainState, out: str) -> int:
            else f"stopped by {signal.Signals(signum).name}")
     saved = (f"checkpoint {state.last_checkpoint} saved" if state.last_checkpoint
              else "no checkpoint saved")
-    print(f"{how} at step {state.step}; {saved}; continue with the same options and "
-          f"--out {out} --resume", flush=True)
+    if distributed.world().is_root:
+        print(f"{how} at step {state.step}; {saved}; continue with the same options and "
+              f"--out {out} --resume", flush=True)
     return 128 + signum
 
 
 def report_errors(run: Callable[[], int], exit_error: int) -> int:
-    """``run()``'s exit status; a user error prints ``error: ...`` and gives ``exit_error``."""
-    try:
-        return run()
-    except USER_ERRORS as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exit_error
-    except OSError as exc:          # a file the command could not read or write
-        print(f"error: {exc.filename or 'a file'}: {exc.strerror or exc}", file=sys.stderr)
-        return exit_error
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    """``run()``'s exit status; a user error prints ``error: ...`` and gives ``exit_error``.
+
+    As one of several workers, ``run()`` returns on all of them together (done, or stopped by a
+    signal they agreed on; see :mod:`minitfm.train`), and they finish together. An error or a
+    Ctrl-C in one worker, where the others may be waiting for it in a collective, ends every
+    worker with this status (``World.fail_together``), after the message."""
+    world = distributed.world()
+    with world.fail_together():
+        try:
+            status = run()
+        except USER_ERRORS as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return _failed(world, exit_error)
+        except OSError as exc:          # a file the command could not read or write
+            print(f"error: {exc.filename or 'a file'}: {exc.strerror or exc}", file=sys.stderr)
+            return _failed(world, exit_error)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return _failed(world, EXIT_INTERRUPTED)
+        world.finish()
+        return status
+
+
+def _failed(world: distributed.World, status: int) -> int:
+    """``status``, or as one of several workers, the end of all of them with it."""
+    if world.distributed:
+        raise SystemExit(status)        # fail_together: MPI_Abort with this status
+    return status

@@ -111,8 +111,9 @@ class World:
 
     ``rank`` (0 .. size-1), ``size``, ``local_rank`` and ``local_size`` (the workers on this
     machine), ``is_root`` (rank 0: the one that writes checkpoints and logs). Collectives --
-    broadcast_params, allreduce_sum, allreduce_numbers, stop_requests, finish -- must be called
-    by every worker, in the same order; the other methods are local."""
+    broadcast_params, broadcast_numbers, broadcast_text, allreduce_sum, allreduce_numbers,
+    barrier, root_first, stop_requests, finish -- must be called by every worker, in the same
+    order; the other methods are local."""
 
     def __init__(self, comm=None) -> None:
         """``comm``: an mpi4py communicator (COMM_WORLD), or None for a world of one process."""
@@ -240,6 +241,39 @@ class World:
             raise ValueError(f"op must be 'sum', 'max' or 'min', got {op!r}")
         rows = self._gather(values)
         return [float(reduce(column)) for column in zip(*rows)]
+
+    def broadcast_numbers(self, values: Sequence[float]) -> list[float]:
+        """Rank 0's ``values`` (a few Python numbers, the same count on every worker) on every
+        worker, as floats (exact for integers below 2**53)."""
+        return [float(v) for v in self._gather(values)[0]]
+
+    def broadcast_text(self, text: str) -> str:
+        """Rank 0's ``text`` on every worker (a run directory chosen from the clock, say); the
+        others pass any string."""
+        if not self.distributed:
+            return text
+        data = text.encode() if self.is_root else b""
+        size = int(self.broadcast_numbers([len(data)])[0])
+        buffer = bytearray(data if self.is_root else bytes(size))
+        self._comm.Bcast(buffer, root=0)
+        return buffer.decode()
+
+    def barrier(self) -> None:
+        """Wait until every worker has come here."""
+        if self.distributed:
+            self._comm.Barrier()
+
+    @contextlib.contextmanager
+    def root_first(self):
+        """Rank 0 runs the block first, the others after it is done: rank 0 writes a cache (a
+        vocabulary, encoded corpora), the others then find and read it. The others wait at a
+        barrier, so an error of rank 0 in the block must end every worker (:meth:`fail_together`).
+        The cache must be on a file system every worker sees."""
+        if not self.is_root:
+            self.barrier()
+        yield
+        if self.is_root:
+            self.barrier()
 
     def stop_requests(self, reason: int = 0) -> dict[int, int]:
         """Every worker's reason to stop, gathered at an update boundary: ``reason`` is 0 (carry

@@ -20,9 +20,9 @@ array. Two kinds of input defeat any single step: a ReLU has a kink at 0, where 
 points straddle it is meaningless, so h must stay small; and an array whose gradient is ~1e-6 of
 L (a LayerNorm shift deep in a stack, one attention head of one dimension) loses ~1e-6 to
 rounding at that h, so h must be large. An array whose error exceeds the tolerance at h = 2e-5 is
-therefore measured once more at h = 1e-4, and the smaller error counts. A wrong backward pass
-fails at both steps (the two measurements agree with each other wherever each is reliable); the
-checker's own test holds it to that. Rounding is also why test inputs keep activations at unit
+therefore measured again at h = 1e-4 (against rounding), then at 4e-6 (against a kink within
+2h), and its smallest error counts. A wrong backward pass fails at every step (the measurements
+agree with each other wherever each is reliable); the checker's own tests hold it to that. Rounding is also why test inputs keep activations at unit
 scale, and why attention is drawn with d_model >= 2: a saturated softmax, or one head of one
 dimension, has gradients so small next to L that no h resolves them.
 
@@ -46,7 +46,7 @@ from minitfm.layers import (attention, decoder, dropout, embedding, encoder, fee
 
 TOLERANCE = 1e-6
 STEP = 2e-5
-WIDE_STEP = 1e-4     # the second measurement, for gradients small next to L
+STEPS = (STEP, 1e-4, 4e-6)     # measured in this order until one agrees: see above
 
 
 # ---- the checker ----------------------------------------------------------------------------
@@ -89,21 +89,24 @@ def numerical_gradient(objective: Callable[[], float], x, step: float = STEP):
     return grad.reshape(x.shape)
 
 
-def check_gradients(objective, analytic: dict, arrays: dict, step: float = STEP,
-                    wide_step: float | None = WIDE_STEP, tolerance: float = TOLERANCE) -> dict:
+def check_gradients(objective, analytic: dict, arrays: dict, steps=STEPS,
+                    tolerance: float = TOLERANCE) -> dict:
     """Relative error of each analytic gradient against finite differences of ``objective``.
 
     ``objective()`` recomputes the scalar from the current contents of ``arrays`` (perturbed in
-    place); ``analytic`` maps the same names to the gradients of the backward pass. An array
-    whose error at ``step`` exceeds ``tolerance`` is measured again at ``wide_step``, and the
-    smaller error counts (see the module docstring: each step is reliable where the other is not).
+    place); ``analytic`` maps the same names to the gradients of the backward pass. Each array is
+    measured at the first of ``steps``; one whose error exceeds ``tolerance`` is measured again at
+    the next, and so on, and its smallest error counts (see the module docstring: each step is
+    reliable where another is not).
     """
+    steps = (steps,) if isinstance(steps, float) else tuple(steps)
     errors = {}
     for name, grad in analytic.items():
-        errors[name] = relative_error(grad, numerical_gradient(objective, arrays[name], step))
-        if errors[name] > tolerance and wide_step is not None:
-            wide = relative_error(grad, numerical_gradient(objective, arrays[name], wide_step))
-            errors[name] = min(errors[name], wide)
+        for step in steps:
+            error = relative_error(grad, numerical_gradient(objective, arrays[name], step))
+            errors[name] = min(errors.get(name, error), error)
+            if errors[name] <= tolerance:
+                break
     return errors
 
 

@@ -14,12 +14,12 @@ whole-buffer operations; token counts and lengths are read from the host batches
 gradient norm and the finite checks are read only when a log line is written (``log_every``).
 
 Reproducibility. The whole random state of a run is ``(seed, step)`` plus the data position:
-dropout masks of step k come from ``backend.rng(seed, k)``, and ``batches(epoch)`` must yield the
-same batches in the same order for the same epoch (derive any shuffling from the seed and the
-epoch). A checkpoint stores the parameters, Adam's moments, the step, the seed and the position
-``(epoch, batches consumed in that epoch)``; ``resume=True`` restores them and skips the consumed
-batches, so a resumed run reaches bit-identical parameters to an uninterrupted one on the same
-backend.
+the dropout masks of the i-th batch of step k come from ``backend.rng(seed, k, i)``, and
+``batches(epoch)`` must yield the same batches in the same order for the same epoch (derive any
+shuffling from the seed and the epoch). A checkpoint stores the parameters, Adam's moments, the
+step, the seed and the position ``(epoch, batches consumed in that epoch)``; ``resume=True``
+restores them and skips the consumed batches, so a resumed run reaches bit-identical parameters
+to an uninterrupted one on the same backend.
 
 Time. ``time_limit`` stops the run, with a validation and a checkpoint, after the update that
 exhausts it; the clock (``state.elapsed``, validation included) carries over when a run is resumed.
@@ -39,6 +39,20 @@ latest checkpoint, which is left intact. Resuming from a checkpoint of another c
 or seed, or from a damaged file, raises ``checkpoint.CheckpointError`` saying which; nothing in
 the run directory is written before those checks pass.
 
+Workers. Started by an MPI launcher (``mpiexec -n N``; :mod:`minitfm.distributed`), N workers
+with ``update_freq`` k each make every update over N*k batches with the arithmetic of one worker
+with ``update_freq`` N*k. Every worker reads the same batch order and takes its k consecutive
+batches of each update's N*k (``World.shard``); the gradients are normalised by the update's
+target tokens over all workers (a sum of host numbers) and summed by one all-reduce of the flat
+gradient buffer; the i-th batch of the update draws its dropout masks from ``rng(seed, k, i)`` on
+whichever worker it lands. Rank 0's parameters, Adam's moments and position (fresh or resumed)
+are broadcast at the start, and since every worker applies the same update they stay equal. The
+checkpoint's position counts batches of the one global order, so a run resumes with any number
+of workers. Only rank 0 reads and writes the run directory, logs, shows progress and validates.
+Signals never interrupt a worker: they are gathered at the end of every update, and when any
+worker received one, all stop after that update (rank 0 saves a checkpoint) and ``train``
+returns on every worker with ``interrupted`` set. The time limit uses the slowest worker's clock.
+
 Output in ``out_dir``: ``checkpoint_{step:08d}.npz`` (the last ``keep_last`` of them) and
 ``log.jsonl``, one JSON object per logged step (step, loss, nll, lr, tokens, tokens_per_s,
 elapsed; grad_norm when clipping) or validation (step, valid_loss, valid_nll, valid_ppl and what
@@ -49,6 +63,7 @@ the ``valid_metric`` callback returns, e.g. valid_acc or valid_bleu); and ``run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import math
@@ -61,7 +76,7 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from minitfm import backend, checkpoint, flat, model
+from minitfm import backend, checkpoint, distributed, flat, model
 from minitfm.model import Config
 from minitfm.optim import Adam, LRSchedule, clip_grad_norm
 
@@ -194,12 +209,15 @@ class _StopRequests:
     """SIGINT, SIGTERM and SIGHUP while training: the first one stops the run, raised as a
     KeyboardInterrupt where it arrives, or held back to the end of a block that must not be cut
     (:meth:`held`: an update, a save). Later ones are counted and ignored: the run is stopping
-    already, and they must not cut its final save short."""
+    already, and they must not cut its final save short.
 
-    def __init__(self) -> None:
+    ``always_held``: a signal is only recorded, never raised (the workers of a distributed run
+    agree on stopping at update boundaries; see :func:`_stop_if_any_worker_asks`)."""
+
+    def __init__(self, always_held: bool = False) -> None:
         self.signum: int | None = None
         self.ignored = 0
-        self._holding = 0
+        self._holding = 1 if always_held else 0
         self._raised = False
         self._previous: dict = {}
 
@@ -256,21 +274,25 @@ def _interrupts_deferred():
 
 
 def _accumulate(state: TrainState, cfg: Config, micro_batches: list, step: int,
-                seed: int) -> tuple[dict, dict]:
+                seed: int, *, first: int = 0, tokens: int | None = None) -> tuple[dict, dict]:
     """Loss statistics and gradients of one update, summed over its batches.
 
     The first batch writes its gradients into ``state.grads``, a flat buffer kept for the run;
     each further batch writes into ``state.scratch`` and is added with one whole-buffer sum.
+    ``first``: the index of the first of ``micro_batches`` among the update's batches (a worker's
+    share starts further on); ``tokens``: the normaliser, the target tokens of the whole update
+    (default: those of ``micro_batches``).
     """
     if state.grads is None:
         state.grads = flat.zeros_like(state.params)
-    total = sum(_target_tokens(tgt, cfg) for _, tgt in micro_batches)
-    rng = backend.rng(seed, step)       # dropout masks of this step: a function of (seed, step)
+    total = sum(_target_tokens(tgt, cfg) for _, tgt in micro_batches) if tokens is None else tokens
     stats = {"loss": 0.0, "nll": 0.0, "tokens": total}
     for i, (src, tgt) in enumerate(micro_batches):
         if i == 1 and state.scratch is None:
             state.scratch = flat.zeros_like(state.params)
         out = state.grads if i == 0 else state.scratch
+        rng = backend.rng(seed, step, first + i)    # dropout masks: a function of the seed, the
+                                                    # step and the batch's place in the update
         s, _ = model.loss_and_grads(state.params, cfg, src, tgt, rng, normalizer=total, out=out)
         stats["loss"] = stats["loss"] + s["loss"]          # 0-d arrays: read at the log line
         stats["nll"] = stats["nll"] + s["nll"]
@@ -307,17 +329,27 @@ def _diverged(what: str, step: int | str, state: TrainState,
 
 
 def _update(state: TrainState, cfg: Config, options: TrainOptions, schedule: LRSchedule,
-            micro_batches: list, position: tuple[int, int]) -> dict:
-    """Apply step ``state.step + 1``; return its statistics (loss, nll, tokens, lr[, grad_norm])."""
+            taken: list, world: distributed.World) -> dict:
+    """Apply step ``state.step + 1`` with the update's batches ``taken`` (``(epoch, batches
+    consumed, batch)`` each, all workers' shares); return its statistics (loss, nll, tokens, lr[,
+    grad_norm]). Over several workers: each works on its share, and the normaliser and the
+    gradients are summed over all (loss and nll stay this worker's part until a log line)."""
     step = state.step + 1
-    stats, grads = _accumulate(state, cfg, micro_batches, step, state.seed)
+    micro_batches = [batch for _, _, batch in world.shard(taken)]   # host arrays: see _accumulate
+    first = world.rank * len(micro_batches)
+    tokens = sum(_target_tokens(tgt, cfg) for _, tgt in micro_batches)
+    if world.distributed:
+        tokens = int(world.allreduce_numbers([tokens])[0])
+    stats, grads = _accumulate(state, cfg, micro_batches, step, state.seed, first=first,
+                               tokens=tokens)
+    world.allreduce_sum(grads.buffer)            # one collective: the sum over all workers
     if options.clip_norm is not None:
         stats["grad_norm"] = clip_grad_norm(grads, options.clip_norm)   # leaves NaN/Inf alone
     stats["lr"] = schedule(step)
     with _interrupts_deferred():
         state.optimizer.update(state.params, grads, stats["lr"])
         state.step = step
-        state.epoch, state.batches_done = position
+        state.epoch, state.batches_done = taken[-1][:2]     # the position in the global order
         state.tokens += stats["tokens"]
     return stats
 
@@ -417,6 +449,29 @@ def _start(cfg: Config, options: TrainOptions, params: dict | None) -> TrainStat
     return state
 
 
+def _for_this_worker(options: TrainOptions, world: distributed.World) -> TrainOptions:
+    """``options`` as rank 0 uses them; the other workers write no file (checkpoints, log,
+    run.json) and show nothing: they take rank 0's state (:func:`_share_state`)."""
+    if world.is_root:
+        return options
+    return dataclasses.replace(options, out_dir=None, resume=False, run_info=None, progress=False)
+
+
+def _share_state(state: TrainState, world: distributed.World) -> None:
+    """Every worker continues from rank 0's state, fresh or resumed: its parameters, Adam's
+    moments and step, the data position, the token count and the clock."""
+    if not world.distributed:
+        return
+    world.broadcast_params(state.params)
+    world.broadcast_params(state.optimizer.m)
+    world.broadcast_params(state.optimizer.v)
+    numbers = world.broadcast_numbers([state.step, state.optimizer.step, state.epoch,
+                                       state.batches_done, state.tokens, state.elapsed])
+    (state.step, state.optimizer.step, state.epoch, state.batches_done,
+     state.tokens) = (int(n) for n in numbers[:5])
+    state.elapsed = numbers[5]
+
+
 def _write_run_info(path: str, info: dict) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -480,36 +535,41 @@ def train(cfg: Config, batches: Batches, options: TrainOptions, *, params: dict 
     valid_metric: ``valid_metric(params, cfg) -> {"valid_acc": ...}`` or ``{"valid_bleu": ...}``,
         called at each validation.
     """
+    world = distributed.world()
+    options = _for_this_worker(options, world)
     state = _start(cfg, options, params)
+    _share_state(state, world)
     if state.step >= options.steps:
         _say(options, f"nothing to do: the run is at step {state.step} of {options.steps}")
         return state
     global _active_stops
     schedule = LRSchedule(cfg.d_model, options.warmup, options.lr_factor)
-    validating = valid_batches is not None or valid_metric is not None
+    validating = world.is_root and (valid_batches is not None or valid_metric is not None)
     stream = _batch_stream(batches, state.epoch, state.batches_done)
+    per_update = options.update_freq * world.size        # batches of the global order per update
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "seconds": 0.0, "steps": 0}
     session_start, elapsed_before = time.perf_counter(), state.elapsed
     watch = _DivergenceWatch(cfg, options, state)
     bar = tqdm(total=options.steps, initial=state.step, disable=not options.progress,
                unit="step", dynamic_ncols=True)
-    with _StopRequests() as stops:
+    with _StopRequests(always_held=world.distributed) as stops:
         _active_stops = stops
         try:
             while state.step < options.steps:
                 started = time.perf_counter()
-                taken = list(itertools.islice(stream, options.update_freq))
-                micro_batches = [batch for _, _, batch in taken]    # host arrays: see _accumulate
-                stats = _update(state, cfg, options, schedule, micro_batches, taken[-1][:2])
+                taken = list(itertools.islice(stream, per_update))
+                stats = _update(state, cfg, options, schedule, taken, world)
                 window["seconds"] += time.perf_counter() - started
                 state.elapsed = elapsed_before + time.perf_counter() - session_start
+                if world.distributed:                # the time limit: the slowest worker's clock
+                    state.elapsed = world.allreduce_numbers([state.elapsed], "max")[0]
                 for key in ("loss", "nll"):
                     window[key] += stats[key] * stats["tokens"]
                 window["tokens"] += stats["tokens"]
                 window["steps"] += 1
                 bar.update(1)
                 if _due(state.step, options.log_every, options.steps):
-                    watch.check(_log_step(state, stats, window, options, bar))
+                    watch.check(_log_step(state, stats, window, options, bar, world))
                     window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "seconds": 0.0, "steps": 0}
                 out_of_time = options.time_limit is not None and state.elapsed >= options.time_limit
                 if validating and (out_of_time
@@ -519,10 +579,15 @@ def train(cfg: Config, batches: Batches, options: TrainOptions, *, params: dict 
                                         or _due(state.step, options.save_every, options.steps)):
                     _save(state, cfg, options)
                     watch.saved()
+                if world.distributed:
+                    _stop_if_any_worker_asks(world, stops)
                 if out_of_time:
                     state.out_of_time = True
                     break
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as interrupt:
+            agreed = interrupt.requests if isinstance(interrupt, _AgreedStop) else {}
+            if world.distributed and not agreed:
+                raise       # raised in this worker's code alone: fail_together ends all workers
             stops.stopping()                # from here on, further signals are ignored
             state.interrupted, state.stop_signal = True, stops.signum
             if options.out_dir and state.last_checkpoint != checkpoint.checkpoint_path(
@@ -531,11 +596,31 @@ def train(cfg: Config, batches: Batches, options: TrainOptions, *, params: dict 
             how = ("interrupted" if state.stop_signal == signal.SIGINT
                    else f"stopped by {signal.Signals(state.stop_signal).name}")
             _say(options, f"{how} at step {state.step}"
+                 + (f" ({distributed.describe_stops(agreed)})" if agreed else "")
                  + (f"; checkpoint {state.last_checkpoint}" if options.out_dir else ""))
         finally:
             _active_stops = None
             bar.close()
     return state
+
+
+def _stop_if_any_worker_asks(world: distributed.World, stops: _StopRequests) -> None:
+    """At the end of an update, its validation and save: gather every worker's signal, if any.
+    When some worker received one, all raise :class:`_AgreedStop` here, together, each taking
+    the signal of the first worker that asked unless it received one itself."""
+    requests = world.stop_requests(stops.signum or 0)
+    if requests:
+        if stops.signum is None:
+            stops.signum = requests[min(requests)]
+        raise _AgreedStop(requests)
+
+
+class _AgreedStop(KeyboardInterrupt):
+    """Every worker stops at this update boundary; ``requests``: ``{rank: signal}``."""
+
+    def __init__(self, requests: dict[int, int]) -> None:
+        super().__init__(distributed.describe_stops(requests))
+        self.requests = requests
 
 
 class _DivergenceWatch:
@@ -565,10 +650,15 @@ class _DivergenceWatch:
             self.good_checkpoint = self.state.last_checkpoint
 
 
-def _log_step(state: TrainState, stats: dict, window: dict, options: TrainOptions, bar) -> float:
-    """Append the log line of the window that ends now; return its loss per token."""
-    tokens = window["tokens"]
-    loss, nll = float(window["loss"]) / tokens, float(window["nll"]) / tokens   # wait for them here
+def _log_step(state: TrainState, stats: dict, window: dict, options: TrainOptions, bar,
+              world: distributed.World) -> float:
+    """Append the log line of the window that ends now; return its loss per token (the same on
+    every worker)."""
+    tokens = window["tokens"]                                   # all workers' already
+    sums = [float(window["loss"]), float(window["nll"])]        # wait for them here
+    if world.distributed:
+        sums = world.allreduce_numbers(sums)                    # this worker's part: sum them
+    loss, nll = sums[0] / tokens, sums[1] / tokens
     if not (math.isfinite(loss) and math.isfinite(nll)):
         first = state.step - window["steps"] + 1
         when = f"step {state.step}" if first == state.step else f"steps {first}-{state.step}"

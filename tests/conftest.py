@@ -1,3 +1,5 @@
+import os
+
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -5,7 +7,10 @@ from minitfm import backend
 
 settings.register_profile("default", deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("default")
+# CI draws the same examples on every run (derived from each test's name), so that a submission
+# is judged on the code, not on the draw; a developer's runs draw new examples every time.
+settings.register_profile("ci", parent=settings.get_profile("default"), derandomize=True)
+settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 
 def cupy_device_available() -> bool:

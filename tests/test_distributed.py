@@ -1,4 +1,5 @@
-"""minitfm.distributed: the world of one process without MPI, and real MPI workers.
+"""minitfm.distributed: the world of one process without MPI, and real MPI workers; training
+with two workers (minitfm.train, train_toy.py and train_wmt.py under mpiexec) against one.
 
 The tests marked ``mpi`` start ``mpiexec -n 2 python -c ...`` (tiny scripts, about a second each);
 they skip, saying why, where mpi4py, mpiexec or a working MPI library is missing (install with
@@ -12,6 +13,7 @@ import functools
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -72,6 +74,11 @@ def test_collectives_of_one_process_leave_their_input():
     assert world.stop_requests(0) == {}
     assert world.stop_requests(signal.SIGTERM) == {0: signal.SIGTERM}
     assert world.describe() == "1 process"
+    assert world.broadcast_numbers([7, 0.5]) == [7.0, 0.5]
+    assert world.broadcast_text("runs/a") == "runs/a"
+    world.barrier()
+    with world.root_first():
+        pass
     world.finish()
 
 
@@ -153,7 +160,7 @@ def _why_mpi_cannot_run() -> str | None:
                               capture_output=True, text=True, env=ENV, timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
         return f"mpiexec -n 2 did not finish a trivial program in {TIMEOUT} s"
-    if done.returncode != 0 or done.stdout.split() != ["2", "2"]:
+    if done.returncode != 0 or "".join(done.stdout.split()) != "22":   # lines may interleave
         return (f"mpiexec -n 2 cannot run mpi4py here (exit {done.returncode}: "
                 f"{(done.stderr or done.stdout).strip()[-300:]})")
     return None
@@ -303,6 +310,26 @@ say(updates=[world.shard(order[u * 6:(u + 1) * 6]) for u in range(2)])
     assert records[0]["updates"] == [["batch0", "batch1", "batch2"], ["batch6", "batch7", "batch8"]]
     assert records[1]["updates"] == [["batch3", "batch4", "batch5"],
                                      ["batch9", "batch10", "batch11"]]
+
+
+@pytest.mark.mpi
+def test_root_first_and_broadcasts_from_rank_0(mpi, tmp_path):
+    cache = tmp_path / "cache"
+    run = mpirun(PRELUDE + f"""
+with world.root_first():                 # rank 0 makes the cache, slowly; rank 1 then finds it
+    found = os.path.exists({str(cache)!r})
+    if world.is_root:
+        time.sleep(0.3)
+        open({str(cache)!r}, "w").write("made by rank 0")
+say(found=found, text=world.broadcast_text(f"runs/tr\u00e4in-{{world.rank}}"),
+    numbers=world.broadcast_numbers([world.rank + 1, 2.5 * world.rank, 2**52 + 1]))
+""")
+    assert run.returncode == 0, run.stderr
+    records = run.records()
+    assert records[0]["found"] is False and records[1]["found"] is True
+    for record in records.values():
+        assert record["text"] == "runs/tr\u00e4in-0"
+        assert record["numbers"] == [1.0, 0.0, 2**52 + 1]
 
 
 LOOP = PRELUDE + """
@@ -462,3 +489,233 @@ say(device=cupy.cuda.Device().id, params=cupy.asnumpy(params.buffer).tolist(),
     for record in records.values():
         assert record["params"] == [1.0] * 16
         assert record["grads"] == [0.0, 3.0, 6.0, 9.0, 12.0, 15.0]
+
+
+# ---- training with two workers -----------------------------------------------------------
+
+TRAIN = """
+import json, os, sys
+import numpy as np
+from minitfm import backend, distributed, tasks, train
+from minitfm.model import Config
+world = distributed.world()
+runs, results, watched = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+written = []                       # what this worker opened for writing or renamed in `watched`
+def audit(event, args):
+    if event == "open":
+        path, mode, flags = args
+        writing = (any(c in mode for c in "wax+") if mode
+                   else flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND))
+    elif event in ("os.rename", "os.remove", "os.mkdir", "os.truncate", "os.rmdir"):
+        path, writing = args[0], True
+    else:
+        return
+    if writing and isinstance(path, (str, os.PathLike)) and str(path).startswith(watched):
+        written.append(f"{event} {path}")
+sys.addaudithook(audit)
+VOCAB = 7
+def batches(epoch):                # 5 batches of different sizes an epoch, the order fixed by it
+    rng = backend.host_rng(0, epoch)
+    for i in range(5):
+        yield tasks.to_batch(*tasks.sample("copy", rng, 2 + i % 3, vocab=VOCAB, length=3 + i % 4))
+with world.fail_together():
+    for run in runs:
+        backend.set_float_dtype(run["dtype"])
+        cfg = Config.preset("tiny", src_vocab=tasks.model_vocab(VOCAB),
+                            tgt_vocab=tasks.model_vocab(VOCAB), dropout=0.1)
+        options = train.TrainOptions(
+            steps=run["steps"], out_dir=os.path.join(watched, run["dir"]), lr_factor=2.0,
+            warmup=3, update_freq=run["update_freq"], resume=run["resume"], log_every=1,
+            progress=False, run_info={"workers": world.size})
+        state = train.train(cfg, batches, options)
+        np.save(os.path.join(results, f"{run['name']}.rank{world.rank}.npy"), state.params.buffer)
+    print(json.dumps({"rank": world.rank, "written": written}), flush=True)
+    world.finish()
+"""
+
+
+def train_runs(workers: int, runs: list[dict], results: Path, watched: Path) -> dict[int, dict]:
+    """Run TRAIN's ``runs`` (one after the other) with ``workers`` processes, plain Python for
+    one; return what each rank printed."""
+    argv = [sys.executable, "-c", TRAIN, json.dumps(runs), str(results), str(watched)]
+    if workers > 1:
+        argv = [_mpiexec(), "-n", str(workers)] + argv
+    started = time.monotonic()
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=ENV, start_new_session=True)
+    run = finish(process, started)
+    assert run.returncode == 0, run.stderr
+    return run.records()
+
+
+def run_spec(name, update_freq, steps, *, directory=None, dtype="float32", resume=False):
+    return {"name": name, "dir": directory or name, "update_freq": update_freq, "steps": steps,
+            "dtype": dtype, "resume": resume}
+
+
+@pytest.fixture(scope="module")
+def worker_runs(tmp_path_factory):
+    """Training runs of the tiny model (dropout 0.1) with one worker and with two, in three
+    launches (about 3 s in all): one worker, two workers, one worker again (to resume)."""
+    reason = _why_mpi_cannot_run()
+    if reason:
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("workers")
+    results, runs = root / "results", root / "runs"
+    results.mkdir()
+    runs.mkdir()
+    one = train_runs(1, [run_spec("one", 2, 4), run_spec("one-then-two", 2, 2),
+                         run_spec("one64", 4, 3, dtype="float64")], results, runs)
+    two = train_runs(2, [run_spec("two", 1, 4), run_spec("two-then-one", 1, 2),
+                         run_spec("one-then-two", 1, 4, resume=True),
+                         run_spec("two64", 2, 3, dtype="float64")], results, runs)
+    train_runs(1, [run_spec("two-then-one", 2, 4, resume=True)], results, runs)
+    return {"results": results, "runs": runs, "one": one, "two": two}
+
+
+def result(worker_runs, name: str, rank: int = 0) -> np.ndarray:
+    return np.load(worker_runs["results"] / f"{name}.rank{rank}.npy")
+
+
+def final_checkpoint(worker_runs, directory: str):
+    from minitfm import checkpoint
+    return checkpoint.load(checkpoint.latest(worker_runs["runs"] / directory))
+
+
+def logged_steps(worker_runs, directory: str) -> list[dict]:
+    with open(worker_runs["runs"] / directory / "log.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.mark.mpi
+def test_two_workers_make_the_updates_of_one_worker_with_twice_the_update_freq(worker_runs):
+    """Two workers with update_freq 1 against one with update_freq 2, float32, dropout 0.1:
+    bit-identical. One worker adds the two batches' gradients g0 + g1; the all-reduce adds the
+    same two numbers (IEEE addition is commutative), and the masks are drawn per batch of the
+    update, so not even float32 rounding can tell them apart."""
+    one = result(worker_runs, "one")
+    assert np.array_equal(result(worker_runs, "two", 0), one)
+    assert np.array_equal(result(worker_runs, "two", 1), one)
+    saved, reference = final_checkpoint(worker_runs, "two"), final_checkpoint(worker_runs, "one")
+    assert (saved.step, saved.extra["epoch"], saved.extra["batches_done"]) == (4, 1, 3)
+    assert saved.extra["batches_done"] == reference.extra["batches_done"]
+    assert saved.extra["tokens"] == reference.extra["tokens"]
+    for moment in ("m", "v"):
+        for name, value in reference.optimizer_state[moment].items():
+            assert np.array_equal(saved.optimizer_state[moment][name], value), (moment, name)
+    for two, one in zip(logged_steps(worker_runs, "two"), logged_steps(worker_runs, "one")):
+        assert two["step"] == one["step"] and two["tokens"] == one["tokens"]
+        assert two["loss"] == pytest.approx(one["loss"], rel=1e-6)   # float32 sums, other order
+
+
+@pytest.mark.mpi
+def test_two_workers_sum_in_another_order_within_float64_rounding(worker_runs):
+    """Two workers with update_freq 2 against one with 4, in float64: one worker sums
+    ((g0 + g1) + g2) + g3, the all-reduce (g0 + g1) + (g2 + g3). Every parameter agrees to
+    1e-12 (rounding is ~1e-16 relative) except the key biases: attention is blind to them
+    (softmax ignores a shift of a row of scores), so their gradient is zero up to rounding
+    noise, and Adam divides that noise by sqrt(v) + eps (eps = 1e-9), turning 1e-17 into steps
+    of up to ~lr * 1e-8; those agree to 1e-6. (In float32 the same noise, ~1e-9, is as large as
+    eps and moves the key biases by O(lr): the reason this comparison is in float64.)"""
+    from minitfm import flat, model, tasks
+    from minitfm.model import Config
+    cfg = Config.preset("tiny", src_vocab=tasks.model_vocab(7), tgt_vocab=tasks.model_vocab(7))
+    one, two = (flat.FlatDict(result(worker_runs, name), model.parameter_shapes(cfg).items())
+                for name in ("one64", "two64"))
+    assert one.buffer.dtype == np.float64
+    assert np.array_equal(result(worker_runs, "two64", 1), two.buffer)
+    d = cfg.d_model
+    for name in one:
+        a, b = one[name], two[name]
+        if name.endswith(("b_qkv", "b_kv")):                 # [q | k | v] or [k | v], d each
+            key = slice(d, 2 * d) if name.endswith("b_qkv") else slice(0, d)
+            np.testing.assert_allclose(b[key], a[key], rtol=0, atol=1e-6, err_msg=name)
+            others = np.ones(a.size, dtype=bool)
+            others[key] = False
+            a, b = a[others], b[others]
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-12, err_msg=name)
+    assert not np.array_equal(one.buffer, two.buffer)     # another order: not bit-identical
+
+
+@pytest.mark.mpi
+def test_only_rank_0_writes_files(worker_runs):
+    assert worker_runs["two"][1]["written"] == []
+    written = worker_runs["two"][0]["written"]
+    assert any("log.jsonl" in w for w in written) and any("checkpoint_" in w for w in written)
+    run_dir = worker_runs["runs"] / "two"
+    assert sorted(p.name for p in run_dir.iterdir()) == \
+        sorted(p.name for p in (worker_runs["runs"] / "one").iterdir())
+    assert [r["step"] for r in logged_steps(worker_runs, "two")] == [1, 2, 3, 4]   # once each
+    assert json.loads((run_dir / "run.json").read_text()) == {"workers": 2}
+
+
+@pytest.mark.mpi
+def test_resume_from_two_workers_into_one_and_from_one_into_two(worker_runs):
+    """2 steps with one number of workers, 2 more with the other, from the checkpoint: the
+    parameters of 4 uninterrupted steps (the checkpoint holds the position in the one global
+    batch order; each update here is the same 2 batches)."""
+    one = result(worker_runs, "one")
+    assert np.array_equal(result(worker_runs, "two-then-one"), one)
+    assert np.array_equal(result(worker_runs, "one-then-two", 0), one)
+    assert np.array_equal(result(worker_runs, "one-then-two", 1), one)
+    for directory in ("two-then-one", "one-then-two"):
+        assert [r["step"] for r in logged_steps(worker_runs, directory)] == [1, 2, 3, 4]
+
+
+def launch(argv: list[str], workers: int = 2) -> subprocess.Popen:
+    return subprocess.Popen([_mpiexec(), "-n", str(workers), sys.executable] + argv,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                            start_new_session=True)
+
+
+@pytest.mark.mpi
+def test_sigterm_to_one_training_worker_stops_both_with_a_checkpoint(mpi, tmp_path):
+    out = tmp_path / "run"
+    toy = [str(ROOT / "train_toy.py"), "--preset", "tiny", "--out", str(out), "--quiet",
+           "--eval-size", "20", "--examples", "0"]
+    started = time.monotonic()
+    process = launch(toy + ["--steps", "100000"])
+    try:
+        header = process.stdout.readline()               # rank 0's: it names every worker's pid
+        pid = int(re.search(r"rank 1 pid (\d+)", header).group(1))
+        while not (out / "log.jsonl").exists() and time.monotonic() - started < TIMEOUT / 2:
+            time.sleep(0.05)                             # training is under way
+        os.kill(pid, signal.SIGTERM)
+    finally:
+        run = finish(process, started)
+    assert run.returncode == 143, run.stderr                       # 128 + SIGTERM, from both
+    stops = re.findall(r"stopped by SIGTERM at step (\d+); checkpoint (\S+) saved", run.stdout)
+    assert len(stops) == 1, run.stdout                             # said once, by rank 0
+    step = int(stops[0][0])
+    from minitfm import checkpoint
+    assert [s for s, _ in checkpoint.list_checkpoints(out)] == [step]
+    assert checkpoint.load(stops[0][1]).step == step
+
+    # one worker continues the run from there
+    done = subprocess.run([sys.executable] + toy + ["--steps", str(step + 2), "--resume"],
+                          capture_output=True, text=True, env=ENV, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    assert [s for s, _ in checkpoint.list_checkpoints(out)][-1] == step + 2
+
+
+@pytest.mark.mpi
+def test_train_wmt_with_two_workers(mpi, tmp_path):
+    """Rank 0 builds the vocabulary and the encoded corpora, then both train; rank 0 alone
+    prints, writes the run directory and scores the test set."""
+    from .test_train_wmt import TINY, sentence_pairs, write_split
+    for split, n, seed in (("train", 300, 0), ("val", 30, 1), ("test", 20, 2)):
+        write_split(tmp_path / split, *sentence_pairs(n, seed))
+    out = tmp_path / "run"
+    started = time.monotonic()
+    run = finish(launch([str(ROOT / "train_wmt.py"), "--trainpref", str(tmp_path / "train"),
+                         "--validpref", str(tmp_path / "val"), "--testpref",
+                         str(tmp_path / "test"), "--max-steps", "4", "--save-every", "2",
+                         "--log-every", "1", "--out", str(out), *TINY]), started)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("done: step 4") == 1
+    assert re.search(r"workers  2 workers: rank 0 pid \d+ on \S+, rank 1 pid \d+", run.stdout)
+    assert "x 1 x 2 workers" in run.stdout
+    with open(out / "log.jsonl") as f:
+        assert [json.loads(line)["step"] for line in f] == [1, 2, 3, 4, 4]   # 4: validation
+    assert (out / "averaged.test.bleu.json").exists()
+    assert len(list((out / "data").glob("encoded-*"))) == 1

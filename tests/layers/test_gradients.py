@@ -91,8 +91,8 @@ def test_checker_catches_a_wrong_backward():
 
 
 def test_the_second_step_does_not_hide_a_small_error():
-    """An array measured again at the wide step (its gradient is ~1e-6 of the objective, so the
-    narrow step loses ~1e-6 to rounding) passes as computed, and fails once off by 1e-4."""
+    """An array measured again at a wider step (its gradient is ~1e-6 of the objective, so the
+    first step loses ~1e-6 to rounding) passes as computed, and fails once off by 1e-4."""
     case = next(c for c in gradcheck.CASES if c.name == "encoder stack (pre-LN)")
     sizes = {**case.sizes, "b": 1, "h": 2, "t": 1, "s": 3, "dk": 2, "f": 3, "n": 2, "p": 0.25}
     rng = gradcheck.backend.host_rng(365345190)
@@ -105,7 +105,7 @@ def test_the_second_step_does_not_hide_a_small_error():
         return float((case.run(arrays, sizes)[0] * g).sum())
 
     name = "1.ln2.beta"
-    narrow = gradcheck.check_gradients(objective, {name: grads[name]}, arrays, wide_step=None)
+    narrow = gradcheck.check_gradients(objective, {name: grads[name]}, arrays, gradcheck.STEP)
     assert narrow[name] > gradcheck.TOLERANCE                    # rounding at h = 2e-5 ...
     assert gradcheck.check_gradients(objective, {name: grads[name]}, arrays)[name] \
         <= gradcheck.TOLERANCE                                   # ... not at h = 1e-4
