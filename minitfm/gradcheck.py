@@ -177,6 +177,16 @@ def _run_positional(a, s):
     return y, lambda dy: _grads_of(positional.backward(dy, c), "x")
 
 
+def _learned_positional(rng, s):
+    """x and a table of t + 5 positions: with offset 2, rows outside the window get no gradient."""
+    return {**_x(rng, s), **_params(rng, positional.learned_param_shapes(s["t"] + 5, s["d"]))}
+
+
+def _run_learned_positional(a, s):
+    y, c = positional.learned_forward(a["x"], a, offset=2)
+    return y, lambda dy: _grads_of(positional.learned_backward(dy, c), "x")
+
+
 # dropout
 
 def _run_dropout(a, s):
@@ -339,6 +349,8 @@ CASES = [
     Case("linear", _linear, _run_linear, dict(b=2, t=3, d=4, f=5)),
     Case("embedding", _embedding, _run_embedding, dict(b=2, t=6, v=5, d=4)),
     Case("positional", _x, _run_positional, dict(b=2, t=4, d=6)),
+    Case("positional (learned)", _learned_positional, _run_learned_positional,
+         dict(b=2, t=4, d=6)),
     Case("dropout", _x, _run_dropout, dict(b=2, t=4, d=5)),
     Case("layernorm", _layernorm, _run_layernorm, dict(b=2, t=3, d=5)),
     Case("feedforward", _feedforward, _run_feedforward, dict(b=2, t=3, d=4, f=6)),

@@ -244,6 +244,7 @@ def causal_mask(length, dtype):
 
 class EmbedCache(NamedTuple):
     embedding: embedding.Cache
+    positions: positional.LearnedCache | None     # None: the sinusoids, a constant
     dropout: dropout.Cache | None
 
 
@@ -253,23 +254,34 @@ class ForwardCache(NamedTuple):
     stack: object           # encoder.StackCache or decoder.StackCache
 
 
-def embed(ids, table, cfg, rng, offset=0):
+def embed(ids, table, cfg, rng, offset=0, positions=None):
     """Token embedding * sqrt(d_model) + positional encoding, then dropout.
 
-    ids (B, T) -> (B, T, d); ``offset`` is the position of ids[:, 0] (decoder_step's t).
+    ids (B, T) -> (B, T, d); ``offset`` is the position of ids[:, 0] (decoder_step's t);
+    ``positions``: a learned position table (L, d) in place of the sinusoids (lm.py's option).
     """
     x, c_emb = embedding.forward(ids, {"table": table})
-    x, _ = positional.forward(x, offset)
+    c_pos = None
+    if positions is None:
+        x, _ = positional.forward(x, offset)
+    else:
+        x, c_pos = positional.learned_forward(x, {"table": positions}, offset)
     x, c_drop = dropout.forward(x, cfg.dropout, rng, inplace=True)
-    return x, EmbedCache(c_emb, c_drop)
+    return x, EmbedCache(c_emb, c_pos, c_drop)
 
 
 def embed_backward(dx, cache: EmbedCache):
-    """The gradient of the embedding table (V, d) from dx (B, T, d)."""
+    """The gradients of the embedding table (V, d) and of the learned position table (L, d)
+    (None with the sinusoids) from dx (B, T, d)."""
     dx, _ = dropout.backward(dx, cache.dropout)
-    dx, _ = positional.backward(dx, None)
+    d_positions = None
+    if cache.positions is None:
+        dx, _ = positional.backward(dx, None)
+    else:
+        dx, g = positional.learned_backward(dx, cache.positions)
+        d_positions = g["table"]
     _, grads = embedding.backward(dx, cache.embedding)
-    return grads["table"]
+    return grads["table"], d_positions
 
 
 def encoder_forward(params, cfg, src, rng=None):
@@ -399,9 +411,9 @@ def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=No
     dh = xp.zeros((b * t, d), dtype=h.dtype)
     dh[rows] = dh_sel
     dy, dmemory, g_dec = decoder.stack_backward(dh.reshape(b, t, d), c_tgt.stack)
-    d_tgt_emb = embed_backward(dy, c_tgt.embed)
+    d_tgt_emb, _ = embed_backward(dy, c_tgt.embed)
     dx, g_enc = encoder.stack_backward(dmemory, c_src.stack)
-    d_src_emb = embed_backward(dx, c_src.embed)
+    d_src_emb, _ = embed_backward(dx, c_src.embed)
 
     out = {**prefixed(g_enc, "enc."), **prefixed(g_dec, "dec.")}
     out[tgt_name] = d_out + d_tgt_emb             # output projection + target embedding
