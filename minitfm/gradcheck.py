@@ -17,7 +17,7 @@ O(eps |L| / h). Rounding is why test inputs keep activations at unit scale: a sa
 has gradients so small next to L that no h resolves them. And ReLU has a kink at 0, where the
 quotient is meaningless within h of it; with h = 1e-5 random inputs land there very rarely.
 
-    python -m minitfm.gradcheck              # every layer and the whole model, as a table
+    python -m minitfm.gradcheck              # every layer and the whole models, as a table
     python -m minitfm.gradcheck layernorm    # the cases whose name contains "layernorm"
 
 Exit status 1 if any check fails.
@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from minitfm import backend, model
+from minitfm import backend, lm, model
 from minitfm.layers import (attention, decoder, dropout, embedding, encoder, feedforward,
                             layernorm, linear, loss, positional, residual)
 
@@ -280,10 +280,11 @@ def _run_residual(a, s, pre_ln):
 
 # encoder and decoder stacks
 
-def _stack_params(rng, cfg: model.Config, prefix):
-    """Random (not initial) values for the parameters of one stack, so LN gains etc. matter."""
+def _stack_params(rng, cfg: model.Config, prefix, shapes=None):
+    """Random (not initial) values for the parameters of one stack, so LN gains etc. matter;
+    ``shapes`` defaults to ``model.parameter_shapes(cfg)``."""
     p = {}
-    for name, shape in model.parameter_shapes(cfg).items():
+    for name, shape in (shapes or model.parameter_shapes(cfg)).items():
         if not name.startswith(prefix):
             continue
         if len(shape) == 1:                     # gains near 1, shifts and biases near 0
@@ -422,6 +423,35 @@ def model_cases() -> list[tuple[str, model.Config]]:
             ("model (separate embeddings)", tiny.replace(share_embeddings=False, tgt_vocab=9))]
 
 
+# ---- the language model (lm.py) -------------------------------------------------------------
+
+def check_lm(cfg: lm.LMConfig, seed: int = 0, batch: int = 2, length: int = 4) -> dict:
+    """Gradient check of ``lm.loss_and_grads`` over every parameter, in float64, on random
+    blocks ``x`` and their next tokens ``y``; dropout masks fixed by the seed."""
+    params = _stack_params(backend.host_rng(seed), cfg, "", lm.parameter_shapes(cfg))
+    tokens = backend.host_rng(seed, 1).integers(0, cfg.vocab, size=(batch, length + 1))
+    tokens = backend.to_device(tokens, dtype=backend.xp.int64)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    def rng():
+        return backend.rng(seed, 2) if cfg.dropout else None
+
+    _, grads = lm.loss_and_grads(params, cfg, x, y, rng())
+
+    def objective():
+        return lm.loss_and_grads(params, cfg, x, y, rng(), grads=False)[0]["loss"]
+
+    return check_gradients(objective, grads, params)
+
+
+def lm_cases() -> list[tuple[str, lm.LMConfig]]:
+    tiny = lm.LMConfig.preset("tiny")
+    return [("language model (pre-LN)", tiny),
+            ("language model (post-LN)", tiny.replace(pre_ln=False)),
+            ("language model (learned positions)", tiny.replace(learned_positions=True)),
+            ("language model (dropout, fixed mask)", tiny.replace(dropout=0.3))]
+
+
 # ---- command line ---------------------------------------------------------------------------
 
 def main(argv=None) -> int:
@@ -437,6 +467,7 @@ def main(argv=None) -> int:
 
     rows = [(c.name, lambda c=c: check_case(c, args.seed)) for c in CASES]
     rows += [(name, lambda cfg=cfg: check_model(cfg, args.seed)) for name, cfg in model_cases()]
+    rows += [(name, lambda cfg=cfg: check_lm(cfg, args.seed)) for name, cfg in lm_cases()]
     rows = [r for r in rows if args.only.lower() in r[0].lower()]
     if not rows:
         print(f"no check matches {args.only!r}", file=sys.stderr)

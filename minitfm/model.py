@@ -140,21 +140,29 @@ def parameter_names(cfg: Config) -> list[str]:
 
 
 def init_params(cfg: Config, seed: int = 0, dtype=None) -> dict:
-    """Initialise every parameter, reproducibly from ``seed`` and identically on every backend.
+    """Initialise every parameter, reproducibly from ``seed`` and identically on every backend
+    (see :func:`initial_values`)."""
+    return initial_values(parameter_shapes(cfg), cfg.d_model, seed, dtype)
+
+
+def initial_values(shapes: dict, d_model: int, seed: int = 0, dtype=None) -> dict:
+    """Initial values for the parameters ``shapes`` names, by the kind of each (its name):
 
     - weight matrices: Xavier/Glorot uniform, U(-a, a) with a = sqrt(6 / (fan_in + fan_out)),
       applied to each d_model x d_model block of the fused projections separately (each block is
       one of the paper's W_Q, W_K, W_V);
-    - embeddings: N(0, d_model^-1/2), so that the embedding times sqrt(d_model) has unit scale;
+    - token embeddings (``EMBEDDINGS``): N(0, d_model^-1/2), so that the embedding times
+      sqrt(d_model) has unit scale; a learned position table ("pos_emb", lm.py): N(0, 0.02^2)
+      (GPT-2's), so that at first the model sees mostly the tokens;
     - biases 0, LayerNorm gains 1 and shifts 0.
-    Values are drawn on the host and copied to the active backend.
+    Values are drawn on the host, in the order of ``shapes``, and copied to the active backend.
     """
     dtype = dtype or backend.float_dtype()
     rng = backend.host_rng(seed)
-    d = cfg.d_model
+    d = d_model
     xp = backend.xp
     params = {}
-    for name, shape in parameter_shapes(cfg).items():
+    for name, shape in shapes.items():
         leaf = name.rsplit(".", 1)[-1]
         if leaf == "gamma":
             params[name] = xp.ones(shape, dtype=dtype)
@@ -162,8 +170,10 @@ def init_params(cfg: Config, seed: int = 0, dtype=None) -> dict:
         if len(shape) == 1:
             params[name] = xp.zeros(shape, dtype=dtype)
             continue
-        if name in ("emb", "src_emb", "tgt_emb"):
+        if name in EMBEDDINGS:
             value = rng.normal(0.0, d ** -0.5, size=shape)
+        elif name == "pos_emb":
+            value = rng.normal(0.0, 0.02, size=shape)
         else:
             fan_in, fan_out = shape
             blocks = fan_out // d if leaf in ("w_qkv", "w_kv") else 1
@@ -174,6 +184,9 @@ def init_params(cfg: Config, seed: int = 0, dtype=None) -> dict:
     return params
 
 
+EMBEDDINGS = ("emb", "src_emb", "tgt_emb")     # the token embedding tables' names
+
+
 def num_parameters(params: dict) -> int:
     return sum(int(v.size) for v in params.values())
 
@@ -182,7 +195,12 @@ def num_parameters(params: dict) -> int:
 
 def check_params(params: dict, cfg: Config) -> None:
     """Raise a clear error if ``params`` does not fit ``cfg`` or lives on another device."""
-    shapes = parameter_shapes(cfg)
+    check_param_shapes(params, parameter_shapes(cfg))
+
+
+def check_param_shapes(params: dict, shapes: dict) -> None:
+    """Raise a clear error unless ``params`` holds exactly ``shapes``' names and shapes, in one
+    float dtype, on the active device."""
     missing = [k for k in shapes if k not in params]
     extra = [k for k in params if k not in shapes]
     if missing or extra:
