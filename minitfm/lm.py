@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from minitfm import backend, model, sampling
 from minitfm.layers import embedding, encoder, layernorm, positional, prefixed, subdict
 
-KIND = "lm"              # what a checkpoint of this model records as its kind
+KIND = "lm"              # what a checkpoint of this model records as its kind (checkpoint.KINDS)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,8 @@ from minitfm.layers import decoder, dropout, embedding, encoder, linear, loss, p
 from minitfm.layers import prefixed, subdict
 from minitfm.layers.attention import MASKED
 
+KIND = "transformer"      # what a checkpoint of this model records as its kind (checkpoint.KINDS)
+
 # The special token ids, fixed for every vocabulary (data/vocab.py trains its models with them).
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
