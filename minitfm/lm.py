@@ -7,7 +7,7 @@ third sub-layer: each layer is exactly the encoder layer (self-attention, then f
 in a residual connection with LayerNorm) with the decoder's causal mask. So this model is
 ``encoder.stack_forward`` with a causal mask between an embedding and a tied output projection:
 
-    x (B, T) ids ──embed·√d + positions──dropout──► N × encoder layer (causal mask)
+    x (B, T) ids ──embed·√d + positions──dropout──► N x encoder layer (causal mask)
                  ──► final LayerNorm (pre-LN) ──► h (B, T, d)
     h ──► h E^T (logits, the output projection tied to the embedding E)
       ──► cross-entropy against y (B, T), the next token at every position, averaged over B*T
@@ -140,9 +140,14 @@ def logits(params, cfg: LMConfig, h):
     return h @ params["emb"].T
 
 
-def batch_tokens(batch) -> int:
+def batch_tokens(batch, cfg: LMConfig) -> int:
     """The targets of a batch ``(x, y)``: every position predicts one (there is no padding)."""
     return int(batch[1].size)
+
+
+def output_vocab(cfg: LMConfig) -> int:
+    """The number of tokens the model chooses from at each position."""
+    return cfg.vocab
 
 
 def loss_and_grads(params, cfg: LMConfig, x, y, rng=None, *, grads=True, normalizer=None):

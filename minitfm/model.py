@@ -345,6 +345,16 @@ def decoder_step(params, cfg, tokens, t, self_k, self_v, cross_k, cross_v, src_m
                               src_mask, t, cfg)
 
 
+def batch_tokens(batch, cfg: Config) -> int:
+    """The target tokens of a batch ``(src, tgt)``: the non-padding entries of tgt[:, 1:]."""
+    return int((batch[1][:, 1:] != cfg.pad_id).sum())
+
+
+def output_vocab(cfg: Config) -> int:
+    """The number of tokens the model chooses from at each position."""
+    return cfg.tgt_vocab
+
+
 def logits(params, cfg, h):
     """Output projection tied to the target embedding: h (..., d) -> (..., V)."""
     return h @ params[embedding_names(cfg)[1]].T

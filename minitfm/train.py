@@ -1,4 +1,4 @@
-"""The training loop shared by ``train_toy.py`` and ``train_wmt.py``.
+"""The training loop shared by ``train_toy.py``, ``train_wmt.py`` and ``train_lm.py``.
 
 One call, ``train(cfg, batches, options)``, runs ``options.steps`` updates:
 
@@ -8,6 +8,11 @@ One call, ``train(cfg, batches, options)``, runs ``options.steps`` updates:
         stop with an error if the loss is NaN or Inf
         clip the global gradient norm (optional); Adam at lr = schedule(k)      (paper, 5.3)
         log, validate, save a checkpoint when due
+
+The config says which model trains (:func:`model_of`): a ``model.Config`` the encoder-decoder
+Transformer on ``(src, tgt)`` batches, an ``lm.LMConfig`` the language model on ``(x, y)`` blocks.
+The learning rate follows the paper's schedule unless ``options.schedule`` gives another, and
+``options.weight_decay`` makes Adam AdamW.
 
 Reproducibility. The whole random state of a run is ``(seed, step)`` plus the data position:
 dropout masks of step k come from ``backend.rng(seed, k)``, and ``batches(epoch)`` must yield the
@@ -57,12 +62,12 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from minitfm import backend, checkpoint, model
+from minitfm import backend, checkpoint, lm, model
 from minitfm.model import Config
 from minitfm.optim import Adam, LRSchedule, clip_grad_norm
 
 __all__ = ["TrainOptions", "TrainState", "TrainingDiverged", "WriteFailed", "train", "evaluate",
-           "LOG_NAME", "RUN_INFO_NAME", "DIVERGED_WINDOWS"]
+           "model_of", "LOG_NAME", "RUN_INFO_NAME", "DIVERGED_WINDOWS"]
 
 LOG_NAME = "log.jsonl"
 RUN_INFO_NAME = "run.json"
@@ -70,7 +75,7 @@ DIVERGED_WINDOWS = 3     # logged windows above 2 ln V, after the warmup, that s
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
                      if hasattr(signal, name))
 
-Batch = tuple            # (src (B, S), tgt (B, T+1)) token-id arrays, host or device
+Batch = tuple            # (src (B, S), tgt (B, T+1)), or (x (B, T), y (B, T)) for lm: token ids
 Batches = Callable[[int], Iterable[Batch]] | Iterable[Batch]
 ValidMetric = Callable[[dict, Config], dict]
 
@@ -92,6 +97,8 @@ class TrainOptions:
     seed: int = 0                       # parameter init, dropout masks (and the caller's data)
     lr_factor: float = 1.0              # scales the paper's learning-rate schedule
     warmup: int = 4000
+    schedule: Callable[[int], float] | None = None   # lr of each step; None: the paper's
+    weight_decay: float = 0.0           # AdamW's decoupled weight decay (optim.Adam)
     clip_norm: float | None = None      # global gradient-norm clipping; None: no clipping
     update_freq: int = 1                # batches summed into one update
     log_every: int = 10                 # steps between log lines
@@ -140,6 +147,17 @@ class TrainState:
     out_of_time: bool = False     # stopped by options.time_limit (likewise)
 
 
+def model_of(cfg):
+    """The module of the model ``cfg`` describes: ``minitfm.model`` for a ``model.Config``,
+    ``minitfm.lm`` for an ``lm.LMConfig``. Each has init_params, check_params, loss_and_grads,
+    batch_tokens, output_vocab and KIND (what its checkpoints record)."""
+    if isinstance(cfg, lm.LMConfig):
+        return lm
+    if isinstance(cfg, Config):
+        return model
+    raise TypeError(f"train() needs a model.Config or an lm.LMConfig, got {type(cfg).__name__}")
+
+
 # ---- validation ---------------------------------------------------------------------------
 
 def evaluate(params: dict, cfg: Config, batches: Iterable[Batch]) -> dict:
@@ -147,8 +165,9 @@ def evaluate(params: dict, cfg: Config, batches: Iterable[Batch]) -> dict:
     loss_sum = nll_sum = 0.0
     tokens = 0
     for src, tgt in batches:
-        stats, _ = model.loss_and_grads(params, cfg, backend.to_device(src),
-                                        backend.to_device(tgt), grads=False, normalizer=1.0)
+        stats, _ = model_of(cfg).loss_and_grads(params, cfg, backend.to_device(src),
+                                                backend.to_device(tgt), grads=False,
+                                                normalizer=1.0)
         loss_sum += stats["loss"]
         nll_sum += stats["nll"]
         tokens += stats["tokens"]
@@ -175,10 +194,6 @@ def _batch_stream(batches: Batches, epoch: int, skip: int) -> Iterator[tuple[int
                 f"yields batches for every epoch, or a list (a generator is used up after one "
                 f"pass)")
         epoch, skip = epoch + 1, 0
-
-
-def _target_tokens(tgt, cfg: Config) -> int:
-    return int((tgt[:, 1:] != cfg.pad_id).sum())
 
 
 # ---- one update ---------------------------------------------------------------------------
@@ -251,12 +266,13 @@ def _interrupts_deferred():
 def _accumulate(state: TrainState, cfg: Config, micro_batches: list, step: int,
                 seed: int) -> tuple[dict, dict]:
     """Loss statistics and gradients of one update, summed over its batches."""
-    total = sum(_target_tokens(tgt, cfg) for _, tgt in micro_batches)
+    trained = model_of(cfg)
+    total = sum(trained.batch_tokens(batch, cfg) for batch in micro_batches)
     rng = backend.rng(seed, step)       # dropout masks of this step: a function of (seed, step)
     stats = {"loss": 0.0, "nll": 0.0, "tokens": total}
     grads = None
     for src, tgt in micro_batches:
-        s, g = model.loss_and_grads(state.params, cfg, src, tgt, rng, normalizer=total)
+        s, g = trained.loss_and_grads(state.params, cfg, src, tgt, rng, normalizer=total)
         stats["loss"] += s["loss"]
         stats["nll"] += s["nll"]
         if grads is None:
@@ -277,11 +293,11 @@ def _diverged(what: str, step: int, state: TrainState, good: str | None = None) 
         kept = "no checkpoint was written"
     return TrainingDiverged(
         f"{what} at step {step}; training stopped and {kept}. Lower the learning rate "
-        f"(--lr-factor), lengthen the warmup (--warmup) or clip gradients (--clip-norm), then "
-        f"start again or resume from the last good checkpoint")
+        f"(--lr-factor, or --lr), lengthen the warmup (--warmup) or clip gradients "
+        f"(--clip-norm), then start again or resume from the last good checkpoint")
 
 
-def _update(state: TrainState, cfg: Config, options: TrainOptions, schedule: LRSchedule,
+def _update(state: TrainState, cfg: Config, options: TrainOptions, schedule: Callable,
             micro_batches: list, position: tuple[int, int]) -> dict:
     """Apply step ``state.step + 1``; return its statistics (loss, nll, tokens, lr[, grad_norm])."""
     step = state.step + 1
@@ -322,7 +338,7 @@ def _save(state: TrainState, cfg: Config, options: TrainOptions) -> None:
             checkpoint.save(
                 path, state.params, optimizer_state=state.optimizer.state_dict(),
                 step=state.step, config=cfg.to_dict(), vocab_id=options.vocab_id,
-                vocab_model=options.vocab_model,
+                vocab_model=options.vocab_model, kind=model_of(cfg).KIND,
                 extra={"seed": state.seed, "epoch": state.epoch,
                        "batches_done": state.batches_done, "tokens": state.tokens,
                        "elapsed": state.elapsed, "run_meta": options.run_meta})
@@ -356,11 +372,12 @@ def _check_same_run(ckpt: checkpoint.Checkpoint, options: TrainOptions) -> None:
 def _resume(cfg: Config, options: TrainOptions, path: str) -> TrainState:
     """The state saved at ``path``, after checking that the checkpoint fits this run."""
     ckpt = checkpoint.load(path)
+    checkpoint.check_kind(ckpt, model_of(cfg).KIND)
     checkpoint.check_compatible(ckpt, cfg.to_dict(), options.vocab_id)
     _check_same_run(ckpt, options)
     params = checkpoint.params_to_device(ckpt.params)
-    model.check_params(params, cfg)
-    optimizer = Adam(params)
+    model_of(cfg).check_params(params, cfg)
+    optimizer = Adam(params, weight_decay=options.weight_decay)
     optimizer.load_state_dict(ckpt.optimizer_state)
     extra = ckpt.extra
     return TrainState(params=params, optimizer=optimizer, seed=extra["seed"], step=ckpt.step,
@@ -381,9 +398,11 @@ def _start(cfg: Config, options: TrainOptions, params: dict | None) -> TrainStat
     else:
         if options.resume:
             _say(options, f"no checkpoint in {options.out_dir}: starting from scratch")
-        params = model.init_params(cfg, options.seed) if params is None else params
-        model.check_params(params, cfg)
-        state = TrainState(params=params, optimizer=Adam(params), seed=options.seed)
+        trained = model_of(cfg)
+        params = trained.init_params(cfg, options.seed) if params is None else params
+        trained.check_params(params, cfg)
+        optimizer = Adam(params, weight_decay=options.weight_decay)
+        state = TrainState(params=params, optimizer=optimizer, seed=options.seed)
     if options.out_dir:
         try:
             os.makedirs(options.out_dir, exist_ok=True)
@@ -464,7 +483,7 @@ def train(cfg: Config, batches: Batches, options: TrainOptions, *, params: dict 
         _say(options, f"nothing to do: the run is at step {state.step} of {options.steps}")
         return state
     global _active_stops
-    schedule = LRSchedule(cfg.d_model, options.warmup, options.lr_factor)
+    schedule = options.schedule or LRSchedule(cfg.d_model, options.warmup, options.lr_factor)
     validating = valid_batches is not None or valid_metric is not None
     stream = _batch_stream(batches, state.epoch, state.batches_done)
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "seconds": 0.0}
@@ -523,7 +542,7 @@ class _DivergenceWatch:
     NaN and Inf are caught at once by the update; this catches the finite blow-ups."""
 
     def __init__(self, cfg: Config, options: TrainOptions, state: TrainState) -> None:
-        self.limit = 2.0 * math.log(cfg.tgt_vocab)
+        self.limit = 2.0 * math.log(model_of(cfg).output_vocab(cfg))
         self.warmup, self.state = options.warmup, state
         self.high = 0                             # windows in a row above the limit
         self.good_checkpoint = state.last_checkpoint

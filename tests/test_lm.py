@@ -60,7 +60,7 @@ def test_gradient_accumulation_is_exact():
     tokens = _tokens(TINY, 2, 4, 7)
     x, y = tokens[:, :-1], tokens[:, 1:]
     whole, g_whole = lm.loss_and_grads(params, TINY, x, y)
-    total = lm.batch_tokens((x, y))
+    total = lm.batch_tokens((x, y), TINY)
     assert total == whole["tokens"] == 24
     halves = [lm.loss_and_grads(params, TINY, x[i:i + 2], y[i:i + 2], normalizer=total)
               for i in (0, 2)]
