@@ -258,6 +258,7 @@ def stream_sample(params: dict, cfg: lm.LMConfig, tokenizer, prompt, args: argpa
 
 def run_training(args: argparse.Namespace) -> int:
     started = time.perf_counter()
+    cli.reuse_freed_memory()
     args.out = args.out or cli.default_run_dir("lm", args.resume)
     chosen = cli.select_backend(args.backend, "numpy")
     tokenizer = check_resumable(args) or make_tokenizer(args)
