@@ -46,7 +46,7 @@ from minitfm.data import text as textdata                          # noqa: E402
 # The defaults: character-level tiny Shakespeare to a validation loss below 1.88 nats per
 # character in under a minute on a two-core CPU (README, "Language model").
 DEFAULTS = dict(tokenizer="char", vocab_size=1000, block_size=64, batch_size=16, layers=2,
-                d_model=128, heads=4, d_ff=512, dropout=0.0, lr=3e-3, min_lr=3e-4, warmup=100,
+                d_model=128, heads=4, d_ff=512, dropout=0.0, lr=6e-3, min_lr=6e-4, warmup=100,
                 schedule="cosine", weight_decay=0.1, steps=1000)
 # the options that define a run: --resume refuses to change them
 RUN_OPTIONS = ("tokenizer", "vocab_size", "block_size", "batch_size", "layers", "d_model",

@@ -118,7 +118,7 @@ class TorchStep:
         loss = self.F.cross_entropy(logits.reshape(-1, self.vocab), self.y.reshape(-1))
         loss.backward()
         self.opt.step()
-        return float(loss)
+        return loss.item()
 
 
 def timed(step, n: int) -> list[float]:
