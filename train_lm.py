@@ -44,10 +44,13 @@ from minitfm.data import DataError                                 # noqa: E402
 from minitfm.data import text as textdata                          # noqa: E402
 
 # The defaults: character-level tiny Shakespeare to a validation loss below 1.88 nats per
-# character in under a minute on a two-core CPU (README, "Language model").
-DEFAULTS = dict(tokenizer="char", vocab_size=1000, block_size=64, batch_size=16, layers=2,
-                d_model=128, heads=4, d_ff=512, dropout=0.0, lr=6e-3, min_lr=6e-4, warmup=100,
-                schedule="cosine", weight_decay=0.1, steps=1000)
+# character in under a minute on a two-core CPU (README, "Language model"): the model of the
+# "cpu" preset, and this recipe.
+_CPU = lm.PRESETS["cpu"]
+DEFAULTS = dict(tokenizer="char", vocab_size=1000, block_size=_CPU.max_len, batch_size=16,
+                layers=_CPU.n_layers, d_model=_CPU.d_model, heads=_CPU.n_heads, d_ff=_CPU.d_ff,
+                dropout=_CPU.dropout, lr=6e-3, min_lr=6e-4, warmup=100, schedule="cosine",
+                weight_decay=0.1, steps=1000)
 # the options that define a run: --resume refuses to change them
 RUN_OPTIONS = ("tokenizer", "vocab_size", "block_size", "batch_size", "layers", "d_model",
                "heads", "d_ff", "dropout", "learned_positions", "post_ln", "lr", "min_lr",
@@ -227,13 +230,12 @@ def train_batches(tokens, args: argparse.Namespace):
     return factory
 
 
-def show_samples(params: dict, cfg: lm.LMConfig, tokenizer, args: argparse.Namespace) -> None:
-    prompt = tokenizer.encode(args.prompt) if args.prompt else None
-    if prompt is None or not len(prompt):
+def encode_prompt(tokenizer: textdata.Tokenizer, prompt: str):
+    """The prompt's token ids, checked before any work: known characters, at least one token."""
+    ids = tokenizer.encode(prompt)
+    if not len(ids):
         raise UsageError("--prompt must hold at least one token")
-    for k in range(args.samples):
-        say(f"--- sample {k + 1} (temperature {args.temperature:g}, seed {args.seed + k})")
-        stream_sample(params, cfg, tokenizer, prompt, args, seed=args.seed + k)
+    return ids
 
 
 def stream_sample(params: dict, cfg: lm.LMConfig, tokenizer, prompt, args: argparse.Namespace,
@@ -261,7 +263,10 @@ def run_training(args: argparse.Namespace) -> int:
     cli.reuse_freed_memory()
     args.out = args.out or cli.default_run_dir("lm", args.resume)
     chosen = cli.select_backend(args.backend, "numpy")
-    tokenizer = check_resumable(args) or make_tokenizer(args)
+    tokenizer = check_resumable(args)
+    if tokenizer is None:
+        tokenizer = make_tokenizer(args)
+    prompt = encode_prompt(tokenizer, args.prompt) if args.samples else None
     data = textdata.load_text(args.data, tokenizer, block_size=args.block_size,
                               cache_dir=args.cache_dir)
     cfg = model_config(args, tokenizer.size)
@@ -291,8 +296,9 @@ def run_training(args: argparse.Namespace) -> int:
         say(f"time limit of {args.time_limit:g} s reached at step {state.step}")
     if "valid_loss" not in state.valid:          # the run was complete already
         state.valid = train.evaluate(state.params, cfg, valid)
-    if args.samples:
-        show_samples(state.params, cfg, tokenizer, args)
+    for k in range(args.samples):
+        say(f"--- sample {k + 1} (temperature {args.temperature:g}, seed {args.seed + k})")
+        stream_sample(state.params, cfg, tokenizer, prompt, args, seed=args.seed + k)
     say(f"validation loss {state.valid['valid_loss']:.4f} nats per token (perplexity "
         f"{state.valid['valid_ppl']:.2f}) at step {state.step}; {state.elapsed:.1f} s of "
         f"training, {time.perf_counter() - started:.1f} s in all")
@@ -310,10 +316,8 @@ def run_sampling(args: argparse.Namespace) -> int:
         lm.check_params(params, cfg)
     except (ValueError, TypeError) as exc:
         raise checkpoint.CheckpointError(f"checkpoint {args.checkpoint} is not usable: {exc}")
-    prompt = tokenizer.encode(args.prompt)
-    if not len(prompt):
-        raise UsageError("--prompt must hold at least one token")
-    stream_sample(params, cfg, tokenizer, prompt, args, seed=args.seed)
+    stream_sample(params, cfg, tokenizer, encode_prompt(tokenizer, args.prompt), args,
+                  seed=args.seed)
     return 0
 
 

@@ -33,8 +33,7 @@ import numpy      # noqa: E402
 from minitfm import backend, flat, lm, optim  # noqa: E402
 
 SHAPES = {  # (config, batch)
-    "default": (lm.LMConfig(vocab=65, n_layers=2, d_model=128, d_ff=512, n_heads=4, max_len=64),
-                16),
+    "default": (lm.LMConfig.preset("cpu"), 16),
     "nanogpt-cpu": (lm.LMConfig.preset("nanogpt-cpu"), 12),
 }
 LR, BETA2, WEIGHT_DECAY = 1e-3, 0.99, 0.1

@@ -136,6 +136,27 @@ def test_sampling_errors(train_lm, trained, tmp_path, capsys):
     assert code == 2 and "missing.npz" in printed.err
 
 
+def test_a_bad_prompt_is_refused_before_training(train_lm, text_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train_lm.main(["--data", str(text_file), *SMALL, "--prompt", "ZZ", "--out",
+                          str(out)]) == 2
+    assert "characters 'Z' are not in the vocabulary" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_the_config_picks_the_model_the_loop_trains():
+    assert train.model_of(lm.LMConfig.preset("tiny")) is lm
+    assert train.model_of(model.Config.preset("tiny")) is model
+    with pytest.raises(TypeError, match="model.Config or an lm.LMConfig"):
+        train.model_of({"vocab": 3})
+
+
+def test_defaults_are_the_cpu_preset(train_lm, text_file):
+    args = train_lm.parse_args(["--data", str(text_file)])
+    cfg = train_lm.model_config(args, 65)
+    assert cfg == lm.LMConfig.preset("cpu")
+
+
 def test_bpe_tokenizer_run(train_lm, text_file, tmp_path, capsys):
     out = tmp_path / "bpe"
     assert train_lm.main(["--data", str(text_file), *SMALL, "--tokenizer", "bpe",
