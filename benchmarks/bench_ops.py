@@ -319,14 +319,12 @@ def make_batches(cfg: model.Config, n: int, sentences: int, src_len: int, tgt_le
 def count_run(cfg: model.Config, batches: list, steps: int, update_freq: int,
               clip_norm: float | None) -> tuple[collections.Counter, collections.Counter]:
     """Operations and syncs of ``steps`` updates of a fresh model, set-up included."""
-    params = model.init_params(cfg, seed=0)
     options = train.TrainOptions(steps=steps, update_freq=update_freq, clip_norm=clip_norm,
                                  log_every=10 ** 9, progress=False, warmup=10)
     TALLY.ops.clear()
     TALLY.syncs.clear()
     with counting_backend():
-        params = {name: backend.to_device(value) for name, value in params.items()}
-        train.train(cfg, batches, options, params=params)
+        train.train(cfg, batches, options, params=model.init_params(cfg, seed=0))
     return collections.Counter(TALLY.ops), collections.Counter(TALLY.syncs)
 
 

@@ -28,7 +28,7 @@ import numpy
 
 __all__ = [
     "BackendError", "xp", "name", "use", "float_dtype", "set_float_dtype",
-    "to_device", "to_host", "scatter_add", "sorted_scatter_add", "dropout_keep", "rng",
+    "to_device", "to_host", "is_host_array", "scatter_add", "sorted_scatter_add", "dropout_keep", "rng",
     "host_rng", "check_array", "is_gpu", "describe", "environment_choice",
 ]
 
@@ -146,6 +146,11 @@ def to_device(array, dtype=None):
     """Copy a host (NumPy) array, or anything array-like, to the active backend."""
     xp = _active()
     return xp.asarray(array, dtype=dtype)
+
+
+def is_host_array(array) -> bool:
+    """Whether ``array`` is a host (NumPy) array: on the NumPy backend, every array is."""
+    return isinstance(array, numpy.ndarray)
 
 
 def to_host(array):

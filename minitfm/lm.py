@@ -37,8 +37,8 @@ import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from minitfm import backend, model, sampling
-from minitfm.layers import embedding, encoder, layernorm, positional, prefixed, subdict
+from minitfm import backend, flat, model, sampling
+from minitfm.layers import embedding, encoder, layernorm, out_part, positional, prefixed, subdict
 
 KIND = "lm"              # what a checkpoint of this model records as its kind (checkpoint.KINDS)
 
@@ -153,43 +153,55 @@ def output_vocab(cfg: LMConfig) -> int:
     return cfg.vocab
 
 
-def loss_and_grads(params, cfg: LMConfig, x, y, rng=None, *, grads=True, normalizer=None):
-    """The cross-entropy of predicting ``y`` from ``x`` and, unless ``grads=False``, the gradient
-    of every parameter.
-
-    x (B, T): input ids; y (B, T): the next token at each position (x shifted by one).
-    rng: a generator from ``backend.rng(...)`` for dropout, or None for no dropout (evaluation).
-    normalizer: the loss is summed over the B*T targets and divided by this (default B*T; pass
-        the target count of a whole accumulated update to make gradient accumulation exact).
-
-    Returns ``(stats, grads)`` as ``model.loss_and_grads`` does: stats holds Python numbers --
-    "loss" and "nll" (the same number: no label smoothing), "tokens" (B*T) -- and grads a dict
-    with the keys of ``params`` (None when ``grads=False``).
-    """
-    xp = backend.xp
-    check_params(params, cfg)
-    x = model.check_tokens(x, "x", cfg.vocab, cfg)
-    y = model.check_tokens(y, "y", cfg.vocab, cfg)
+def check_blocks(cfg: LMConfig, x, y):
+    """Check a batch ``(x, y)`` on the host (as ``model.check_batch`` does); return host arrays."""
+    x, y = (ids if backend.is_host_array(ids) else backend.to_host(backend.check_array(ids, what))
+            for ids, what in ((x, "x"), (y, "y")))
+    x = model.check_tokens(x, "x", cfg.vocab, cfg, host=True)
+    y = model.check_tokens(y, "y", cfg.vocab, cfg, host=True)
     if x.shape != y.shape:
         raise ValueError(f"x has shape {tuple(x.shape)} but y has {tuple(y.shape)}: y holds the "
                          f"next token of every position of x")
+    return x, y
+
+
+def loss_and_grads(params, cfg: LMConfig, x, y, rng=None, *, grads=True, normalizer=None,
+                   out=None):
+    """The cross-entropy of predicting ``y`` from ``x`` and, unless ``grads=False``, the gradient
+    of every parameter.
+
+    x (B, T): input ids; y (B, T): the next token at each position (x shifted by one). Host
+        (NumPy) arrays are best: they are checked on the host, then copied to the device.
+    rng: a generator from ``backend.rng(...)`` for dropout, or None for no dropout (evaluation).
+    normalizer: the loss is summed over the B*T targets and divided by this (default B*T; pass
+        the target count of a whole accumulated update to make gradient accumulation exact).
+    out: a dict of arrays with the keys and shapes of ``params`` into which the gradients are
+        written, overwriting it; default: new arrays, in one flat buffer (:mod:`minitfm.flat`).
+
+    Returns ``(stats, grads)`` as ``model.loss_and_grads`` does: stats has "loss" and "nll" (the
+    same number: no label smoothing) as 0-d arrays of the backend, and "tokens" (B*T, an int);
+    grads is a dict with the keys of ``params`` (None when ``grads=False``).
+    """
+    check_params(params, cfg)
+    x, y = check_blocks(cfg, x, y)
+    x, y = backend.to_device(x), backend.to_device(y)
     h, cache = forward(params, cfg, x, rng)                               # (B, T, d)
     b, t, d = h.shape
     n_tokens = b * t
     norm = float(normalizer) if normalizer is not None else float(n_tokens)
-    loss_sum, _, dh, d_out = model.output_loss(
-        h.reshape(n_tokens, d), params["emb"], y.reshape(-1), 0.0, 1.0 / norm if grads else None)
-    loss_value = float(loss_sum) / norm
-    stats = {"loss": loss_value, "nll": loss_value, "tokens": n_tokens}
+    if grads and out is None:
+        out = flat.zeros_like(params)
+    loss_sum, _, dh, _ = model.output_loss(
+        h.reshape(n_tokens, d), params["emb"], y.reshape(-1), 0.0,
+        1.0 / norm if grads else None, out["emb"] if grads else None)   # writes out["emb"]
+    loss_sum /= norm
+    stats = {"loss": loss_sum, "nll": loss_sum, "tokens": n_tokens}
     if not grads:
         return stats, None
-    dx, g_stack = encoder.stack_backward(dh.reshape(b, t, d), cache.stack)
-    d_emb, d_positions = model.embed_backward(dx, cache.embed)
-    out = prefixed(g_stack, "layers.")
-    out["emb"] = d_out + d_emb                    # output projection + input embedding
-    if d_positions is not None:
-        out["pos_emb"] = d_positions
-    return stats, {k: out[k] for k in params}
+    dx, _ = encoder.stack_backward(dh.reshape(b, t, d), cache.stack, out_part(out, "layers."))
+    # the input embedding's gradient adds to the output projection's in out["emb"]
+    model.embed_backward(dx, cache.embed, out["emb"], out.get("pos_emb"))
+    return stats, out
 
 
 # ---- generation ---------------------------------------------------------------------------

@@ -24,9 +24,9 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from minitfm import backend
+from minitfm import backend, flat
 from minitfm.layers import decoder, dropout, embedding, encoder, linear, loss, positional
-from minitfm.layers import prefixed, subdict
+from minitfm.layers import out_part, prefixed, subdict
 from minitfm.layers.attention import MASKED
 
 KIND = "transformer"      # what a checkpoint of this model records as its kind (checkpoint.KINDS)
@@ -157,20 +157,20 @@ def initial_values(shapes: dict, d_model: int, seed: int = 0, dtype=None) -> dic
       sqrt(d_model) has unit scale; a learned position table ("pos_emb", lm.py): N(0, 0.02^2)
       (GPT-2's), so that at first the model sees mostly the tokens;
     - biases 0, LayerNorm gains 1 and shifts 0.
-    Values are drawn on the host, in the order of ``shapes``, and copied to the active backend.
+    Values are drawn on the host, in the order of ``shapes``, and copied to the active backend,
+    into views of one flat buffer (:class:`minitfm.flat.FlatDict`), so whole-model passes (Adam,
+    clipping) are one operation.
     """
     dtype = dtype or backend.float_dtype()
     rng = backend.host_rng(seed)
     d = d_model
-    xp = backend.xp
-    params = {}
+    params = flat.zeros(shapes, dtype)
     for name, shape in shapes.items():
         leaf = name.rsplit(".", 1)[-1]
         if leaf == "gamma":
-            params[name] = xp.ones(shape, dtype=dtype)
+            params[name] = 1.0
             continue
         if len(shape) == 1:
-            params[name] = xp.zeros(shape, dtype=dtype)
             continue
         if name in EMBEDDINGS:
             value = rng.normal(0.0, d ** -0.5, size=shape)
@@ -221,9 +221,13 @@ def check_param_shapes(params: dict, shapes: dict) -> None:
                             f"all parameters must share one float dtype")
 
 
-def check_tokens(ids, what: str, vocab: int, cfg: Config, min_len: int = 1):
-    """Return ``ids`` after checking it is a 2-D integer array of valid token ids."""
-    ids = backend.check_array(ids, what)
+def check_tokens(ids, what: str, vocab: int, cfg: Config, min_len: int = 1, max_len=None,
+                 host: bool = False):
+    """Return ``ids`` after checking it is a 2-D integer array of valid token ids, of at most
+    ``max_len`` positions (default ``cfg.max_len``); ``host=True``: a host (NumPy) array."""
+    if not host:
+        ids = backend.check_array(ids, what)
+    max_len = cfg.max_len if max_len is None else max_len
     if ids.ndim != 2:
         raise ValueError(f"{what} must be a 2-D (batch, length) array of token ids, "
                          f"got shape {tuple(ids.shape)}")
@@ -232,9 +236,9 @@ def check_tokens(ids, what: str, vocab: int, cfg: Config, min_len: int = 1):
     if ids.shape[0] == 0 or ids.shape[1] < min_len:
         raise ValueError(f"{what} has shape {tuple(ids.shape)}: it needs at least one sentence "
                          f"and at least {min_len} positions")
-    if ids.shape[1] > cfg.max_len:
-        raise ValueError(f"{what} has length {ids.shape[1]} > Config.max_len={cfg.max_len}: "
-                         f"truncate the input or raise max_len")
+    if ids.shape[1] > max_len:
+        raise ValueError(f"{what} has length {ids.shape[1]} > {max_len} (Config.max_len="
+                         f"{cfg.max_len}): truncate the input or raise max_len")
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= vocab:
         raise ValueError(f"{what} holds token ids in [{lo}, {hi}], outside the vocabulary "
@@ -290,17 +294,21 @@ def embed(ids, table, cfg, rng, offset=0, positions=None):
     return x, EmbedCache(c_emb, c_pos, c_drop)
 
 
-def embed_backward(dx, cache: EmbedCache):
+def embed_backward(dx, cache: EmbedCache, dtable=None, dpositions=None):
     """The gradients of the embedding table (V, d) and of the learned position table (L, d)
-    (None with the sinusoids) from dx (B, T, d)."""
+    (None with the sinusoids) from dx (B, T, d). With ``dtable``, the table's is added to it (a
+    table used several times sums its uses there); with ``dpositions``, the positions' is
+    written into it."""
     dx, _ = dropout.backward(dx, cache.dropout)
     d_positions = None
     if cache.positions is None:
         dx, _ = positional.backward(dx, None)
     else:
-        dx, g = positional.learned_backward(dx, cache.positions)
+        dx, g = positional.learned_backward(
+            dx, cache.positions, None if dpositions is None else {"table": dpositions})
         d_positions = g["table"]
-    _, grads = embedding.backward(dx, cache.embedding)
+    _, grads = embedding.backward(dx, cache.embedding,
+                                  None if dtable is None else {"table": dtable})
     return grads["table"], d_positions
 
 
@@ -346,8 +354,10 @@ def decoder_step(params, cfg, tokens, t, self_k, self_v, cross_k, cross_v, src_m
 
 
 def batch_tokens(batch, cfg: Config) -> int:
-    """The target tokens of a batch ``(src, tgt)``: the non-padding entries of tgt[:, 1:]."""
-    return int((batch[1][:, 1:] != cfg.pad_id).sum())
+    """The target tokens of a batch ``(src, tgt)``: the non-padding entries of tgt[:, 1:],
+    counted on the host copy."""
+    tgt = batch[1] if backend.is_host_array(batch[1]) else backend.to_host(batch[1])
+    return int((tgt[:, 1:] != cfg.pad_id).sum())
 
 
 def output_vocab(cfg: Config) -> int:
@@ -363,7 +373,7 @@ def logits(params, cfg, h):
 LOGIT_CHUNK = 1 << 24    # logits computed at once, in elements (64 MiB in float32)
 
 
-def output_loss(h, table, targets, smoothing, dloss=None):
+def output_loss(h, table, targets, smoothing, dloss=None, dtable=None):
     """Tied output projection and label-smoothed loss, over chunks of rows.
 
     h (N, d) decoder states at the target positions, table (V, d) the target embedding, targets
@@ -372,16 +382,18 @@ def output_loss(h, table, targets, smoothing, dloss=None):
     last layer, so its backward can run right after its forward, and memory holds one
     (rows, V) chunk instead of (N, V).
 
-    Returns ``(loss_sum, nll_sum, dh (N, d), dtable (V, d))``; the last two are None without dloss.
+    Returns ``(loss_sum, nll_sum, dh (N, d), dtable (V, d))``; the last two are None without
+    dloss. ``dtable``, when given, receives the table's gradient (overwritten).
     """
     xp = backend.xp
     n, v = h.shape[0], table.shape[0]
     chunk = max(1, LOGIT_CHUNK // v)
     loss_sum = nll_sum = 0.0
-    dh = dtable_t = None
+    dh = None
     if dloss is not None:
         dh = xp.empty_like(h)
-        dtable_t = xp.zeros((table.shape[1], v), dtype=table.dtype)          # (d, V)
+        if dtable is None:
+            dtable = xp.empty_like(table)                                    # (V, d)
     for start in range(0, n, chunk):
         part = slice(start, start + chunk)
         z, c_out = linear.forward(h[part], {"w": table.T})                   # (rows, V)
@@ -390,33 +402,63 @@ def output_loss(h, table, targets, smoothing, dloss=None):
         if dloss is None:
             continue
         dz, _ = loss.backward(dloss, c_loss)                                 # (rows, V), over z
-        dh[part], g = linear.backward(dz, c_out)
-        dtable_t += g["w"]
-    return loss_sum, nll_sum, dh, None if dtable_t is None else dtable_t.T
+        if start == 0:                  # the first chunk writes dtable^T, the others add to it
+            dh[part], _ = linear.backward(dz, c_out, {"w": dtable.T})
+        else:
+            dh[part], g = linear.backward(dz, c_out)
+            dtable += g["w"].T
+    return loss_sum, nll_sum, dh, dtable if dloss is not None else None
 
 
-def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=None):
+def check_batch(cfg: Config, src, tgt):
+    """Check a batch on the host; return its host arrays and the flat indices of its target
+    positions (non-padding entries of tgt[:, 1:]), also on the host.
+
+    Everything here is read from the host copy of the batch, so a batch that arrives from the
+    data pipeline (host arrays) is checked, and its target tokens found, without waiting for the
+    device.
+    """
+    src, tgt = (ids if backend.is_host_array(ids) else backend.to_host(backend.check_array(ids, what))
+                for ids, what in ((src, "src"), (tgt, "tgt")))
+    src = check_tokens(src, "src", cfg.src_vocab, cfg, host=True)
+    # the decoder reads tgt[:, :-1]: cfg.max_len positions, so tgt may hold one more (EOS)
+    tgt = check_tokens(tgt, "tgt", cfg.tgt_vocab, cfg, min_len=2, max_len=cfg.max_len + 1,
+                       host=True)
+    if src.shape[0] != tgt.shape[0]:
+        raise ValueError(f"src has {src.shape[0]} sentences but tgt has {tgt.shape[0]}")
+    rows = (tgt[:, 1:] != cfg.pad_id).reshape(-1).nonzero()[0]            # (N,) on the host
+    if rows.size == 0:
+        raise ValueError("tgt has no target tokens (every position after BOS is padding)")
+    return src, tgt, rows
+
+
+def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=None, out=None):
     """The label-smoothed loss of a batch and, unless ``grads=False``, the gradients of every parameter.
 
     src (B, S): source ids, padded with ``cfg.pad_id``.
     tgt (B, T+1): BOS, target ids, EOS, then padding; the decoder reads tgt[:, :-1] and predicts
         tgt[:, 1:].
+    Host (NumPy) arrays are best: they are checked, and their target tokens counted, on the host,
+    then copied to the device; device arrays are copied to the host for that first.
     rng: a generator from ``backend.rng(...)`` for dropout, or None for no dropout (evaluation).
     normalizer: the loss is summed over target tokens and divided by this (default: the number of
         non-padding target tokens of this batch; pass the token count of a whole accumulated
         update to make gradient accumulation exact).
+    out: a dict of arrays with the keys and shapes of ``params`` (e.g. ``flat.zeros_like(params)``)
+        into which the gradients are written, overwriting it; default: new arrays, in one flat
+        buffer (:mod:`minitfm.flat`).
 
-    Returns ``(stats, grads)``: stats is a dict of Python numbers — "loss" (normalised
-    label-smoothed loss), "nll" (normalised negative log-likelihood), "tokens" (non-padding
-    targets) — and grads a dict with the keys of ``params`` (None when ``grads=False``).
+    Returns ``(stats, grads)``: stats has "loss" (normalised label-smoothed loss) and "nll"
+    (normalised negative log-likelihood) as 0-d arrays of the backend -- ``float()`` reads them,
+    waiting for the device only then -- and "tokens" (non-padding targets, an int); grads is a
+    dict with the keys of ``params`` (None when ``grads=False``).
     """
     xp = backend.xp
     check_params(params, cfg)
     src_name, tgt_name = embedding_names(cfg)
-    src = check_tokens(src, "src", cfg.src_vocab, cfg)
-    tgt = check_tokens(tgt, "tgt", cfg.tgt_vocab, cfg, min_len=2)
-    if src.shape[0] != tgt.shape[0]:
-        raise ValueError(f"src has {src.shape[0]} sentences but tgt has {tgt.shape[0]}")
+    src, tgt, rows = check_batch(cfg, src, tgt)
+    n_tokens = int(rows.size)
+    src, tgt, rows = backend.to_device(src), backend.to_device(tgt), backend.to_device(rows)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
 
     memory, src_mask, c_src = encoder_forward(params, cfg, src, rng)
@@ -424,31 +466,28 @@ def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=No
 
     # logits only where there is a target to predict: never a (B*T, V) array of padding rows
     b, t, d = h.shape
-    rows = xp.flatnonzero(tgt_out.reshape(-1) != cfg.pad_id)              # (N,)
-    n_tokens = int(rows.size)
-    if n_tokens == 0:
-        raise ValueError("tgt has no target tokens (every position after BOS is padding)")
     norm = float(normalizer) if normalizer is not None else float(n_tokens)
+    if grads and out is None:
+        out = flat.zeros_like(params)
     h_sel = h.reshape(b * t, d)[rows]                                     # (N, d)
-    loss_sum, nll_sum, dh_sel, d_out = output_loss(
+    loss_sum, nll_sum, dh_sel, _ = output_loss(
         h_sel, params[tgt_name], tgt_out.reshape(-1)[rows], cfg.label_smoothing,
-        1.0 / norm if grads else None)
-    stats = {"loss": float(loss_sum) / norm, "nll": float(nll_sum) / norm, "tokens": n_tokens}
+        1.0 / norm if grads else None, out[tgt_name] if grads else None)
+    loss_sum /= norm
+    nll_sum /= norm
+    stats = {"loss": loss_sum, "nll": nll_sum, "tokens": n_tokens}
     if not grads:
         return stats, None
 
-    # backward, in reverse order of the forward pass (the output layer's is done already)
+    # backward, in reverse order of the forward pass (the output layer's is done already: its
+    # gradient is in out[tgt_name], to which the embeddings' scatter-adds add)
     dh = xp.zeros((b * t, d), dtype=h.dtype)
     dh[rows] = dh_sel
-    dy, dmemory, g_dec = decoder.stack_backward(dh.reshape(b, t, d), c_tgt.stack)
-    d_tgt_emb, _ = embed_backward(dy, c_tgt.embed)
-    dx, g_enc = encoder.stack_backward(dmemory, c_src.stack)
-    d_src_emb, _ = embed_backward(dx, c_src.embed)
-
-    out = {**prefixed(g_enc, "enc."), **prefixed(g_dec, "dec.")}
-    out[tgt_name] = d_out + d_tgt_emb             # output projection + target embedding
-    if src_name == tgt_name:
-        out[src_name] += d_src_emb                 # ... + source embedding, when shared
-    else:
-        out[src_name] = d_src_emb
-    return stats, {k: out[k] for k in params}
+    dy, dmemory, _ = decoder.stack_backward(dh.reshape(b, t, d), c_tgt.stack,
+                                            out_part(out, "dec."))
+    embed_backward(dy, c_tgt.embed, out[tgt_name])     # output projection + target embedding
+    dx, _ = encoder.stack_backward(dmemory, c_src.stack, out_part(out, "enc."))
+    if src_name != tgt_name:
+        out[src_name][...] = 0.0
+    embed_backward(dx, c_src.embed, out[src_name])     # (+ source embedding, when shared)
+    return stats, out

@@ -5,9 +5,13 @@ One call, ``train(cfg, batches, options)``, runs ``options.steps`` updates:
     for each step k = 1, 2, ..., steps:
         take update_freq batches; count their target tokens N
         grads = sum of loss_and_grads(batch, normalizer=N)       exact gradient accumulation
-        stop with an error if the loss is NaN or Inf
         clip the global gradient norm (optional); Adam at lr = schedule(k)      (paper, 5.3)
-        log, validate, save a checkpoint when due
+        log (stopping with an error if the loss is NaN or Inf), validate, save when due
+
+The update never waits for the device. Parameters, gradients and Adam's moments are flat buffers
+(:mod:`minitfm.flat`), so accumulating a micro-batch, clipping and the Adam step are a few
+whole-buffer operations; token counts and lengths are read from the host batches; the loss, the
+gradient norm and the finite checks are read only when a log line is written (``log_every``).
 
 The config says which model trains (:func:`model_of`): a ``model.Config`` the encoder-decoder
 Transformer on ``(src, tgt)`` batches, an ``lm.LMConfig`` the language model on ``(x, y)`` blocks.
@@ -62,7 +66,7 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from minitfm import backend, checkpoint, lm, model
+from minitfm import backend, checkpoint, flat, lm, model
 from minitfm.model import Config
 from minitfm.optim import Adam, LRSchedule, clip_grad_norm
 
@@ -145,6 +149,8 @@ class TrainState:
     stop_signal: int | None = None   # which: SIGINT (also a KeyboardInterrupt raised in code),
                                      # SIGTERM or SIGHUP
     out_of_time: bool = False     # stopped by options.time_limit (likewise)
+    grads: dict | None = field(default=None, repr=False)     # flat gradient buffers, reused by
+    scratch: dict | None = field(default=None, repr=False)   # every update (see _accumulate)
 
 
 def model_of(cfg):
@@ -165,16 +171,15 @@ def evaluate(params: dict, cfg: Config, batches: Iterable[Batch]) -> dict:
     loss_sum = nll_sum = 0.0
     tokens = 0
     for src, tgt in batches:
-        stats, _ = model_of(cfg).loss_and_grads(params, cfg, backend.to_device(src),
-                                                backend.to_device(tgt), grads=False,
+        stats, _ = model_of(cfg).loss_and_grads(params, cfg, src, tgt, grads=False,
                                                 normalizer=1.0)
         loss_sum += stats["loss"]
         nll_sum += stats["nll"]
         tokens += stats["tokens"]
     if tokens == 0:
         raise ValueError("the validation batches hold no target tokens")
-    nll = nll_sum / tokens
-    return {"valid_loss": loss_sum / tokens, "valid_nll": nll,
+    nll = float(nll_sum) / tokens
+    return {"valid_loss": float(loss_sum) / tokens, "valid_nll": nll,
             "valid_ppl": math.exp(min(nll, 700.0))}
 
 
@@ -265,25 +270,43 @@ def _interrupts_deferred():
 
 def _accumulate(state: TrainState, cfg: Config, micro_batches: list, step: int,
                 seed: int) -> tuple[dict, dict]:
-    """Loss statistics and gradients of one update, summed over its batches."""
+    """Loss statistics and gradients of one update, summed over its batches.
+
+    The first batch writes its gradients into ``state.grads``, a flat buffer kept for the run;
+    each further batch writes into ``state.scratch`` and is added with one whole-buffer sum.
+    """
+    if state.grads is None:
+        state.grads = flat.zeros_like(state.params)
     trained = model_of(cfg)
     total = sum(trained.batch_tokens(batch, cfg) for batch in micro_batches)
     rng = backend.rng(seed, step)       # dropout masks of this step: a function of (seed, step)
     stats = {"loss": 0.0, "nll": 0.0, "tokens": total}
-    grads = None
-    for src, tgt in micro_batches:
-        s, g = trained.loss_and_grads(state.params, cfg, src, tgt, rng, normalizer=total)
-        stats["loss"] += s["loss"]
-        stats["nll"] += s["nll"]
-        if grads is None:
-            grads = g
-        else:
-            for name in grads:
-                grads[name] += g[name]
-    return stats, grads
+    for i, (src, tgt) in enumerate(micro_batches):
+        if i == 1 and state.scratch is None:
+            state.scratch = flat.zeros_like(state.params)
+        out = state.grads if i == 0 else state.scratch
+        s, _ = trained.loss_and_grads(state.params, cfg, src, tgt, rng, normalizer=total, out=out)
+        stats["loss"] = stats["loss"] + s["loss"]          # 0-d arrays: read at the log line
+        stats["nll"] = stats["nll"] + s["nll"]
+        if i > 0:
+            _add_into(state.grads, state.scratch)
+    return stats, state.grads
 
 
-def _diverged(what: str, step: int, state: TrainState, good: str | None = None) -> TrainingDiverged:
+def _add_into(total: dict, part: dict) -> None:
+    """total += part, for two gradient dicts of one layout (one operation on flat buffers)."""
+    buffers = flat.buffer_of(total, part)
+    if buffers is not None:
+        total_buffer, part_buffer = buffers
+        total_buffer += part_buffer
+        return
+    for name, g in total.items():
+        g += part[name]
+
+
+def _diverged(what: str, step: int | str, state: TrainState,
+              good: str | None = None) -> TrainingDiverged:
+    """``step``: the step, or a phrase such as "steps 11-20" for a logged window."""
     good = state.last_checkpoint if good is None else good
     if good:
         kept = f"the last good checkpoint, {good}, is intact"
@@ -292,9 +315,10 @@ def _diverged(what: str, step: int, state: TrainState, good: str | None = None) 
     else:
         kept = "no checkpoint was written"
     return TrainingDiverged(
-        f"{what} at step {step}; training stopped and {kept}. Lower the learning rate "
-        f"(--lr-factor, or --lr), lengthen the warmup (--warmup) or clip gradients "
-        f"(--clip-norm), then start again or resume from the last good checkpoint")
+        f"{what} at {step if isinstance(step, str) else f'step {step}'}; training stopped and "
+        f"{kept}. Lower the learning rate (--lr-factor, or --lr), lengthen the warmup (--warmup) "
+        f"or clip gradients (--clip-norm), then start again or resume from the last good "
+        f"checkpoint")
 
 
 def _update(state: TrainState, cfg: Config, options: TrainOptions, schedule: Callable,
@@ -302,12 +326,8 @@ def _update(state: TrainState, cfg: Config, options: TrainOptions, schedule: Cal
     """Apply step ``state.step + 1``; return its statistics (loss, nll, tokens, lr[, grad_norm])."""
     step = state.step + 1
     stats, grads = _accumulate(state, cfg, micro_batches, step, state.seed)
-    if not math.isfinite(stats["loss"]):
-        raise _diverged(f"the training loss is {stats['loss']}", step, state)
     if options.clip_norm is not None:
-        stats["grad_norm"] = clip_grad_norm(grads, options.clip_norm)
-        if not math.isfinite(stats["grad_norm"]):
-            raise _diverged(f"the gradient norm is {stats['grad_norm']}", step, state)
+        stats["grad_norm"] = clip_grad_norm(grads, options.clip_norm)   # leaves NaN/Inf alone
     stats["lr"] = schedule(step)
     with _interrupts_deferred():
         state.optimizer.update(state.params, grads, stats["lr"])
@@ -375,7 +395,7 @@ def _resume(cfg: Config, options: TrainOptions, path: str) -> TrainState:
     checkpoint.check_kind(ckpt, model_of(cfg).KIND)
     checkpoint.check_compatible(ckpt, cfg.to_dict(), options.vocab_id)
     _check_same_run(ckpt, options)
-    params = checkpoint.params_to_device(ckpt.params)
+    params = flat.flatten(checkpoint.params_to_device(ckpt.params))
     model_of(cfg).check_params(params, cfg)
     optimizer = Adam(params, weight_decay=options.weight_decay)
     optimizer.load_state_dict(ckpt.optimizer_state)
@@ -486,7 +506,7 @@ def train(cfg: Config, batches: Batches, options: TrainOptions, *, params: dict 
     schedule = options.schedule or LRSchedule(cfg.d_model, options.warmup, options.lr_factor)
     validating = valid_batches is not None or valid_metric is not None
     stream = _batch_stream(batches, state.epoch, state.batches_done)
-    window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "seconds": 0.0}
+    window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "seconds": 0.0, "steps": 0}
     session_start, elapsed_before = time.perf_counter(), state.elapsed
     watch = _DivergenceWatch(cfg, options, state)
     bar = tqdm(total=options.steps, initial=state.step, disable=not options.progress,
@@ -497,18 +517,18 @@ def train(cfg: Config, batches: Batches, options: TrainOptions, *, params: dict 
             while state.step < options.steps:
                 started = time.perf_counter()
                 taken = list(itertools.islice(stream, options.update_freq))
-                micro_batches = [(backend.to_device(src), backend.to_device(tgt))
-                                 for _, _, (src, tgt) in taken]
+                micro_batches = [batch for _, _, batch in taken]    # host arrays: see _accumulate
                 stats = _update(state, cfg, options, schedule, micro_batches, taken[-1][:2])
                 window["seconds"] += time.perf_counter() - started
                 state.elapsed = elapsed_before + time.perf_counter() - session_start
                 for key in ("loss", "nll"):
                     window[key] += stats[key] * stats["tokens"]
                 window["tokens"] += stats["tokens"]
+                window["steps"] += 1
                 bar.update(1)
                 if _due(state.step, options.log_every, options.steps):
                     watch.check(_log_step(state, stats, window, options, bar))
-                    window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "seconds": 0.0}
+                    window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "seconds": 0.0, "steps": 0}
                 out_of_time = options.time_limit is not None and state.elapsed >= options.time_limit
                 if validating and (out_of_time
                                    or _due(state.step, options.valid_every, options.steps)):
@@ -566,7 +586,15 @@ class _DivergenceWatch:
 def _log_step(state: TrainState, stats: dict, window: dict, options: TrainOptions, bar) -> float:
     """Append the log line of the window that ends now; return its loss per token."""
     tokens = window["tokens"]
-    record = {"step": state.step, "loss": window["loss"] / tokens, "nll": window["nll"] / tokens,
+    loss, nll = float(window["loss"]) / tokens, float(window["nll"]) / tokens   # wait for them here
+    if not (math.isfinite(loss) and math.isfinite(nll)):
+        first = state.step - window["steps"] + 1
+        when = f"step {state.step}" if first == state.step else f"steps {first}-{state.step}"
+        raise _diverged(f"the training loss is {loss}", when, state)
+    if "grad_norm" in stats and not math.isfinite(float(stats["grad_norm"])):
+        raise _diverged(f"the gradient norm is {float(stats['grad_norm'])}", f"step {state.step}",
+                        state)
+    record = {"step": state.step, "loss": loss, "nll": nll,
               "lr": stats["lr"], "tokens": state.tokens,
               "tokens_per_s": tokens / max(window["seconds"], 1e-9),
               "elapsed": round(state.elapsed, 3)}

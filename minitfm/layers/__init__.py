@@ -63,6 +63,11 @@ def subdict(params, prefix):
     return {k[n:]: v for k, v in params.items() if k.startswith(prefix)}
 
 
+def out_part(out, prefix):
+    """``subdict(out, prefix)``, or None when there is no ``out`` (see the contract above)."""
+    return None if out is None else subdict(out, prefix)
+
+
 def prefixed(grads, prefix):
     """``grads`` (or any dict keyed by name) with ``prefix`` put in front of every name."""
     return {prefix + k: v for k, v in grads.items()}

@@ -116,6 +116,11 @@ def _projection_grads(grads, name):
     return {f"{k}_{name}": g for k, g in grads.items()}
 
 
+def _projection_out(out, name):
+    """The gradient arrays of projection ``name`` as a linear layer's ``{"w", "b"}``, or None."""
+    return None if out is None else {"w": out[f"w_{name}"], "b": out[f"b_{name}"]}
+
+
 # ---- multi-head self-attention -------------------------------------------------------------
 
 class SelfCache(NamedTuple):
@@ -155,11 +160,11 @@ def self_step(x, p, k_buf, v_buf, t: int, n_heads: int):
     return y
 
 
-def self_backward(dy, cache: SelfCache):
+def self_backward(dy, cache: SelfCache, out=None):
     """Return ``(dx, {"w_qkv", "b_qkv", "w_o", "b_o"})``."""
-    do, g_o = linear.backward(dy, cache.out)
+    do, g_o = linear.backward(dy, cache.out, _projection_out(out, "o"))
     dq, dk, dv, _ = sdpa_backward(*split_heads(do, 1, cache.n_heads), cache.attention)
-    dx, g_qkv = linear.backward(merge_heads(dq, dk, dv), cache.qkv)
+    dx, g_qkv = linear.backward(merge_heads(dq, dk, dv), cache.qkv, _projection_out(out, "qkv"))
     return dx, {**_projection_grads(g_qkv, "qkv"), **_projection_grads(g_o, "o")}
 
 
@@ -212,12 +217,12 @@ def cross_step(x, p, k, v, mask, n_heads: int):
     return y
 
 
-def cross_backward(dy, cache: CrossCache):
+def cross_backward(dy, cache: CrossCache, out=None):
     """Return ``(dx, dmemory, {"w_q", "b_q", "w_kv", "b_kv", "w_o", "b_o"})``."""
-    do, g_o = linear.backward(dy, cache.out)
+    do, g_o = linear.backward(dy, cache.out, _projection_out(out, "o"))
     dq, dk, dv, _ = sdpa_backward(*split_heads(do, 1, cache.n_heads), cache.attention)
-    dx, g_q = linear.backward(merge_heads(dq), cache.q)
-    dmemory, g_kv = linear.backward(merge_heads(dk, dv), cache.kv)
+    dx, g_q = linear.backward(merge_heads(dq), cache.q, _projection_out(out, "q"))
+    dmemory, g_kv = linear.backward(merge_heads(dk, dv), cache.kv, _projection_out(out, "kv"))
     grads = {**_projection_grads(g_q, "q"), **_projection_grads(g_kv, "kv"),
              **_projection_grads(g_o, "o")}
     return dx, dmemory, grads

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm.layers import attention, feedforward, layernorm, prefixed, residual, subdict
+from minitfm.layers import attention, feedforward, layernorm, out_part, prefixed, residual, subdict
 
 
 class LayerCache(NamedTuple):
@@ -90,11 +90,19 @@ def layer_step(x, p, self_k, self_v, cross_k, cross_v, cross_mask, t: int, cfg):
     return x
 
 
-def layer_backward(dy, cache: LayerCache):
+def layer_backward(dy, cache: LayerCache, out=None):
     """Return ``(dx, dmemory, grads)``."""
-    dx, g_ff, g_ln3 = residual.backward(dy, cache.ff, feedforward.backward)
-    dx, dmemory, g_ca, g_ln2 = residual.backward(dx, cache.cross_attn, attention.cross_backward)
-    dx, g_sa, g_ln1 = residual.backward(dx, cache.self_attn, attention.self_backward)
+    dx, g_ff, g_ln3 = residual.backward(
+        dy, cache.ff, lambda d, c: feedforward.backward(d, c, out_part(out, "ff.")),
+        out_part(out, "ln3."))
+    dx, dmemory, g_ca, g_ln2 = residual.backward(
+        dx, cache.cross_attn,
+        lambda d, c: attention.cross_backward(d, c, out_part(out, "cross_attn.")),
+        out_part(out, "ln2."))
+    dx, g_sa, g_ln1 = residual.backward(
+        dx, cache.self_attn,
+        lambda d, c: attention.self_backward(d, c, out_part(out, "self_attn.")),
+        out_part(out, "ln1."))
     grads = {**prefixed(g_sa, "self_attn."), **prefixed(g_ln1, "ln1."),
              **prefixed(g_ca, "cross_attn."), **prefixed(g_ln2, "ln2."),
              **prefixed(g_ff, "ff."), **prefixed(g_ln3, "ln3.")}
@@ -132,15 +140,18 @@ def stack_step(x, p, self_k, self_v, cross_k, cross_v, cross_mask, t: int, cfg):
     return x
 
 
-def stack_backward(dy, cache: StackCache):
+def stack_backward(dy, cache: StackCache, out=None):
     """Return ``(dx, dmemory, grads)``; dmemory sums the cross-attention gradients of all layers."""
     grads = {}
     if cache.ln is not None:
-        dy, g = layernorm.backward(dy, cache.ln)
+        dy, g = layernorm.backward(dy, cache.ln, out_part(out, "ln."))
         grads.update(prefixed(g, "ln."))
     dmemory = None
     for i in reversed(range(len(cache.layers))):
-        dy, dm, g = layer_backward(dy, cache.layers[i])
-        dmemory = dm if dmemory is None else dmemory + dm
+        dy, dm, g = layer_backward(dy, cache.layers[i], out_part(out, f"{i}."))
+        if dmemory is None:
+            dmemory = dm
+        else:
+            dmemory += dm
         grads.update(prefixed(g, f"{i}."))
     return dy, dmemory, grads

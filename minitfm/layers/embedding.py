@@ -43,10 +43,13 @@ def forward(ids, p, scale=None):
     return y, Cache(ids, table.shape, table.dtype, scale)
 
 
-def backward(dy, cache: Cache):
-    """Return ``(None, {"table": dtable})``: integer ids have no gradient."""
-    xp = backend.xp
-    dtable = xp.zeros(cache.shape, dtype=cache.dtype)   # (V, d_model)
-    backend.scatter_add(dtable, cache.ids.reshape(-1), dy.reshape(-1, cache.shape[1]))
-    dtable *= cache.scale
+def backward(dy, cache: Cache, out=None):
+    """Return ``(None, {"table": dtable})``: integer ids have no gradient.
+
+    With ``out``, the rows are scatter-added into ``out["table"]`` (the one layer that adds into
+    ``out`` rather than overwriting it: a table used several times sums its uses there).
+    """
+    dtable = backend.xp.zeros(cache.shape, dtype=cache.dtype) if out is None else out["table"]
+    rows = dy.reshape(-1, cache.shape[1]) * cache.scale     # (N, d_model), scaled before the sum
+    backend.scatter_add(dtable, cache.ids.reshape(-1), rows)
     return None, {"table": dtable}

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm.layers import attention, feedforward, layernorm, prefixed, residual, subdict
+from minitfm.layers import attention, feedforward, layernorm, out_part, prefixed, residual, subdict
 
 
 class LayerCache(NamedTuple):
@@ -75,10 +75,14 @@ def layer_step(x, p, k_buf, v_buf, t: int, cfg):
     return x
 
 
-def layer_backward(dy, cache: LayerCache):
+def layer_backward(dy, cache: LayerCache, out=None):
     """Return ``(dx, grads)``."""
-    dx, g_ff, g_ln2 = residual.backward(dy, cache.ff, feedforward.backward)
-    dx, g_attn, g_ln1 = residual.backward(dx, cache.self_attn, attention.self_backward)
+    dx, g_ff, g_ln2 = residual.backward(
+        dy, cache.ff, lambda d, c: feedforward.backward(d, c, out_part(out, "ff.")),
+        out_part(out, "ln2."))
+    dx, g_attn, g_ln1 = residual.backward(
+        dx, cache.self_attn, lambda d, c: attention.self_backward(d, c, out_part(out, "attn.")),
+        out_part(out, "ln1."))
     grads = {**prefixed(g_attn, "attn."), **prefixed(g_ln1, "ln1."),
              **prefixed(g_ff, "ff."), **prefixed(g_ln2, "ln2.")}
     return dx, grads
@@ -96,13 +100,13 @@ def stack_forward(x, p, mask, cfg, rng):
     return x, StackCache(layers, c_ln)
 
 
-def stack_backward(dy, cache: StackCache):
+def stack_backward(dy, cache: StackCache, out=None):
     """Return ``(dx, grads)``."""
     grads = {}
     if cache.ln is not None:
-        dy, g = layernorm.backward(dy, cache.ln)
+        dy, g = layernorm.backward(dy, cache.ln, out_part(out, "ln."))
         grads.update(prefixed(g, "ln."))
     for i in reversed(range(len(cache.layers))):
-        dy, g = layer_backward(dy, cache.layers[i])
+        dy, g = layer_backward(dy, cache.layers[i], out_part(out, f"{i}."))
         grads.update(prefixed(g, f"{i}."))
     return dy, grads

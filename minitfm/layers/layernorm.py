@@ -50,13 +50,14 @@ def forward(x, p, eps=EPS):
     return y, Cache(xhat, rstd, p["gamma"])
 
 
-def backward(dy, cache: Cache):
+def backward(dy, cache: Cache, out=None):
     """Return ``(dx, {"gamma": dgamma, "beta": dbeta})``."""
     xhat, rstd, gamma = cache.xhat, cache.rstd, cache.gamma
     xp = backend.xp
     d = xhat.shape[-1]
-    dgamma = xp.einsum("ni,ni->i", dy.reshape(-1, d), xhat.reshape(-1, d))     # sum_rows dy * xhat
-    dbeta = dy.reshape(-1, d).sum(axis=0)
+    dgamma = xp.einsum("ni,ni->i", dy.reshape(-1, d), xhat.reshape(-1, d),     # sum_rows dy * xhat
+                       out=None if out is None else out["gamma"])
+    dbeta = dy.reshape(-1, d).sum(axis=0, out=None if out is None else out["beta"])
     g = dy * gamma                                                              # term 1
     mean_g = g.mean(axis=-1, keepdims=True)
     mean_gx = xp.einsum("...i,...i->...", g, xhat)[..., None] / d

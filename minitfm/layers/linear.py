@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from minitfm import backend
+
 
 class Cache(NamedTuple):
     x: object               # (..., d_in) the input
@@ -39,12 +41,14 @@ def forward(x, p):
     return y, Cache(x, w, b is not None)
 
 
-def backward(dy, cache: Cache):
+def backward(dy, cache: Cache, out=None):
     """Return ``(dx, {"w": dw, "b": db})`` (no ``"b"`` when the forward had no bias)."""
+    xp = backend.xp
     d_in, d_out = cache.w.shape
     dy2 = dy.reshape(-1, d_out)                             # (N, d_out)
     dx = (dy2 @ cache.w.T).reshape(cache.x.shape)           # (..., d_in)
-    grads = {"w": cache.x.reshape(-1, d_in).T @ dy2}        # (d_in, d_out)
+    grads = {"w": xp.matmul(cache.x.reshape(-1, d_in).T, dy2,                  # (d_in, d_out)
+                            out=None if out is None else out["w"])}
     if cache.has_bias:
-        grads["b"] = dy2.sum(axis=0)                        # (d_out,)
+        grads["b"] = dy2.sum(axis=0, out=None if out is None else out["b"])   # (d_out,)
     return dx, grads

@@ -39,9 +39,24 @@ def encoding(length, d_model, dtype, offset=0):
     return pe.astype(dtype, copy=False)
 
 
+_tables: dict = {}      # (backend, d_model, dtype) -> the rows computed so far, on the device
+
+
+def table(length, d_model, dtype):
+    """PE rows 0 .. length-1, computed once (in float64, then cast) and kept: a constant of the
+    model, so a training step or a decoding step only reads it."""
+    key = (backend.name, d_model, backend.xp.dtype(dtype).str)
+    rows = _tables.get(key)
+    if rows is None or rows.shape[0] < length:
+        rows = encoding(max(length, 2 * (0 if rows is None else rows.shape[0]), 64), d_model,
+                        dtype)
+        _tables[key] = rows
+    return rows[:length]
+
+
 def forward(x, offset=0):
     """Return ``(x + PE, None)``; there is nothing to cache."""
-    return x + encoding(x.shape[-2], x.shape[-1], x.dtype, offset), None
+    return x + table(offset + x.shape[-2], x.shape[-1], x.dtype)[offset:], None
 
 
 def backward(dy, cache):
@@ -63,18 +78,25 @@ def learned_param_shapes(max_len: int, d_model: int) -> dict[str, tuple[int, ...
 
 def learned_forward(x, p, offset=0):
     """x (..., T, d_model) -> ``(x + P[offset : offset + T], cache)``; p has "table" (L, d)."""
-    table = p["table"]
+    positions = p["table"]
     length = x.shape[-2]
-    if offset < 0 or offset + length > table.shape[0]:
+    if offset < 0 or offset + length > positions.shape[0]:
         raise ValueError(f"positions {offset} .. {offset + length - 1} are outside the learned "
-                         f"table of {table.shape[0]} positions")
-    return x + table[offset:offset + length], LearnedCache(offset, table.shape, table.dtype)
+                         f"table of {positions.shape[0]} positions")
+    y = x + positions[offset:offset + length]
+    return y, LearnedCache(offset, positions.shape, positions.dtype)
 
 
-def learned_backward(dy, cache: LearnedCache):
-    """Return ``(dy, {"table": dtable})``: dy passes through; each used row sums over the batch."""
+def learned_backward(dy, cache: LearnedCache, out=None):
+    """Return ``(dy, {"table": dtable})``: dy passes through; each used row sums over the batch.
+
+    With ``out``, the gradient is written into ``out["table"]`` (overwriting it)."""
     xp = backend.xp
     length = dy.shape[-2]
-    dtable = xp.zeros(cache.shape, dtype=cache.dtype)                        # (L, d)
+    if out is None:
+        dtable = xp.zeros(cache.shape, dtype=cache.dtype)                    # (L, d)
+    else:
+        dtable = out["table"]
+        dtable[...] = 0.0
     dtable[cache.offset:cache.offset + length] = dy.reshape(-1, length, dy.shape[-1]).sum(axis=0)
     return dy, {"table": dtable}

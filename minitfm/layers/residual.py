@@ -60,15 +60,17 @@ def step(x, sublayer_step, ln, pre_ln):
     return layernorm.forward(f, ln)[0]
 
 
-def backward(dy, cache: Cache, sublayer_backward):
-    """Return ``(dx, *rest, {"gamma", "beta"})``; ``sublayer_backward(df, c) -> (dh, *rest)``."""
+def backward(dy, cache: Cache, sublayer_backward, out=None):
+    """Return ``(dx, *rest, {"gamma", "beta"})``; ``sublayer_backward(df, c) -> (dh, *rest)``.
+
+    ``out``: the LayerNorm's gradient arrays (the sub-layer's go to ``sublayer_backward``)."""
     if cache.pre_ln:
         df, _ = dropout.backward(dy, cache.dropout)
         dh, *rest = sublayer_backward(df, cache.sublayer)
-        dx, g_ln = layernorm.backward(dh, cache.ln)
+        dx, g_ln = layernorm.backward(dh, cache.ln, out)
         dx += dy                                    # the identity path
         return (dx, *rest, g_ln)
-    ds, g_ln = layernorm.backward(dy, cache.ln)
+    ds, g_ln = layernorm.backward(dy, cache.ln, out)
     df, _ = dropout.backward(ds, cache.dropout)
     dx, *rest = sublayer_backward(df, cache.sublayer)
     dx += ds                                        # the identity path

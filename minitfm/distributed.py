@@ -1,0 +1,366 @@
+"""Data-parallel training over MPI: N worker processes, each with a whole copy of the model.
+
+An MPI launcher starts the workers, e.g. ``mpiexec -n 2 python train_wmt.py ...``; every worker
+runs the same program. An update of N workers with ``update_freq`` k does the arithmetic of one
+worker with ``update_freq`` N*k:
+
+    the update's batches, in the one deterministic order     b_0  b_1  ...  b_{Nk-1}
+    worker r takes its share (shard)                         b_{rk} ... b_{rk+k-1}
+    worker r sums their gradients, each normalised by the    g_r
+        update's total target-token count (the same number on every worker)
+    allreduce_sum: every worker then holds                   g_0 + g_1 + ... + g_{N-1}
+    every worker applies the same optimizer step
+
+The sum equals one worker's up to the order of float additions. Parameters broadcast from rank 0
+at the start (broadcast_params) stay equal on every worker, since all apply the same update.
+
+Transport. Host (NumPy) buffers: one ``MPI_Allreduce`` in place on the whole flat buffer. Device
+(CuPy) buffers: NCCL (``cupy.cuda.nccl``) on the current CUDA stream, so the sum is ordered with
+the kernels around it and nothing waits on the host; the NCCL communicator's id is made on rank 0
+and broadcast over MPI, and device memory is never copied to the host. One process per GPU:
+:meth:`World.use_local_gpu` selects device ``local_rank``.
+
+One process. Started without a launcher (or as a single process), :func:`world` is a world of one
+whose collectives leave their input as it is; mpi4py is not even imported.
+
+Stopping together. Every worker must enter the same collectives in the same order, or the others
+wait for it forever. So a reason to stop -- Ctrl-C, SIGTERM, an error -- is not acted on where it
+arrives: at each update boundary :meth:`World.stop_requests` gathers every worker's reason in one
+small collective, all workers get the same answer and stop at the same step. What still ends one
+worker alone -- an uncaught exception, or an exception or non-zero exit leaving
+:meth:`World.fail_together` -- is turned into ``MPI_Abort`` after the worker has printed who it is
+and why: the launcher then ends every worker (MPICH prints ``Abort(2) on node 1 (rank 1 in comm
+0)``) instead of leaving them waiting. A worker killed outright (``kill -9``, the out-of-memory
+killer) is noticed by the launcher, which ends the others at once and names the dead process
+(MPICH: ``BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES``, ``PID 4242 RUNNING AT host``;
+Open MPI names its rank); :meth:`World.describe` lists each worker's rank, PID and host to print at
+the start, to match the two.
+
+No array math here: NumPy is never imported (a few numbers travel in ``array.array`` buffers),
+CuPy only for NCCL and the choice of device, and only on a GPU.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import os
+import signal
+import sys
+import traceback
+import zlib
+from collections.abc import Mapping, Sequence
+
+from minitfm import flat
+
+__all__ = ["DistributedError", "World", "world", "launcher_size", "shard", "describe_stops",
+           "STOP_ERROR"]
+
+STOP_ERROR = -1      # the stop reason of a worker that failed (others are signal numbers)
+
+# What MPI launchers tell the processes they start: Hydra (MPICH, Intel MPI) and Slurm's PMI-2
+# set PMI_RANK/PMI_SIZE, Open MPI sets OMPI_COMM_WORLD_RANK/SIZE, PMIx launchers PMIX_RANK.
+_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
+_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+
+
+class DistributedError(RuntimeError):
+    """The workers cannot be set up or do not agree; the message says what to change."""
+
+
+def launcher_size(environ: Mapping[str, str] = os.environ) -> int | None:
+    """How many processes an MPI launcher started (0 when it does not say how many), or None
+    when this process was not started by one."""
+    for variable in _SIZE_VARIABLES:
+        if environ.get(variable, "").strip().isdigit():
+            return int(environ[variable])
+    return 0 if any(variable in environ for variable in _RANK_VARIABLES) else None
+
+
+def shard(batches: Sequence, rank: int, size: int) -> list:
+    """Worker ``rank``'s share of one update's batches, of ``size`` workers in all.
+
+    ``batches`` are all N*k batches of the update, in the order one worker with ``update_freq``
+    N*k would take them; worker r gets the k consecutive ones ``batches[r*k : (r+1)*k]``, so its
+    partial sum adds the same batches, in the same order, as that worker does."""
+    if size < 1 or not 0 <= rank < size:
+        raise ValueError(f"rank {rank} of {size} workers: need 0 <= rank < size")
+    if len(batches) % size:
+        raise ValueError(f"an update of {len(batches)} batches cannot be split evenly over {size} "
+                         f"workers: take update_freq batches per worker, {size} * update_freq "
+                         f"per update")
+    k = len(batches) // size
+    return list(batches[rank * k:(rank + 1) * k])
+
+
+def describe_stops(requests: Mapping[int, int]) -> str:
+    """``{rank: reason}`` from :meth:`World.stop_requests` in words:
+    ``worker 1 got SIGTERM, worker 3 failed``."""
+    def reason(code: int) -> str:
+        if code == STOP_ERROR:
+            return "failed"
+        try:
+            return f"got {signal.Signals(code).name}"
+        except ValueError:
+            return f"stopped (reason {code})"
+    return ", ".join(f"worker {rank} {reason(code)}" for rank, code in sorted(requests.items()))
+
+
+class World:
+    """The worker processes of this job and the collectives between them.
+
+    ``rank`` (0 .. size-1), ``size``, ``local_rank`` and ``local_size`` (the workers on this
+    machine), ``is_root`` (rank 0: the one that writes checkpoints and logs). Collectives --
+    broadcast_params, allreduce_sum, allreduce_numbers, stop_requests, finish -- must be called
+    by every worker, in the same order; the other methods are local."""
+
+    def __init__(self, comm=None) -> None:
+        """``comm``: an mpi4py communicator (COMM_WORLD), or None for a world of one process."""
+        self._comm = comm
+        self._nccl = None           # NCCL communicator, made by the first device collective
+        self._finished = False
+        if comm is None:
+            self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
+            self.workers = [(os.getpid(), _hostname())]
+            return
+        from mpi4py import MPI
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
+        node.Free()
+        self.workers = comm.allgather((os.getpid(), MPI.Get_processor_name()))  # [(pid, host)]
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> World:
+        """The world this process was started in: MPI's COMM_WORLD under an MPI launcher with
+        more than one process, else a world of one (without importing mpi4py)."""
+        expected = launcher_size(environ)
+        if expected is None or expected == 1:
+            return cls()
+        rank = next((environ[v] for v in _RANK_VARIABLES if v in environ), "?")
+        try:
+            from mpi4py import MPI
+        except Exception as exc:       # ImportError, or a RuntimeError when libmpi is missing
+            raise DistributedError(
+                f"this is worker {rank} of {expected or 'several'} started by an MPI launcher, "
+                f"but mpi4py cannot be used ({exc}): install it with pip install -e '.[mpi]' "
+                f"(or pip install mpi4py for the cluster's own MPI), or run one process without "
+                f"mpiexec") from exc
+        comm = MPI.COMM_WORLD
+        if expected and comm.Get_size() != expected:
+            library = " ".join(MPI.Get_library_version().splitlines()[0].split())
+            raise DistributedError(
+                f"the launcher started {expected} processes but MPI sees a world of "
+                f"{comm.Get_size()}: mpiexec belongs to another MPI than the library mpi4py "
+                f"loaded ({library}); use the mpiexec of that MPI, e.g. "
+                f"{os.path.join(os.path.dirname(sys.executable), 'mpiexec')}")
+        created = cls(comm)
+        if created.distributed:
+            created._abort_on_uncaught_exceptions()
+        return created
+
+    # ---- who is who ------------------------------------------------------------------------
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+    def describe(self) -> str:
+        """``2 workers: rank 0 pid 4242 on host-a, rank 1 pid 4243 on host-a`` (or ``1 process``)."""
+        if not self.distributed:
+            return "1 process"
+        ranks = ", ".join(f"rank {r} pid {pid} on {host}"
+                          for r, (pid, host) in enumerate(self.workers))
+        return f"{self.size} workers: {ranks}"
+
+    def use_local_gpu(self) -> int:
+        """Make GPU ``local_rank`` this process's CUDA device (one worker per GPU); return its
+        number. Call it before any CuPy array is made."""
+        import cupy
+        count = cupy.cuda.runtime.getDeviceCount()
+        if self.local_size > count:
+            raise DistributedError(
+                f"{self.local_size} workers on this machine but {count} GPU(s): start one worker "
+                f"per GPU (mpiexec -n {count} per machine)")
+        cupy.cuda.Device(self.local_rank).use()
+        return self.local_rank
+
+    def shard(self, batches: Sequence) -> list:
+        """This worker's share of one update's batches: ``shard(batches, rank, size)``."""
+        return shard(batches, self.rank, self.size)
+
+    # ---- collectives -----------------------------------------------------------------------
+
+    def broadcast_params(self, params: Mapping) -> None:
+        """Overwrite ``params`` (a FlatDict or any dict of contiguous arrays, host or device) in
+        place with rank 0's values. The workers must hold the same names, shapes and dtypes,
+        else every one of them raises :class:`DistributedError`."""
+        if not self.distributed:
+            return
+        layout = repr([(name, tuple(a.shape), str(a.dtype)) for name, a in params.items()])
+        mine = (zlib.crc32(layout.encode()), sum(a.size for a in params.values()))
+        if any(tuple(row) != mine for row in self._gather(mine)):
+            raise DistributedError("the workers' parameters differ in names, shapes or dtypes: "
+                                   "every worker must build the model from the same config")
+        buffers = flat.buffer_of(params)
+        for array_ in buffers or params.values():
+            _check_contiguous(array_, "broadcast_params")
+            if _on_device(array_):
+                nccl, communicator = self._nccl_communicator()
+                communicator.bcast(array_.data.ptr, array_.size, _nccl_type(nccl, array_), 0,
+                                   _current_stream())
+            else:
+                self._comm.Bcast(array_, root=0)
+
+    def allreduce_sum(self, buffer) -> None:
+        """Sum ``buffer`` (one contiguous array: the flat gradient buffer) over all workers, in
+        place. Host arrays: ``MPI_Allreduce(IN_PLACE, SUM)``. Device arrays: NCCL's all-reduce on
+        the current stream; no copy to the host and no wait for the device."""
+        _check_contiguous(buffer, "allreduce_sum")
+        if not self.distributed:
+            return
+        if _on_device(buffer):
+            nccl, communicator = self._nccl_communicator()
+            communicator.allReduce(buffer.data.ptr, buffer.data.ptr, buffer.size,
+                                   _nccl_type(nccl, buffer), nccl.NCCL_SUM, _current_stream())
+        else:
+            from mpi4py import MPI
+            self._comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+
+    def allreduce_numbers(self, values: Sequence[float], op: str = "sum") -> list[float]:
+        """``op`` ("sum", "max" or "min") of a few Python numbers over the workers, element by
+        element: token counts, losses, flags. Floats (exact for integers below 2**53); every
+        worker gets the same result, added in rank order."""
+        reduce = {"sum": _sum_in_order, "max": max, "min": min}.get(op)
+        if reduce is None:
+            raise ValueError(f"op must be 'sum', 'max' or 'min', got {op!r}")
+        rows = self._gather(values)
+        return [float(reduce(column)) for column in zip(*rows)]
+
+    def stop_requests(self, reason: int = 0) -> dict[int, int]:
+        """Every worker's reason to stop, gathered at an update boundary: ``reason`` is 0 (carry
+        on), the number of a signal received, or STOP_ERROR. Returns ``{rank: reason}`` of the
+        workers that asked to stop, the same on every worker; empty: all carry on."""
+        rows = self._gather([reason])
+        return {rank: int(row[0]) for rank, row in enumerate(rows) if row[0]}
+
+    def finish(self) -> None:
+        """Collective: every worker has come to the end of its work together (after rank 0's last
+        save). From then on a worker may exit with any status without ending the others."""
+        if self.distributed:
+            self._comm.Barrier()
+        self._finished = True
+
+    # ---- failures --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def fail_together(self):
+        """Run a worker's main program inside this: an exception or a non-zero exit leaving the
+        block before :meth:`finish` ends every worker of the job (MPI_Abort with the same exit
+        status: 130 for Ctrl-C, 1 for other exceptions), after this worker has said who it is and
+        why, so that no other waits for it forever. In a world of one it does nothing."""
+        try:
+            yield
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                status = exc.code if isinstance(exc.code, int) else 1
+                self._abort_alone(f"exited with status {status}", status)
+            raise
+        except KeyboardInterrupt:
+            self._abort_alone("was interrupted", 130)
+            raise
+        except BaseException as exc:
+            traceback.print_exc()
+            self._abort_alone(f"failed: {type(exc).__name__}: {exc}", 1)
+            raise
+
+    def _abort_alone(self, what: str, status: int) -> None:
+        """End every worker (MPI_Abort) unless this is a world of one or all have finished."""
+        if not self.distributed or self._finished:
+            return
+        pid, host = self.workers[self.rank]
+        sys.stdout.flush()
+        print(f"worker {self.rank} of {self.size} (pid {pid} on {host}) {what}; ending all "
+              f"{self.size} workers", file=sys.stderr, flush=True)
+        self._comm.Abort(status)
+
+    def _abort_on_uncaught_exceptions(self) -> None:
+        previous = sys.excepthook
+
+        def hook(kind, value, tb):
+            previous(kind, value, tb)
+            status = 130 if issubclass(kind, KeyboardInterrupt) else 1
+            self._abort_alone(f"stopped on an uncaught {kind.__name__}", status)
+        sys.excepthook = hook
+
+    # ---- transport -------------------------------------------------------------------------
+
+    def _gather(self, values: Sequence[float]) -> list[list[float]]:
+        """Every worker's ``values`` (the same count on each), in rank order, as float64."""
+        mine = array.array("d", [float(v) for v in values])
+        if not self.distributed:
+            return [list(mine)]
+        everyone = array.array("d", bytes(8 * len(mine) * self.size))
+        self._comm.Allgather(mine, everyone)
+        n = len(mine)
+        return [list(everyone[r * n:(r + 1) * n]) for r in range(self.size)]
+
+    def _nccl_communicator(self):
+        """``(cupy.cuda.nccl, communicator)``; the first call, on every worker, makes the
+        communicator: its id comes from rank 0 over MPI (128 bytes)."""
+        from cupy.cuda import nccl
+        if self._nccl is None:
+            unique_id = array.array("b", nccl.get_unique_id() if self.is_root else bytes(128))
+            self._comm.Bcast(unique_id, root=0)
+            self._nccl = nccl.NcclCommunicator(self.size, tuple(unique_id), self.rank)
+        return nccl, self._nccl
+
+
+def _sum_in_order(column) -> float:
+    total = 0.0
+    for value in column:
+        total += value
+    return total
+
+
+def _hostname() -> str:
+    return os.uname().nodename if hasattr(os, "uname") else "localhost"
+
+
+def _on_device(array_) -> bool:
+    return hasattr(array_, "__cuda_array_interface__")
+
+
+def _check_contiguous(array_, what: str) -> None:
+    if not array_.flags.c_contiguous:
+        raise ValueError(f"{what} needs a contiguous array (a flat buffer or a dict of whole "
+                         f"arrays), got a strided view of shape {tuple(array_.shape)}")
+
+
+def _nccl_type(nccl, array_) -> int:
+    types = {"float16": nccl.NCCL_FLOAT16, "float32": nccl.NCCL_FLOAT32,
+             "float64": nccl.NCCL_FLOAT64, "int32": nccl.NCCL_INT32, "int64": nccl.NCCL_INT64}
+    if str(array_.dtype) not in types:
+        raise ValueError(f"NCCL cannot sum {array_.dtype} arrays: use one of {', '.join(types)}")
+    return types[str(array_.dtype)]
+
+
+def _current_stream() -> int:
+    import cupy
+    return cupy.cuda.get_current_stream().ptr
+
+
+_world: World | None = None
+
+
+def world() -> World:
+    """This process's :class:`World`, made from the environment on first use (MPI is initialised
+    then, and only under an MPI launcher)."""
+    global _world
+    if _world is None:
+        _world = World.from_environment()
+    return _world
