@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitfm import backend, gradcheck, lm, sampling
+from minitfm import backend, flat, gradcheck, lm, sampling
 
 TINY = lm.LMConfig.preset("tiny")
 VARIANTS = {"pre-LN": TINY, "post-LN": TINY.replace(pre_ln=False),
@@ -68,6 +68,20 @@ def test_gradient_accumulation_is_exact():
     for name in g_whole:
         np.testing.assert_allclose(halves[0][1][name] + halves[1][1][name], g_whole[name],
                                    rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gradients_written_into_given_arrays_overwrite_them(variant):
+    cfg = VARIANTS[variant]
+    params = _params(cfg, 9)
+    tokens = _tokens(cfg, 9, 2, 6)
+    _, fresh = lm.loss_and_grads(params, cfg, tokens[:, :-1], tokens[:, 1:])
+    out = flat.zeros_like(params)
+    out.buffer[...] = 7.0                                   # stale values from an earlier step
+    _, written = lm.loss_and_grads(params, cfg, tokens[:, :-1], tokens[:, 1:], out=out)
+    assert written is out
+    for name in fresh:
+        np.testing.assert_array_equal(out[name], fresh[name])
 
 
 def test_loss_is_the_mean_next_token_nll():
