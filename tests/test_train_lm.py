@@ -49,7 +49,8 @@ def read_log(directory):
 def test_a_short_run_learns_and_prints_samples(train_lm, text_file, tmp_path, capsys):
     out = tmp_path / "run"
     assert train_lm.main(["--data", str(text_file), *SMALL, "--steps", "60", "--out", str(out),
-                          "--samples", "2"]) == 0
+                          "--samples", "2", "--cache-dir", str(tmp_path / "cache")]) == 0
+    assert len(list((tmp_path / "cache").glob("story.txt.char-*.tokens.npy"))) == 1
     log = read_log(out)
     losses = [r["loss"] for r in log if "loss" in r]
     assert losses[-1] < 0.6 * losses[0]
