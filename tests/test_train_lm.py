@@ -158,6 +158,19 @@ def test_defaults_are_the_cpu_preset(train_lm, text_file):
     assert cfg == lm.LMConfig.preset("cpu")
 
 
+@pytest.mark.parametrize("schedule, expected", [
+    ("cosine", 1e-3),                                   # the last step reaches --min-lr
+    ("linear", 1e-3),
+    ("paper", 1e-2 * 32 ** -0.5 * min(10 ** -0.5, 10 * 5 ** -1.5)),    # equation 3 times --lr
+])
+def test_schedules(train_lm, text_file, tmp_path, schedule, expected):
+    out = tmp_path / schedule
+    assert train_lm.main(["--data", str(text_file), *SMALL, "--steps", "10", "--samples", "0",
+                          "--schedule", schedule, "--out", str(out)]) == 0
+    (logged,) = [r for r in read_log(out) if "lr" in r]
+    assert logged["step"] == 10 and logged["lr"] == pytest.approx(expected, rel=1e-12)
+
+
 def test_bpe_tokenizer_run(train_lm, text_file, tmp_path, capsys):
     out = tmp_path / "bpe"
     assert train_lm.main(["--data", str(text_file), *SMALL, "--tokenizer", "bpe",
