@@ -47,7 +47,7 @@ from minitfm.data import text as textdata                          # noqa: E402
 # character in under a minute on a two-core CPU (README, "Language model"): the model of the
 # "cpu" preset, and this recipe.
 _CPU = lm.PRESETS["cpu"]
-DEFAULTS = dict(tokenizer="char", vocab_size=1000, block_size=_CPU.max_len, batch_size=16,
+DEFAULTS = dict(tokenizer="char", vocab_size=1000, block_size=_CPU.max_len, batch_size=22,
                 layers=_CPU.n_layers, d_model=_CPU.d_model, heads=_CPU.n_heads, d_ff=_CPU.d_ff,
                 dropout=_CPU.dropout, lr=6e-3, min_lr=6e-4, warmup=100, schedule="cosine",
                 weight_decay=0.1, steps=1000)

@@ -7,8 +7,8 @@ Both are the same decoder-only model (lm.py): a tied token embedding scaled by s
 sinusoidal positions, pre-LN layers of causal multi-head self-attention and a ReLU feed-forward,
 a final LayerNorm, the tied output projection, cross-entropy over every position, and an AdamW
 update (beta2 0.99, weight decay 0.1 on matrices and the embedding). Both run in float32 on the
-same random blocks. The shapes: ``default`` is train_lm.py's defaults (2 layers, d 128, 16 blocks
-of 64 tokens), ``nanogpt-cpu`` nanoGPT's CPU recipe (4 layers, d 128, 12 blocks of 64).
+same random blocks. The shapes: ``default`` is train_lm.py's defaults (2 layers, d 128, 22 blocks
+of 48 tokens), ``nanogpt-cpu`` nanoGPT's CPU recipe (4 layers, d 128, 12 blocks of 64).
 
 The two alternate, ``--steps`` steps each per round, so a noisy shared machine slows both alike;
 the step times quoted are medians over every step measured. minitfm runs with one BLAS thread
@@ -33,7 +33,7 @@ import numpy      # noqa: E402
 from minitfm import backend, flat, lm, optim  # noqa: E402
 
 SHAPES = {  # (config, batch)
-    "default": (lm.LMConfig.preset("cpu"), 16),
+    "default": (lm.LMConfig.preset("cpu"), 22),
     "nanogpt-cpu": (lm.LMConfig.preset("nanogpt-cpu"), 12),
 }
 LR, BETA2, WEIGHT_DECAY = 1e-3, 0.99, 0.1
