@@ -13,7 +13,8 @@ on a CPU hides both; this benchmark counts them. It runs real training updates t
   (``a + b``, ``a @ b``, ``a *= s``, ``a.sum()``), one fancy-index read (``a[ids]``), one write
   through an index (``a[idx] = b``), one copy (``a.copy()``, ``a.astype(t)``, a ``reshape`` that
   cannot be a view), one random draw, one host-to-device copy. Views (slices, transposes,
-  reshapes of contiguous arrays) are free, as on a GPU. A function that runs several operations
+  reshapes of contiguous arrays) are free, as on a GPU, and so are allocations that write nothing
+  (``xp.empty``, ``xp.empty_like``: memory from the pool, no kernel). A function that runs several operations
   internally counts once: the count is what the library asks for, not how NumPy does it.
 - a *sync* is one conversion of an array to a Python number or a host array (``float(a)``,
   ``int(a)``, ``bool(a)``, ``a.item()``, ``a.tolist()``, ``backend.to_host(a)``), and one
@@ -245,13 +246,16 @@ def _counting_module(module, submodules=("random", "linalg")):
 
 
 DATA_DEPENDENT_SHAPES = {"nonzero", "flatnonzero", "argwhere", "unique", "compress", "extract"}
+ALLOCATIONS = {"empty", "empty_like"}        # no kernel: not an operation
 
 
 def _counting_function(func):
     shape_from_data = getattr(func, "__name__", "") in DATA_DEPENDENT_SHAPES
+    allocation = getattr(func, "__name__", "") in ALLOCATIONS
 
     def call(*args, **kwargs):
-        TALLY.op()
+        if not allocation:
+            TALLY.op()
         if shape_from_data:
             TALLY.sync()
         with TALLY.inside():

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from minitfm import backend, model, optim
+from minitfm import backend, flat, model, optim
 
 BATCHES = {"toy": (128, 24, 24), "small": (128, 24, 24), "base": (128, 32, 32)}
 VOCAB = {"toy": 16}
@@ -85,7 +85,7 @@ def make_batch(cfg, batch, src_len, tgt_len, seed=0):
     tgt = rng.integers(first, cfg.tgt_vocab, size=(batch, tgt_len + 1)).astype("int32")
     src[:, -1] = cfg.eos_id
     tgt[:, 0], tgt[:, -1] = cfg.bos_id, cfg.eos_id
-    return backend.to_device(src), backend.to_device(tgt)
+    return src, tgt                          # host arrays, as the data pipeline hands them over
 
 
 def run_preset(name: str, steps: int, warmup: int) -> dict:
@@ -94,12 +94,13 @@ def run_preset(name: str, steps: int, warmup: int) -> dict:
     cfg = model.Config.preset(name, **({"src_vocab": vocab, "tgt_vocab": vocab} if vocab else {}))
     params = model.init_params(cfg, 0)
     adam = optim.Adam(params)
+    grads = flat.zeros_like(params)         # one gradient buffer for the run, as train() keeps
     src, tgt = make_batch(cfg, batch, src_len, tgt_len)
     times = []
     for step in range(warmup + steps):
         sync()
         start = time.perf_counter()
-        stats, grads = model.loss_and_grads(params, cfg, src, tgt, backend.rng(0, step))
+        stats, _ = model.loss_and_grads(params, cfg, src, tgt, backend.rng(0, step), out=grads)
         adam.update(params, grads, 1e-4)
         sync()
         times.append(time.perf_counter() - start)

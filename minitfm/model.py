@@ -259,11 +259,17 @@ def padding_mask(ids, pad_id, dtype):
     return xp.where(ids == pad_id, MASKED, 0.0).astype(dtype)[:, None, None, :]
 
 
+_causal_masks: dict = {}     # (backend, T, dtype) -> mask, a constant made once
+
+
 def causal_mask(length, dtype):
     """Additive mask (1, 1, T, T): MASKED where key position > query position."""
     xp = backend.xp
-    future = xp.triu(xp.ones((length, length), dtype=bool), k=1)
-    return xp.where(future, MASKED, 0.0).astype(dtype)[None, None]
+    key = (backend.name, length, xp.dtype(dtype).str)
+    if key not in _causal_masks:
+        future = xp.triu(xp.ones((length, length), dtype=bool), k=1)
+        _causal_masks[key] = xp.where(future, MASKED, 0.0).astype(dtype)[None, None]
+    return _causal_masks[key]
 
 
 class EmbedCache(NamedTuple):

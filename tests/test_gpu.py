@@ -28,8 +28,18 @@ def test_cupy_step_matches_numpy(cupy_backend):
         np.testing.assert_allclose(results["cupy"][1][k], g, rtol=1e-8, atol=1e-12)
 
 
-def test_numpy_arrays_are_refused_by_a_cupy_model(cupy_backend):
+def test_numpy_parameters_are_refused_by_a_cupy_model(cupy_backend):
     cfg = model.Config.preset("tiny")
-    params = model.init_params(cfg, 0)
+    params = {k: backend.to_host(v) for k, v in model.init_params(cfg, 0).items()}
     with pytest.raises(TypeError, match="numpy.ndarray on the host.*'cupy'"):
         model.loss_and_grads(params, cfg, np.array([[5, 3]]), np.array([[2, 5, 3]]))
+
+
+def test_host_token_ids_equal_device_token_ids(cupy_backend):
+    """Batches come from the data pipeline as host arrays: checked there, then copied over."""
+    cfg = model.Config.preset("tiny")
+    params = model.init_params(cfg, 0)
+    src, tgt = np.array([[5, 3]]), np.array([[2, 5, 3]])
+    host, _ = model.loss_and_grads(params, cfg, src, tgt)
+    device, _ = model.loss_and_grads(params, cfg, backend.to_device(src), backend.to_device(tgt))
+    assert float(host["loss"]) == float(device["loss"])

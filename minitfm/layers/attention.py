@@ -58,8 +58,11 @@ class SdpaCache(NamedTuple):
     scale: float            # 1 / sqrt(d_k)
 
 
-def sdpa_forward(q, k, v, mask=None):
-    """q (B, H, T, d_k), k and v (B, H, S, d_k), mask broadcastable to (B, H, T, S)."""
+def sdpa_forward(q, k, v, mask=None, o_out=None):
+    """q (B, H, T, d_k), k and v (B, H, S, d_k), mask broadcastable to (B, H, T, S).
+
+    ``o_out``: where to write O (B, H, T, d_k), e.g. a view of merged heads (``heads_buffer``).
+    """
     xp = backend.xp
     scale = 1.0 / math.sqrt(q.shape[-1])
     s = q @ k.swapaxes(-1, -2)                      # (B, H, T, S)
@@ -69,21 +72,26 @@ def sdpa_forward(q, k, v, mask=None):
     s -= s.max(axis=-1, keepdims=True)              # softmax, in place on the scores
     p = xp.exp(s, out=s)
     p /= p.sum(axis=-1, keepdims=True)              # (B, H, T, S)
-    o = p @ v                                       # (B, H, T, d_k)
+    o = xp.matmul(p, v, out=o_out)                  # (B, H, T, d_k)
     return o, SdpaCache(q, k, v, p, scale)
 
 
-def sdpa_backward(do, cache: SdpaCache):
-    """Return ``(dq, dk, dv, {})``: no parameters (the mask is a constant)."""
+def sdpa_backward(do, cache: SdpaCache, dq_out=None, dk_out=None, dv_out=None):
+    """Return ``(dq, dk, dv, {})``: no parameters (the mask is a constant).
+
+    ``dq_out``, ``dk_out``, ``dv_out``: where to write the three gradients, e.g. views of merged
+    heads (``heads_buffer``), so that no copy merges them afterwards.
+    """
+    xp = backend.xp
     q, k, v, p = cache.q, cache.k, cache.v, cache.p
-    dv = p.swapaxes(-1, -2) @ do                    # (B, H, S, d_k)
-    dp = do @ v.swapaxes(-1, -2)                    # (B, H, T, S)
-    dp -= (dp * p).sum(axis=-1, keepdims=True)
+    dv = xp.matmul(p.swapaxes(-1, -2), do, out=dv_out)          # (B, H, S, d_k)
+    dp = do @ v.swapaxes(-1, -2)                                # (B, H, T, S)
+    dp -= xp.einsum("...ts,...ts->...t", dp, p)[..., None]     # rowsum(dP * P), one pass
     ds = dp
     ds *= p                                         # dS = P * (dP - rowsum(dP * P))
     ds *= cache.scale                               # fold 1/sqrt(d_k) in once for dQ and dK
-    dq = ds @ k                                     # (B, H, T, d_k)
-    dk = ds.swapaxes(-1, -2) @ q                    # (B, H, S, d_k)
+    dq = xp.matmul(ds, k, out=dq_out)                           # (B, H, T, d_k)
+    dk = xp.matmul(ds.swapaxes(-1, -2), q, out=dk_out)          # (B, H, S, d_k)
     return dq, dk, dv, {}
 
 
@@ -95,6 +103,13 @@ def split_heads(x, n_parts, n_heads):
     d_k = width // (n_parts * n_heads)
     x = x.reshape(b, t, n_parts, n_heads, d_k).transpose(2, 0, 3, 1, 4)   # (n_parts, B, H, T, d_k)
     return tuple(x[i] for i in range(n_parts))
+
+
+def heads_buffer(b, t, n_parts, n_heads, d_k, dtype):
+    """An empty (B, T, n_parts * H * d_k) array and its ``split_heads`` views (B, H, T, d_k):
+    results written straight into the views are merged heads, without a copy."""
+    merged = backend.xp.empty((b, t, n_parts * n_heads * d_k), dtype=dtype)
+    return merged, split_heads(merged, n_parts, n_heads)
 
 
 def merge_heads(*heads):
@@ -139,8 +154,9 @@ def self_forward(x, p, mask, n_heads):
     """x (B, T, d_model); p has "w_qkv" (d, 3d), "b_qkv", "w_o" (d, d), "b_o"."""
     qkv, c_qkv = linear.forward(x, {"w": p["w_qkv"], "b": p["b_qkv"]})              # (B, T, 3d)
     q, k, v = split_heads(qkv, 3, n_heads)                               # (B, H, T, d_k) each
-    o, c_att = sdpa_forward(q, k, v, mask)
-    y, c_o = linear.forward(merge_heads(o), {"w": p["w_o"], "b": p["b_o"]})         # (B, T, d)
+    merged, (o,) = heads_buffer(*x.shape[:2], 1, n_heads, q.shape[-1], x.dtype)
+    _, c_att = sdpa_forward(q, k, v, mask, o_out=o)                      # into merged (B, T, d)
+    y, c_o = linear.forward(merged, {"w": p["w_o"], "b": p["b_o"]})                 # (B, T, d)
     return y, SelfCache(c_qkv, c_att, c_o, n_heads)
 
 
@@ -163,8 +179,10 @@ def self_step(x, p, k_buf, v_buf, t: int, n_heads: int):
 def self_backward(dy, cache: SelfCache, out=None):
     """Return ``(dx, {"w_qkv", "b_qkv", "w_o", "b_o"})``."""
     do, g_o = linear.backward(dy, cache.out, _projection_out(out, "o"))
-    dq, dk, dv, _ = sdpa_backward(*split_heads(do, 1, cache.n_heads), cache.attention)
-    dx, g_qkv = linear.backward(merge_heads(dq, dk, dv), cache.qkv, _projection_out(out, "qkv"))
+    q = cache.attention.q
+    dqkv, (dq, dk, dv) = heads_buffer(*dy.shape[:2], 3, cache.n_heads, q.shape[-1], q.dtype)
+    sdpa_backward(*split_heads(do, 1, cache.n_heads), cache.attention, dq, dk, dv)
+    dx, g_qkv = linear.backward(dqkv, cache.qkv, _projection_out(out, "qkv"))
     return dx, {**_projection_grads(g_qkv, "qkv"), **_projection_grads(g_o, "o")}
 
 
@@ -193,8 +211,9 @@ def cross_forward(x, memory, p, mask, n_heads):
     kv, c_kv = linear.forward(memory, {"w": p["w_kv"], "b": p["b_kv"]})             # (B, S, 2d)
     (q,) = split_heads(qp, 1, n_heads)
     k, v = split_heads(kv, 2, n_heads)
-    o, c_att = sdpa_forward(q, k, v, mask)
-    y, c_o = linear.forward(merge_heads(o), {"w": p["w_o"], "b": p["b_o"]})
+    merged, (o,) = heads_buffer(*x.shape[:2], 1, n_heads, q.shape[-1], x.dtype)
+    _, c_att = sdpa_forward(q, k, v, mask, o_out=o)                      # into merged (B, T, d)
+    y, c_o = linear.forward(merged, {"w": p["w_o"], "b": p["b_o"]})
     return y, CrossCache(c_q, c_kv, c_att, c_o, n_heads)
 
 
@@ -220,9 +239,13 @@ def cross_step(x, p, k, v, mask, n_heads: int):
 def cross_backward(dy, cache: CrossCache, out=None):
     """Return ``(dx, dmemory, {"w_q", "b_q", "w_kv", "b_kv", "w_o", "b_o"})``."""
     do, g_o = linear.backward(dy, cache.out, _projection_out(out, "o"))
-    dq, dk, dv, _ = sdpa_backward(*split_heads(do, 1, cache.n_heads), cache.attention)
-    dx, g_q = linear.backward(merge_heads(dq), cache.q, _projection_out(out, "q"))
-    dmemory, g_kv = linear.backward(merge_heads(dk, dv), cache.kv, _projection_out(out, "kv"))
+    q, k = cache.attention.q, cache.attention.k
+    b, h, t, d_k = q.shape
+    dq_merged, (dq,) = heads_buffer(b, t, 1, h, d_k, q.dtype)
+    dkv, (dk, dv) = heads_buffer(b, k.shape[2], 2, h, d_k, q.dtype)
+    sdpa_backward(*split_heads(do, 1, cache.n_heads), cache.attention, dq, dk, dv)
+    dx, g_q = linear.backward(dq_merged, cache.q, _projection_out(out, "q"))
+    dmemory, g_kv = linear.backward(dkv, cache.kv, _projection_out(out, "kv"))
     grads = {**_projection_grads(g_q, "q"), **_projection_grads(g_kv, "kv"),
              **_projection_grads(g_o, "o")}
     return dx, dmemory, grads

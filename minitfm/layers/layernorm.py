@@ -42,8 +42,10 @@ def forward(x, p, eps=EPS):
     d = x.shape[-1]
     mu = x.mean(axis=-1, keepdims=True)                             # (..., 1)
     xhat = x - mu                                                   # (..., D), centred
-    var = xp.einsum("...i,...i->...", xhat, xhat)[..., None] / d    # (..., 1), no (..., D) temporary
-    rstd = 1.0 / xp.sqrt(var + eps)                                 # (..., 1)
+    rstd = xp.einsum("...i,...i->...", xhat, xhat)[..., None]      # (..., 1) D var, no (..., D) temporary
+    rstd += d * eps
+    xp.divide(d, rstd, out=rstd)
+    xp.sqrt(rstd, out=rstd)                                         # 1 / sqrt(var + eps)
     xhat *= rstd                                                    # now normalised, in place
     y = xhat * p["gamma"]
     y += p["beta"]

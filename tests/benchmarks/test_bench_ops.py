@@ -40,6 +40,7 @@ def test_functions_ufuncs_and_reductions_count_once_each(bench, numpy_backend):
 
 def test_views_are_free_and_copies_count(bench, numpy_backend):
     def work(xp):
+        xp.empty((4, 6), dtype=xp.float32)         # an allocation that writes nothing: free
         a = xp.zeros((4, 6), dtype=xp.float32)     # 1
         a[1:3].reshape(-1)                         # view of contiguous rows: free
         a.T.reshape(-1)                            # not a view: a copy, 1
@@ -78,5 +79,6 @@ def test_one_update_is_counted_by_phase(bench, numpy_backend):
     assert set(phases) <= {"forward", "backward", "optimizer", "loop"}
     assert phases["forward"] > 0 and phases["backward"] > 0
     n_params = len(model.parameter_shapes(cfg))
-    assert phases["optimizer"] >= n_params          # at least one operation per parameter array
+    assert 0 < phases["optimizer"] < n_params       # whole flat buffers, not array by array
     assert result["ops"] == sum(phases.values())
+    assert result["syncs"] == 0                     # nothing waits for the device in an update
