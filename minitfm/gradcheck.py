@@ -465,7 +465,7 @@ def check_lm(cfg: lm.LMConfig, seed: int = 0, batch: int = 2, length: int = 4) -
     def objective():
         return lm.loss_and_grads(params, cfg, x, y, rng(), grads=False)[0]["loss"]
 
-    return check_gradients(objective, grads, params, MODEL_STEP)
+    return check_gradients(objective, grads, params)
 
 
 def lm_cases() -> list[tuple[str, lm.LMConfig]]:
