@@ -450,16 +450,36 @@ def model_cases() -> list[tuple[str, model.Config]]:
 
 # ---- the language model (lm.py) -------------------------------------------------------------
 
-def check_lm(cfg: lm.LMConfig, seed: int = 0, batch: int = 2, length: int = 4) -> dict:
-    """Gradient check of ``lm.loss_and_grads`` over every parameter, in float64, on random
-    blocks ``x`` and their next tokens ``y``; dropout masks fixed by the seed."""
+def lm_inputs(cfg: lm.LMConfig, seed: int = 0, batch: int = 2, length: int = 4):
+    """``(params, x, y, rng)`` of :func:`check_lm`: random parameters, random blocks ``x`` and
+    their next tokens ``y``, and a function giving the same dropout generator every call."""
     params = _stack_params(backend.host_rng(seed), cfg, "", lm.parameter_shapes(cfg))
     tokens = backend.host_rng(seed, 1).integers(0, cfg.vocab, size=(batch, length + 1))
-    x, y = tokens[:, :-1], tokens[:, 1:]
 
     def rng():
         return backend.rng(seed, 2) if cfg.dropout else None
 
+    return params, tokens[:, :-1], tokens[:, 1:], rng
+
+
+def lm_relu_margin(cfg: lm.LMConfig, seed: int = 0, batch: int = 2, length: int = 4) -> float:
+    """The smallest |pre-activation| of any ReLU unit of :func:`check_lm`'s draw. Within about
+    2 h |x| of 0 a difference quotient straddles the kink and means nothing: such a draw says
+    nothing about the backward pass (tests skip it)."""
+    params, x, _, rng = lm_inputs(cfg, seed, batch, length)
+    _, cache = lm.forward(params, cfg, backend.to_device(x), rng())
+    margin = math.inf
+    for i, layer in enumerate(cache.stack.layers):
+        first = layer.ff.sublayer.first                   # the linear layer before the ReLU
+        pre = first.x @ first.w + params[f"layers.{i}.ff.b1"]                  # (B, T, d_ff)
+        margin = min(margin, float(backend.xp.abs(pre).min()))
+    return margin
+
+
+def check_lm(cfg: lm.LMConfig, seed: int = 0, batch: int = 2, length: int = 4) -> dict:
+    """Gradient check of ``lm.loss_and_grads`` over every parameter, in float64, on random
+    blocks ``x`` and their next tokens ``y``; dropout masks fixed by the seed."""
+    params, x, y, rng = lm_inputs(cfg, seed, batch, length)
     _, grads = lm.loss_and_grads(params, cfg, x, y, rng())
 
     def objective():
