@@ -37,6 +37,8 @@ def _check_same_model(reference: Checkpoint, other: Checkpoint) -> None:
     """Raise a CheckpointError saying how ``other`` differs from ``reference``, if it does."""
     problems = [f"config field {key!r}: {saved} vs {current}" for key, saved, current
                 in checkpoint.config_differences(reference.config, other.config)]
+    if reference.kind != other.kind:
+        problems.append(f"model kind: {reference.kind!r} vs {other.kind!r}")
     if (reference.vocab_id, reference.vocab_model) != (other.vocab_id, other.vocab_model):
         problems.append(f"vocabulary: {reference.vocab_id!r} vs {other.vocab_id!r}"
                         + (" (same id, different model bytes)"
@@ -91,7 +93,7 @@ def save_average(paths: Sequence[str | os.PathLike], output: str | os.PathLike
     the inputs. Returns the averaged parameters (host arrays) and the last input read."""
     params, last = average_checkpoints(paths)
     checkpoint.save(output, params, step=last.step, config=last.config, vocab_id=last.vocab_id,
-                    vocab_model=last.vocab_model,
+                    vocab_model=last.vocab_model, kind=last.kind,
                     extra={**last.extra, "averaged_from": [os.path.basename(p) for p in paths]})
     return params, last
 

@@ -8,12 +8,16 @@ active backend is the caller's choice: :func:`params_to_device` for the paramete
 File layout (a plain, uncompressed ``numpy.savez`` archive, read with ``allow_pickle=False``)::
 
     meta               uint8  UTF-8 JSON: {"format": "minitfm-checkpoint", "version": 1,
-                              "step", "config", "vocab_id", "extra", "param_names",
+                              "kind", "step", "config", "vocab_id", "extra", "param_names",
                               "optimizer_step" (null without optimizer state)}
     param/<name>       one array per parameter, in its own dtype and shape
     adam_m/<name>      Adam's first moment   (only with optimizer state)
     adam_v/<name>      Adam's second moment  (only with optimizer state)
     vocab_model        uint8  the serialized tokenizer model (only when given)
+
+``kind`` names the model a file holds (``KINDS``): the encoder-decoder Transformer of
+model.py, or the decoder-only language model of lm.py. Files written before kinds existed hold a
+Transformer. A command that needs one kind refuses the other with :func:`check_kind`.
 
 Random state needs no arrays: dropout masks derive from ``(seed, step)``, so a run stores its seed
 as an int in ``extra`` and ``step`` completes it.
@@ -39,7 +43,8 @@ import numpy
 from minitfm import backend
 
 __all__ = [
-    "FORMAT_VERSION", "ROTATED_NAME", "CheckpointError", "Checkpoint", "save", "load",
+    "FORMAT_VERSION", "ROTATED_NAME", "KINDS", "CheckpointError", "Checkpoint", "save", "load",
+    "check_kind",
     "params_to_device", "config_differences", "check_compatible",
     "checkpoint_path", "list_checkpoints", "latest", "keep_last",
 ]
@@ -47,6 +52,9 @@ __all__ = [
 FORMAT_NAME = "minitfm-checkpoint"
 FORMAT_VERSION = 1
 ROTATED_NAME = re.compile(r"checkpoint_(\d{8,})\.npz")   # what keep_last() rotates
+# the kinds of model a checkpoint can hold (model.KIND, lm.KIND), in words
+KINDS = {"transformer": "an encoder-decoder Transformer (model.py: translation, toy tasks)",
+         "lm": "a decoder-only language model (lm.py: train_lm.py)"}
 
 
 class CheckpointError(RuntimeError):
@@ -65,6 +73,16 @@ class Checkpoint:
     vocab_model: bytes | None = None
     optimizer_state: dict | None = None   # {"step": int, "m": {name: array}, "v": {...}}
     extra: dict = field(default_factory=dict)
+    kind: str = "transformer"             # which model: a key of KINDS
+
+
+def check_kind(ckpt: Checkpoint, kind: str) -> None:
+    """Raise a CheckpointError unless ``ckpt`` holds a model of ``kind`` (a key of ``KINDS``)."""
+    if ckpt.kind != kind:
+        held = KINDS.get(ckpt.kind, f"a model of unknown kind {ckpt.kind!r}")
+        raise CheckpointError(
+            f"checkpoint {ckpt.path} holds {held}, but this needs {KINDS[kind]}: use a "
+            f"checkpoint of that kind (or the command that trains and reads this one)")
 
 
 def _json_bytes(meta: dict) -> numpy.ndarray:
@@ -115,12 +133,15 @@ def _fsync_directory(directory: str) -> None:
 
 def save(path: str | os.PathLike, params: dict, *, optimizer_state: dict | None = None,
          step: int, config: dict, vocab_id: str | None, vocab_model: bytes | None = None,
-         extra: dict | None = None) -> str:
+         extra: dict | None = None, kind: str = "transformer") -> str:
     """Write a checkpoint to ``path`` atomically; return the path written.
 
     ``config`` is the model config as a dict (``Config.to_dict()``), ``extra`` any JSON values the
-    caller wants back (e.g. ``{"seed": 1234}``). Parent directories are created.
+    caller wants back (e.g. ``{"seed": 1234}``), ``kind`` the model's (a key of ``KINDS``).
+    Parent directories are created.
     """
+    if kind not in KINDS:
+        raise ValueError(f"unknown model kind {kind!r}: one of {', '.join(KINDS)}")
     if not isinstance(config, dict):
         raise TypeError(
             f"config must be a dict, got {type(config).__name__}: pass config.to_dict()")
@@ -132,6 +153,7 @@ def save(path: str | os.PathLike, params: dict, *, optimizer_state: dict | None 
     meta = {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
+        "kind": kind,
         "step": int(step),
         "config": config,
         "vocab_id": vocab_id,
@@ -217,7 +239,8 @@ def load(path: str | os.PathLike, *, with_optimizer: bool = True) -> Checkpoint:
                            if "vocab_model" in archive.files else None)
             return Checkpoint(path=path, params=params, step=meta["step"], config=meta["config"],
                               vocab_id=meta["vocab_id"], vocab_model=vocab_model,
-                              optimizer_state=optimizer_state, extra=meta["extra"])
+                              optimizer_state=optimizer_state, extra=meta["extra"],
+                              kind=meta.get("kind", "transformer"))
     except (FileNotFoundError, CheckpointError):
         raise
     except ValueError as exc:

@@ -20,6 +20,7 @@ alike:
 from __future__ import annotations
 
 import argparse
+import ctypes
 import glob
 import math
 import os
@@ -33,8 +34,8 @@ from minitfm.data import DataError
 from minitfm.model import Config
 
 __all__ = ["EXIT_INTERRUPTED", "UsageError", "USER_ERRORS", "integer", "number", "positive_int",
-           "add_backend_option", "select_backend", "default_run_dir", "model_config",
-           "stopped", "report_errors"]
+           "reuse_freed_memory", "add_backend_option", "select_backend", "default_run_dir",
+           "model_config", "stopped", "report_errors"]
 
 EXIT_INTERRUPTED = 130   # the shell's code for a process stopped by Ctrl-C
 
@@ -94,6 +95,28 @@ def number(low: float | None = None, high: float | None = None, *, low_open: boo
             raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
         return value
     return parse
+
+
+# ---- memory ----------------------------------------------------------------------------------
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3     # glibc's mallopt parameters (malloc.h)
+
+
+def reuse_freed_memory() -> bool:
+    """Let the process keep the memory of freed arrays for the next step; True where it applies.
+
+    A training step allocates and frees the same temporaries, a few MiB each, every time. By
+    default glibc serves large allocations with fresh pages from the kernel (mmap above its
+    threshold) and hands freed memory at the top of the heap back: every step then pays page
+    faults for memory it had a moment ago -- a sixth of a small CPU model's time, as system time.
+    Raising both thresholds keeps that memory in the process. Elsewhere (no glibc) nothing changes.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, 1 << 28) and mallopt(_M_TRIM_THRESHOLD, 1 << 30))
 
 
 # ---- backend ---------------------------------------------------------------------------------

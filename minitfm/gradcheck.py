@@ -26,7 +26,7 @@ agree with each other wherever each is reliable); the checker's own tests hold i
 scale, and why attention is drawn with d_model >= 2: a saturated softmax, or one head of one
 dimension, has gradients so small next to L that no h resolves them.
 
-    python -m minitfm.gradcheck              # every layer and the whole model, as a table
+    python -m minitfm.gradcheck              # every layer and the whole models, as a table
     python -m minitfm.gradcheck layernorm    # the cases whose name contains "layernorm"
 
 Exit status 1 if any check fails.
@@ -40,7 +40,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from minitfm import backend, model
+from minitfm import backend, lm, model
 from minitfm.layers import (attention, decoder, dropout, embedding, encoder, feedforward,
                             layernorm, linear, loss, positional, residual)
 
@@ -205,6 +205,16 @@ def _run_positional(a, s):
     return y, lambda dy: _grads_of(positional.backward(dy, c), "x")
 
 
+def _learned_positional(rng, s):
+    """x and a table of t + 5 positions: with offset 2, rows outside the window get no gradient."""
+    return {**_x(rng, s), **_params(rng, positional.learned_param_shapes(s["t"] + 5, s["d"]))}
+
+
+def _run_learned_positional(a, s):
+    y, c = positional.learned_forward(a["x"], a, offset=2)
+    return y, lambda dy: _grads_of(positional.learned_backward(dy, c), "x")
+
+
 # dropout
 
 def _run_dropout(a, s):
@@ -298,10 +308,11 @@ def _run_residual(a, s, pre_ln):
 
 # encoder and decoder stacks
 
-def _stack_params(rng, cfg: model.Config, prefix):
-    """Random (not initial) values for the parameters of one stack, so LN gains etc. matter."""
+def _stack_params(rng, cfg: model.Config, prefix, shapes=None):
+    """Random (not initial) values for the parameters of one stack, so LN gains etc. matter;
+    ``shapes`` defaults to ``model.parameter_shapes(cfg)``."""
     p = {}
-    for name, shape in model.parameter_shapes(cfg).items():
+    for name, shape in (shapes or model.parameter_shapes(cfg)).items():
         if not name.startswith(prefix):
             continue
         if len(shape) == 1:                     # gains near 1, shifts and biases near 0
@@ -367,6 +378,8 @@ CASES = [
     Case("linear", _linear, _run_linear, dict(b=2, t=3, d=4, f=5)),
     Case("embedding", _embedding, _run_embedding, dict(b=2, t=6, v=5, d=4)),
     Case("positional", _x, _run_positional, dict(b=2, t=4, d=6)),
+    Case("positional (learned)", _learned_positional, _run_learned_positional,
+         dict(b=2, t=4, d=6)),
     Case("dropout", _x, _run_dropout, dict(b=2, t=4, d=5)),
     Case("layernorm", _layernorm, _run_layernorm, dict(b=2, t=3, d=5)),
     Case("feedforward", _feedforward, _run_feedforward, dict(b=2, t=3, d=4, f=6)),
@@ -438,6 +451,54 @@ def model_cases() -> list[tuple[str, model.Config]]:
             ("model (separate embeddings)", tiny.replace(share_embeddings=False, tgt_vocab=9))]
 
 
+# ---- the language model (lm.py) -------------------------------------------------------------
+
+def lm_inputs(cfg: lm.LMConfig, seed: int = 0, batch: int = 2, length: int = 4):
+    """``(params, x, y, rng)`` of :func:`check_lm`: random parameters, random blocks ``x`` and
+    their next tokens ``y``, and a function giving the same dropout generator every call."""
+    params = _stack_params(backend.host_rng(seed), cfg, "", lm.parameter_shapes(cfg))
+    tokens = backend.host_rng(seed, 1).integers(0, cfg.vocab, size=(batch, length + 1))
+
+    def rng():
+        return backend.rng(seed, 2) if cfg.dropout else None
+
+    return params, tokens[:, :-1], tokens[:, 1:], rng
+
+
+def lm_relu_margin(cfg: lm.LMConfig, seed: int = 0, batch: int = 2, length: int = 4) -> float:
+    """The smallest |pre-activation| of any ReLU unit of :func:`check_lm`'s draw. Within about
+    2 h |x| of 0 a difference quotient straddles the kink and means nothing: such a draw says
+    nothing about the backward pass (tests skip it)."""
+    params, x, _, rng = lm_inputs(cfg, seed, batch, length)
+    _, cache = lm.forward(params, cfg, backend.to_device(x), rng())
+    margin = math.inf
+    for i, layer in enumerate(cache.stack.layers):
+        first = layer.ff.sublayer.first                   # the linear layer before the ReLU
+        pre = first.x @ first.w + params[f"layers.{i}.ff.b1"]                  # (B, T, d_ff)
+        margin = min(margin, float(backend.xp.abs(pre).min()))
+    return margin
+
+
+def check_lm(cfg: lm.LMConfig, seed: int = 0, batch: int = 2, length: int = 4) -> dict:
+    """Gradient check of ``lm.loss_and_grads`` over every parameter, in float64, on random
+    blocks ``x`` and their next tokens ``y``; dropout masks fixed by the seed."""
+    params, x, y, rng = lm_inputs(cfg, seed, batch, length)
+    _, grads = lm.loss_and_grads(params, cfg, x, y, rng())
+
+    def objective():
+        return lm.loss_and_grads(params, cfg, x, y, rng(), grads=False)[0]["loss"]
+
+    return check_gradients(objective, grads, params)
+
+
+def lm_cases() -> list[tuple[str, lm.LMConfig]]:
+    tiny = lm.LMConfig.preset("tiny")
+    return [("language model (pre-LN)", tiny),
+            ("language model (post-LN)", tiny.replace(pre_ln=False)),
+            ("language model (learned positions)", tiny.replace(learned_positions=True)),
+            ("language model (dropout, fixed mask)", tiny.replace(dropout=0.3))]
+
+
 # ---- command line ---------------------------------------------------------------------------
 
 def main(argv=None) -> int:
@@ -453,6 +514,7 @@ def main(argv=None) -> int:
 
     rows = [(c.name, lambda c=c: check_case(c, args.seed)) for c in CASES]
     rows += [(name, lambda cfg=cfg: check_model(cfg, args.seed)) for name, cfg in model_cases()]
+    rows += [(name, lambda cfg=cfg: check_lm(cfg, args.seed)) for name, cfg in lm_cases()]
     rows = [r for r in rows if args.only.lower() in r[0].lower()]
     if not rows:
         print(f"no check matches {args.only!r}", file=sys.stderr)

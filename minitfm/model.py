@@ -29,6 +29,8 @@ from minitfm.layers import decoder, dropout, embedding, encoder, linear, loss, p
 from minitfm.layers import out_part, prefixed, subdict
 from minitfm.layers.attention import MASKED
 
+KIND = "transformer"      # what a checkpoint of this model records as its kind (checkpoint.KINDS)
+
 # The special token ids, fixed for every vocabulary (data/vocab.py trains its models with them).
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
@@ -140,29 +142,40 @@ def parameter_names(cfg: Config) -> list[str]:
 
 
 def init_params(cfg: Config, seed: int = 0, dtype=None) -> dict:
-    """Initialise every parameter, reproducibly from ``seed`` and identically on every backend.
+    """Initialise every parameter, reproducibly from ``seed`` and identically on every backend
+    (see :func:`initial_values`)."""
+    return initial_values(parameter_shapes(cfg), cfg.d_model, seed, dtype)
+
+
+def initial_values(shapes: dict, d_model: int, seed: int = 0, dtype=None) -> dict:
+    """Initial values for the parameters ``shapes`` names, by the kind of each (its name):
 
     - weight matrices: Xavier/Glorot uniform, U(-a, a) with a = sqrt(6 / (fan_in + fan_out)),
       applied to each d_model x d_model block of the fused projections separately (each block is
       one of the paper's W_Q, W_K, W_V);
-    - embeddings: N(0, d_model^-1/2), so that the embedding times sqrt(d_model) has unit scale;
+    - token embeddings (``EMBEDDINGS``): N(0, d_model^-1/2), so that the embedding times
+      sqrt(d_model) has unit scale; a learned position table ("pos_emb", lm.py): N(0, 0.02^2)
+      (GPT-2's), so that at first the model sees mostly the tokens;
     - biases 0, LayerNorm gains 1 and shifts 0.
-    Values are drawn on the host and copied to the active backend, into views of one flat buffer
-    (:class:`minitfm.flat.FlatDict`), so whole-model passes (Adam, clipping) are one operation.
+    Values are drawn on the host, in the order of ``shapes``, and copied to the active backend,
+    into views of one flat buffer (:class:`minitfm.flat.FlatDict`), so whole-model passes (Adam,
+    clipping) are one operation.
     """
     dtype = dtype or backend.float_dtype()
     rng = backend.host_rng(seed)
-    d = cfg.d_model
-    params = flat.zeros(parameter_shapes(cfg), dtype)
-    for name, shape in parameter_shapes(cfg).items():
+    d = d_model
+    params = flat.zeros(shapes, dtype)
+    for name, shape in shapes.items():
         leaf = name.rsplit(".", 1)[-1]
         if leaf == "gamma":
             params[name] = 1.0
             continue
         if len(shape) == 1:
             continue
-        if name in ("emb", "src_emb", "tgt_emb"):
+        if name in EMBEDDINGS:
             value = rng.normal(0.0, d ** -0.5, size=shape)
+        elif name == "pos_emb":
+            value = rng.normal(0.0, 0.02, size=shape)
         else:
             fan_in, fan_out = shape
             blocks = fan_out // d if leaf in ("w_qkv", "w_kv") else 1
@@ -173,6 +186,9 @@ def init_params(cfg: Config, seed: int = 0, dtype=None) -> dict:
     return params
 
 
+EMBEDDINGS = ("emb", "src_emb", "tgt_emb")     # the token embedding tables' names
+
+
 def num_parameters(params: dict) -> int:
     return sum(int(v.size) for v in params.values())
 
@@ -181,7 +197,12 @@ def num_parameters(params: dict) -> int:
 
 def check_params(params: dict, cfg: Config) -> None:
     """Raise a clear error if ``params`` does not fit ``cfg`` or lives on another device."""
-    shapes = parameter_shapes(cfg)
+    check_param_shapes(params, parameter_shapes(cfg))
+
+
+def check_param_shapes(params: dict, shapes: dict) -> None:
+    """Raise a clear error unless ``params`` holds exactly ``shapes``' names and shapes, in one
+    float dtype, on the active device."""
     missing = [k for k in shapes if k not in params]
     extra = [k for k in params if k not in shapes]
     if missing or extra:
@@ -253,6 +274,7 @@ def causal_mask(length, dtype):
 
 class EmbedCache(NamedTuple):
     embedding: embedding.Cache
+    positions: positional.LearnedCache | None     # None: the sinusoids, a constant
     dropout: dropout.Cache | None
 
 
@@ -262,25 +284,38 @@ class ForwardCache(NamedTuple):
     stack: object           # encoder.StackCache or decoder.StackCache
 
 
-def embed(ids, table, cfg, rng, offset=0):
+def embed(ids, table, cfg, rng, offset=0, positions=None):
     """Token embedding * sqrt(d_model) + positional encoding, then dropout.
 
-    ids (B, T) -> (B, T, d); ``offset`` is the position of ids[:, 0] (decoder_step's t).
+    ids (B, T) -> (B, T, d); ``offset`` is the position of ids[:, 0] (decoder_step's t);
+    ``positions``: a learned position table (L, d) in place of the sinusoids (lm.py's option).
     """
     x, c_emb = embedding.forward(ids, {"table": table})
-    x, _ = positional.forward(x, offset)
+    c_pos = None
+    if positions is None:
+        x, _ = positional.forward(x, offset)
+    else:
+        x, c_pos = positional.learned_forward(x, {"table": positions}, offset)
     x, c_drop = dropout.forward(x, cfg.dropout, rng, inplace=True)
-    return x, EmbedCache(c_emb, c_drop)
+    return x, EmbedCache(c_emb, c_pos, c_drop)
 
 
-def embed_backward(dx, cache: EmbedCache, dtable=None):
-    """The gradient of the embedding table (V, d) from dx (B, T, d); with ``dtable``, added to
-    it (a table used several times sums its uses there)."""
+def embed_backward(dx, cache: EmbedCache, dtable=None, dpositions=None):
+    """The gradients of the embedding table (V, d) and of the learned position table (L, d)
+    (None with the sinusoids) from dx (B, T, d). With ``dtable``, the table's is added to it (a
+    table used several times sums its uses there); with ``dpositions``, the positions' is
+    written into it."""
     dx, _ = dropout.backward(dx, cache.dropout)
-    dx, _ = positional.backward(dx, None)
+    d_positions = None
+    if cache.positions is None:
+        dx, _ = positional.backward(dx, None)
+    else:
+        dx, g = positional.learned_backward(
+            dx, cache.positions, None if dpositions is None else {"table": dpositions})
+        d_positions = g["table"]
     _, grads = embedding.backward(dx, cache.embedding,
                                   None if dtable is None else {"table": dtable})
-    return grads["table"]
+    return grads["table"], d_positions
 
 
 def encoder_forward(params, cfg, src, rng=None):
@@ -322,6 +357,18 @@ def decoder_step(params, cfg, tokens, t, self_k, self_v, cross_k, cross_v, src_m
     x, _ = embed(tokens[:, None], params[tgt_name], cfg, None, offset=t)      # (R, 1, d)
     return decoder.stack_step(x[:, 0], subdict(params, "dec."), self_k, self_v, cross_k, cross_v,
                               src_mask, t, cfg)
+
+
+def batch_tokens(batch, cfg: Config) -> int:
+    """The target tokens of a batch ``(src, tgt)``: the non-padding entries of tgt[:, 1:],
+    counted on the host copy."""
+    tgt = batch[1] if backend.is_host_array(batch[1]) else backend.to_host(batch[1])
+    return int((tgt[:, 1:] != cfg.pad_id).sum())
+
+
+def output_vocab(cfg: Config) -> int:
+    """The number of tokens the model chooses from at each position."""
+    return cfg.tgt_vocab
 
 
 def logits(params, cfg, h):

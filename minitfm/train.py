@@ -1,4 +1,4 @@
-"""The training loop shared by ``train_toy.py`` and ``train_wmt.py``.
+"""The training loop shared by ``train_toy.py``, ``train_wmt.py`` and ``train_lm.py``.
 
 One call, ``train(cfg, batches, options)``, runs ``options.steps`` updates:
 
@@ -12,6 +12,11 @@ The update never waits for the device. Parameters, gradients and Adam's moments 
 (:mod:`minitfm.flat`), so accumulating a micro-batch, clipping and the Adam step are a few
 whole-buffer operations; token counts and lengths are read from the host batches; the loss, the
 gradient norm and the finite checks are read only when a log line is written (``log_every``).
+
+The config says which model trains (:func:`model_of`): a ``model.Config`` the encoder-decoder
+Transformer on ``(src, tgt)`` batches, an ``lm.LMConfig`` the language model on ``(x, y)`` blocks.
+The learning rate follows the paper's schedule unless ``options.schedule`` gives another, and
+``options.weight_decay`` makes Adam AdamW.
 
 Reproducibility. The whole random state of a run is ``(seed, step)`` plus the data position:
 the dropout masks of the i-th batch of step k come from ``backend.rng(seed, k, i)``, and
@@ -76,12 +81,12 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from minitfm import backend, checkpoint, distributed, flat, model
+from minitfm import backend, checkpoint, distributed, flat, lm, model
 from minitfm.model import Config
 from minitfm.optim import Adam, LRSchedule, clip_grad_norm
 
 __all__ = ["TrainOptions", "TrainState", "TrainingDiverged", "WriteFailed", "train", "evaluate",
-           "LOG_NAME", "RUN_INFO_NAME", "DIVERGED_WINDOWS"]
+           "model_of", "LOG_NAME", "RUN_INFO_NAME", "DIVERGED_WINDOWS"]
 
 LOG_NAME = "log.jsonl"
 RUN_INFO_NAME = "run.json"
@@ -89,7 +94,7 @@ DIVERGED_WINDOWS = 3     # logged windows above 2 ln V, after the warmup, that s
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
                      if hasattr(signal, name))
 
-Batch = tuple            # (src (B, S), tgt (B, T+1)) token-id arrays, host or device
+Batch = tuple            # (src (B, S), tgt (B, T+1)), or (x (B, T), y (B, T)) for lm: token ids
 Batches = Callable[[int], Iterable[Batch]] | Iterable[Batch]
 ValidMetric = Callable[[dict, Config], dict]
 
@@ -111,6 +116,8 @@ class TrainOptions:
     seed: int = 0                       # parameter init, dropout masks (and the caller's data)
     lr_factor: float = 1.0              # scales the paper's learning-rate schedule
     warmup: int = 4000
+    schedule: Callable[[int], float] | None = None   # lr of each step; None: the paper's
+    weight_decay: float = 0.0           # AdamW's decoupled weight decay (optim.Adam)
     clip_norm: float | None = None      # global gradient-norm clipping; None: no clipping
     update_freq: int = 1                # batches summed into one update
     log_every: int = 10                 # steps between log lines
@@ -161,6 +168,17 @@ class TrainState:
     scratch: dict | None = field(default=None, repr=False)   # every update (see _accumulate)
 
 
+def model_of(cfg):
+    """The module of the model ``cfg`` describes: ``minitfm.model`` for a ``model.Config``,
+    ``minitfm.lm`` for an ``lm.LMConfig``. Each has init_params, check_params, loss_and_grads,
+    batch_tokens, output_vocab and KIND (what its checkpoints record)."""
+    if isinstance(cfg, lm.LMConfig):
+        return lm
+    if isinstance(cfg, Config):
+        return model
+    raise TypeError(f"train() needs a model.Config or an lm.LMConfig, got {type(cfg).__name__}")
+
+
 # ---- validation ---------------------------------------------------------------------------
 
 def evaluate(params: dict, cfg: Config, batches: Iterable[Batch]) -> dict:
@@ -168,7 +186,8 @@ def evaluate(params: dict, cfg: Config, batches: Iterable[Batch]) -> dict:
     loss_sum = nll_sum = 0.0
     tokens = 0
     for src, tgt in batches:
-        stats, _ = model.loss_and_grads(params, cfg, src, tgt, grads=False, normalizer=1.0)
+        stats, _ = model_of(cfg).loss_and_grads(params, cfg, src, tgt, grads=False,
+                                                normalizer=1.0)
         loss_sum += stats["loss"]
         nll_sum += stats["nll"]
         tokens += stats["tokens"]
@@ -195,12 +214,6 @@ def _batch_stream(batches: Batches, epoch: int, skip: int) -> Iterator[tuple[int
                 f"yields batches for every epoch, or a list (a generator is used up after one "
                 f"pass)")
         epoch, skip = epoch + 1, 0
-
-
-def _target_tokens(tgt, cfg: Config) -> int:
-    """Non-padding targets of a batch, counted on the host copy."""
-    tgt = tgt if backend.is_host_array(tgt) else backend.to_host(tgt)
-    return int((tgt[:, 1:] != cfg.pad_id).sum())
 
 
 # ---- one update ---------------------------------------------------------------------------
@@ -285,7 +298,9 @@ def _accumulate(state: TrainState, cfg: Config, micro_batches: list, step: int,
     """
     if state.grads is None:
         state.grads = flat.zeros_like(state.params)
-    total = sum(_target_tokens(tgt, cfg) for _, tgt in micro_batches) if tokens is None else tokens
+    trained = model_of(cfg)
+    total = (sum(trained.batch_tokens(batch, cfg) for batch in micro_batches) if tokens is None
+             else tokens)
     stats = {"loss": 0.0, "nll": 0.0, "tokens": total}
     for i, (src, tgt) in enumerate(micro_batches):
         if i == 1 and state.scratch is None:
@@ -293,7 +308,7 @@ def _accumulate(state: TrainState, cfg: Config, micro_batches: list, step: int,
         out = state.grads if i == 0 else state.scratch
         rng = backend.rng(seed, step, first + i)    # dropout masks: a function of the seed, the
                                                     # step and the batch's place in the update
-        s, _ = model.loss_and_grads(state.params, cfg, src, tgt, rng, normalizer=total, out=out)
+        s, _ = trained.loss_and_grads(state.params, cfg, src, tgt, rng, normalizer=total, out=out)
         stats["loss"] = stats["loss"] + s["loss"]          # 0-d arrays: read at the log line
         stats["nll"] = stats["nll"] + s["nll"]
         if i > 0:
@@ -323,12 +338,13 @@ def _diverged(what: str, step: int | str, state: TrainState,
     else:
         kept = "no checkpoint was written"
     return TrainingDiverged(
-        f"{what} at {step if isinstance(step, str) else f'step {step}'}; training stopped and {kept}. Lower the learning rate "
-        f"(--lr-factor), lengthen the warmup (--warmup) or clip gradients (--clip-norm), then "
-        f"start again or resume from the last good checkpoint")
+        f"{what} at {step if isinstance(step, str) else f'step {step}'}; training stopped and "
+        f"{kept}. Lower the learning rate (--lr-factor, or --lr), lengthen the warmup (--warmup) "
+        f"or clip gradients (--clip-norm), then start again or resume from the last good "
+        f"checkpoint")
 
 
-def _update(state: TrainState, cfg: Config, options: TrainOptions, schedule: LRSchedule,
+def _update(state: TrainState, cfg: Config, options: TrainOptions, schedule: Callable,
             taken: list, world: distributed.World) -> dict:
     """Apply step ``state.step + 1`` with the update's batches ``taken`` (``(epoch, batches
     consumed, batch)`` each, all workers' shares); return its statistics (loss, nll, tokens, lr[,
@@ -337,7 +353,7 @@ def _update(state: TrainState, cfg: Config, options: TrainOptions, schedule: LRS
     step = state.step + 1
     micro_batches = [batch for _, _, batch in world.shard(taken)]   # host arrays: see _accumulate
     first = world.rank * len(micro_batches)
-    tokens = sum(_target_tokens(tgt, cfg) for _, tgt in micro_batches)
+    tokens = sum(model_of(cfg).batch_tokens(batch, cfg) for batch in micro_batches)
     if world.distributed:
         tokens = int(world.allreduce_numbers([tokens])[0])
     stats, grads = _accumulate(state, cfg, micro_batches, step, state.seed, first=first,
@@ -375,7 +391,7 @@ def _save(state: TrainState, cfg: Config, options: TrainOptions) -> None:
             checkpoint.save(
                 path, state.params, optimizer_state=state.optimizer.state_dict(),
                 step=state.step, config=cfg.to_dict(), vocab_id=options.vocab_id,
-                vocab_model=options.vocab_model,
+                vocab_model=options.vocab_model, kind=model_of(cfg).KIND,
                 extra={"seed": state.seed, "epoch": state.epoch,
                        "batches_done": state.batches_done, "tokens": state.tokens,
                        "elapsed": state.elapsed, "run_meta": options.run_meta})
@@ -409,11 +425,12 @@ def _check_same_run(ckpt: checkpoint.Checkpoint, options: TrainOptions) -> None:
 def _resume(cfg: Config, options: TrainOptions, path: str) -> TrainState:
     """The state saved at ``path``, after checking that the checkpoint fits this run."""
     ckpt = checkpoint.load(path)
+    checkpoint.check_kind(ckpt, model_of(cfg).KIND)
     checkpoint.check_compatible(ckpt, cfg.to_dict(), options.vocab_id)
     _check_same_run(ckpt, options)
     params = flat.flatten(checkpoint.params_to_device(ckpt.params))
-    model.check_params(params, cfg)
-    optimizer = Adam(params)
+    model_of(cfg).check_params(params, cfg)
+    optimizer = Adam(params, weight_decay=options.weight_decay)
     optimizer.load_state_dict(ckpt.optimizer_state)
     extra = ckpt.extra
     return TrainState(params=params, optimizer=optimizer, seed=extra["seed"], step=ckpt.step,
@@ -434,9 +451,11 @@ def _start(cfg: Config, options: TrainOptions, params: dict | None) -> TrainStat
     else:
         if options.resume:
             _say(options, f"no checkpoint in {options.out_dir}: starting from scratch")
-        params = model.init_params(cfg, options.seed) if params is None else params
-        model.check_params(params, cfg)
-        state = TrainState(params=params, optimizer=Adam(params), seed=options.seed)
+        trained = model_of(cfg)
+        params = trained.init_params(cfg, options.seed) if params is None else params
+        trained.check_params(params, cfg)
+        optimizer = Adam(params, weight_decay=options.weight_decay)
+        state = TrainState(params=params, optimizer=optimizer, seed=options.seed)
     if options.out_dir:
         try:
             os.makedirs(options.out_dir, exist_ok=True)
@@ -543,7 +562,7 @@ def train(cfg: Config, batches: Batches, options: TrainOptions, *, params: dict 
         _say(options, f"nothing to do: the run is at step {state.step} of {options.steps}")
         return state
     global _active_stops
-    schedule = LRSchedule(cfg.d_model, options.warmup, options.lr_factor)
+    schedule = options.schedule or LRSchedule(cfg.d_model, options.warmup, options.lr_factor)
     validating = world.is_root and (valid_batches is not None or valid_metric is not None)
     stream = _batch_stream(batches, state.epoch, state.batches_done)
     per_update = options.update_freq * world.size        # batches of the global order per update
@@ -629,7 +648,7 @@ class _DivergenceWatch:
     NaN and Inf are caught at once by the update; this catches the finite blow-ups."""
 
     def __init__(self, cfg: Config, options: TrainOptions, state: TrainState) -> None:
-        self.limit = 2.0 * math.log(cfg.tgt_vocab)
+        self.limit = 2.0 * math.log(model_of(cfg).output_vocab(cfg))
         self.warmup, self.state = options.warmup, state
         self.high = 0                             # windows in a row above the limit
         self.good_checkpoint = state.last_checkpoint

@@ -54,6 +54,7 @@ def load_translator(path: str) -> tuple[dict, model.Config, Vocab]:
     """``(params, cfg, vocab)`` of a checkpoint, parameters on the active backend."""
     try:
         ckpt = checkpoint.load(path, with_optimizer=False)
+        checkpoint.check_kind(ckpt, model.KIND)
     except FileNotFoundError:
         raise TranslateError(f"checkpoint {path} does not exist") from None
     except checkpoint.CheckpointError as exc:

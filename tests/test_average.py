@@ -71,6 +71,18 @@ def test_refuses_different_configs(tmp_path):
         average([a, b])
 
 
+def test_refuses_different_model_kinds_and_keeps_the_kind(tmp_path):
+    a = write(tmp_path, 1, 1.0)
+    b = checkpoint.checkpoint_path(tmp_path, 2)
+    checkpoint.save(b, fake_params(1.0), step=2, config=CONFIG, vocab_id="vocab-a",
+                    vocab_model=b"model-bytes", kind="lm")
+    with pytest.raises(CheckpointError, match=r"(?s)different models.*model kind: "
+                                              r"'transformer' vs 'lm'"):
+        average([a, b])
+    _, last = average_checkpoints([b, b])
+    assert last.kind == "lm"
+
+
 def test_refuses_different_vocabularies(tmp_path):
     a = write(tmp_path, 1, 1.0)
     b = write(tmp_path, 2, 1.0, vocab_id="vocab-b")

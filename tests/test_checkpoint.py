@@ -75,6 +75,29 @@ def test_round_trip(tmp_path):
     assert os.listdir(path.parent) == ["checkpoint_00000100.npz"]       # no temporary left
 
 
+def test_the_model_kind_round_trips_and_old_files_hold_a_transformer(tmp_path):
+    save_tiny(tmp_path / "lm.npz", kind="lm")
+    ckpt = checkpoint.load(tmp_path / "lm.npz")
+    assert ckpt.kind == "lm"
+    checkpoint.check_kind(ckpt, "lm")
+    with pytest.raises(CheckpointError, match=r"holds a decoder-only language model.*needs an "
+                                              r"encoder-decoder Transformer"):
+        checkpoint.check_kind(ckpt, "transformer")
+    save_tiny(tmp_path / "default.npz")
+    assert checkpoint.load(tmp_path / "default.npz").kind == "transformer"
+    # a file written before kinds were recorded: its meta has no "kind"
+    with np.load(tmp_path / "default.npz", allow_pickle=False) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    meta = json.loads(arrays["meta"].tobytes())
+    del meta["kind"]
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(tmp_path / "old.npz", **arrays)
+    assert checkpoint.load(tmp_path / "old.npz").kind == "transformer"
+    with pytest.raises(ValueError, match="unknown model kind"):
+        save_tiny(tmp_path / "bad.npz", kind="gpt")
+    assert not (tmp_path / "bad.npz").exists()
+
+
 def test_file_layout_is_plain_npz(tmp_path):
     save_tiny(tmp_path / "c.npz")
     with np.load(tmp_path / "c.npz", allow_pickle=False) as archive:

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from minitfm import checkpoint, model, translate
+from minitfm import checkpoint, lm, model, translate
 from minitfm.data.vocab import train_vocab
 
 TEXT = """a man is riding a bike down the street
@@ -93,6 +93,16 @@ def test_checkpoint_without_vocabulary_is_a_clear_error(tmp_path, vocab, capsys)
     code, out = run(["--checkpoint", path], "a man\n")
     assert code == 2 and out == ""
     assert "has no vocabulary" in capsys.readouterr().err
+
+
+def test_a_language_model_checkpoint_is_refused_by_kind(tmp_path, vocab, capsys):
+    cfg = lm.LMConfig.preset("tiny", vocab=vocab.size)
+    path = tmp_path / "lm.npz"
+    checkpoint.save(path, lm.init_params(cfg), step=1, config=cfg.to_dict(),
+                    vocab_id=vocab.identifier, vocab_model=vocab.serialized_model(), kind=lm.KIND)
+    code, out = run(["--checkpoint", str(path)], "a man\n")
+    assert code == 2 and out == ""
+    assert "holds a decoder-only language model" in capsys.readouterr().err
 
 
 def test_missing_checkpoint_and_bad_options(tmp_path, ckpt, capsys):

@@ -11,7 +11,7 @@ import pytest
 
 from minitfm import gradcheck
 from minitfm.layers import (attention, decoder, dropout, embedding, encoder, feedforward,
-                            layernorm, linear, loss, residual)
+                            layernorm, linear, loss, positional, residual)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,8 +66,9 @@ def test_the_scan_passes_reads_by_name(line):
     assert not positional_cache_reads(line)
 
 
-CACHE_TYPES = [linear.Cache, embedding.Cache, dropout.Cache, layernorm.Cache, feedforward.Cache,
-               attention.SdpaCache, attention.SelfCache, attention.CrossCache, residual.Cache,
+CACHE_TYPES = [linear.Cache, embedding.Cache, positional.LearnedCache, dropout.Cache,
+               layernorm.Cache, feedforward.Cache, attention.SdpaCache, attention.SelfCache,
+               attention.CrossCache, residual.Cache,
                encoder.LayerCache, encoder.StackCache, decoder.LayerCache, decoder.StackCache,
                loss.Cache]
 

@@ -1,0 +1,291 @@
+"""The generative Transformer: a decoder-only language model on the same layers.
+
+The paper's decoder is "composed of a stack of N = 6 identical layers [...] In addition to the two
+sub-layers in each encoder layer, the decoder inserts a third sub-layer, which performs multi-head
+attention over the output of the encoder stack" (section 3.1). Without an encoder there is no
+third sub-layer: each layer is exactly the encoder layer (self-attention, then feed-forward, each
+in a residual connection with LayerNorm) with the decoder's causal mask. So this model is
+``encoder.stack_forward`` with a causal mask between an embedding and a tied output projection:
+
+    x (B, T) ids ──embed·√d + positions──dropout──► N x encoder layer (causal mask)
+                 ──► final LayerNorm (pre-LN) ──► h (B, T, d)
+    h ──► h E^T (logits, the output projection tied to the embedding E)
+      ──► cross-entropy against y (B, T), the next token at every position, averaged over B*T
+
+Pre-LN with a final LayerNorm is the default (GPT-2's arrangement; it trains with larger rates);
+the paper's post-LN is ``pre_ln=False``. Positions are the paper's sinusoids, or a learned table
+(``learned_positions``, section 3.5's alternative; GPT's choice).
+
+Parameter names (``parameter_shapes``), composed from the layers' declarations:
+    emb                          (V, d)   token embedding = output projection
+    pos_emb                      (L, d)   learned positions (only with learned_positions)
+    layers.{i}.attn.{w_qkv,b_qkv,w_o,b_o}  layers.{i}.ln1.{gamma,beta}
+    layers.{i}.ff.{w1,b1,w2,b2}            layers.{i}.ln2.{gamma,beta}
+    layers.ln.{gamma,beta}                 (pre-LN only)
+The gradient of "emb" is the sum of its two uses: the output projection's and the embedding's.
+
+Generation runs one position at a time over a key/value cache (:class:`KVCache`): ``step`` is
+row t of ``forward``, through ``model.embed(..., offset=t)`` and ``encoder.layer_step`` (the
+encoder layer on one position, over its self-attention's key/value buffers); ``generate`` feeds
+the prompt, then draws each next token with :mod:`minitfm.sampling` (temperature, top-k, top-p)
+from a generator seeded once, so the same seed gives the same text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from minitfm import backend, flat, model, sampling
+from minitfm.layers import embedding, encoder, layernorm, out_part, positional, prefixed, subdict
+
+KIND = "lm"              # what a checkpoint of this model records as its kind (checkpoint.KINDS)
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    """Every hyper-parameter of the language model; named presets in ``PRESETS``."""
+
+    vocab: int = 65                 # V: the tokenizer's size
+    n_layers: int = 4               # N
+    d_model: int = 128
+    d_ff: int = 512
+    n_heads: int = 4                # h; d_k = d_model / h
+    dropout: float = 0.0            # P_drop on the embedding sum and every sub-layer output
+    pre_ln: bool = True             # LayerNorm before each sub-layer, and one after the stack
+    learned_positions: bool = False  # a learned table instead of the sinusoids
+    max_len: int = 256              # the context: the longest sequence the model reads
+
+    def __post_init__(self):
+        for name in ("vocab", "n_layers", "d_model", "d_ff", "n_heads", "max_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"LMConfig.{name} must be a positive integer, got {value!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"LMConfig.d_model={self.d_model} must be divisible by n_heads={self.n_heads} "
+                f"(each head gets d_model / n_heads dimensions)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LMConfig.dropout must be in [0, 1), got {self.dropout!r}")
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> LMConfig:
+        """A named preset (``PRESETS``) with fields overridden."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}")
+        return dataclasses.replace(PRESETS[name], **overrides)
+
+    def replace(self, **changes) -> LMConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> LMConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown language-model config fields {sorted(unknown)}")
+        return cls(**d)
+
+
+PRESETS = {
+    # for gradient checks: every code path, a few hundred parameters
+    "tiny": LMConfig(vocab=11, n_layers=2, d_model=8, d_ff=12, n_heads=2, max_len=16),
+    # train_lm.py's defaults: character-level tiny Shakespeare below 1.88 nats per character in
+    # under a minute on a 2-core CPU (README, "Language model"); vocab is the tokenizer's
+    "cpu": LMConfig(vocab=65, n_layers=2, d_model=128, d_ff=512, n_heads=4, max_len=48),
+    # nanoGPT's documented CPU recipe (4 layers, 4 heads, d 128, context 64)
+    "nanogpt-cpu": LMConfig(vocab=65, n_layers=4, d_model=128, d_ff=512, n_heads=4, max_len=64),
+}
+
+
+# ---- parameters ---------------------------------------------------------------------------
+
+def parameter_shapes(cfg: LMConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter's name and shape, in a fixed order: the embedding, the learned positions
+    (when chosen), then "layers." + the encoder stack's names (see encoder.py)."""
+    shapes = {"emb": embedding.param_shapes(cfg.vocab, cfg.d_model)["table"]}
+    if cfg.learned_positions:
+        shapes["pos_emb"] = positional.learned_param_shapes(cfg.max_len, cfg.d_model)["table"]
+    shapes.update(prefixed(encoder.param_shapes(cfg), "layers."))
+    return shapes
+
+
+def parameter_names(cfg: LMConfig) -> list[str]:
+    return list(parameter_shapes(cfg))
+
+
+def init_params(cfg: LMConfig, seed: int = 0, dtype=None) -> dict:
+    """Initial parameters, reproducibly from ``seed``, by the rules of ``model.initial_values``."""
+    return model.initial_values(parameter_shapes(cfg), cfg.d_model, seed, dtype)
+
+
+def check_params(params: dict, cfg: LMConfig) -> None:
+    """Raise a clear error if ``params`` does not fit ``cfg`` or lives on another device."""
+    model.check_param_shapes(params, parameter_shapes(cfg))
+
+
+# ---- the model ----------------------------------------------------------------------------
+
+def forward(params, cfg: LMConfig, x, rng=None):
+    """x (B, T) ids -> ``(h (B, T, d), cache)``: the final states, before the output projection."""
+    x, c_emb = model.embed(x, params["emb"], cfg, rng, positions=params.get("pos_emb"))
+    mask = model.causal_mask(x.shape[1], x.dtype)                         # (1, 1, T, T)
+    h, c_stack = encoder.stack_forward(x, subdict(params, "layers."), mask, cfg, rng)
+    return h, model.ForwardCache(c_emb, c_stack)
+
+
+def logits(params, cfg: LMConfig, h):
+    """The output projection tied to the embedding: h (..., d) -> (..., V)."""
+    return h @ params["emb"].T
+
+
+def batch_tokens(batch, cfg: LMConfig) -> int:
+    """The targets of a batch ``(x, y)``: every position predicts one (there is no padding)."""
+    return int(batch[1].size)
+
+
+def output_vocab(cfg: LMConfig) -> int:
+    """The number of tokens the model chooses from at each position."""
+    return cfg.vocab
+
+
+def check_blocks(cfg: LMConfig, x, y):
+    """Check a batch ``(x, y)`` on the host (as ``model.check_batch`` does); return host arrays."""
+    x, y = (ids if backend.is_host_array(ids) else backend.to_host(backend.check_array(ids, what))
+            for ids, what in ((x, "x"), (y, "y")))
+    x = model.check_tokens(x, "x", cfg.vocab, cfg, host=True)
+    y = model.check_tokens(y, "y", cfg.vocab, cfg, host=True)
+    if x.shape != y.shape:
+        raise ValueError(f"x has shape {tuple(x.shape)} but y has {tuple(y.shape)}: y holds the "
+                         f"next token of every position of x")
+    return x, y
+
+
+def loss_and_grads(params, cfg: LMConfig, x, y, rng=None, *, grads=True, normalizer=None,
+                   out=None):
+    """The cross-entropy of predicting ``y`` from ``x`` and, unless ``grads=False``, the gradient
+    of every parameter.
+
+    x (B, T): input ids; y (B, T): the next token at each position (x shifted by one). Host
+        (NumPy) arrays are best: they are checked on the host, then copied to the device.
+    rng: a generator from ``backend.rng(...)`` for dropout, or None for no dropout (evaluation).
+    normalizer: the loss is summed over the B*T targets and divided by this (default B*T; pass
+        the target count of a whole accumulated update to make gradient accumulation exact).
+    out: a dict of arrays with the keys and shapes of ``params`` into which the gradients are
+        written, overwriting it; default: new arrays, in one flat buffer (:mod:`minitfm.flat`).
+
+    Returns ``(stats, grads)`` as ``model.loss_and_grads`` does: stats has "loss" and "nll" (the
+    same number: no label smoothing) as 0-d arrays of the backend, and "tokens" (B*T, an int);
+    grads is a dict with the keys of ``params`` (None when ``grads=False``).
+    """
+    check_params(params, cfg)
+    x, y = check_blocks(cfg, x, y)
+    x, y = backend.to_device(x), backend.to_device(y)
+    h, cache = forward(params, cfg, x, rng)                               # (B, T, d)
+    b, t, d = h.shape
+    n_tokens = b * t
+    norm = float(normalizer) if normalizer is not None else float(n_tokens)
+    if grads and out is None:
+        out = flat.zeros_like(params)
+    loss_sum, _, dh, _ = model.output_loss(
+        h.reshape(n_tokens, d), params["emb"], y.reshape(-1), 0.0,
+        1.0 / norm if grads else None, out["emb"] if grads else None)   # writes out["emb"]
+    loss_sum /= norm
+    stats = {"loss": loss_sum, "nll": loss_sum, "tokens": n_tokens}
+    if not grads:
+        return stats, None
+    dx, _ = encoder.stack_backward(dh.reshape(b, t, d), cache.stack, out_part(out, "layers."))
+    # the input embedding's gradient adds to the output projection's in out["emb"]
+    model.embed_backward(dx, cache.embed, out["emb"], out.get("pos_emb"))
+    return stats, out
+
+
+# ---- generation ---------------------------------------------------------------------------
+
+@dataclass
+class KVCache:
+    """Each layer's self-attention keys and values: ``k[i]``, ``v[i]`` (R, H, L, d_k), one row
+    per sequence; slots < t hold positions 0..t-1 once step t runs."""
+
+    k: list
+    v: list
+
+    @property
+    def capacity(self) -> int:
+        return int(self.k[0].shape[2])
+
+
+def init_cache(cfg: LMConfig, rows: int, dtype=None) -> KVCache:
+    """Empty buffers for ``rows`` sequences of up to ``cfg.max_len`` positions."""
+    xp = backend.xp
+    shape = (rows, cfg.n_heads, cfg.max_len, cfg.d_model // cfg.n_heads)
+    dtype = dtype or backend.float_dtype()
+    return KVCache(k=[xp.zeros(shape, dtype=dtype) for _ in range(cfg.n_layers)],
+                   v=[xp.zeros(shape, dtype=dtype) for _ in range(cfg.n_layers)])
+
+
+def step(params, cfg: LMConfig, cache: KVCache, tokens, t: int):
+    """``forward`` and ``logits`` on position t alone: tokens (R,) at position t -> logits (R, V).
+
+    Writes position t's keys and values into slot t of every layer's buffers; slots < t must hold
+    the earlier positions'. Equals row t of the full forward pass (without dropout).
+    """
+    if not 0 <= t < cache.capacity:
+        raise ValueError(f"position {t} is outside the cache of {cache.capacity} positions")
+    x, _ = model.embed(tokens[:, None], params["emb"], cfg, None, offset=t,
+                       positions=params.get("pos_emb"))                   # (R, 1, d)
+    x = x[:, 0]                                                           # (R, d)
+    for i in range(cfg.n_layers):
+        x = encoder.layer_step(x, subdict(params, f"layers.{i}."), cache.k[i], cache.v[i], t, cfg)
+    if cfg.pre_ln:
+        x, _ = layernorm.forward(x, subdict(params, "layers.ln."))
+    return logits(params, cfg, x)                                         # (R, V)
+
+
+def generate(params, cfg: LMConfig, prompt, max_new_tokens: int, *, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None, seed: int = 0,
+             greedy: bool = False) -> Iterator:
+    """An iterator over ``max_new_tokens`` next tokens, one (R,) int64 array per step, each
+    yielded as soon as it is drawn. The arguments are checked at the call, before any work.
+
+    prompt: (R, P) or (P,) token ids, P >= 1 (one row per sequence; a 1-D prompt is one row).
+    Each token is drawn from the model's distribution after temperature, top-k and top-p
+    (:func:`minitfm.sampling.sample`) with a generator seeded once by ``seed``, or is the most
+    likely one with ``greedy``. When a sequence fills the context (``cfg.max_len``), the cache is
+    rebuilt from its last ``max_len // 2`` tokens and generation goes on from there.
+    """
+    prompt = backend.to_device(prompt)
+    if prompt.ndim == 1:
+        prompt = prompt[None]
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    context = model.check_tokens(prompt[:, -cfg.max_len:], "prompt", cfg.vocab, cfg)  # (R, <= L)
+    context = context.astype(backend.xp.int64)
+    if not greedy:                                  # bad settings fail before any work
+        sampling.filter_logits(backend.xp.zeros((1, cfg.vocab)), temperature=temperature,
+                               top_k=top_k, top_p=top_p)
+    check_params(params, cfg)
+    return _tokens(params, cfg, context, max_new_tokens, backend.rng(seed), greedy,
+                   dict(temperature=temperature, top_k=top_k, top_p=top_p))
+
+
+def _tokens(params, cfg: LMConfig, context, max_new_tokens: int, generator, greedy: bool,
+            settings: dict) -> Iterator:
+    """The generator behind :func:`generate`, once its arguments are checked."""
+    xp = backend.xp
+    keep = max(1, cfg.max_len // 2)                 # tokens kept when the context is full
+    cache = init_cache(cfg, context.shape[0], params["emb"].dtype)
+    filled = 0                                      # positions whose keys and values are cached
+    for _ in range(max_new_tokens):
+        for t in range(filled, context.shape[1]):
+            z = step(params, cfg, cache, context[:, t], t)               # (R, V)
+        filled = context.shape[1]
+        token = sampling.greedy(z) if greedy else sampling.sample(z, generator, **settings)
+        yield token
+        context = xp.concatenate([context, token[:, None]], axis=1)
+        if context.shape[1] > cfg.max_len:         # full: start again from the recent tokens
+            context, filled = context[:, -keep:], 0
