@@ -106,6 +106,7 @@ def show(symbols) -> str:
 
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
+    cli.reuse_freed_memory()
     world = distributed.world()      # several workers (mpiexec): rank 0 writes and reports
     if world.is_root:
         args.out = args.out or cli.default_run_dir(f"toy-{args.task}", args.resume)

@@ -386,6 +386,7 @@ def prepare_data(args: argparse.Namespace) -> tuple[Vocab, dict, ParallelText | 
 
 def run_training(args: argparse.Namespace) -> int:
     started = time.perf_counter()
+    cli.reuse_freed_memory()
     world = distributed.world()
     if world.is_root:                # the run directory and its checks are rank 0's
         args.out = args.out or cli.default_run_dir(f"wmt-{args.preset}", args.resume)

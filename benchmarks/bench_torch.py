@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_train import BATCHES, make_batch, matmul_peak, step_flops  # noqa: E402
 
-from minitfm import backend, model, optim  # noqa: E402
+from minitfm import backend, cli, flat, model, optim  # noqa: E402
 
 
 def torch_step_seconds(cfg: model.Config, src, tgt, steps: int, warmup: int) -> float:
@@ -80,10 +80,11 @@ def torch_step_seconds(cfg: model.Config, src, tgt, steps: int, warmup: int) -> 
 def minitfm_step_seconds(cfg: model.Config, src, tgt, steps: int, warmup: int) -> float:
     params = model.init_params(cfg, 0)
     adam = optim.Adam(params)
+    grads = flat.zeros_like(params)          # one gradient buffer for the run, as train() keeps
     times = []
     for step in range(warmup + steps):
         start = time.perf_counter()
-        _, grads = model.loss_and_grads(params, cfg, src, tgt, backend.rng(0, step))
+        model.loss_and_grads(params, cfg, src, tgt, backend.rng(0, step), out=grads)
         adam.update(params, grads, 1e-4)
         times.append(time.perf_counter() - start)
     return sorted(times[warmup:])[steps // 2]
@@ -103,6 +104,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     torch.set_num_threads(os.cpu_count() or 1)
+    cli.reuse_freed_memory()                 # as the training scripts do; for both contenders
 
     batch, src_len, tgt_len = BATCHES[args.preset]
     cfg = model.Config.preset(args.preset)

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from minitfm import backend, flat, model, optim
+from minitfm import backend, cli, flat, model, optim
 
 BATCHES = {"toy": (128, 24, 24), "small": (128, 24, 24), "base": (128, 32, 32)}
 VOCAB = {"toy": 16}
@@ -126,6 +126,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     if args.worker:
+        cli.reuse_freed_memory()             # as the training scripts do
         print(json.dumps(run_preset(args.worker, args.steps, args.warmup)))
         return 0
 
