@@ -28,7 +28,7 @@ import numpy
 
 __all__ = [
     "BackendError", "xp", "name", "use", "float_dtype", "set_float_dtype",
-    "to_device", "to_host", "is_host_array", "scatter_add", "sorted_scatter_add", "dropout_keep", "rng",
+    "to_device", "to_host", "is_host_array", "host_copy", "scatter_add", "sorted_scatter_add", "dropout_keep", "rng",
     "host_rng", "check_array", "is_gpu", "describe", "environment_choice",
 ]
 
@@ -151,6 +151,12 @@ def to_device(array, dtype=None):
 def is_host_array(array) -> bool:
     """Whether ``array`` is a host (NumPy) array: on the NumPy backend, every array is."""
     return isinstance(array, numpy.ndarray)
+
+
+def host_copy(array, what: str):
+    """``array`` as a host array: itself if it is one, else a copy of an array of the active
+    backend (which waits for the device); anything else is refused as ``check_array`` does."""
+    return array if is_host_array(array) else to_host(check_array(array, what))
 
 
 def to_host(array):

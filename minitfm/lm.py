@@ -155,8 +155,7 @@ def output_vocab(cfg: LMConfig) -> int:
 
 def check_blocks(cfg: LMConfig, x, y):
     """Check a batch ``(x, y)`` on the host (as ``model.check_batch`` does); return host arrays."""
-    x, y = (ids if backend.is_host_array(ids) else backend.to_host(backend.check_array(ids, what))
-            for ids, what in ((x, "x"), (y, "y")))
+    x, y = backend.host_copy(x, "x"), backend.host_copy(y, "y")
     x = model.check_tokens(x, "x", cfg.vocab, cfg, host=True)
     y = model.check_tokens(y, "y", cfg.vocab, cfg, host=True)
     if x.shape != y.shape:

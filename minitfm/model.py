@@ -362,7 +362,7 @@ def decoder_step(params, cfg, tokens, t, self_k, self_v, cross_k, cross_v, src_m
 def batch_tokens(batch, cfg: Config) -> int:
     """The target tokens of a batch ``(src, tgt)``: the non-padding entries of tgt[:, 1:],
     counted on the host copy."""
-    tgt = batch[1] if backend.is_host_array(batch[1]) else backend.to_host(batch[1])
+    tgt = backend.host_copy(batch[1], "tgt")
     return int((tgt[:, 1:] != cfg.pad_id).sum())
 
 
@@ -424,8 +424,7 @@ def check_batch(cfg: Config, src, tgt):
     data pipeline (host arrays) is checked, and its target tokens found, without waiting for the
     device.
     """
-    src, tgt = (ids if backend.is_host_array(ids) else backend.to_host(backend.check_array(ids, what))
-                for ids, what in ((src, "src"), (tgt, "tgt")))
+    src, tgt = backend.host_copy(src, "src"), backend.host_copy(tgt, "tgt")
     src = check_tokens(src, "src", cfg.src_vocab, cfg, host=True)
     # the decoder reads tgt[:, :-1]: cfg.max_len positions, so tgt may hold one more (EOS)
     tgt = check_tokens(tgt, "tgt", cfg.tgt_vocab, cfg, min_len=2, max_len=cfg.max_len + 1,

@@ -68,6 +68,17 @@ def out_part(out, prefix):
     return None if out is None else subdict(out, prefix)
 
 
+def stack_param_shapes(layer_shapes: dict, n_layers: int, final_ln: dict | None = None) -> dict:
+    """A stack's parameter shapes: "{i}." + ``layer_shapes`` for each of its ``n_layers``
+    layers, then "ln." + ``final_ln`` (the final LayerNorm of a pre-LN stack) when given."""
+    shapes = {}
+    for i in range(n_layers):
+        shapes.update(prefixed(layer_shapes, f"{i}."))
+    if final_ln is not None:
+        shapes.update(prefixed(final_ln, "ln."))
+    return shapes
+
+
 def prefixed(grads, prefix):
     """``grads`` (or any dict keyed by name) with ``prefix`` put in front of every name."""
     return {prefix + k: v for k, v in grads.items()}

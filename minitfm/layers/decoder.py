@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm.layers import attention, feedforward, layernorm, out_part, prefixed, residual, subdict
+from minitfm.layers import (attention, feedforward, layernorm, out_part, prefixed, residual,
+                            stack_param_shapes, subdict)
 
 
 class LayerCache(NamedTuple):
@@ -51,12 +52,8 @@ def layer_param_shapes(d_model: int, d_ff: int) -> dict[str, tuple[int, ...]]:
 
 def param_shapes(cfg) -> dict[str, tuple[int, ...]]:
     """The stack's parameters: "{i}." + the layer's, for each layer, then "ln." (pre-LN only)."""
-    shapes = {}
-    for i in range(cfg.n_layers):
-        shapes.update(prefixed(layer_param_shapes(cfg.d_model, cfg.d_ff), f"{i}."))
-    if cfg.pre_ln:
-        shapes.update(prefixed(layernorm.param_shapes(cfg.d_model), "ln."))
-    return shapes
+    return stack_param_shapes(layer_param_shapes(cfg.d_model, cfg.d_ff), cfg.n_layers,
+                              layernorm.param_shapes(cfg.d_model) if cfg.pre_ln else None)
 
 
 def layer_forward(x, memory, p, self_mask, cross_mask, cfg, rng):
