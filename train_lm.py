@@ -38,7 +38,7 @@ for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy                                                        # noqa: E402  (host bytes)
 
-from minitfm import checkpoint, cli, lm, optim, train              # noqa: E402
+from minitfm import checkpoint, cli, lm, train                     # noqa: E402
 from minitfm.cli import UsageError, integer, number, positive_int   # noqa: E402
 from minitfm.data import DataError                                 # noqa: E402
 from minitfm.data import text as textdata                          # noqa: E402
@@ -167,13 +167,6 @@ def model_config(args: argparse.Namespace, vocab: int) -> lm.LMConfig:
         raise UsageError(f"model options: {exc}") from exc
 
 
-def schedule(args: argparse.Namespace, d_model: int):
-    if args.schedule == "paper":
-        return optim.LRSchedule(d_model, args.warmup, args.lr)
-    return optim.WarmupDecaySchedule(args.lr, args.warmup, args.steps, args.min_lr,
-                                     args.schedule)
-
-
 def tokenizer_id(tokenizer: textdata.Tokenizer) -> str:
     return f"{tokenizer.kind}:{tokenizer.identifier}"
 
@@ -274,7 +267,9 @@ def run_training(args: argparse.Namespace) -> int:
                                             args.eval_blocks or None))
     options = train.TrainOptions(
         steps=args.steps, out_dir=args.out, seed=args.seed, warmup=max(args.warmup, 1),
-        schedule=schedule(args, cfg.d_model), weight_decay=args.weight_decay,
+        schedule=cli.lr_schedule(args.schedule, d_model=cfg.d_model, warmup=args.warmup,
+                                 steps=args.steps, lr=args.lr, min_lr=args.min_lr),
+        weight_decay=args.weight_decay,
         clip_norm=args.clip_norm, log_every=10, valid_every=args.eval_every,
         save_every=args.save_every, keep_last=2, resume=args.resume,
         time_limit=args.time_limit, vocab_id=tokenizer_id(tokenizer),

@@ -68,16 +68,16 @@ from minitfm.model import Config
 PRESET_DEFAULTS = {
     # a CPU: Multi30k-sized corpora
     "small": dict(vocab_size=8000, max_tokens=3072, update_freq=1, warmup=1000, max_steps=20000,
-                  save_every=250, valid_every=500),
+                  schedule="paper", save_every=250, valid_every=500),
     # the paper's models on one GPU: 6 x 4096 = about 25k tokens per update (section 5.1)
     "base": dict(vocab_size=37000, max_tokens=4096, update_freq=6, warmup=4000,
-                 max_steps=100_000, save_every=1000, valid_every=2000),
+                 max_steps=100_000, schedule="paper", save_every=1000, valid_every=2000),
     "big": dict(vocab_size=37000, max_tokens=4096, update_freq=6, warmup=4000,
-                max_steps=300_000, save_every=1000, valid_every=2000),
+                max_steps=300_000, schedule="paper", save_every=1000, valid_every=2000),
 }
 # the options that define a run: --resume refuses to change them
 RUN_OPTIONS = ("source_lang", "target_lang", "vocab_size", "no_clean", "preset", "layers",
-               "d_model", "d_ff", "heads", "dropout", "label_smoothing", "max_tokens", "seed")
+               "d_model", "d_ff", "heads", "dropout", "label_smoothing", "max_tokens", "seed", "schedule", "lr", "min_lr")
 VOCAB_SEED = 0          # the vocabulary does not depend on --seed, so runs can share it
 EXIT_ERROR = 2
 FRACTION = number(0, 1, high_open=True)
@@ -125,6 +125,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     opt.add_argument("--warmup", type=positive_int, help="warmup steps (default: preset)")
     opt.add_argument("--lr-factor", type=POSITIVE, default=1.0,
                      help="scales the paper's learning-rate schedule (default 1)")
+    opt.add_argument("--schedule", choices=("paper", "linear", "cosine"),
+                     help="after the warmup: the paper's inverse square root, or a linear or "
+                          "cosine decay to --min-lr at --max-steps (default: preset)")
+    opt.add_argument("--lr", type=POSITIVE,
+                     help="peak rate of --schedule linear or cosine (default: the paper's rate "
+                          "at the end of the warmup, times --lr-factor)")
+    opt.add_argument("--min-lr", type=number(0), default=0.0,
+                     help="rate at --max-steps with --schedule linear or cosine (default 0)")
     opt.add_argument("--clip-norm", type=POSITIVE, help="clip the gradient norm (default: no)")
     opt.add_argument("--seed", type=integer(0), default=0,
                      help="seeds initialisation, dropout and batch order (default 0)")
@@ -163,6 +171,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for name, value in PRESET_DEFAULTS[args.preset].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    check_schedule(p, args)
     return args
 
 
@@ -188,6 +197,33 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.average_last > args.keep_last:
         p.error(f"--average-last {args.average_last} needs --keep-last >= {args.average_last}: "
                 f"only the last --keep-last checkpoints are kept on disk")
+
+
+def check_schedule(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The learning-rate options fit together (after the preset's defaults are filled in)."""
+    if args.schedule == "paper":
+        if args.lr is not None:
+            p.error("--lr is the peak of --schedule linear or cosine; scale the paper's "
+                    "schedule with --lr-factor")
+        return
+    if args.warmup >= args.max_steps:
+        p.error(f"--warmup {args.warmup} must be below --max-steps {args.max_steps}: the "
+                f"{args.schedule} decay ends at --max-steps")
+    if args.lr is not None and args.min_lr > args.lr:
+        p.error(f"--min-lr {args.min_lr:g} is above --lr {args.lr:g}")
+
+
+def lr_schedule(args: argparse.Namespace, cfg: Config):
+    """The learning rate of each step (``--schedule``); a decay's default peak is the paper's
+    rate at the end of the warmup."""
+    peak = args.lr or args.lr_factor * (cfg.d_model * args.warmup) ** -0.5
+    try:
+        return cli.lr_schedule(args.schedule, d_model=cfg.d_model, warmup=args.warmup,
+                               steps=args.max_steps,
+                               lr=args.lr_factor if args.schedule == "paper" else peak,
+                               min_lr=args.min_lr)
+    except ValueError as exc:
+        raise UsageError(f"learning-rate options: {exc}") from exc
 
 
 def say(text: str) -> None:
@@ -356,10 +392,17 @@ def describe_run(args: argparse.Namespace, corpora: dict, vocab: Vocab, cfg: Con
         + f"= ~{per_update:.0f} target tokens per update",
         f"train  {args.max_steps} steps"
         + (f" or {args.time_limit:g} min" if args.time_limit else "")
-        + f", warmup {args.warmup}, lr factor {args.lr_factor:g}; run {args.out}"]
+        + f", warmup {args.warmup}, {describe_schedule(args, cfg)}; run {args.out}"]
     if world.distributed:
         lines.append(f"workers  {world.describe()}")
     return "\n".join(lines)
+
+
+def describe_schedule(args: argparse.Namespace, cfg: Config) -> str:
+    if args.schedule == "paper":
+        return f"the paper's schedule, lr factor {args.lr_factor:g}"
+    peak = lr_schedule(args, cfg)(args.warmup or 1)
+    return f"peak lr {peak:.3g}, {args.schedule} decay to {args.min_lr:g} at step {args.max_steps}"
 
 
 def prepare_data(args: argparse.Namespace) -> tuple[Vocab, dict, ParallelText | None]:
@@ -415,7 +458,7 @@ def run_training(args: argparse.Namespace) -> int:
         if args.valid_bleu_sentences:
             metric = bleu_metric(vocab, read_parallel(args.validpref, *langs), args)
     options = train.TrainOptions(
-        steps=args.max_steps, out_dir=args.out, seed=args.seed, lr_factor=args.lr_factor,
+        steps=args.max_steps, out_dir=args.out, seed=args.seed, schedule=lr_schedule(args, cfg),
         warmup=args.warmup, clip_norm=args.clip_norm, update_freq=args.update_freq,
         log_every=args.log_every, valid_every=args.valid_every, save_every=args.save_every,
         keep_last=args.keep_last, resume=args.resume,

@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from minitfm import backend, checkpoint, distributed, train
+from minitfm import backend, checkpoint, distributed, optim, train
 from minitfm.data import DataError
 from minitfm.model import Config
 
@@ -155,6 +155,16 @@ def model_config(preset: str, vocab_size: int, args: argparse.Namespace) -> Conf
         return Config.preset(preset, src_vocab=vocab_size, tgt_vocab=vocab_size, **overrides)
     except ValueError as exc:
         raise UsageError(f"model options: {exc}") from exc
+
+
+def lr_schedule(kind: str, *, d_model: int, warmup: int, steps: int, lr: float,
+                min_lr: float = 0.0):
+    """The learning rate of each step for ``--schedule KIND``: ``paper``, equation (3) scaled by
+    ``lr``; ``cosine`` or ``linear``, a warm-up to the peak ``lr`` then a decay to ``min_lr`` at
+    step ``steps`` (optim.py)."""
+    if kind == "paper":
+        return optim.LRSchedule(d_model, warmup, lr)
+    return optim.WarmupDecaySchedule(lr, warmup, steps, min_lr, kind)
 
 
 def stopped(state: train.TrainState, out: str) -> int:

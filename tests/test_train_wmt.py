@@ -139,6 +139,41 @@ def test_time_limit_stops_early_with_a_checkpoint(corpus, tmp_path, capsys):
     assert records[-1]["step"] == steps[0] and "valid_ppl" in records[-1]
 
 
+@pytest.mark.parametrize("schedule", ["linear", "cosine"])
+def test_decay_schedules_peak_after_the_warmup_and_end_at_min_lr(corpus, tmp_path, schedule):
+    out = tmp_path / schedule
+    assert run(*corpus_args(corpus), *TINY, "--max-steps", 6, "--warmup", 2, "--schedule",
+               schedule, "--lr", 0.004, "--min-lr", 0.001, "--log-every", 1,
+               "--average-last", 1, "--out", out) == 0
+    lrs = [r["lr"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines())
+           if "lr" in r]
+    assert lrs[:2] == pytest.approx([0.002, 0.004]) and lrs[-1] == pytest.approx(0.001)
+    assert all(a > b for a, b in zip(lrs[1:], lrs[2:]))          # decaying after the warmup
+
+
+def test_decay_schedule_peaks_at_the_papers_rate_by_default(corpus, tmp_path):
+    out = tmp_path / "run"
+    assert run(*corpus_args(corpus), *TINY, "--max-steps", 4, "--warmup", 2, "--lr-factor", 2,
+               "--schedule", "linear", "--log-every", 1, "--average-last", 1, "--out", out) == 0
+    lrs = [r["lr"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines())
+           if "lr" in r]
+    d_model = json.loads((out / "run.json").read_text())["config"]["d_model"]
+    assert lrs[1] == pytest.approx(2 * (d_model * 2) ** -0.5) and lrs[-1] == 0.0
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--schedule", "paper", "--lr", "0.001"], "--lr-factor"),
+    (["--schedule", "linear", "--warmup", "6", "--max-steps", "6"], "below --max-steps"),
+    (["--schedule", "cosine", "--lr", "0.001", "--min-lr", "0.01"], "above --lr"),
+])
+def test_schedule_options_that_do_not_fit_are_usage_errors(corpus, tmp_path, capsys, options,
+                                                           message):
+    with pytest.raises(SystemExit):
+        run(*corpus_args(corpus), *TINY, *options, "--out", tmp_path / "run")
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 def sgml(path: Path, kind: str, lang: str, lines: list[str]) -> Path:
     segs = "\n".join(f'<seg id="{i}">{line}</seg>' for i, line in enumerate(lines, start=1))
     path.write_text(f'<{kind} setid="t" srclang="en" trglang="de">\n<doc docid="d1" '
