@@ -127,7 +127,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                      help="scales the paper's learning-rate schedule (default 1)")
     opt.add_argument("--schedule", choices=("paper", "linear", "cosine"),
                      help="after the warmup: the paper's inverse square root, or a linear or "
-                          "cosine decay to --min-lr at --max-steps (default: preset)")
+                          "cosine decay to --min-lr at --max-steps, or at --time-limit if that "
+                          "comes first (default: preset)")
     opt.add_argument("--lr", type=POSITIVE,
                      help="peak rate of --schedule linear or cosine (default: the paper's rate "
                           "at the end of the warmup, times --lr-factor)")
@@ -402,7 +403,8 @@ def describe_schedule(args: argparse.Namespace, cfg: Config) -> str:
     if args.schedule == "paper":
         return f"the paper's schedule, lr factor {args.lr_factor:g}"
     peak = lr_schedule(args, cfg)(args.warmup or 1)
-    return f"peak lr {peak:.3g}, {args.schedule} decay to {args.min_lr:g} at step {args.max_steps}"
+    end = f"step {args.max_steps}" + (f" or {args.time_limit:g} min" if args.time_limit else "")
+    return f"peak lr {peak:.3g}, {args.schedule} decay to {args.min_lr:g} at {end}"
 
 
 def prepare_data(args: argparse.Namespace) -> tuple[Vocab, dict, ParallelText | None]:

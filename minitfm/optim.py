@@ -91,6 +91,13 @@ class WarmupDecaySchedule:
 
     The rate peaks at ``step == warmup`` (``warmup = 0``: no warm-up, the decay starts at step 1)
     and reaches ``min_lr`` at ``step == total_steps``, usually the last step of training.
+
+    A run that ends on a clock instead (a time limit that comes before ``total_steps``) passes
+    ``time_fraction``, the part of its time spent, and the decay follows whichever of the two
+    ends first: the steps' progress ``p = step / total_steps`` is replaced by the larger
+    ``max(p, time_fraction)`` (so ``s = (p - w) / (1 - w)`` with ``w = warmup / total_steps``)
+    and the rate reaches ``min_lr`` when the time runs out. A warm-up step then takes the smaller
+    of its own rate and the decayed one, so the rate never jumps.
     """
 
     peak_lr: float
@@ -110,14 +117,24 @@ class WarmupDecaySchedule:
             raise ValueError(f"learning-rate schedule needs 0 <= warmup < total_steps, got "
                              f"warmup={self.warmup}, total_steps={self.total_steps}")
 
-    def __call__(self, step: int) -> float:
+    def __call__(self, step: int, time_fraction: float = 0.0) -> float:
         if step < 1:
             raise ValueError(f"learning-rate steps count from 1, got step={step}")
+        if time_fraction > step / self.total_steps:          # the clock ends the run first
+            w = self.warmup / self.total_steps
+            decayed = self._decayed(min(1.0, (time_fraction - w) / (1.0 - w)))
+            if step <= self.warmup:
+                return min(self.peak_lr * (step / self.warmup), decayed)
+            return decayed
         if step <= self.warmup:
             return self.peak_lr * (step / self.warmup)     # exactly peak_lr at step == warmup
         if step >= self.total_steps:
             return self.min_lr
-        progress = (step - self.warmup) / (self.total_steps - self.warmup)   # (0, 1)
+        return self._decayed((step - self.warmup) / (self.total_steps - self.warmup))
+
+    def _decayed(self, progress: float) -> float:
+        """The rate at ``progress`` in [0, 1] of the decay (0: its start, 1: its end)."""
+        progress = max(progress, 0.0)
         if self.decay == "cosine":
             remaining = 0.5 * (1.0 + math.cos(math.pi * progress))
         else:

@@ -28,6 +28,9 @@ to an uninterrupted one on the same backend.
 
 Time. ``time_limit`` stops the run, with a validation and a checkpoint, after the update that
 exhausts it; the clock (``state.elapsed``, validation included) carries over when a run is resumed.
+A :class:`WarmupDecaySchedule` decays until the run ends: with a time limit, to ``min_lr`` at the
+limit if that comes before ``steps`` (its rate then follows the clock, so a resumed run is not
+bit-identical to an uninterrupted one).
 Either way the run ends, by the step count or the time limit, the last step is validated (when
 there is anything to validate) and ``state.valid`` holds the results.
 
@@ -83,7 +86,7 @@ from tqdm import tqdm
 
 from minitfm import backend, checkpoint, distributed, flat, lm, model
 from minitfm.model import Config
-from minitfm.optim import Adam, LRSchedule, clip_grad_norm
+from minitfm.optim import Adam, LRSchedule, WarmupDecaySchedule, clip_grad_norm
 
 __all__ = ["TrainOptions", "TrainState", "TrainingDiverged", "WriteFailed", "train", "evaluate",
            "model_of", "LOG_NAME", "RUN_INFO_NAME", "DIVERGED_WINDOWS"]
@@ -344,6 +347,14 @@ def _diverged(what: str, step: int | str, state: TrainState,
         f"checkpoint")
 
 
+def _time_fraction(state: TrainState, options: TrainOptions, schedule: Callable) -> tuple:
+    """``(fraction,)`` of the time limit spent, for a schedule that decays until the run ends
+    (:class:`WarmupDecaySchedule`) in a run with a time limit; else ``()``."""
+    if options.time_limit is None or not isinstance(schedule, WarmupDecaySchedule):
+        return ()
+    return (min(1.0, state.elapsed / options.time_limit),)
+
+
 def _update(state: TrainState, cfg: Config, options: TrainOptions, schedule: Callable,
             taken: list, world: distributed.World) -> dict:
     """Apply step ``state.step + 1`` with the update's batches ``taken`` (``(epoch, batches
@@ -361,7 +372,7 @@ def _update(state: TrainState, cfg: Config, options: TrainOptions, schedule: Cal
     world.allreduce_sum(grads.buffer)            # one collective: the sum over all workers
     if options.clip_norm is not None:
         stats["grad_norm"] = clip_grad_norm(grads, options.clip_norm)   # leaves NaN/Inf alone
-    stats["lr"] = schedule(step)
+    stats["lr"] = schedule(step, *_time_fraction(state, options, schedule))
     with _interrupts_deferred():
         state.optimizer.update(state.params, grads, stats["lr"])
         state.step = step

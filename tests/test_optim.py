@@ -326,6 +326,34 @@ def test_warmup_decay_rises_to_the_peak_then_falls_to_the_floor(warmup, length, 
     assert rates[-1] == rates[-2] == s.min_lr
 
 
+def test_warmup_decay_follows_the_clock_when_it_ends_the_run_first():
+    s = WarmupDecaySchedule(peak_lr=1e-3, warmup=10, total_steps=110, min_lr=1e-4, decay="linear")
+    assert s(60, time_fraction=0.2) == s(60)                 # the steps are further along
+    assert s(60, time_fraction=0.0) == s(60)
+    # w = 10/110: time fraction 0.5 is s = (0.5 - w) / (1 - w) = 0.45 of the decay
+    assert s(30, time_fraction=0.5) == pytest.approx(1e-4 + 9e-4 * 0.55)
+    assert s(30, time_fraction=1.0) == s(31, time_fraction=1.3) == pytest.approx(1e-4)
+    # in the warm-up: the smaller of the warm-up's rate and the decayed one
+    assert s(5, time_fraction=0.5) == pytest.approx(5e-4)
+    assert s(9, time_fraction=0.5) == pytest.approx(1e-4 + 9e-4 * 0.55)
+
+
+@settings(max_examples=30, deadline=None)
+@given(warmup=st.integers(0, 50), steps=st.integers(100, 1000), ends=st.integers(60, 99),
+       decay=st.sampled_from(["cosine", "linear"]))
+def test_warmup_decay_on_a_clock_never_jumps_and_ends_at_the_floor(warmup, steps, ends, decay):
+    """A clock that ends the run at step ``ends`` (time fraction ``k / ends``)."""
+    s = WarmupDecaySchedule(peak_lr=1.0, warmup=warmup, total_steps=steps, min_lr=0.1,
+                            decay=decay)
+    rates = [s(k, time_fraction=k / ends) for k in range(1, ends + 1)]
+    assert rates[-1] == pytest.approx(0.1) and max(rates) <= 1.0
+    peak = rates.index(max(rates))
+    assert all(a <= b for a, b in zip(rates[:peak], rates[1:peak + 1]))
+    assert all(a >= b for a, b in zip(rates[peak:], rates[peak + 1:]))
+    largest_step = max(abs(a - b) for a, b in zip(rates, rates[1:]))
+    assert largest_step <= max(1.0 / max(warmup, 1), math.pi / (ends - warmup)) + 1e-12
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(peak_lr=0.0, warmup=1, total_steps=2), "peak_lr > 0"),
     (dict(peak_lr=1.0, warmup=1, total_steps=2, min_lr=2.0), "min_lr <= peak_lr"),

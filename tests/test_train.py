@@ -12,7 +12,7 @@ import pytest
 from minitfm import backend, checkpoint, model, tasks, train
 from minitfm.checkpoint import CheckpointError
 from minitfm.model import PAD_ID, Config
-from minitfm.optim import LRSchedule
+from minitfm.optim import LRSchedule, WarmupDecaySchedule
 
 VOCAB = 7                                   # symbols; the model sees ids 0 .. 10
 CFG = Config.preset("tiny", src_vocab=tasks.model_vocab(VOCAB), tgt_vocab=tasks.model_vocab(VOCAB),
@@ -289,6 +289,22 @@ def test_time_limit_stops_after_the_update_that_exhausts_it(tmp_path, monkeypatc
     assert 1 <= state.step < 100
     assert steps_saved(tmp_path) == [state.step]            # a checkpoint of the last update
     assert state.elapsed >= 2.5
+
+
+def test_a_decay_schedule_ends_with_the_time_limit(tmp_path, monkeypatch):
+    """The fake clock of the test above: a linear decay meant for 100 steps follows the clock
+    instead, and its rates are the schedule's at each update's share of the time spent."""
+    clock = iter(range(10**6))
+    monkeypatch.setattr(train.time, "perf_counter", lambda: float(next(clock)))
+    schedule = WarmupDecaySchedule(peak_lr=1e-3, warmup=1, total_steps=100, decay="linear")
+    state = train.train(CFG, epoch_batches, options(tmp_path, steps=100, time_limit=12.0,
+                                                    schedule=schedule))
+    lines = [r for r in read_log(tmp_path) if "lr" in r]
+    assert state.out_of_time and len(lines) == state.step >= 3
+    for before, r in zip([0.0] + [r["elapsed"] for r in lines], lines):
+        assert r["lr"] == schedule(r["step"], time_fraction=before / 12.0)
+    assert lines[-1]["lr"] < schedule(state.step)            # further down than the steps say
+    assert all(a["lr"] > b["lr"] for a, b in zip(lines[1:], lines[2:]))
 
 
 def test_time_limit_must_be_positive():
