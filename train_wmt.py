@@ -56,7 +56,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from minitfm import average, backend, checkpoint, cli, distributed, model, train, translate
+from minitfm import (average, backend, checkpoint, cli, distributed, model, optim, train,
+                     translate)
 from minitfm.bleu import BleuScore, corpus_bleu
 from minitfm.cli import UsageError, integer, number, positive_int
 from minitfm.data import (BatchPlan, CleanOptions, DataError, EncodedCorpus, ParallelText, Vocab,
@@ -77,7 +78,8 @@ PRESET_DEFAULTS = {
 }
 # the options that define a run: --resume refuses to change them
 RUN_OPTIONS = ("source_lang", "target_lang", "vocab_size", "no_clean", "preset", "layers",
-               "d_model", "d_ff", "heads", "dropout", "label_smoothing", "max_tokens", "seed", "schedule", "lr", "min_lr")
+               "d_model", "d_ff", "heads", "dropout", "label_smoothing", "max_tokens", "seed",
+               "schedule", "lr", "min_lr", "cooldown")
 VOCAB_SEED = 0          # the vocabulary does not depend on --seed, so runs can share it
 EXIT_ERROR = 2
 FRACTION = number(0, 1, high_open=True)
@@ -134,6 +136,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                           "at the end of the warmup, times --lr-factor)")
     opt.add_argument("--min-lr", type=number(0), default=0.0,
                      help="rate at --max-steps with --schedule linear or cosine (default 0)")
+    opt.add_argument("--cooldown", type=number(0, 1, low_open=True), metavar="FRACTION",
+                     help="bring the rate down linearly to 0 over this last part of the run "
+                          "(of --max-steps, or of --time-limit if that comes first)")
     opt.add_argument("--clip-norm", type=POSITIVE, help="clip the gradient norm (default: no)")
     opt.add_argument("--seed", type=integer(0), default=0,
                      help="seeds initialisation, dropout and batch order (default 0)")
@@ -219,10 +224,12 @@ def lr_schedule(args: argparse.Namespace, cfg: Config):
     rate at the end of the warmup."""
     peak = args.lr or args.lr_factor * (cfg.d_model * args.warmup) ** -0.5
     try:
-        return cli.lr_schedule(args.schedule, d_model=cfg.d_model, warmup=args.warmup,
-                               steps=args.max_steps,
-                               lr=args.lr_factor if args.schedule == "paper" else peak,
-                               min_lr=args.min_lr)
+        schedule = cli.lr_schedule(args.schedule, d_model=cfg.d_model, warmup=args.warmup,
+                                   steps=args.max_steps,
+                                   lr=args.lr_factor if args.schedule == "paper" else peak,
+                                   min_lr=args.min_lr)
+        return optim.Cooldown(schedule, args.max_steps, args.cooldown) if args.cooldown \
+            else schedule
     except ValueError as exc:
         raise UsageError(f"learning-rate options: {exc}") from exc
 
@@ -400,11 +407,12 @@ def describe_run(args: argparse.Namespace, corpora: dict, vocab: Vocab, cfg: Con
 
 
 def describe_schedule(args: argparse.Namespace, cfg: Config) -> str:
-    if args.schedule == "paper":
-        return f"the paper's schedule, lr factor {args.lr_factor:g}"
-    peak = lr_schedule(args, cfg)(args.warmup or 1)
     end = f"step {args.max_steps}" + (f" or {args.time_limit:g} min" if args.time_limit else "")
-    return f"peak lr {peak:.3g}, {args.schedule} decay to {args.min_lr:g} at {end}"
+    cooldown = f", cool-down over the last {args.cooldown:.0%} to {end}" if args.cooldown else ""
+    if args.schedule == "paper":
+        return f"the paper's schedule, lr factor {args.lr_factor:g}{cooldown}"
+    peak = lr_schedule(args, cfg)(args.warmup or 1)
+    return f"peak lr {peak:.3g}, {args.schedule} decay to {args.min_lr:g} at {end}{cooldown}"
 
 
 def prepare_data(args: argparse.Namespace) -> tuple[Vocab, dict, ParallelText | None]:

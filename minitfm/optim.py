@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from minitfm import backend, flat
 
-__all__ = ["Adam", "LRSchedule", "WarmupDecaySchedule", "decays_by_default", "clip_grad_norm"]
+__all__ = ["Adam", "LRSchedule", "WarmupDecaySchedule", "Cooldown", "decays_by_default", "clip_grad_norm"]
 
 
 def _check_same_keys(expected: dict, given: dict, what: str) -> None:
@@ -140,6 +140,33 @@ class WarmupDecaySchedule:
         else:
             remaining = 1.0 - progress
         return self.min_lr + (self.peak_lr - self.min_lr) * remaining
+
+
+@dataclass(frozen=True)
+class Cooldown:
+    """Any schedule, brought down linearly to 0 over the last ``fraction`` of a run.
+
+        p = max((step - 1) / total_steps, time_fraction)        the part of the run behind us
+        lr = schedule(step) * min(1, (1 - p) / fraction)
+
+    The paper's schedule never comes down far: at the end of a short run it is still at half its
+    peak or more. A cool-down of the last 10-20 % keeps it for most of the run and ends it
+    near 0, where the parameters settle into the minimum the noisy updates circled around. As
+    for :class:`WarmupDecaySchedule`, a run that ends on a clock passes ``time_fraction``.
+    """
+
+    schedule: Callable[[int], float]
+    total_steps: int
+    fraction: float
+
+    def __post_init__(self) -> None:
+        if not 0 < self.fraction <= 1 or self.total_steps < 1:
+            raise ValueError(f"cool-down needs 0 < fraction <= 1 and total_steps >= 1, got "
+                             f"fraction={self.fraction}, total_steps={self.total_steps}")
+
+    def __call__(self, step: int, time_fraction: float = 0.0) -> float:
+        progress = max((step - 1) / self.total_steps, time_fraction)
+        return self.schedule(step) * min(1.0, max(0.0, (1.0 - progress) / self.fraction))
 
 
 def decays_by_default(name: str) -> bool:

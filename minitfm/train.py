@@ -86,7 +86,7 @@ from tqdm import tqdm
 
 from minitfm import backend, checkpoint, distributed, flat, lm, model
 from minitfm.model import Config
-from minitfm.optim import Adam, LRSchedule, WarmupDecaySchedule, clip_grad_norm
+from minitfm.optim import Adam, Cooldown, LRSchedule, WarmupDecaySchedule, clip_grad_norm
 
 __all__ = ["TrainOptions", "TrainState", "TrainingDiverged", "WriteFailed", "train", "evaluate",
            "model_of", "LOG_NAME", "RUN_INFO_NAME", "DIVERGED_WINDOWS"]
@@ -349,8 +349,8 @@ def _diverged(what: str, step: int | str, state: TrainState,
 
 def _time_fraction(state: TrainState, options: TrainOptions, schedule: Callable) -> tuple:
     """``(fraction,)`` of the time limit spent, for a schedule that decays until the run ends
-    (:class:`WarmupDecaySchedule`) in a run with a time limit; else ``()``."""
-    if options.time_limit is None or not isinstance(schedule, WarmupDecaySchedule):
+    (:class:`WarmupDecaySchedule`, :class:`Cooldown`) in a run with a time limit; else ``()``."""
+    if options.time_limit is None or not isinstance(schedule, (WarmupDecaySchedule, Cooldown)):
         return ()
     return (min(1.0, state.elapsed / options.time_limit),)
 

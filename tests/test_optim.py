@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from minitfm import backend, flat
-from minitfm.optim import (Adam, LRSchedule, WarmupDecaySchedule, clip_grad_norm,
+from minitfm.optim import (Adam, Cooldown, LRSchedule, WarmupDecaySchedule, clip_grad_norm,
                            decays_by_default)
 
 
@@ -352,6 +352,20 @@ def test_warmup_decay_on_a_clock_never_jumps_and_ends_at_the_floor(warmup, steps
     assert all(a >= b for a, b in zip(rates[peak:], rates[peak + 1:]))
     largest_step = max(abs(a - b) for a, b in zip(rates, rates[1:]))
     assert largest_step <= max(1.0 / max(warmup, 1), math.pi / (ends - warmup)) + 1e-12
+
+
+def test_cooldown_brings_the_last_part_of_a_run_down_to_zero():
+    paper = LRSchedule(64, warmup=10)
+    s = Cooldown(paper, total_steps=100, fraction=0.2)
+    assert [s(k) for k in (1, 50, 80)] == [paper(1), paper(50), paper(80)]   # p < 0.8: as is
+    assert s(91) == pytest.approx(paper(91) * 0.5)                         # p = 0.9: half
+    assert s(100) == pytest.approx(paper(100) * 0.05) and s(101) == 0.0    # the last step > 0
+    assert s(30, time_fraction=0.9) == pytest.approx(paper(30) * 0.5)      # on the clock
+    assert s(30, time_fraction=1.0) == 0.0
+    rates = [s(k) for k in range(1, 102)]
+    assert all(a > b for a, b in zip(rates[80:], rates[81:]))
+    with pytest.raises(ValueError, match="cool-down needs"):
+        Cooldown(paper, total_steps=100, fraction=0.0)
 
 
 @pytest.mark.parametrize("kwargs, message", [

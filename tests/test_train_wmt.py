@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from minitfm import checkpoint
+from minitfm import checkpoint, optim
 from minitfm.bleu import corpus_bleu
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,6 +159,17 @@ def test_decay_schedule_peaks_at_the_papers_rate_by_default(corpus, tmp_path):
            if "lr" in r]
     d_model = json.loads((out / "run.json").read_text())["config"]["d_model"]
     assert lrs[1] == pytest.approx(2 * (d_model * 2) ** -0.5) and lrs[-1] == 0.0
+
+
+def test_cooldown_ends_the_papers_schedule_near_zero(corpus, tmp_path):
+    out = tmp_path / "run"
+    assert run(*corpus_args(corpus), *TINY, "--max-steps", 10, "--warmup", 2, "--cooldown", 0.5,
+               "--log-every", 1, "--average-last", 1, "--out", out) == 0
+    lrs = [r["lr"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines())
+           if "lr" in r]
+    paper = optim.LRSchedule(json.loads((out / "run.json").read_text())["config"]["d_model"], 2)
+    assert lrs[:6] == pytest.approx([paper(k) for k in range(1, 7)])
+    assert lrs[6:] == pytest.approx([paper(k) * (10 - k + 1) / 5 for k in range(7, 11)])
 
 
 @pytest.mark.parametrize("options, message", [
