@@ -28,7 +28,7 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from minitfm import backend, model
@@ -200,17 +200,42 @@ def read_log(path) -> list[dict]:
     return records
 
 
-def _series(records: Iterable[dict], key: str) -> tuple[list, list]:
+def training_minutes(records: Sequence[dict]) -> dict[int, float]:
+    """Each logged step's training time in minutes: a record's own ``elapsed`` (seconds), else that
+    of the last record before it that has one (a validation is logged right after its step)."""
+    minutes, last = {}, 0.0
+    for r in sorted(records, key=lambda r: (r["step"], "elapsed" not in r)):
+        if isinstance(r.get("elapsed"), (int, float)):
+            last = r["elapsed"] / 60.0
+        minutes.setdefault(r["step"], last)
+    return minutes
+
+
+def _series(records: Sequence[dict], key: str, x: str = "step") -> tuple[list, list]:
     points = [(r["step"], r[key]) for r in records
               if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    if x == "minutes":
+        minutes = training_minutes(records)
+        points = [(minutes[step], value) for step, value in points]
     return [s for s, _ in points], [v for _, v in points]
 
 
-def plot_curves(logs: dict[str, list[dict]], path) -> str:
-    """Loss, validation metrics and learning rate against the step, for logs ``{name: records}``."""
-    metrics = sorted({k for records in logs.values() for r in records for k in r
-                      if k.startswith("valid_") and k not in ("valid_loss", "valid_nll", "valid_ppl")})
-    panels = [("loss", ["loss", "valid_loss"])] + [(m, [m]) for m in metrics]
+def _metric_panels(logs: dict[str, list[dict]]) -> list[tuple[str, list[str]]]:
+    """One panel per validation metric; ``valid_M_*`` variants (``valid_bleu_beam4``) join
+    ``valid_M``'s panel."""
+    keys = sorted({k for records in logs.values() for r in records for k in r
+                   if k.startswith("valid_") and k not in ("valid_loss", "valid_nll", "valid_ppl")})
+    panels: dict[str, list[str]] = {}
+    for key in keys:
+        base = next((b for b in panels if key.startswith(b + "_")), key)
+        panels.setdefault(base, []).append(key)
+    return list(panels.items())
+
+
+def plot_curves(logs: dict[str, list[dict]], path, x: str = "step") -> str:
+    """Loss, validation metrics and learning rate against the step (``x="minutes"``: the training
+    minutes), for logs ``{name: records}``."""
+    panels = [("loss", ["loss", "valid_loss"])] + _metric_panels(logs)
     if any("lr" in r for records in logs.values() for r in records):
         panels.append(("learning rate", ["lr"]))
     if not any(_series(records, "loss")[0] or _series(records, "valid_loss")[0]
@@ -222,15 +247,16 @@ def plot_curves(logs: dict[str, list[dict]], path) -> str:
     for ax, (label, keys) in zip(axes[:, 0], panels):
         for name, records in logs.items():
             for key in keys:
-                steps, values = _series(records, key)
-                if steps:
+                xs, values = _series(records, key, x)
+                if xs:
                     style = "o-" if key.startswith("valid_") else "-"
-                    ax.plot(steps, values, style, markersize=3,
+                    ax.plot(xs, values, style, markersize=3,
                             label=f"{name}: {key}" if len(logs) > 1 else key)
         ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
         if ax.has_data():
             ax.legend(fontsize=8)
-    axes[-1, 0].set_xlabel("step")
+    axes[-1, 0].set_xlabel("training minutes" if x == "minutes" else "step")
     return _save(fig, path)
 
 
@@ -265,6 +291,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     c = sub.add_parser("curves", help="loss and validation curves from JSON-lines logs")
     c.add_argument("logs", nargs="+", help="log.jsonl files of training runs")
     c.add_argument("--out", default="curves.png")
+    c.add_argument("--x", choices=("step", "minutes"), default="step",
+                   help="the horizontal axis: the step, or the training minutes")
     return p.parse_args(argv)
 
 
@@ -274,7 +302,8 @@ def run(args: argparse.Namespace) -> list[str]:
     if args.command == "lr":
         return [plot_lr_schedule(args.out, args.d_model, args.warmup, args.steps, args.factor)]
     if args.command == "curves":
-        return [plot_curves({Path(p).parent.name or p: read_log(p) for p in args.logs}, args.out)]
+        return [plot_curves({Path(p).parent.name or p: read_log(p) for p in args.logs}, args.out,
+                            args.x)]
     from minitfm.translate import TranslateError, load_translator
     if args.backend is not None:
         backend.use(args.backend)

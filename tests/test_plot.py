@@ -72,6 +72,31 @@ def test_curves_png_tolerates_missing_keys_and_bad_lines(tmp_path):
     assert_png(out)
 
 
+def test_training_minutes_of_steps_and_of_the_validations_after_them():
+    records = [{"step": 1, "loss": 3.0, "elapsed": 30.0}, {"step": 2, "loss": 2.0, "elapsed": 90.0},
+               {"step": 2, "valid_bleu": 5.0}, {"step": 3, "valid_bleu_beam4": 6.0},
+               {"step": 3, "loss": 1.0, "elapsed": 120.0}]
+    assert plot.training_minutes(records) == {1: 0.5, 2: 1.5, 3: 2.0}
+    assert plot._series(records, "valid_bleu", "minutes") == ([1.5], [5.0])
+    assert plot._series(records, "valid_bleu_beam4", "minutes") == ([2.0], [6.0])
+    assert plot._series(records, "loss") == ([1, 2, 3], [3.0, 2.0, 1.0])
+    assert plot._metric_panels({"run": records}) == [("valid_bleu", ["valid_bleu",
+                                                                     "valid_bleu_beam4"])]
+
+
+@needs_matplotlib
+def test_curves_against_training_minutes(tmp_path):
+    log = tmp_path / "run" / "log.jsonl"
+    log.parent.mkdir()
+    lines = [json.dumps({"step": s, "loss": 5.0 / s, "elapsed": 6.0 * s}) for s in range(1, 30)]
+    lines += [json.dumps({"step": 10, "valid_loss": 1.2, "valid_bleu": 3.5}),
+              json.dumps({"step": 20, "valid_bleu_beam4": 4.5})]
+    log.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "curves.png"
+    assert plot.main(["curves", str(log), "--x", "minutes", "--out", str(out)]) == 0
+    assert_png(out)
+
+
 def test_curves_without_losses_is_an_error(tmp_path, capsys):
     log = tmp_path / "log.jsonl"
     log.write_text(json.dumps({"step": 1, "lr": 0.1}) + "\n")
