@@ -437,16 +437,6 @@ def check_batch(cfg: Config, src, tgt):
     return src, tgt, rows
 
 
-def dropout_masks(rng, cfg, src_shape, tgt_shape, dtype) -> dropout.Masks:
-    """Every dropout mask of one forward pass, drawn at once from the generator ``rng``: the
-    embedding sum and each sub-layer output of the encoder (B, S, d), then of the decoder
-    (B, T, d), in the order the forward pass takes them."""
-    d = cfg.d_model
-    encoder_masks = (1 + encoder.SUBLAYERS * cfg.n_layers) * math.prod(src_shape) * d
-    decoder_masks = (1 + decoder.SUBLAYERS * cfg.n_layers) * math.prod(tgt_shape) * d
-    return dropout.Masks(rng, cfg.dropout, encoder_masks + decoder_masks, dtype)
-
-
 def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=None, out=None):
     """The label-smoothed loss of a batch and, unless ``grads=False``, the gradients of every parameter.
 
@@ -455,8 +445,7 @@ def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=No
         tgt[:, 1:].
     Host (NumPy) arrays are best: they are checked, and their target tokens counted, on the host,
     then copied to the device; device arrays are copied to the host for that first.
-    rng: a generator from ``backend.rng(...)`` for dropout, or None for no dropout (evaluation);
-        every mask of the pass is drawn from it at once (``dropout_masks``).
+    rng: a generator from ``backend.rng(...)`` for dropout, or None for no dropout (evaluation).
     normalizer: the loss is summed over target tokens and divided by this (default: the number of
         non-padding target tokens of this batch; pass the token count of a whole accumulated
         update to make gradient accumulation exact).
@@ -476,8 +465,6 @@ def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=No
     n_tokens = int(rows.size)
     src, tgt, rows = backend.to_device(src), backend.to_device(tgt), backend.to_device(rows)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
-    if rng is not None and cfg.dropout > 0.0:
-        rng = dropout_masks(rng, cfg, src.shape, tgt_in.shape, params[src_name].dtype)
 
     memory, src_mask, c_src = encoder_forward(params, cfg, src, rng)
     h, c_tgt = decoder_forward(params, cfg, tgt_in, memory, src_mask, rng)   # (B, T, d)

@@ -30,9 +30,6 @@ from minitfm.layers import (attention, feedforward, layernorm, out_part, prefixe
                             stack_param_shapes, subdict)
 
 
-SUBLAYERS = 3      # per layer, each with a dropout on its output: self-, cross-attention, feed-forward
-
-
 class LayerCache(NamedTuple):
     self_attn: residual.Cache       # its .sublayer is an attention.SelfCache
     cross_attn: residual.Cache      # its .sublayer is an attention.CrossCache

@@ -25,9 +25,6 @@ from minitfm.layers import (attention, feedforward, layernorm, out_part, prefixe
                             stack_param_shapes, subdict)
 
 
-SUBLAYERS = 2      # per layer, each with a dropout on its output: self-attention, feed-forward
-
-
 class LayerCache(NamedTuple):
     self_attn: residual.Cache       # its .sublayer is an attention.SelfCache
     ff: residual.Cache              # its .sublayer is a feedforward.Cache

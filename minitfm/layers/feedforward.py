@@ -45,6 +45,6 @@ def backward(dy, cache: Cache, out=None):
     out1 = None if out is None else {"w": out["w1"], "b": out["b1"]}
     out2 = None if out is None else {"w": out["w2"], "b": out["b2"]}
     da, g2 = linear.backward(dy, cache.second, out2)
-    da = backend.xp.where(cache.a, da, da.dtype.type(0))   # dh = da * [h > 0]: a != 0 just there
+    da *= cache.a > 0                               # dh = da * [h > 0], in place
     dx, g1 = linear.backward(da, cache.first, out1)
     return dx, {"w1": g1["w"], "b1": g1["b"], "w2": g2["w"], "b2": g2["b"]}
