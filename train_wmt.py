@@ -219,15 +219,18 @@ def check_schedule(p: argparse.ArgumentParser, args: argparse.Namespace) -> None
         p.error(f"--min-lr {args.min_lr:g} is above --lr {args.lr:g}")
 
 
+def peak_lr(args: argparse.Namespace, cfg: Config) -> float:
+    """The peak of a decay: ``--lr``, by default the paper's rate at the end of the warmup."""
+    return args.lr or args.lr_factor * (cfg.d_model * args.warmup) ** -0.5
+
+
 def lr_schedule(args: argparse.Namespace, cfg: Config):
-    """The learning rate of each step (``--schedule``); a decay's default peak is the paper's
-    rate at the end of the warmup."""
-    peak = args.lr or args.lr_factor * (cfg.d_model * args.warmup) ** -0.5
+    """The learning rate of each step: ``--schedule``, then ``--cooldown``."""
     try:
         schedule = cli.lr_schedule(args.schedule, d_model=cfg.d_model, warmup=args.warmup,
                                    steps=args.max_steps,
-                                   lr=args.lr_factor if args.schedule == "paper" else peak,
-                                   min_lr=args.min_lr)
+                                   lr=args.lr_factor if args.schedule == "paper"
+                                   else peak_lr(args, cfg), min_lr=args.min_lr)
         return optim.Cooldown(schedule, args.max_steps, args.cooldown) if args.cooldown \
             else schedule
     except ValueError as exc:
@@ -407,12 +410,12 @@ def describe_run(args: argparse.Namespace, corpora: dict, vocab: Vocab, cfg: Con
 
 
 def describe_schedule(args: argparse.Namespace, cfg: Config) -> str:
-    end = f"step {args.max_steps}" + (f" or {args.time_limit:g} min" if args.time_limit else "")
-    cooldown = f", cool-down over the last {args.cooldown:.0%} to {end}" if args.cooldown else ""
+    """The learning rate in words, for the line that already says when training ends."""
+    cooldown = f", cool-down over the last {args.cooldown:.0%}" if args.cooldown else ""
     if args.schedule == "paper":
         return f"the paper's schedule, lr factor {args.lr_factor:g}{cooldown}"
-    peak = lr_schedule(args, cfg)(args.warmup or 1)
-    return f"peak lr {peak:.3g}, {args.schedule} decay to {args.min_lr:g} at {end}{cooldown}"
+    return (f"peak lr {peak_lr(args, cfg):.3g}, {args.schedule} decay to {args.min_lr:g} at the "
+            f"end{cooldown}")
 
 
 def prepare_data(args: argparse.Namespace) -> tuple[Vocab, dict, ParallelText | None]:
@@ -468,8 +471,8 @@ def run_training(args: argparse.Namespace) -> int:
         if args.valid_bleu_sentences:
             metric = bleu_metric(vocab, read_parallel(args.validpref, *langs), args)
     options = train.TrainOptions(
-        steps=args.max_steps, out_dir=args.out, seed=args.seed, schedule=lr_schedule(args, cfg),
-        warmup=args.warmup, clip_norm=args.clip_norm, update_freq=args.update_freq,
+        steps=args.max_steps, out_dir=args.out, seed=args.seed, warmup=args.warmup,
+        schedule=lr_schedule(args, cfg), clip_norm=args.clip_norm, update_freq=args.update_freq,
         log_every=args.log_every, valid_every=args.valid_every, save_every=args.save_every,
         keep_last=args.keep_last, resume=args.resume,
         time_limit=None if args.time_limit is None else args.time_limit * 60.0,

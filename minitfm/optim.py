@@ -43,7 +43,8 @@ from dataclasses import dataclass
 
 from minitfm import backend, flat
 
-__all__ = ["Adam", "LRSchedule", "WarmupDecaySchedule", "Cooldown", "decays_by_default", "clip_grad_norm"]
+__all__ = ["Adam", "LRSchedule", "WarmupDecaySchedule", "Cooldown", "decays_by_default",
+           "clip_grad_norm"]
 
 
 def _check_same_keys(expected: dict, given: dict, what: str) -> None:
@@ -60,7 +61,8 @@ class LRSchedule:
     """The learning rate of equation (3), scaled by ``factor``; steps count from 1.
 
     It rises linearly to its peak ``factor * (d_model * warmup)^-0.5`` at ``step == warmup``, then
-    decays as ``step^-0.5``.
+    decays as ``step^-0.5``. Every schedule here is called as ``schedule(step, time_fraction)``;
+    this one does not depend on when the run ends, so it ignores ``time_fraction``.
     """
 
     d_model: int
@@ -73,7 +75,7 @@ class LRSchedule:
                 f"learning-rate schedule needs d_model >= 1, warmup >= 1 and factor > 0, got "
                 f"d_model={self.d_model}, warmup={self.warmup}, factor={self.factor}")
 
-    def __call__(self, step: int) -> float:
+    def __call__(self, step: int, time_fraction: float = 0.0) -> float:
         if step < 1:
             raise ValueError(f"learning-rate steps count from 1, got step={step}")
         return self.factor * self.d_model ** -0.5 * min(step ** -0.5, step * self.warmup ** -1.5)
@@ -152,10 +154,11 @@ class Cooldown:
     The paper's schedule never comes down far: at the end of a short run it is still at half its
     peak or more. A cool-down of the last 10-20 % keeps it for most of the run and ends it
     near 0, where the parameters settle into the minimum the noisy updates circled around. As
-    for :class:`WarmupDecaySchedule`, a run that ends on a clock passes ``time_fraction``.
+    for :class:`WarmupDecaySchedule`, a run that ends on a clock passes ``time_fraction``, and it
+    is passed on to ``schedule``.
     """
 
-    schedule: Callable[[int], float]
+    schedule: Callable[[int, float], float]
     total_steps: int
     fraction: float
 
@@ -166,7 +169,8 @@ class Cooldown:
 
     def __call__(self, step: int, time_fraction: float = 0.0) -> float:
         progress = max((step - 1) / self.total_steps, time_fraction)
-        return self.schedule(step) * min(1.0, max(0.0, (1.0 - progress) / self.fraction))
+        return self.schedule(step, time_fraction) * min(1.0, max(0.0, (1.0 - progress)
+                                                                  / self.fraction))
 
 
 def decays_by_default(name: str) -> bool:

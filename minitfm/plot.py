@@ -211,11 +211,12 @@ def training_minutes(records: Sequence[dict]) -> dict[int, float]:
     return minutes
 
 
-def _series(records: Sequence[dict], key: str, x: str = "step") -> tuple[list, list]:
+def _series(records: Sequence[dict], key: str,
+            minutes: dict[int, float] | None = None) -> tuple[list, list]:
+    """``(xs, values)`` of ``key``: x the step, or with ``minutes`` (training_minutes) its time."""
     points = [(r["step"], r[key]) for r in records
               if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
-    if x == "minutes":
-        minutes = training_minutes(records)
+    if minutes is not None:
         points = [(minutes[step], value) for step, value in points]
     return [s for s, _ in points], [v for _, v in points]
 
@@ -241,13 +242,15 @@ def plot_curves(logs: dict[str, list[dict]], path, x: str = "step") -> str:
     if not any(_series(records, "loss")[0] or _series(records, "valid_loss")[0]
                for records in logs.values()):
         raise PlotError("the training logs have no \"loss\" or \"valid_loss\" values to plot")
+    minutes = {name: training_minutes(records) if x == "minutes" else None
+               for name, records in logs.items()}
     plt = _pyplot()
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 3 * len(panels)), sharex=True,
                              squeeze=False)
     for ax, (label, keys) in zip(axes[:, 0], panels):
         for name, records in logs.items():
             for key in keys:
-                xs, values = _series(records, key, x)
+                xs, values = _series(records, key, minutes[name])
                 if xs:
                     style = "o-" if key.startswith("valid_") else "-"
                     ax.plot(xs, values, style, markersize=3,

@@ -28,9 +28,10 @@ to an uninterrupted one on the same backend.
 
 Time. ``time_limit`` stops the run, with a validation and a checkpoint, after the update that
 exhausts it; the clock (``state.elapsed``, validation included) carries over when a run is resumed.
-A :class:`WarmupDecaySchedule` decays until the run ends: with a time limit, to ``min_lr`` at the
-limit if that comes before ``steps`` (its rate then follows the clock, so a resumed run is not
-bit-identical to an uninterrupted one).
+The schedule is called as ``schedule(step, time_fraction)``, the fraction of the time limit spent
+(0 without one), so that a decay (:class:`~minitfm.optim.WarmupDecaySchedule`,
+:class:`~minitfm.optim.Cooldown`) ends at the limit if that comes before ``steps``; its rate then
+follows the clock, so a resumed run is not bit-identical to an uninterrupted one.
 Either way the run ends, by the step count or the time limit, the last step is validated (when
 there is anything to validate) and ``state.valid`` holds the results.
 
@@ -86,7 +87,7 @@ from tqdm import tqdm
 
 from minitfm import backend, checkpoint, distributed, flat, lm, model
 from minitfm.model import Config
-from minitfm.optim import Adam, Cooldown, LRSchedule, WarmupDecaySchedule, clip_grad_norm
+from minitfm.optim import Adam, LRSchedule, clip_grad_norm
 
 __all__ = ["TrainOptions", "TrainState", "TrainingDiverged", "WriteFailed", "train", "evaluate",
            "model_of", "LOG_NAME", "RUN_INFO_NAME", "DIVERGED_WINDOWS"]
@@ -119,7 +120,7 @@ class TrainOptions:
     seed: int = 0                       # parameter init, dropout masks (and the caller's data)
     lr_factor: float = 1.0              # scales the paper's learning-rate schedule
     warmup: int = 4000
-    schedule: Callable[[int], float] | None = None   # lr of each step; None: the paper's
+    schedule: Callable[[int, float], float] | None = None   # lr(step, time_fraction); None: paper
     weight_decay: float = 0.0           # AdamW's decoupled weight decay (optim.Adam)
     clip_norm: float | None = None      # global gradient-norm clipping; None: no clipping
     update_freq: int = 1                # batches summed into one update
@@ -347,12 +348,11 @@ def _diverged(what: str, step: int | str, state: TrainState,
         f"checkpoint")
 
 
-def _time_fraction(state: TrainState, options: TrainOptions, schedule: Callable) -> tuple:
-    """``(fraction,)`` of the time limit spent, for a schedule that decays until the run ends
-    (:class:`WarmupDecaySchedule`, :class:`Cooldown`) in a run with a time limit; else ``()``."""
-    if options.time_limit is None or not isinstance(schedule, (WarmupDecaySchedule, Cooldown)):
-        return ()
-    return (min(1.0, state.elapsed / options.time_limit),)
+def _time_fraction(state: TrainState, options: TrainOptions) -> float:
+    """The fraction of the time limit spent before this update (0 without a limit)."""
+    if options.time_limit is None:
+        return 0.0
+    return min(1.0, state.elapsed / options.time_limit)
 
 
 def _update(state: TrainState, cfg: Config, options: TrainOptions, schedule: Callable,
@@ -372,7 +372,7 @@ def _update(state: TrainState, cfg: Config, options: TrainOptions, schedule: Cal
     world.allreduce_sum(grads.buffer)            # one collective: the sum over all workers
     if options.clip_norm is not None:
         stats["grad_norm"] = clip_grad_norm(grads, options.clip_norm)   # leaves NaN/Inf alone
-    stats["lr"] = schedule(step, *_time_fraction(state, options, schedule))
+    stats["lr"] = schedule(step, _time_fraction(state, options))
     with _interrupts_deferred():
         state.optimizer.update(state.params, grads, stats["lr"])
         state.step = step

@@ -368,6 +368,13 @@ def test_cooldown_brings_the_last_part_of_a_run_down_to_zero():
         Cooldown(paper, total_steps=100, fraction=0.0)
 
 
+def test_cooldown_passes_the_clock_to_the_schedule_it_wraps():
+    decay = WarmupDecaySchedule(peak_lr=1e-3, warmup=10, total_steps=110, decay="linear")
+    s = Cooldown(decay, total_steps=110, fraction=0.2)
+    assert s(30, time_fraction=0.5) == decay(30, time_fraction=0.5) != decay(30)
+    assert s(30, time_fraction=0.9) == pytest.approx(decay(30, time_fraction=0.9) * 0.5)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(peak_lr=0.0, warmup=1, total_steps=2), "peak_lr > 0"),
     (dict(peak_lr=1.0, warmup=1, total_steps=2, min_lr=2.0), "min_lr <= peak_lr"),

@@ -77,8 +77,9 @@ def test_training_minutes_of_steps_and_of_the_validations_after_them():
                {"step": 2, "valid_bleu": 5.0}, {"step": 3, "valid_bleu_beam4": 6.0},
                {"step": 3, "loss": 1.0, "elapsed": 120.0}]
     assert plot.training_minutes(records) == {1: 0.5, 2: 1.5, 3: 2.0}
-    assert plot._series(records, "valid_bleu", "minutes") == ([1.5], [5.0])
-    assert plot._series(records, "valid_bleu_beam4", "minutes") == ([2.0], [6.0])
+    minutes = plot.training_minutes(records)
+    assert plot._series(records, "valid_bleu", minutes) == ([1.5], [5.0])
+    assert plot._series(records, "valid_bleu_beam4", minutes) == ([2.0], [6.0])
     assert plot._series(records, "loss") == ([1, 2, 3], [3.0, 2.0, 1.0])
     assert plot._metric_panels({"run": records}) == [("valid_bleu", ["valid_bleu",
                                                                      "valid_bleu_beam4"])]
