@@ -23,12 +23,10 @@ prints one ``error:`` line and exits with status 2.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 # The models trained here have matrices too small for a multi-threaded BLAS to pay off, and
 # threads that spin on a busy machine make every step several times slower. Set before NumPy is
@@ -110,10 +108,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                      help="steps between checkpoints (default 0: at the end and on a signal)")
     opt.add_argument("--seed", type=integer(0), default=0)
     cli.add_backend_option(p, "numpy")
-    p.add_argument("--out", help="run directory (default runs/lm-<time>; with --resume and no "
-                                 "--out, the newest runs/lm-*)")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    cli.add_run_options(p, "lm")
     gen = p.add_argument_group("sampling (after training, or from --checkpoint with --sample)")
     gen.add_argument("--sample", action="store_true",
                      help="only sample from --checkpoint, streaming the text")
@@ -169,32 +164,6 @@ def model_config(args: argparse.Namespace, vocab: int) -> lm.LMConfig:
 
 def tokenizer_id(tokenizer: textdata.Tokenizer) -> str:
     return f"{tokenizer.kind}:{tokenizer.identifier}"
-
-
-def check_resumable(args: argparse.Namespace) -> textdata.Tokenizer | None:
-    """Before anything is written: the latest checkpoint of ``--out`` reads back whole, holds a
-    language model, and the options that define the run are those it started with. Returns the
-    run's tokenizer (from the checkpoint), or None for a new run."""
-    latest = checkpoint.latest(args.out)
-    if latest is None:
-        return None
-    if not args.resume:
-        raise UsageError(f"{args.out} already holds checkpoints of a run: continue it with "
-                         f"--resume, or choose another --out")
-    ckpt = checkpoint.load(latest, with_optimizer=False)
-    checkpoint.check_kind(ckpt, lm.KIND)
-    try:
-        started = json.loads(Path(args.out, train.RUN_INFO_NAME).read_text())["args"]
-    except (OSError, ValueError, KeyError):
-        started = {}                             # no record: train() checks the checkpoint
-    changed = [f"--{name.replace('_', '-')}: the run has {started[name]!r}, now "
-               f"{getattr(args, name)!r}" for name in RUN_OPTIONS
-               if name in started and started[name] != getattr(args, name)]
-    if changed:
-        raise UsageError(f"cannot resume {args.out} with other options:\n  " + "\n  ".join(changed)
-                         + "\nResume with the options it was started with, or start a new run "
-                           "with another --out")
-    return stored_tokenizer(ckpt)
 
 
 def stored_tokenizer(ckpt: checkpoint.Checkpoint) -> textdata.Tokenizer:
@@ -256,9 +225,8 @@ def run_training(args: argparse.Namespace) -> int:
     cli.reuse_freed_memory()
     args.out = args.out or cli.default_run_dir("lm", args.resume)
     chosen = cli.select_backend(args.backend, "numpy")
-    tokenizer = check_resumable(args)
-    if tokenizer is None:
-        tokenizer = make_tokenizer(args)
+    resumed = cli.check_resumable(args, RUN_OPTIONS, lm.KIND)
+    tokenizer = make_tokenizer(args) if resumed is None else stored_tokenizer(resumed)
     prompt = encode_prompt(tokenizer, args.prompt) if args.samples else None
     data = textdata.load_text(args.data, tokenizer, block_size=args.block_size,
                               cache_dir=args.cache_dir)

@@ -72,9 +72,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="clip the gradient norm (default: no)")
     p.add_argument("--seed", type=integer(0), default=0)
     cli.add_backend_option(p, "numpy")
-    p.add_argument("--out", help="run directory (default runs/toy-<task>-<time>; with --resume "
-                                 "and no --out, the newest runs/toy-<task>-*)")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    cli.add_run_options(p, "toy-<task>")
     p.add_argument("--eval-size", type=positive_int, default=500,
                    help="held-out sequences (default 500)")
     p.add_argument("--valid-every", type=integer(0), default=0,
@@ -82,7 +80,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--save-every", type=integer(0), default=0,
                    help="steps between checkpoints (default 0: at the end and on a signal)")
     p.add_argument("--examples", type=integer(0), default=5, help="examples to print (default 5)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     for name, value in TASK_DEFAULTS[args.task].items():
         if getattr(args, name) is None:

@@ -155,10 +155,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     opt.add_argument("--average-last", type=positive_int, default=5,
                      help="checkpoints averaged for the test (default 5, as the paper)")
     cli.add_backend_option(opt, "auto")
-    opt.add_argument("--out", help="run directory (default runs/wmt-<preset>-<time>; with "
-                                   "--resume and no --out, the newest runs/wmt-<preset>-*)")
-    opt.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
-    opt.add_argument("--quiet", action="store_true", help="no progress bars")
+    cli.add_run_options(opt, "wmt-<preset>")
 
     ev = p.add_argument_group("evaluation")
     ev.add_argument("--eval-only", action="store_true",
@@ -281,29 +278,6 @@ def read_test_set(args: argparse.Namespace) -> ParallelText | None:
     if args.test_max_sentences:
         text.src, text.tgt = text.src[:args.test_max_sentences], text.tgt[:args.test_max_sentences]
     return text
-
-
-def check_resumable(args: argparse.Namespace) -> None:
-    """Before anything is written: the latest checkpoint of ``--out`` reads back whole, and the
-    options that define the run are those it was started with (``run.json``)."""
-    latest = checkpoint.latest(args.out)
-    if latest is None:
-        return
-    if not args.resume:
-        raise UsageError(f"{args.out} already holds checkpoints of a run: continue it with "
-                         f"--resume, or choose another --out")
-    checkpoint.load(latest)
-    try:
-        started = json.loads(Path(args.out, train.RUN_INFO_NAME).read_text())["args"]
-    except (OSError, ValueError, KeyError):
-        return                                   # no record: train() checks the checkpoint
-    changed = [f"{name} (--{name.replace('_', '-')}): the run has {started[name]!r}, now "
-               f"{getattr(args, name)!r}" for name in RUN_OPTIONS
-               if name in started and started[name] != getattr(args, name)]
-    if changed:
-        raise UsageError(f"cannot resume {args.out} with other options:\n  " + "\n  ".join(changed)
-                         + "\nResume with the options it was started with, or start a new run "
-                           "with another --out")
 
 
 def train_positions(args: argparse.Namespace, cfg: Config) -> int:
@@ -446,7 +420,7 @@ def run_training(args: argparse.Namespace) -> int:
     world = distributed.world()
     if world.is_root:                # the run directory and its checks are rank 0's
         args.out = args.out or cli.default_run_dir(f"wmt-{args.preset}", args.resume)
-        check_resumable(args)
+        cli.check_resumable(args, RUN_OPTIONS, model.KIND)
     else:
         args.quiet = True
     args.out = world.broadcast_text(args.out or "")

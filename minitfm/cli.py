@@ -22,20 +22,22 @@ from __future__ import annotations
 import argparse
 import ctypes
 import glob
+import json
 import math
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from minitfm import backend, checkpoint, distributed, optim, train
 from minitfm.data import DataError
 from minitfm.model import Config
 
 __all__ = ["EXIT_INTERRUPTED", "UsageError", "USER_ERRORS", "integer", "number", "positive_int",
-           "reuse_freed_memory", "add_backend_option", "select_backend", "default_run_dir",
-           "model_config", "stopped", "report_errors"]
+           "reuse_freed_memory", "add_backend_option", "select_backend", "add_run_options",
+           "default_run_dir", "check_resumable", "model_config", "stopped", "report_errors"]
 
 EXIT_INTERRUPTED = 130   # the shell's code for a process stopped by Ctrl-C
 
@@ -133,6 +135,18 @@ def select_backend(choice: str | None, default: str) -> str:
     return backend.describe()
 
 
+# ---- the run directory -----------------------------------------------------------------------
+
+def add_run_options(parser, kind: str) -> None:
+    """``--out``, ``--resume`` and ``--quiet``, alike in every training command; ``kind`` names
+    the default run directory, ``runs/KIND-<time>`` (:func:`default_run_dir`)."""
+    parser.add_argument("--out", help=f"run directory (default runs/{kind}-<time>; with --resume "
+                                      f"and no --out, the newest runs/{kind}-*)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the latest checkpoint")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
 def default_run_dir(kind: str, resume: bool) -> str:
     """A new ``runs/KIND-<time>``, or with ``resume`` the newest existing ``runs/KIND-*``."""
     if resume:
@@ -141,6 +155,34 @@ def default_run_dir(kind: str, resume: bool) -> str:
             raise UsageError(f"--resume: no run directory runs/{kind}-* to resume; pass --out DIR")
         return existing[-1]
     return os.path.join("runs", f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def check_resumable(args: argparse.Namespace, run_options: Sequence[str],
+                    kind: str) -> checkpoint.Checkpoint | None:
+    """Before anything is written to ``args.out``: its latest checkpoint, read back whole, or
+    None for a new run. A run directory that holds checkpoints needs ``--resume``; the checkpoint
+    must hold a model of ``kind`` (checkpoint.KINDS); the options that define the run
+    (``run_options``, names of ``args``) must be those it was started with (its ``run.json``)."""
+    latest = checkpoint.latest(args.out)
+    if latest is None:
+        return None
+    if not args.resume:
+        raise UsageError(f"{args.out} already holds checkpoints of a run: continue it with "
+                         f"--resume, or choose another --out")
+    ckpt = checkpoint.load(latest)
+    checkpoint.check_kind(ckpt, kind)
+    try:
+        started = json.loads(Path(args.out, train.RUN_INFO_NAME).read_text())["args"]
+    except (OSError, ValueError, KeyError):
+        return ckpt                              # no record: train() checks the checkpoint
+    changed = [f"--{name.replace('_', '-')}: the run has {started[name]!r}, now "
+               f"{getattr(args, name)!r}" for name in run_options
+               if name in started and started[name] != getattr(args, name)]
+    if changed:
+        raise UsageError(f"cannot resume {args.out} with other options:\n  " + "\n  ".join(changed)
+                         + "\nResume with the options it was started with, or start a new run "
+                           "with another --out")
+    return ckpt
 
 
 def model_config(preset: str, vocab_size: int, args: argparse.Namespace) -> Config:

@@ -220,7 +220,8 @@ def test_refused_resume_leaves_the_run_directory_byte_identical(corpus, tmp_path
     common = [*corpus_args(corpus), *TINY, "--save-every", 2, "--out", out]
     assert run(*common, "--max-steps", 4) == 0
     before = snapshot(out)
-    for changed, word in ((["--d-model", 32], "d_model"), (["--vocab-size", 48], "vocab_size")):
+    for changed, word in ((["--d-model", 32], "--d-model: the run has 16, now 32"),
+                          (["--vocab-size", 48], "--vocab-size: the run has")):
         capsys.readouterr()
         assert run(*common, "--max-steps", 6, "--resume", *changed) == train_wmt.EXIT_ERROR
         assert word in capsys.readouterr().err
