@@ -38,7 +38,6 @@ import numpy                                                        # noqa: E402
 
 from minitfm import checkpoint, cli, lm, train                     # noqa: E402
 from minitfm.cli import UsageError, integer, number, positive_int   # noqa: E402
-from minitfm.data import DataError                                 # noqa: E402
 from minitfm.data import text as textdata                          # noqa: E402
 
 # The defaults: character-level tiny Shakespeare to a validation loss below 1.88 nats per

@@ -60,7 +60,7 @@ from minitfm import (average, backend, checkpoint, cli, distributed, model, opti
                      translate)
 from minitfm.bleu import BleuScore, corpus_bleu
 from minitfm.cli import UsageError, integer, number, positive_int
-from minitfm.data import (BatchPlan, CleanOptions, DataError, EncodedCorpus, ParallelText, Vocab,
+from minitfm.data import (BatchPlan, CleanOptions, DataError, ParallelText, Vocab,
                           cached_joint_vocab, encode_corpus, epoch_batches, eval_arrays,
                           prepare_wmt14, read_parallel, read_parallel_files, require_pairs,
                           token_batches)
