@@ -1,7 +1,7 @@
 """The language model's training step in PyTorch (eager, CPU) and in minitfm, measured in one run.
 
     pip install torch            # not a dependency of minitfm; only this comparison needs it
-    python benchmarks/bench_lm_torch.py [--shape default|nanogpt-cpu] [--rounds 7]
+    python benchmarks/bench_lm_torch.py [--shape default|nanogpt-cpu] [--rounds 7] [--breakdown]
 
 Both are the same decoder-only model (lm.py): a tied token embedding scaled by sqrt(d_model),
 sinusoidal positions, pre-LN layers of causal multi-head self-attention and a ReLU feed-forward,
@@ -135,6 +135,9 @@ def main(argv=None) -> int:
     parser.add_argument("--shape", default="default", choices=tuple(SHAPES))
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=10, help="steps per round and contender")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also time minitfm's array operations one by one: its matrix "
+                             "products alone bound how far ahead of PyTorch it can get")
     args = parser.parse_args(argv)
     try:
         import torch
@@ -169,8 +172,20 @@ def main(argv=None) -> int:
         results[name] = median
         print(f"{name:<36} {1000 * median:>8.1f} {tokens / median:>9.0f} "
               f"{median / ours:>10.2f}x")
-    print(json.dumps({"shape": args.shape, "tokens_per_step": tokens,
-                      "median_step_s": results, "torch_version": torch.__version__}))
+    report = {"shape": args.shape, "tokens_per_step": tokens, "median_step_s": results,
+              "torch_version": torch.__version__}
+    if args.breakdown:
+        import bench_ops             # the operation counter, here with its clock on
+        seconds = bench_ops.clocked(lambda: MinitfmStep(cfg, x, y), args.steps)
+        products, others = bench_ops.split_seconds(seconds)
+        torch_1 = results[f"PyTorch {torch.__version__} eager, 1 thread"]
+        top = ", ".join(f"{module} {1000 * s:.1f}" for module, s in others.most_common(5))
+        print(f"minitfm's matrix products: {1000 * products:.1f} ms per step; other array "
+              f"operations {1000 * sum(others.values()):.1f} ms ({top}, ...). With everything "
+              f"but the products free, minitfm would be {torch_1 / products:.2f}x PyTorch's "
+              f"1-thread step")
+        report.update(matmul_s=products, other_s=sum(others.values()))
+    print(json.dumps(report))
     return 0
 
 

@@ -42,6 +42,7 @@ import collections
 import contextlib
 import json
 import sys
+import time
 import types
 
 import numpy
@@ -52,12 +53,13 @@ from minitfm import backend, model, train
 
 
 class Tally:
-    """Operations and syncs, each by (phase, module)."""
+    """Operations and syncs, each by (phase, module); with ``clock`` set, seconds as well."""
 
     def __init__(self):
         self.ops = collections.Counter()
         self.syncs = collections.Counter()
         self.depth = 0            # > 0 inside a counted call: nested work is not counted again
+        self.clock = None         # a Counter: seconds by (phase, module, operation name)
 
     def where(self) -> tuple[str, str]:
         frame = sys._getframe(2)
@@ -88,12 +90,20 @@ class Tally:
             self.syncs[self.where()] += 1
 
     @contextlib.contextmanager
-    def inside(self):
+    def inside(self, name: str):
+        """The work of one operation ``name``: nested calls are not counted again, and with
+        ``clock`` set the outermost one is timed."""
+        key = None
+        if self.clock is not None and self.depth == 0:
+            key = (*self.where(), name)
+            start = time.perf_counter()
         self.depth += 1
         try:
             yield
         finally:
             self.depth -= 1
+            if key is not None:
+                self.clock[key] += time.perf_counter() - start
 
 
 TALLY = Tally()
@@ -134,7 +144,8 @@ class Counted(numpy.ndarray):
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         TALLY.op()
         out = kwargs.get("out")
-        with TALLY.inside():
+        name = ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}"
+        with TALLY.inside(name):
             result = getattr(ufunc, method)(*_plain(inputs), **_plain(kwargs))
         if out is not None:
             return out[0] if len(out) == 1 else out
@@ -142,7 +153,7 @@ class Counted(numpy.ndarray):
 
     def __array_function__(self, func, types_, args, kwargs):
         TALLY.op()
-        with TALLY.inside():
+        with TALLY.inside(func.__name__):
             result = func(*_plain(args), **_plain(kwargs))
         return _counted(result)
 
@@ -150,33 +161,39 @@ class Counted(numpy.ndarray):
         if any(getattr(i, "dtype", None) == bool for i in (index if isinstance(index, tuple)
                                                             else (index,))):
             TALLY.sync()                                # a boolean mask: shape from the data
-        result = numpy.ndarray.__getitem__(self.view(numpy.ndarray), _plain(index))
+        with TALLY.inside("gather"):
+            result = numpy.ndarray.__getitem__(self.view(numpy.ndarray), _plain(index))
         if isinstance(result, numpy.ndarray) and not _shares(result, self):
             TALLY.op()                                  # fancy index: a gather
         return _counted(result)
 
     def __setitem__(self, index, value):
         TALLY.op()                                      # a write through an index: a copy
-        numpy.ndarray.__setitem__(self.view(numpy.ndarray), _plain(index), _plain(value))
+        with TALLY.inside("write"):
+            numpy.ndarray.__setitem__(self.view(numpy.ndarray), _plain(index), _plain(value))
 
     def copy(self, *args, **kwargs):
         TALLY.op()
-        return _counted(self.view(numpy.ndarray).copy(*args, **kwargs))
+        with TALLY.inside("copy"):
+            return _counted(self.view(numpy.ndarray).copy(*args, **kwargs))
 
     def astype(self, dtype, *args, **kwargs):
-        result = self.view(numpy.ndarray).astype(dtype, *args, **kwargs)
+        with TALLY.inside("astype"):
+            result = self.view(numpy.ndarray).astype(dtype, *args, **kwargs)
         if not _shares(result, self):
             TALLY.op()
         return _counted(result)
 
     def reshape(self, *shape, **kwargs):
-        result = self.view(numpy.ndarray).reshape(*shape, **kwargs)
+        with TALLY.inside("reshape"):
+            result = self.view(numpy.ndarray).reshape(*shape, **kwargs)
         if not _shares(result, self):
             TALLY.op()                                  # not a view: a copy
         return _counted(result)
 
     def ravel(self, *args, **kwargs):
-        result = self.view(numpy.ndarray).ravel(*args, **kwargs)
+        with TALLY.inside("ravel"):
+            result = self.view(numpy.ndarray).ravel(*args, **kwargs)
         if not _shares(result, self):
             TALLY.op()
         return _counted(result)
@@ -184,7 +201,7 @@ class Counted(numpy.ndarray):
     def _reduction(name):
         def method(self, *args, **kwargs):
             TALLY.op()                                  # one reduction, as one kernel
-            with TALLY.inside():
+            with TALLY.inside(name):
                 result = getattr(self.view(numpy.ndarray), name)(*_plain(args), **_plain(kwargs))
             return _counted(result)
         method.__name__ = name
@@ -206,7 +223,8 @@ class Counted(numpy.ndarray):
     def nonzero(self):
         TALLY.op()
         TALLY.sync()                                    # the count of non-zeros: from the data
-        return _counted(self.view(numpy.ndarray).nonzero())
+        with TALLY.inside("nonzero"):
+            return _counted(self.view(numpy.ndarray).nonzero())
 
 
 class CountingRNG:
@@ -222,7 +240,7 @@ class CountingRNG:
 
         def draw(*args, **kwargs):
             TALLY.op()
-            with TALLY.inside():
+            with TALLY.inside(f"random.{name}"):
                 return _counted(attr(*_plain(args), **_plain(kwargs)))
         return draw
 
@@ -258,7 +276,7 @@ def _counting_function(func):
             TALLY.op()
         if shape_from_data:
             TALLY.sync()
-        with TALLY.inside():
+        with TALLY.inside(call.__name__):
             result = func(*_plain(args), **_plain(kwargs))
         if isinstance(result, numpy.random.Generator):
             return CountingRNG(result)
@@ -278,7 +296,7 @@ def counting_backend():
         if isinstance(array, Counted) and (dtype is None or array.dtype == dtype):
             return array
         TALLY.op()                                      # host -> device copy
-        with TALLY.inside():
+        with TALLY.inside("to_device"):
             return _counted(original_to_device(_plain(array), dtype))
 
     def to_host(array):
@@ -288,7 +306,7 @@ def counting_backend():
 
     def dropout_keep(generator, shape, p):
         TALLY.op(2)                                     # draw, compare (as on any backend)
-        with TALLY.inside():
+        with TALLY.inside("dropout_keep"):
             keep, scale = original_keep(getattr(generator, "_generator", generator), shape, p)
         return _counted(keep), scale
 
@@ -299,6 +317,41 @@ def counting_backend():
     finally:
         for name, value in saved.items():
             setattr(backend, name, value)
+
+
+MATRIX_PRODUCTS = {"matmul", "dot", "tensordot"}
+
+
+def clocked(make_step, steps: int, warmup: int = 1) -> collections.Counter:
+    """Seconds per step of every array operation, by (phase, module, operation name).
+
+    ``make_step()`` builds the step's state (so that its arrays are the stand-in's) and returns a
+    function running one step; ``warmup`` steps run untimed first. Each operation is timed around
+    the NumPy call alone: the stand-in's own Python overhead is not in the figures.
+    """
+    with counting_backend():
+        step = make_step()
+        for _ in range(warmup):
+            step()
+        TALLY.clock = collections.Counter()
+        try:
+            for _ in range(steps):
+                step()
+            seconds = TALLY.clock
+        finally:
+            TALLY.clock = None
+    return collections.Counter({key: s / steps for key, s in seconds.items()})
+
+
+def split_seconds(seconds: collections.Counter) -> tuple[float, collections.Counter]:
+    """(seconds in matrix products, the other operations' seconds by module)."""
+    products, others = 0.0, collections.Counter()
+    for (_, module, name), s in seconds.items():
+        if name in MATRIX_PRODUCTS:
+            products += s
+        else:
+            others[module] += s
+    return products, others
 
 
 # ---- one update, counted ---------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_train.py                       # toy, small, base on the active backend
     python benchmarks/bench_train.py --presets small --steps 10
+    python benchmarks/bench_train.py --presets small base --breakdown   # where the time goes
     MINITFM_BACKEND=cupy python benchmarks/bench_train.py  # the same on a GPU
 
 In one run it measures:
@@ -9,7 +10,12 @@ In one run it measures:
 2. for each preset, in a fresh process (so its peak resident memory is its own): the time of a
    full training step (forward, backward, Adam update), target tokens/s, the model FLOPs of the
    step counted analytically (every matrix product of the forward and backward passes), the
-   fraction of the measured peak this reaches, and the peak resident memory.
+   fraction of the measured peak this reaches, and the peak resident memory;
+3. with ``--breakdown`` (NumPy), the same steps again through the operation counter of
+   ``bench_ops.py`` with a clock around every array operation: the seconds per step spent in
+   matrix products and in all other operations (by layer), and the fraction of peak the step
+   would reach if everything but the matrix products took no time -- the ceiling of any work on
+   the elementwise passes.
 
 Batches: toy and small 128 sentences x 24 tokens per side; base 4,096 target tokens per batch
 (128 sentences x 32 tokens). Prints a table, then the same figures as JSON.
@@ -88,20 +94,37 @@ def make_batch(cfg, batch, src_len, tgt_len, seed=0):
     return src, tgt                          # host arrays, as the data pipeline hands them over
 
 
-def run_preset(name: str, steps: int, warmup: int) -> dict:
-    batch, src_len, tgt_len = BATCHES[name]
-    vocab = VOCAB.get(name)
-    cfg = model.Config.preset(name, **({"src_vocab": vocab, "tgt_vocab": vocab} if vocab else {}))
+def make_step(cfg: model.Config, batch: int, src_len: int, tgt_len: int):
+    """A function running one full training step on a fixed batch; it returns the step's stats."""
     params = model.init_params(cfg, 0)
     adam = optim.Adam(params)
     grads = flat.zeros_like(params)         # one gradient buffer for the run, as train() keeps
     src, tgt = make_batch(cfg, batch, src_len, tgt_len)
+    count = iter(range(10 ** 9))
+
+    def step() -> dict:
+        stats, _ = model.loss_and_grads(params, cfg, src, tgt, backend.rng(0, next(count)),
+                                        out=grads)
+        adam.update(params, grads, 1e-4)
+        return stats
+    step.params = params
+    return step
+
+
+def preset_config(name: str) -> model.Config:
+    vocab = VOCAB.get(name)
+    return model.Config.preset(name, **({"src_vocab": vocab, "tgt_vocab": vocab} if vocab else {}))
+
+
+def run_preset(name: str, steps: int, warmup: int) -> dict:
+    batch, src_len, tgt_len = BATCHES[name]
+    cfg = preset_config(name)
+    step = make_step(cfg, batch, src_len, tgt_len)
     times = []
-    for step in range(warmup + steps):
+    for _ in range(warmup + steps):
         sync()
         start = time.perf_counter()
-        stats, _ = model.loss_and_grads(params, cfg, src, tgt, backend.rng(0, step), out=grads)
-        adam.update(params, grads, 1e-4)
+        stats = step()
         sync()
         times.append(time.perf_counter() - start)
     times = sorted(times[warmup:])
@@ -112,7 +135,18 @@ def run_preset(name: str, steps: int, warmup: int) -> dict:
             "step_min_s": times[0], "target_tokens_per_s": n_targets / median,
             "gflop_per_step": flops / 1e9, "gflop_per_s": flops / median / 1e9,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "parameters": model.num_parameters(params)}
+            "parameters": model.num_parameters(step.params)}
+
+
+def breakdown(name: str, steps: int) -> dict:
+    """Seconds per step in matrix products and, by module, in every other array operation."""
+    import bench_ops                 # the operation counter, here with its clock on
+    batch, src_len, tgt_len = BATCHES[name]
+    cfg = preset_config(name)
+    seconds = bench_ops.clocked(lambda: make_step(cfg, batch, src_len, tgt_len), steps)
+    products, others = bench_ops.split_seconds(seconds)
+    return {"matmul_s": products, "other_s": sum(others.values()),
+            "other_s_by_module": dict(others.most_common())}
 
 
 def main(argv=None) -> int:
@@ -122,19 +156,28 @@ def main(argv=None) -> int:
                         choices=sorted(BATCHES))
     parser.add_argument("--steps", type=int, default=5, help="timed steps per preset (median)")
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also time every array operation (NumPy only): the seconds in matrix "
+                             "products, in everything else by layer, and the fraction of peak the "
+                             "step would reach if everything but the matrix products were free")
     parser.add_argument("--worker", help=argparse.SUPPRESS)    # one preset, in this process
     args = parser.parse_args(argv)
 
+    if args.breakdown and backend.is_gpu():
+        parser.error("--breakdown times NumPy operations: run it with the numpy backend")
     if args.worker:
         cli.reuse_freed_memory()             # as the training scripts do
-        print(json.dumps(run_preset(args.worker, args.steps, args.warmup)))
+        row = run_preset(args.worker, args.steps, args.warmup)
+        if args.breakdown:
+            row.update(breakdown(args.worker, args.steps))
+        print(json.dumps(row))
         return 0
 
     peak = matmul_peak()
     rows = []
     for name in args.presets:
         cmd = [sys.executable, __file__, "--worker", name, "--steps", str(args.steps),
-               "--warmup", str(args.warmup)]
+               "--warmup", str(args.warmup)] + (["--breakdown"] if args.breakdown else [])
         out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
         if out.returncode != 0:
             print(out.stderr, file=sys.stderr)
@@ -154,6 +197,14 @@ def main(argv=None) -> int:
               f"{row['target_tokens_per_s']:>10.0f} {row['gflop_per_step']:>8.1f} "
               f"{row['gflop_per_s']:>8.1f} {row['fraction_of_peak']:>8.1%} "
               f"{row['peak_rss_mib']:>13.0f}")
+    for row in rows if args.breakdown else []:
+        row["fraction_of_peak_products_alone"] = row["gflop_per_step"] / row["matmul_s"] / peak
+        top = ", ".join(f"{module} {s:.3f}" for module, s in
+                        list(row["other_s_by_module"].items())[:6])
+        print(f"{row['preset']}: matrix products {row['matmul_s']:.3f} s per step, other array "
+              f"operations {row['other_s']:.3f} s ({top}, ...); with everything but the "
+              f"products free, the step would reach "
+              f"{row['fraction_of_peak_products_alone']:.1%} of peak")
     print(json.dumps({"backend": backend.name, "matmul_peak_gflop_per_s": peak, "presets": rows},
                      indent=1))
     return 0

@@ -82,3 +82,23 @@ def test_one_update_is_counted_by_phase(bench, numpy_backend):
     assert 0 < phases["optimizer"] < n_params       # whole flat buffers, not array by array
     assert result["ops"] == sum(phases.values())
     assert result["syncs"] == 0                     # nothing waits for the device in an update
+
+
+def test_the_clock_times_each_operation_once_and_splits_off_the_products(bench, numpy_backend):
+    def make_step():
+        xp = backend.xp
+        a = xp.ones((64, 64), dtype=xp.float32)     # set-up: not timed
+
+        def step():
+            b = a @ a
+            xp.exp(b / 64.0)                        # exp once, not again for its inner ufunc
+        return step
+
+    seconds = bench.clocked(make_step, steps=2)
+    assert {name for _, _, name in seconds} == {"matmul", "divide", "exp"}
+    assert all(s > 0 for s in seconds.values())
+    products, others = bench.split_seconds(seconds)
+    assert products == seconds["loop", "other", "matmul"]
+    assert others["other"] == pytest.approx(seconds["loop", "other", "divide"]
+                                            + seconds["loop", "other", "exp"])
+    assert bench.TALLY.clock is None                # off again: counting runs are not timed
