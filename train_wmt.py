@@ -79,7 +79,7 @@ PRESET_DEFAULTS = {
 # the options that define a run: --resume refuses to change them
 RUN_OPTIONS = ("source_lang", "target_lang", "vocab_size", "no_clean", "preset", "layers",
                "d_model", "d_ff", "heads", "dropout", "label_smoothing", "max_tokens", "seed",
-               "schedule", "lr", "min_lr", "cooldown")
+               "schedule", "lr", "min_lr", "cooldown", "dropout_start")
 VOCAB_SEED = 0          # the vocabulary does not depend on --seed, so runs can share it
 EXIT_ERROR = 2
 FRACTION = number(0, 1, high_open=True)
@@ -114,6 +114,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     arch.add_argument("--d-ff", type=positive_int, help="feed-forward width")
     arch.add_argument("--heads", type=positive_int, help="attention heads")
     arch.add_argument("--dropout", type=FRACTION, help="dropout")
+    arch.add_argument("--dropout-start", type=FRACTION, default=0.0, metavar="FRACTION",
+                      help="late dropout: none for this first part of the run (of --max-steps, "
+                           "or of --time-limit if that comes first), then --dropout (default 0)")
     arch.add_argument("--label-smoothing", type=FRACTION, help="label smoothing")
 
     opt = p.add_argument_group("training")
@@ -370,7 +373,9 @@ def describe_run(args: argparse.Namespace, corpora: dict, vocab: Vocab, cfg: Con
     lines += [
         f"vocab  {vocab.size} joint BPE pieces ({vocab.identifier})",
         f"model  {args.preset}: {cfg.n_layers} layers, d_model {cfg.d_model}, d_ff {cfg.d_ff}, "
-        f"{cfg.n_heads} heads, dropout {cfg.dropout}, label smoothing {cfg.label_smoothing}; "
+        f"{cfg.n_heads} heads, dropout {cfg.dropout}"
+        + (f" after the first {args.dropout_start:.0%} of the run" if args.dropout_start else "")
+        + f", label smoothing {cfg.label_smoothing}; "
         f"{params:,} parameters; backend {backend.describe()}",
         f"batch  {plan.summary()} per epoch; <= {args.max_tokens} tokens x {args.update_freq} "
         + (f"x {world.size} workers " if world.distributed else "")
@@ -446,7 +451,8 @@ def run_training(args: argparse.Namespace) -> int:
             metric = bleu_metric(vocab, read_parallel(args.validpref, *langs), args)
     options = train.TrainOptions(
         steps=args.max_steps, out_dir=args.out, seed=args.seed, warmup=args.warmup,
-        schedule=lr_schedule(args, cfg), clip_norm=args.clip_norm, update_freq=args.update_freq,
+        schedule=lr_schedule(args, cfg), dropout_start=args.dropout_start,
+        clip_norm=args.clip_norm, update_freq=args.update_freq,
         log_every=args.log_every, valid_every=args.valid_every, save_every=args.save_every,
         keep_last=args.keep_last, resume=args.resume,
         time_limit=None if args.time_limit is None else args.time_limit * 60.0,

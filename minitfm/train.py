@@ -32,6 +32,8 @@ The schedule is called as ``schedule(step, time_fraction)``, the fraction of the
 (0 without one), so that a decay (:class:`~minitfm.optim.WarmupDecaySchedule`,
 :class:`~minitfm.optim.Cooldown`) ends at the limit if that comes before ``steps``; its rate then
 follows the clock, so a resumed run is not bit-identical to an uninterrupted one.
+``dropout_start`` (late dropout: none early on, while the model underfits) measures the run the
+same way: dropout is off until that fraction of the steps, or of the time limit, has passed.
 Either way the run ends, by the step count or the time limit, the last step is validated (when
 there is anything to validate) and ``state.valid`` holds the results.
 
@@ -122,6 +124,7 @@ class TrainOptions:
     warmup: int = 4000
     schedule: Callable[[int, float], float] | None = None   # lr(step, time_fraction); None: paper
     weight_decay: float = 0.0           # AdamW's decoupled weight decay (optim.Adam)
+    dropout_start: float = 0.0          # dropout off before this fraction of the run ("late")
     clip_norm: float | None = None      # global gradient-norm clipping; None: no clipping
     update_freq: int = 1                # batches summed into one update
     log_every: int = 10                 # steps between log lines
@@ -144,6 +147,9 @@ class TrainOptions:
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainOptions.{name} must be >= 0 (0: only at the end), "
                                  f"got {getattr(self, name)}")
+        if not 0.0 <= self.dropout_start < 1.0:
+            raise ValueError(f"TrainOptions.dropout_start must be in [0, 1), got "
+                             f"{self.dropout_start}")
         if self.time_limit is not None and self.time_limit <= 0:
             raise ValueError(f"TrainOptions.time_limit must be > 0 seconds, got {self.time_limit}")
         if self.resume and not self.out_dir:
@@ -355,6 +361,13 @@ def _time_fraction(state: TrainState, options: TrainOptions) -> float:
     return min(1.0, state.elapsed / options.time_limit)
 
 
+def _dropout_off(step: int, time_fraction: float, options: TrainOptions) -> bool:
+    """Late dropout: no dropout for the first ``options.dropout_start`` of the run, measured as
+    the cool-down measures it, by steps or by the clock, whichever is further on."""
+    progress = max((step - 1) / options.steps, time_fraction)
+    return progress < options.dropout_start
+
+
 def _update(state: TrainState, cfg: Config, options: TrainOptions, schedule: Callable,
             taken: list, world: distributed.World) -> dict:
     """Apply step ``state.step + 1`` with the update's batches ``taken`` (``(epoch, batches
@@ -367,12 +380,15 @@ def _update(state: TrainState, cfg: Config, options: TrainOptions, schedule: Cal
     tokens = sum(model_of(cfg).batch_tokens(batch, cfg) for batch in micro_batches)
     if world.distributed:
         tokens = int(world.allreduce_numbers([tokens])[0])
+    time_fraction = _time_fraction(state, options)
+    if cfg.dropout and _dropout_off(step, time_fraction, options):
+        cfg = dataclasses.replace(cfg, dropout=0.0)
     stats, grads = _accumulate(state, cfg, micro_batches, step, state.seed, first=first,
                                tokens=tokens)
     world.allreduce_sum(grads.buffer)            # one collective: the sum over all workers
     if options.clip_norm is not None:
         stats["grad_norm"] = clip_grad_norm(grads, options.clip_norm)   # leaves NaN/Inf alone
-    stats["lr"] = schedule(step, _time_fraction(state, options))
+    stats["lr"] = schedule(step, time_fraction)
     with _interrupts_deferred():
         state.optimizer.update(state.params, grads, stats["lr"])
         state.step = step

@@ -307,6 +307,27 @@ def test_a_decay_schedule_ends_with_the_time_limit(tmp_path, monkeypatch):
     assert all(a["lr"] > b["lr"] for a, b in zip(lines[1:], lines[2:]))
 
 
+def test_late_dropout_is_off_for_the_first_part_of_the_run(tmp_path):
+    """dropout_start=0.5 of 6 steps: steps 1-3 are those of a run without dropout, from step 4
+    on dropout is on (and the masks are those of steps 4-6, as in any run with dropout)."""
+    train.train(CFG, epoch_batches, options(tmp_path / "late", dropout_start=0.5))
+    train.train(CFG.replace(dropout=0.0), epoch_batches, options(tmp_path / "none"))
+    train.train(CFG, epoch_batches, options(tmp_path / "always"))
+    late, none, always = (read_log(tmp_path / name) for name in ("late", "none", "always"))
+    assert [r["loss"] for r in late[:3]] == [r["loss"] for r in none[:3]]
+    assert late[0]["loss"] != always[0]["loss"]
+    assert all(a["loss"] != b["loss"] for a, b in zip(late[3:6], none[3:6]))
+
+
+def test_late_dropout_follows_the_steps_or_the_clock_whichever_is_further():
+    late = options(steps=100, dropout_start=0.5)
+    assert train._dropout_off(50, 0.0, late) and not train._dropout_off(51, 0.0, late)
+    assert train._dropout_off(10, 0.49, late) and not train._dropout_off(10, 0.5, late)
+    assert not train._dropout_off(1, 0.0, options(steps=100))       # 0: dropout from the start
+    with pytest.raises(ValueError, match="dropout_start must be in"):
+        options(dropout_start=1.0)
+
+
 def test_time_limit_must_be_positive():
     with pytest.raises(ValueError, match="time_limit"):
         options(time_limit=0)

@@ -112,6 +112,9 @@ def test_resume_continues_and_refuses_a_run_that_does_not_fit(corpus, tmp_path, 
     capsys.readouterr()
     assert run(*common, "--max-steps", 8, "--resume", "--d-model", 32) == train_wmt.EXIT_ERROR
     assert "--d-model: the run has 16, now 32" in capsys.readouterr().err
+    assert run(*common, "--max-steps", 8, "--resume", "--dropout-start", 0.5) == \
+        train_wmt.EXIT_ERROR
+    assert "--dropout-start: the run has 0.0, now 0.5" in capsys.readouterr().err
 
 
 def test_vocabulary_is_reused_and_a_changed_one_is_refused_on_resume(corpus, tmp_path, capsys):
