@@ -178,13 +178,14 @@ def main(argv=None) -> int:
         import bench_ops             # the operation counter, here with its clock on
         seconds = bench_ops.clocked(lambda: MinitfmStep(cfg, x, y), args.steps)
         products, others = bench_ops.split_seconds(seconds)
+        other = sum(others.values())
         torch_1 = results[f"PyTorch {torch.__version__} eager, 1 thread"]
         top = ", ".join(f"{module} {1000 * s:.1f}" for module, s in others.most_common(5))
         print(f"minitfm's matrix products: {1000 * products:.1f} ms per step; other array "
-              f"operations {1000 * sum(others.values()):.1f} ms ({top}, ...). With everything "
+              f"operations {1000 * other:.1f} ms ({top}, ...). With everything "
               f"but the products free, minitfm would be {torch_1 / products:.2f}x PyTorch's "
               f"1-thread step")
-        report.update(matmul_s=products, other_s=sum(others.values()))
+        report.update(matmul_s=products, other_s=other)
     print(json.dumps(report))
     return 0
 

@@ -24,6 +24,7 @@ Batches: toy and small 128 sentences x 24 tokens per side; base 4,096 target tok
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import resource
@@ -100,7 +101,7 @@ def make_step(cfg: model.Config, batch: int, src_len: int, tgt_len: int):
     adam = optim.Adam(params)
     grads = flat.zeros_like(params)         # one gradient buffer for the run, as train() keeps
     src, tgt = make_batch(cfg, batch, src_len, tgt_len)
-    count = iter(range(10 ** 9))
+    count = itertools.count()
 
     def step() -> dict:
         stats, _ = model.loss_and_grads(params, cfg, src, tgt, backend.rng(0, next(count)),

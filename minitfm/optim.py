@@ -43,8 +43,8 @@ from dataclasses import dataclass
 
 from minitfm import backend, flat
 
-__all__ = ["Adam", "LRSchedule", "WarmupDecaySchedule", "Cooldown", "decays_by_default",
-           "clip_grad_norm"]
+__all__ = ["Adam", "LRSchedule", "WarmupDecaySchedule", "Cooldown", "run_progress",
+           "decays_by_default", "clip_grad_norm"]
 
 
 def _check_same_keys(expected: dict, given: dict, what: str) -> None:
@@ -144,6 +144,12 @@ class WarmupDecaySchedule:
         return self.min_lr + (self.peak_lr - self.min_lr) * remaining
 
 
+def run_progress(step: int, total_steps: int, time_fraction: float = 0.0) -> float:
+    """The part of a run behind update ``step`` (counted from 1): by the steps done before it, or
+    by the clock (``time_fraction`` of a time limit) if that is further on."""
+    return max((step - 1) / total_steps, time_fraction)
+
+
 @dataclass(frozen=True)
 class Cooldown:
     """Any schedule, brought down linearly to 0 over the last ``fraction`` of a run.
@@ -168,7 +174,7 @@ class Cooldown:
                              f"fraction={self.fraction}, total_steps={self.total_steps}")
 
     def __call__(self, step: int, time_fraction: float = 0.0) -> float:
-        progress = max((step - 1) / self.total_steps, time_fraction)
+        progress = run_progress(step, self.total_steps, time_fraction)
         return self.schedule(step, time_fraction) * min(1.0, max(0.0, (1.0 - progress)
                                                                   / self.fraction))
 

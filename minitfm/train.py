@@ -89,7 +89,7 @@ from tqdm import tqdm
 
 from minitfm import backend, checkpoint, distributed, flat, lm, model
 from minitfm.model import Config
-from minitfm.optim import Adam, LRSchedule, clip_grad_norm
+from minitfm.optim import Adam, LRSchedule, clip_grad_norm, run_progress
 
 __all__ = ["TrainOptions", "TrainState", "TrainingDiverged", "WriteFailed", "train", "evaluate",
            "model_of", "LOG_NAME", "RUN_INFO_NAME", "DIVERGED_WINDOWS"]
@@ -363,9 +363,8 @@ def _time_fraction(state: TrainState, options: TrainOptions) -> float:
 
 def _dropout_off(step: int, time_fraction: float, options: TrainOptions) -> bool:
     """Late dropout: no dropout for the first ``options.dropout_start`` of the run, measured as
-    the cool-down measures it, by steps or by the clock, whichever is further on."""
-    progress = max((step - 1) / options.steps, time_fraction)
-    return progress < options.dropout_start
+    the cool-down measures it (optim.run_progress)."""
+    return run_progress(step, options.steps, time_fraction) < options.dropout_start
 
 
 def _update(state: TrainState, cfg: Config, options: TrainOptions, schedule: Callable,
