@@ -78,8 +78,9 @@ PRESET_DEFAULTS = {
 }
 # the options that define a run: --resume refuses to change them
 RUN_OPTIONS = ("source_lang", "target_lang", "vocab_size", "no_clean", "preset", "layers",
-               "d_model", "d_ff", "heads", "dropout", "label_smoothing", "max_tokens", "seed",
-               "schedule", "lr", "min_lr", "cooldown", "dropout_start")
+               "d_model", "d_ff", "heads", "dropout", "attention_dropout", "relu_dropout",
+               "label_smoothing", "max_tokens", "seed", "schedule", "lr", "min_lr", "cooldown",
+               "dropout_start")
 VOCAB_SEED = 0          # the vocabulary does not depend on --seed, so runs can share it
 EXIT_ERROR = 2
 FRACTION = number(0, 1, high_open=True)
@@ -113,10 +114,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     arch.add_argument("--d-model", type=positive_int, help="model width")
     arch.add_argument("--d-ff", type=positive_int, help="feed-forward width")
     arch.add_argument("--heads", type=positive_int, help="attention heads")
-    arch.add_argument("--dropout", type=FRACTION, help="dropout")
+    arch.add_argument("--dropout", type=FRACTION,
+                      help="dropout on the embeddings and every sub-layer's output")
+    arch.add_argument("--attention-dropout", type=FRACTION,
+                      help="dropout on the attention weights (default: preset, 0)")
+    arch.add_argument("--relu-dropout", type=FRACTION,
+                      help="dropout on the feed-forward hidden units (default: preset, 0)")
     arch.add_argument("--dropout-start", type=FRACTION, default=0.0, metavar="FRACTION",
                       help="late dropout: none for this first part of the run (of --max-steps, "
-                           "or of --time-limit if that comes first), then --dropout (default 0)")
+                           "or of --time-limit if that comes first), then the dropouts above "
+                           "(default 0)")
     arch.add_argument("--label-smoothing", type=FRACTION, help="label smoothing")
 
     opt = p.add_argument_group("training")
@@ -374,6 +381,8 @@ def describe_run(args: argparse.Namespace, corpora: dict, vocab: Vocab, cfg: Con
         f"vocab  {vocab.size} joint BPE pieces ({vocab.identifier})",
         f"model  {args.preset}: {cfg.n_layers} layers, d_model {cfg.d_model}, d_ff {cfg.d_ff}, "
         f"{cfg.n_heads} heads, dropout {cfg.dropout}"
+        + (f" (attention {cfg.attention_dropout}, ReLU {cfg.relu_dropout})"
+           if cfg.attention_dropout or cfg.relu_dropout else "")
         + (f" after the first {args.dropout_start:.0%} of the run" if args.dropout_start else "")
         + f", label smoothing {cfg.label_smoothing}; "
         f"{params:,} parameters; backend {backend.describe()}",

@@ -5,7 +5,10 @@
 
 Both models are the same Transformer: the preset's sizes, post-LN, ReLU feed-forward, one shared
 embedding scaled by sqrt(d_model) that is also the output projection, sinusoidal positions,
-dropout 0.1, label-smoothed cross-entropy over the target tokens, and an Adam update. Both run
+dropout 0.1 on the embeddings and sub-layer outputs and none on the attention weights and the
+feed-forward hidden units (the config's attention_dropout and relu_dropout, 0 in every preset:
+nn.Transformer's own dropout there is replaced by them), label-smoothed cross-entropy over the
+target tokens, and an Adam update. Both run
 in float32 on the same random batch (128 sentences x 24 tokens per side) with the machine's
 threads. Step times are medians; the fraction of the float32 matrix-multiply peak uses the
 analytic FLOP count of bench_train.py and a peak measured in the same run.
@@ -41,6 +44,13 @@ def torch_step_seconds(cfg: model.Config, src, tgt, steps: int, warmup: int) -> 
             nn.init.normal_(self.emb.weight, 0.0, d ** -0.5)
             self.core = nn.Transformer(d, cfg.n_heads, cfg.n_layers, cfg.n_layers, cfg.d_ff,
                                        cfg.dropout, batch_first=True)
+            for layer in [*self.core.encoder.layers, *self.core.decoder.layers]:
+                # nn.Transformer drops attention weights and hidden units with its one rate too
+                for attn in (layer.self_attn, getattr(layer, "multihead_attn", None)):
+                    if attn is not None:
+                        attn.dropout = cfg.attention_dropout
+                layer.dropout = (nn.Dropout(cfg.relu_dropout) if cfg.relu_dropout
+                                 else nn.Identity())
             position = torch.arange(cfg.max_len)[:, None]
             rate = torch.exp(torch.arange(0, d, 2) * (-math.log(10000.0) / d))
             pe = torch.zeros(cfg.max_len, d)

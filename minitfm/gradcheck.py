@@ -240,7 +240,8 @@ def _feedforward(rng, s):
 
 
 def _run_feedforward(a, s):
-    y, c = feedforward.forward(a["x"], a)
+    """With ReLU dropout when ``s["p"]`` is set (a fixed mask: the same seed every call)."""
+    y, c = feedforward.forward(a["x"], a, s.get("p", 0.0), backend.rng(7))
     return y, lambda dy: _grads_of(feedforward.backward(dy, c), "x")
 
 
@@ -253,10 +254,12 @@ def _sdpa(rng, s):
 
 
 def _run_sdpa(a, s, causal=False):
+    """With attention dropout when ``s["p"]`` is set (a fixed mask, as for feedforward)."""
     mask = a["mask"]
     if causal:
         mask = mask + model.causal_mask(a["q"].shape[2], a["q"].dtype)
-    o, c = attention.sdpa_forward(a["q"], a["k"], a["v"], mask)
+    o, c = attention.sdpa_forward(a["q"], a["k"], a["v"], mask, None, s.get("p", 0.0),
+                                  backend.rng(7))
     return o, lambda do: _grads_of(attention.sdpa_backward(do, c), "q", "k", "v")
 
 
@@ -272,7 +275,7 @@ def _self_attn(rng, s):
 
 
 def _run_self_attn(a, s):
-    y, c = attention.self_forward(a["x"], a, a["mask"], s["h"])
+    y, c = attention.self_forward(a["x"], a, a["mask"], s["h"], s.get("p", 0.0), backend.rng(7))
     return y, lambda dy: _grads_of(attention.self_backward(dy, c), "x")
 
 
@@ -284,7 +287,8 @@ def _cross_attn(rng, s):
 
 
 def _run_cross_attn(a, s):
-    y, c = attention.cross_forward(a["x"], a["memory"], a, a["mask"], s["h"])
+    y, c = attention.cross_forward(a["x"], a["memory"], a, a["mask"], s["h"], s.get("p", 0.0),
+                                   backend.rng(7))
     return y, lambda dy: _grads_of(attention.cross_backward(dy, c), "x", "memory")
 
 
@@ -324,9 +328,11 @@ def _stack_params(rng, cfg: model.Config, prefix, shapes=None):
 
 
 def _cfg_from(s, pre_ln):
+    """The stack's config: dropout ``s["p"]``, attention and ReLU dropout ``s["pa"]``."""
     d = s["h"] * s["dk"]
     return model.Config(src_vocab=s.get("v", 7), tgt_vocab=s.get("v", 7), n_layers=s["n"],
                         d_model=d, d_ff=s["f"], n_heads=s["h"], dropout=s.get("p", 0.0),
+                        attention_dropout=s.get("pa", 0.0), relu_dropout=s.get("pa", 0.0),
                         pre_ln=pre_ln, max_len=64)
 
 
@@ -338,7 +344,7 @@ def _encoder(rng, s, pre_ln):
 
 def _run_encoder(a, s, pre_ln):
     cfg = _cfg_from(s, pre_ln)
-    rng = backend.rng(5) if cfg.dropout else None
+    rng = backend.rng(5)                    # the same masks every call
     y, c = encoder.stack_forward(a["x"], a, a["mask"], cfg, rng)
     return y, lambda dy: _grads_of(encoder.stack_backward(dy, c), "x")
 
@@ -352,7 +358,7 @@ def _decoder(rng, s, pre_ln):
 
 def _run_decoder(a, s, pre_ln):
     cfg = _cfg_from(s, pre_ln)
-    rng = backend.rng(5) if cfg.dropout else None
+    rng = backend.rng(5)                    # the same masks every call
     self_mask = model.causal_mask(a["x"].shape[1], a["x"].dtype)
     y, c = decoder.stack_forward(a["x"], a["memory"], a, self_mask, a["mask"], cfg, rng)
     return y, lambda dy: _grads_of(decoder.stack_backward(dy, c), "x", "memory")
@@ -383,11 +389,18 @@ CASES = [
     Case("dropout", _x, _run_dropout, dict(b=2, t=4, d=5)),
     Case("layernorm", _layernorm, _run_layernorm, dict(b=2, t=3, d=5)),
     Case("feedforward", _feedforward, _run_feedforward, dict(b=2, t=3, d=4, f=6)),
+    Case("feedforward (ReLU dropout)", _feedforward, _run_feedforward,
+         dict(b=2, t=3, d=4, f=6, p=0.3)),
     Case("attention (padding mask)", _sdpa, _run_sdpa, ATTN_SIZES),
     Case("attention (causal mask)", lambda rng, s: _sdpa(rng, {**s, "s": s["t"]}),
          lambda a, s: _run_sdpa(a, s, causal=True), ATTN_SIZES),
+    Case("attention (dropout)", _sdpa, _run_sdpa, {**ATTN_SIZES, "p": 0.3}),
     Case("multi-head self-attention", _self_attn, _run_self_attn, ATTN_SIZES),
+    Case("multi-head self-attention (dropout)", _self_attn, _run_self_attn,
+         {**ATTN_SIZES, "p": 0.3}),
     Case("multi-head cross-attention", _cross_attn, _run_cross_attn, ATTN_SIZES),
+    Case("multi-head cross-attention (dropout)", _cross_attn, _run_cross_attn,
+         {**ATTN_SIZES, "p": 0.3}),
     Case("residual + LN (post-LN)", _residual, lambda a, s: _run_residual(a, s, False),
          dict(b=2, t=3, d=4)),
     Case("residual + LN (pre-LN)", _residual, lambda a, s: _run_residual(a, s, True),
@@ -427,13 +440,14 @@ def check_model(cfg: model.Config, seed: int = 0, batch: int = 2, src_len: int =
                 tgt_len: int = 4) -> dict:
     """Gradient check of ``model.loss_and_grads`` over every parameter, in float64.
 
-    With ``cfg.dropout > 0`` the masks are fixed: every evaluation draws them from the same seed.
+    With dropout (any of ``model.DROPOUTS``) the masks are fixed: every evaluation draws them
+    from the same seed.
     """
     params = _stack_params(backend.host_rng(seed), cfg, "")
     src, tgt = model_batch(backend.host_rng(seed, 1), cfg, batch, src_len, tgt_len)
 
     def rng():
-        return backend.rng(seed, 2) if cfg.dropout else None
+        return _dropout_rng(cfg, seed)
 
     _, grads = model.loss_and_grads(params, cfg, src, tgt, rng())
 
@@ -443,11 +457,18 @@ def check_model(cfg: model.Config, seed: int = 0, batch: int = 2, src_len: int =
     return check_gradients(objective, grads, params)
 
 
+def _dropout_rng(cfg, seed):
+    """A new generator of the same masks every call when ``cfg`` has any dropout, else None."""
+    return backend.rng(seed, 2) if any(getattr(cfg, name) for name in model.DROPOUTS) else None
+
+
 def model_cases() -> list[tuple[str, model.Config]]:
     tiny = model.Config.preset("tiny")
     return [("model (post-LN)", tiny),
             ("model (pre-LN)", tiny.replace(pre_ln=True)),
             ("model (dropout, fixed mask)", tiny.replace(dropout=0.3)),
+            ("model (attention and ReLU dropout, fixed masks)",
+             tiny.replace(attention_dropout=0.3, relu_dropout=0.3)),
             ("model (separate embeddings)", tiny.replace(share_embeddings=False, tgt_vocab=9))]
 
 
@@ -460,7 +481,7 @@ def lm_inputs(cfg: lm.LMConfig, seed: int = 0, batch: int = 2, length: int = 4):
     tokens = backend.host_rng(seed, 1).integers(0, cfg.vocab, size=(batch, length + 1))
 
     def rng():
-        return backend.rng(seed, 2) if cfg.dropout else None
+        return _dropout_rng(cfg, seed)
 
     return params, tokens[:, :-1], tokens[:, 1:], rng
 
@@ -496,7 +517,9 @@ def lm_cases() -> list[tuple[str, lm.LMConfig]]:
     return [("language model (pre-LN)", tiny),
             ("language model (post-LN)", tiny.replace(pre_ln=False)),
             ("language model (learned positions)", tiny.replace(learned_positions=True)),
-            ("language model (dropout, fixed mask)", tiny.replace(dropout=0.3))]
+            ("language model (dropout, fixed mask)", tiny.replace(dropout=0.3)),
+            ("language model (attention and ReLU dropout, fixed masks)",
+             tiny.replace(attention_dropout=0.3, relu_dropout=0.3))]
 
 
 # ---- command line ---------------------------------------------------------------------------

@@ -53,6 +53,8 @@ class LMConfig:
     d_ff: int = 512
     n_heads: int = 4                # h; d_k = d_model / h
     dropout: float = 0.0            # P_drop on the embedding sum and every sub-layer output
+    attention_dropout: float = 0.0  # on the attention weights
+    relu_dropout: float = 0.0       # on the feed-forward hidden units
     pre_ln: bool = True             # LayerNorm before each sub-layer, and one after the stack
     learned_positions: bool = False  # a learned table instead of the sinusoids
     max_len: int = 256              # the context: the longest sequence the model reads
@@ -66,8 +68,10 @@ class LMConfig:
             raise ValueError(
                 f"LMConfig.d_model={self.d_model} must be divisible by n_heads={self.n_heads} "
                 f"(each head gets d_model / n_heads dimensions)")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"LMConfig.dropout must be in [0, 1), got {self.dropout!r}")
+        for name in model.DROPOUTS:
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"LMConfig.{name} must be in [0, 1), got {value!r}")
 
     @classmethod
     def preset(cls, name: str, **overrides) -> LMConfig:

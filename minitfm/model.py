@@ -34,6 +34,10 @@ KIND = "transformer"      # what a checkpoint of this model records as its kind 
 # The special token ids, fixed for every vocabulary (data/vocab.py trains its models with them).
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
+# The config fields that are dropout rates (here and in lm.LMConfig): residual and embedding,
+# attention weights, feed-forward hidden units.
+DROPOUTS = ("dropout", "attention_dropout", "relu_dropout")
+
 
 @dataclass(frozen=True)
 class Config:
@@ -46,6 +50,8 @@ class Config:
     d_ff: int = 2048
     n_heads: int = 8               # h; d_k = d_v = d_model / h
     dropout: float = 0.1           # P_drop
+    attention_dropout: float = 0.0  # on the attention weights (not in the paper)
+    relu_dropout: float = 0.0      # on the feed-forward hidden units (not in the paper)
     label_smoothing: float = 0.1   # eps_ls
     share_embeddings: bool = True  # one matrix for source, target and output projection
     pre_ln: bool = False           # the paper's post-LN by default
@@ -63,8 +69,10 @@ class Config:
             raise ValueError(
                 f"Config.d_model={self.d_model} must be divisible by n_heads={self.n_heads} "
                 f"(each head gets d_model / n_heads dimensions)")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"Config.dropout must be in [0, 1), got {self.dropout!r}")
+        for field in DROPOUTS:
+            value = getattr(self, field)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"Config.{field} must be in [0, 1), got {value!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"Config.label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
         if self.share_embeddings and self.src_vocab != self.tgt_vocab:

@@ -33,7 +33,8 @@ The schedule is called as ``schedule(step, time_fraction)``, the fraction of the
 :class:`~minitfm.optim.Cooldown`) ends at the limit if that comes before ``steps``; its rate then
 follows the clock, so a resumed run is not bit-identical to an uninterrupted one.
 ``dropout_start`` (late dropout: none early on, while the model underfits) measures the run the
-same way: dropout is off until that fraction of the steps, or of the time limit, has passed.
+same way: every dropout (``model.DROPOUTS``) is off until that fraction of the steps, or of the
+time limit, has passed.
 Either way the run ends, by the step count or the time limit, the last step is validated (when
 there is anything to validate) and ``state.valid`` holds the results.
 
@@ -88,7 +89,7 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from minitfm import backend, checkpoint, distributed, flat, lm, model
-from minitfm.model import Config
+from minitfm.model import DROPOUTS, Config
 from minitfm.optim import Adam, LRSchedule, clip_grad_norm, run_progress
 
 __all__ = ["TrainOptions", "TrainState", "TrainingDiverged", "WriteFailed", "train", "evaluate",
@@ -380,8 +381,8 @@ def _update(state: TrainState, cfg: Config, options: TrainOptions, schedule: Cal
     if world.distributed:
         tokens = int(world.allreduce_numbers([tokens])[0])
     time_fraction = _time_fraction(state, options)
-    if cfg.dropout and _dropout_off(step, time_fraction, options):
-        cfg = dataclasses.replace(cfg, dropout=0.0)
+    if _dropout_off(step, time_fraction, options):
+        cfg = dataclasses.replace(cfg, **{name: 0.0 for name in DROPOUTS})
     stats, grads = _accumulate(state, cfg, micro_batches, step, state.seed, first=first,
                                tokens=tokens)
     world.allreduce_sum(grads.buffer)            # one collective: the sum over all workers

@@ -214,6 +214,8 @@ def test_parameter_names_and_shapes():
     (dict(vocab=0), "vocab"),
     (dict(max_len=True), "max_len"),
     (dict(dropout=1.0), "dropout"),
+    (dict(attention_dropout=1.0), "attention_dropout"),
+    (dict(relu_dropout=-0.5), "relu_dropout"),
 ])
 def test_bad_configs_are_refused(fields, message):
     with pytest.raises(ValueError, match=message):

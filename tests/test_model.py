@@ -157,7 +157,7 @@ def test_float32_agrees_with_float64(pre_ln):
 
 def test_float32_is_never_upcast():
     """Every float array the forward passes keep, and every gradient, stays float32."""
-    cfg = TINY.replace(dropout=0.2, pre_ln=True)
+    cfg = TINY.replace(dropout=0.2, attention_dropout=0.1, relu_dropout=0.1, pre_ln=True)
     params = model.init_params(cfg, 0, dtype=np.float32)
     src, tgt = _batch(4)
     rng = backend.rng(0, 0)
@@ -186,6 +186,20 @@ def test_dropout_is_reproducible_from_seed_and_step():
     assert a["loss"] != c["loss"] and a["loss"] != d["loss"]
 
 
+@pytest.mark.parametrize("name", model.DROPOUTS)
+def test_each_dropout_acts_in_training_only(name):
+    """Each dropout alone changes the training loss, and nothing at evaluation (no generator)."""
+    cfg = TINY.replace(**{name: 0.3})
+    params = model.init_params(cfg, 0, dtype=np.float64)
+    src, tgt = _batch(5)
+    trained, _ = model.loss_and_grads(params, cfg, src, tgt, backend.rng(1, 7))
+    again, _ = model.loss_and_grads(params, cfg, src, tgt, backend.rng(1, 7))
+    evaluated, _ = model.loss_and_grads(params, cfg, src, tgt)
+    plain, _ = model.loss_and_grads(params, TINY, src, tgt, backend.rng(1, 7))
+    assert trained["loss"] == again["loss"] != plain["loss"]
+    assert evaluated["loss"] == plain["loss"]
+
+
 # ---- configuration and initialisation ---------------------------------------------------
 
 def test_presets_hold_the_papers_values():
@@ -205,6 +219,8 @@ def test_presets_hold_the_papers_values():
     (dict(d_ff=-3), ["d_ff", "positive"]),
     (dict(dropout=1.0), ["dropout", "[0, 1)"]),
     (dict(dropout=-0.1), ["dropout"]),
+    (dict(attention_dropout=1.0), ["attention_dropout", "[0, 1)"]),
+    (dict(relu_dropout=-0.1), ["relu_dropout"]),
     (dict(label_smoothing=1.5), ["label_smoothing"]),
     (dict(src_vocab=10, tgt_vocab=11), ["share_embeddings", "10", "11"]),
     (dict(n_heads=2.5), ["n_heads"]),

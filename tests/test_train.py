@@ -307,12 +307,17 @@ def test_a_decay_schedule_ends_with_the_time_limit(tmp_path, monkeypatch):
     assert all(a["lr"] > b["lr"] for a, b in zip(lines[1:], lines[2:]))
 
 
-def test_late_dropout_is_off_for_the_first_part_of_the_run(tmp_path):
+@pytest.mark.parametrize("dropouts", [dict(dropout=0.1),
+                                      dict(dropout=0.0, attention_dropout=0.2),
+                                      dict(dropout=0.0, relu_dropout=0.2)])
+def test_late_dropout_is_off_for_the_first_part_of_the_run(tmp_path, dropouts):
     """dropout_start=0.5 of 6 steps: steps 1-3 are those of a run without dropout, from step 4
-    on dropout is on (and the masks are those of steps 4-6, as in any run with dropout)."""
-    train.train(CFG, epoch_batches, options(tmp_path / "late", dropout_start=0.5))
+    on dropout is on (and the masks are those of steps 4-6, as in any run with dropout); so for
+    each kind of dropout."""
+    cfg = CFG.replace(**dropouts)
+    train.train(cfg, epoch_batches, options(tmp_path / "late", dropout_start=0.5))
     train.train(CFG.replace(dropout=0.0), epoch_batches, options(tmp_path / "none"))
-    train.train(CFG, epoch_batches, options(tmp_path / "always"))
+    train.train(cfg, epoch_batches, options(tmp_path / "always"))
     late, none, always = (read_log(tmp_path / name) for name in ("late", "none", "always"))
     assert [r["loss"] for r in late[:3]] == [r["loss"] for r in none[:3]]
     assert late[0]["loss"] != always[0]["loss"]

@@ -99,6 +99,18 @@ def test_end_to_end_writes_checkpoints_log_average_and_bleu(corpus, tmp_path):
     assert list((out / "data").glob("spm.en-de.64.model"))
 
 
+def test_attention_and_relu_dropout_reach_the_model(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run(*corpus_args(corpus), *TINY, "--max-steps", 2, "--attention-dropout", 0.1,
+               "--relu-dropout", 0.2, "--dropout", 0.3, "--out", out) == 0
+    assert "dropout 0.3 (attention 0.1, ReLU 0.2)" in capsys.readouterr().out
+    cfg = checkpoint.load(checkpoint.latest(out), with_optimizer=False).config
+    assert (cfg["dropout"], cfg["attention_dropout"], cfg["relu_dropout"]) == (0.3, 0.1, 0.2)
+    with pytest.raises(SystemExit):                                # a fraction in [0, 1)
+        run(*corpus_args(corpus), *TINY, "--relu-dropout", 1.0, "--out", tmp_path / "other")
+    assert "--relu-dropout" in capsys.readouterr().err
+
+
 def test_resume_continues_and_refuses_a_run_that_does_not_fit(corpus, tmp_path, capsys):
     out = tmp_path / "run"
     common = [*corpus_args(corpus), *TINY, "--save-every", 2, "--out", out]
@@ -115,6 +127,9 @@ def test_resume_continues_and_refuses_a_run_that_does_not_fit(corpus, tmp_path, 
     assert run(*common, "--max-steps", 8, "--resume", "--dropout-start", 0.5) == \
         train_wmt.EXIT_ERROR
     assert "--dropout-start: the run has 0.0, now 0.5" in capsys.readouterr().err
+    assert run(*common, "--max-steps", 8, "--resume", "--attention-dropout", 0.1) == \
+        train_wmt.EXIT_ERROR
+    assert "--attention-dropout: the run has None, now 0.1" in capsys.readouterr().err
 
 
 def test_vocabulary_is_reused_and_a_changed_one_is_refused_on_resume(corpus, tmp_path, capsys):

@@ -3,18 +3,23 @@
 Scaled dot-product attention, per batch element and head
     S = Q K^T / sqrt(d_k) + M        Q (T, d_k), K (S, d_k), V (S, d_k), S (T, S)
     P = softmax(S)                   row-wise over the keys
-    O = P V                          O (T, d_k)
+    P'= dropout(P, p_att)            attention dropout (optional; not in the paper, see below)
+    O = P' V                         O (T, d_k)
 M is an additive mask: 0 where a query may look, -1e9 where it may not (padded keys, and future
 positions in the decoder's self-attention). exp(-1e9 - max) underflows to exactly 0, so a masked
 key gets exactly zero weight and zero gradient.
 
 Backward
-    dV = P^T dO
-    dP = dO V^T
+    dV = P'^T dO
+    dP'= dO V^T
+    dP = dP' * m / (1 - p_att)       the dropout's backward (dropout.py); dP = dP' without it
     dS = P * (dP - rowsum(dP * P))   softmax Jacobian: dS_ij = P_ij (dP_ij - sum_k dP_ik P_ik)
     dQ = dS K / sqrt(d_k)
     dK = dS^T Q / sqrt(d_k)
     (M is a constant and gets no gradient.)
+Attention dropout (Tensor2Tensor's "attention_dropout", fairseq's "--attention-dropout") zeroes
+whole attention weights, so each query sees a random subset of its keys: a regulariser for small
+corpora, off by default.
 
 Multi-head attention
     MultiHead(Q, K, V) = Concat(head_1 .. head_h) W_O + b_O,  head_i = Attention(Q W_Q^i, K W_K^i, V W_V^i)
@@ -43,7 +48,7 @@ import math
 from typing import NamedTuple
 
 from minitfm import backend
-from minitfm.layers import linear
+from minitfm.layers import dropout, linear
 
 MASKED = -1e9
 
@@ -55,13 +60,16 @@ class SdpaCache(NamedTuple):
     k: object               # (B, H, S, d_k)
     v: object               # (B, H, S, d_k)
     p: object               # (B, H, T, S) the attention probabilities, softmax(S)
+    p_dropped: object       # P' = dropout(P), the weights of V (P itself without dropout)
+    dropout: dropout.Cache | None   # the attention dropout's mask, or None
     scale: float            # 1 / sqrt(d_k)
 
 
-def sdpa_forward(q, k, v, mask=None, o_out=None):
+def sdpa_forward(q, k, v, mask=None, o_out=None, p_drop=0.0, rng=None):
     """q (B, H, T, d_k), k and v (B, H, S, d_k), mask broadcastable to (B, H, T, S).
 
     ``o_out``: where to write O (B, H, T, d_k), e.g. a view of merged heads (``heads_buffer``).
+    ``p_drop``: attention dropout, drawn from ``rng`` (none when ``rng`` is None: evaluation).
     """
     xp = backend.xp
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -72,8 +80,9 @@ def sdpa_forward(q, k, v, mask=None, o_out=None):
     s -= s.max(axis=-1, keepdims=True)              # softmax, in place on the scores
     p = xp.exp(s, out=s)
     p /= p.sum(axis=-1, keepdims=True)              # (B, H, T, S)
-    o = xp.matmul(p, v, out=o_out)                  # (B, H, T, d_k)
-    return o, SdpaCache(q, k, v, p, scale)
+    p_dropped, c_drop = dropout.forward(p, p_drop, rng)     # a new array: P stays for backward
+    o = xp.matmul(p_dropped, v, out=o_out)          # (B, H, T, d_k)
+    return o, SdpaCache(q, k, v, p, p_dropped, c_drop, scale)
 
 
 def sdpa_backward(do, cache: SdpaCache, dq_out=None, dk_out=None, dv_out=None):
@@ -84,8 +93,10 @@ def sdpa_backward(do, cache: SdpaCache, dq_out=None, dk_out=None, dv_out=None):
     """
     xp = backend.xp
     q, k, v, p = cache.q, cache.k, cache.v, cache.p
-    dv = xp.matmul(p.swapaxes(-1, -2), do, out=dv_out)          # (B, H, S, d_k)
+    dv = xp.matmul(cache.p_dropped.swapaxes(-1, -2), do, out=dv_out)   # (B, H, S, d_k)
     dp = do @ v.swapaxes(-1, -2)                                # (B, H, T, S)
+    if cache.dropout is not None:
+        dp, _ = dropout.backward(dp, cache.dropout)
     dp -= xp.einsum("...ts,...ts->...t", dp, p)[..., None]     # rowsum(dP * P), one pass
     ds = dp
     ds *= p                                         # dS = P * (dP - rowsum(dP * P))
@@ -150,12 +161,15 @@ def self_param_shapes(d_model: int) -> dict[str, tuple[int, ...]]:
             **_projection_shapes("o", d_model, d_model)}
 
 
-def self_forward(x, p, mask, n_heads):
-    """x (B, T, d_model); p has "w_qkv" (d, 3d), "b_qkv", "w_o" (d, d), "b_o"."""
+def self_forward(x, p, mask, n_heads, p_drop=0.0, rng=None):
+    """x (B, T, d_model); p has "w_qkv" (d, 3d), "b_qkv", "w_o" (d, d), "b_o".
+
+    ``p_drop``: attention dropout on the weights, drawn from ``rng`` (see ``sdpa_forward``).
+    """
     qkv, c_qkv = linear.forward(x, {"w": p["w_qkv"], "b": p["b_qkv"]})              # (B, T, 3d)
     q, k, v = split_heads(qkv, 3, n_heads)                               # (B, H, T, d_k) each
     merged, (o,) = heads_buffer(*x.shape[:2], 1, n_heads, q.shape[-1], x.dtype)
-    _, c_att = sdpa_forward(q, k, v, mask, o_out=o)                      # into merged (B, T, d)
+    _, c_att = sdpa_forward(q, k, v, mask, o, p_drop, rng)               # into merged (B, T, d)
     y, c_o = linear.forward(merged, {"w": p["w_o"], "b": p["b_o"]})                 # (B, T, d)
     return y, SelfCache(c_qkv, c_att, c_o, n_heads)
 
@@ -202,17 +216,18 @@ def cross_param_shapes(d_model: int) -> dict[str, tuple[int, ...]]:
             **_projection_shapes("o", d_model, d_model)}
 
 
-def cross_forward(x, memory, p, mask, n_heads):
+def cross_forward(x, memory, p, mask, n_heads, p_drop=0.0, rng=None):
     """x (B, T, d) decoder state, memory (B, S, d) encoder output.
 
-    p has "w_q" (d, d), "b_q", "w_kv" (d, 2d), "b_kv", "w_o", "b_o".
+    p has "w_q" (d, d), "b_q", "w_kv" (d, 2d), "b_kv", "w_o", "b_o". ``p_drop``: attention
+    dropout on the weights, drawn from ``rng`` (see ``sdpa_forward``).
     """
     qp, c_q = linear.forward(x, {"w": p["w_q"], "b": p["b_q"]})                     # (B, T, d)
     kv, c_kv = linear.forward(memory, {"w": p["w_kv"], "b": p["b_kv"]})             # (B, S, 2d)
     (q,) = split_heads(qp, 1, n_heads)
     k, v = split_heads(kv, 2, n_heads)
     merged, (o,) = heads_buffer(*x.shape[:2], 1, n_heads, q.shape[-1], x.dtype)
-    _, c_att = sdpa_forward(q, k, v, mask, o_out=o)                      # into merged (B, T, d)
+    _, c_att = sdpa_forward(q, k, v, mask, o, p_drop, rng)               # into merged (B, T, d)
     y, c_o = linear.forward(merged, {"w": p["w_o"], "b": p["b_o"]})
     return y, CrossCache(c_q, c_kv, c_att, c_o, n_heads)
 

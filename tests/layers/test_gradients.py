@@ -47,7 +47,8 @@ def test_layer_gradients(case, data, seed):
 def test_stack_gradients(case, data, seed):
     sizes = data.draw(sizes_for(case, STACK_RANGES))
     assume(sizes["h"] * sizes["dk"] >= 3)                      # d_model >= 3, as above
-    sizes["p"] = data.draw(st.sampled_from([0.0, 0.25]))       # with a fixed dropout mask too
+    sizes["p"] = data.draw(st.sampled_from([0.0, 0.25]))       # with fixed dropout masks too:
+    sizes["pa"] = data.draw(st.sampled_from([0.0, 0.25]))      # residual, attention and ReLU
     assert_close(gradcheck.check_case(case, seed, sizes), case)
 
 
