@@ -1,13 +1,14 @@
 """The same training step in PyTorch (eager, CPU) and in minitfm, measured in one run.
 
     pip install torch            # not a dependency of minitfm; only this comparison needs it
-    python benchmarks/bench_torch.py [--preset small] [--steps 5]
+    python benchmarks/bench_torch.py [--preset small] [--steps 5] [--extra-dropout 0.1]
 
 Both models are the same Transformer: the preset's sizes, post-LN, ReLU feed-forward, one shared
 embedding scaled by sqrt(d_model) that is also the output projection, sinusoidal positions,
 dropout 0.1 on the embeddings and sub-layer outputs and none on the attention weights and the
 feed-forward hidden units (the config's attention_dropout and relu_dropout, 0 in every preset:
-nn.Transformer's own dropout there is replaced by them), label-smoothed cross-entropy over the
+nn.Transformer's own dropout there is replaced by them; ``--extra-dropout P`` sets both to P in
+both models, as nn.Transformer has it by default), label-smoothed cross-entropy over the
 target tokens, and an Adam update. Both run
 in float32 on the same random batch (128 sentences x 24 tokens per side) with the machine's
 threads. Step times are medians; the fraction of the float32 matrix-multiply peak uses the
@@ -106,6 +107,8 @@ def main(argv=None) -> int:
     parser.add_argument("--preset", default="small", choices=["small", "base"])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--extra-dropout", type=float, default=0.0,
+                        help="attention and ReLU dropout in both models (default 0, the paper's)")
     args = parser.parse_args(argv)
     try:
         import torch
@@ -117,7 +120,8 @@ def main(argv=None) -> int:
     cli.reuse_freed_memory()                 # as the training scripts do; for both contenders
 
     batch, src_len, tgt_len = BATCHES[args.preset]
-    cfg = model.Config.preset(args.preset)
+    cfg = model.Config.preset(args.preset, attention_dropout=args.extra_dropout,
+                              relu_dropout=args.extra_dropout)
     src, tgt = make_batch(cfg, batch, src_len, tgt_len)
     flops = step_flops(cfg, batch, src_len, tgt_len, batch * tgt_len)
     peak = matmul_peak()
@@ -125,7 +129,7 @@ def main(argv=None) -> int:
     theirs = torch_step_seconds(cfg, src, tgt, args.steps, args.warmup)
     peak = max(peak, matmul_peak())
     rows = {"minitfm (NumPy)": ours, f"PyTorch {torch.__version__} eager": theirs}
-    print(f"preset {args.preset}, batch {batch}x{src_len}/{tgt_len}, {flops / 1e9:.1f} GFLOP per "
+    print(f"preset {args.preset}, attention and ReLU dropout {args.extra_dropout:g}, batch {batch}x{src_len}/{tgt_len}, {flops / 1e9:.1f} GFLOP per "
           f"step, float32 matmul peak {peak:.1f} GFLOP/s")
     print(f"{'':<28} {'step s':>8} {'tgt tok/s':>10} {'of peak':>8}")
     for name, seconds in rows.items():
