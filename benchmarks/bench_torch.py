@@ -129,8 +129,9 @@ def main(argv=None) -> int:
     theirs = torch_step_seconds(cfg, src, tgt, args.steps, args.warmup)
     peak = max(peak, matmul_peak())
     rows = {"minitfm (NumPy)": ours, f"PyTorch {torch.__version__} eager": theirs}
-    print(f"preset {args.preset}, attention and ReLU dropout {args.extra_dropout:g}, batch {batch}x{src_len}/{tgt_len}, {flops / 1e9:.1f} GFLOP per "
-          f"step, float32 matmul peak {peak:.1f} GFLOP/s")
+    print(f"preset {args.preset}, attention and ReLU dropout {args.extra_dropout:g}, batch "
+          f"{batch}x{src_len}/{tgt_len}, {flops / 1e9:.1f} GFLOP per step, float32 matmul peak "
+          f"{peak:.1f} GFLOP/s")
     print(f"{'':<28} {'step s':>8} {'tgt tok/s':>10} {'of peak':>8}")
     for name, seconds in rows.items():
         print(f"{name:<28} {seconds:>8.3f} {batch * tgt_len / seconds:>10.0f} "

@@ -68,10 +68,7 @@ class LMConfig:
             raise ValueError(
                 f"LMConfig.d_model={self.d_model} must be divisible by n_heads={self.n_heads} "
                 f"(each head gets d_model / n_heads dimensions)")
-        for name in model.DROPOUTS:
-            value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"LMConfig.{name} must be in [0, 1), got {value!r}")
+        model.check_dropouts(self)
 
     @classmethod
     def preset(cls, name: str, **overrides) -> LMConfig:

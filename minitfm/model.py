@@ -39,6 +39,14 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 DROPOUTS = ("dropout", "attention_dropout", "relu_dropout")
 
 
+def check_dropouts(cfg) -> None:
+    """Refuse a config (``Config`` or ``lm.LMConfig``) whose dropout rates are not in [0, 1)."""
+    for field in DROPOUTS:
+        value = getattr(cfg, field)
+        if not 0.0 <= value < 1.0:
+            raise ValueError(f"{type(cfg).__name__}.{field} must be in [0, 1), got {value!r}")
+
+
 @dataclass(frozen=True)
 class Config:
     """Every hyper-parameter of the model. The paper's values are the ``base`` preset."""
@@ -69,10 +77,7 @@ class Config:
             raise ValueError(
                 f"Config.d_model={self.d_model} must be divisible by n_heads={self.n_heads} "
                 f"(each head gets d_model / n_heads dimensions)")
-        for field in DROPOUTS:
-            value = getattr(self, field)
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"Config.{field} must be in [0, 1), got {value!r}")
+        check_dropouts(self)
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"Config.label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
         if self.share_embeddings and self.src_vocab != self.tgt_vocab:
