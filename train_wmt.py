@@ -60,10 +60,10 @@ from minitfm import (average, backend, checkpoint, cli, distributed, model, opti
                      translate)
 from minitfm.bleu import BleuScore, corpus_bleu
 from minitfm.cli import UsageError, integer, number, positive_int
-from minitfm.data import (BatchPlan, CleanOptions, DataError, ParallelText, Vocab,
-                          cached_joint_vocab, encode_corpus, epoch_batches, eval_arrays,
-                          prepare_wmt14, read_parallel, read_parallel_files, require_pairs,
-                          token_batches)
+from minitfm.data import (BatchPlan, CleanOptions, DataError, EncodedCorpus, ParallelText,
+                          SubwordDropout, Vocab, cached_joint_vocab, clean_parallel,
+                          encode_corpus, epoch_batches, eval_arrays, prepare_wmt14,
+                          read_parallel, read_parallel_files, require_pairs, token_batches)
 from minitfm.model import Config
 
 PRESET_DEFAULTS = {
@@ -80,7 +80,7 @@ PRESET_DEFAULTS = {
 RUN_OPTIONS = ("source_lang", "target_lang", "vocab_size", "no_clean", "preset", "layers",
                "d_model", "d_ff", "heads", "dropout", "attention_dropout", "relu_dropout",
                "label_smoothing", "max_tokens", "seed", "schedule", "lr", "min_lr", "cooldown",
-               "dropout_start")
+               "dropout_start", "subword_dropout")
 VOCAB_SEED = 0          # the vocabulary does not depend on --seed, so runs can share it
 EXIT_ERROR = 2
 FRACTION = number(0, 1, high_open=True)
@@ -120,6 +120,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                       help="dropout on the attention weights (default: preset, 0)")
     arch.add_argument("--relu-dropout", type=FRACTION,
                       help="dropout on the feed-forward hidden units (default: preset, 0)")
+    arch.add_argument("--subword-dropout", type=FRACTION, default=0.0, metavar="RATE",
+                      help="BPE-dropout on the training pairs: each is segmented anew every time "
+                           "it is batched, skipping each merge with this probability (default 0; "
+                           "keeps the training text in memory, for small corpora)")
     arch.add_argument("--dropout-start", type=FRACTION, default=0.0, metavar="FRACTION",
                       help="late dropout: none for this first part of the run (of --max-steps, "
                            "or of --time-limit if that comes first), then the dropouts above "
@@ -383,6 +387,7 @@ def describe_run(args: argparse.Namespace, corpora: dict, vocab: Vocab, cfg: Con
         f"{cfg.n_heads} heads, dropout {cfg.dropout}"
         + (f" (attention {cfg.attention_dropout}, ReLU {cfg.relu_dropout})"
            if cfg.attention_dropout or cfg.relu_dropout else "")
+        + (f", BPE-dropout {args.subword_dropout}" if args.subword_dropout else "")
         + (f" after the first {args.dropout_start:.0%} of the run" if args.dropout_start else "")
         + f", label smoothing {cfg.label_smoothing}; "
         f"{params:,} parameters; backend {backend.describe()}",
@@ -428,6 +433,20 @@ def prepare_data(args: argparse.Namespace) -> tuple[Vocab, dict, ParallelText | 
     return vocab, corpora, test
 
 
+def subword_dropout(args: argparse.Namespace, vocab: Vocab,
+                    train_corpus: EncodedCorpus) -> SubwordDropout | None:
+    """``--subword-dropout``'s sampler, over the training text cleaned as the encoded corpus was."""
+    if not args.subword_dropout:
+        return None
+    text = read_parallel(args.trainpref, args.source_lang, args.target_lang)
+    src, tgt = text.src, text.tgt
+    if not args.no_clean:
+        src, tgt, _ = clean_parallel(src, tgt, CleanOptions())
+    sampler = SubwordDropout(vocab, args.subword_dropout, src, tgt)
+    sampler.check_matches(train_corpus)
+    return sampler
+
+
 def run_training(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     cli.reuse_freed_memory()
@@ -458,9 +477,11 @@ def run_training(args: argparse.Namespace) -> int:
                                     max_positions=cfg.max_len - 1)
         if args.valid_bleu_sentences:
             metric = bleu_metric(vocab, read_parallel(args.validpref, *langs), args)
+    subwords = subword_dropout(args, vocab, train_corpus)
     options = train.TrainOptions(
         steps=args.max_steps, out_dir=args.out, seed=args.seed, warmup=args.warmup,
         schedule=lr_schedule(args, cfg), dropout_start=args.dropout_start,
+        on_dropout_start=subwords.start if subwords is not None else None,
         clip_norm=args.clip_norm, update_freq=args.update_freq,
         log_every=args.log_every, valid_every=args.valid_every, save_every=args.save_every,
         keep_last=args.keep_last, resume=args.resume,
@@ -470,7 +491,7 @@ def run_training(args: argparse.Namespace) -> int:
                   "train_pairs": len(train_corpus), "clean": not args.no_clean},
         run_info={"args": vars(args), "config": cfg.to_dict()}, progress=not args.quiet)
     batches = epoch_batches(train_corpus, args.max_tokens, seed=args.seed,
-                            max_positions=train_positions(args, cfg))
+                            max_positions=train_positions(args, cfg), subword_dropout=subwords)
     state = train.train(cfg, batches, options, valid_batches=valid_batches, valid_metric=metric)
     if state.interrupted:
         return cli.stopped(state, args.out)

@@ -34,7 +34,8 @@ The schedule is called as ``schedule(step, time_fraction)``, the fraction of the
 follows the clock, so a resumed run is not bit-identical to an uninterrupted one.
 ``dropout_start`` (late dropout: none early on, while the model underfits) measures the run the
 same way: every dropout (``model.DROPOUTS``) is off until that fraction of the steps, or of the
-time limit, has passed.
+time limit, has passed; ``on_dropout_start``, if given, is called once, before the batches of the
+first update with dropout are read (it can start dropout in the data, e.g. BPE-dropout).
 Either way the run ends, by the step count or the time limit, the last step is validated (when
 there is anything to validate) and ``state.valid`` holds the results.
 
@@ -126,6 +127,7 @@ class TrainOptions:
     schedule: Callable[[int, float], float] | None = None   # lr(step, time_fraction); None: paper
     weight_decay: float = 0.0           # AdamW's decoupled weight decay (optim.Adam)
     dropout_start: float = 0.0          # dropout off before this fraction of the run ("late")
+    on_dropout_start: Callable[[], None] | None = None   # called once, when dropout starts
     clip_norm: float | None = None      # global gradient-norm clipping; None: no clipping
     update_freq: int = 1                # batches summed into one update
     log_every: int = 10                 # steps between log lines
@@ -592,6 +594,7 @@ def train(cfg: Config, batches: Batches, options: TrainOptions, *, params: dict 
     schedule = options.schedule or LRSchedule(cfg.d_model, options.warmup, options.lr_factor)
     validating = world.is_root and (valid_batches is not None or valid_metric is not None)
     stream = _batch_stream(batches, state.epoch, state.batches_done)
+    dropout_waits = options.on_dropout_start is not None
     per_update = options.update_freq * world.size        # batches of the global order per update
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "seconds": 0.0, "steps": 0}
     session_start, elapsed_before = time.perf_counter(), state.elapsed
@@ -603,6 +606,10 @@ def train(cfg: Config, batches: Batches, options: TrainOptions, *, params: dict 
         try:
             while state.step < options.steps:
                 started = time.perf_counter()
+                if dropout_waits and not _dropout_off(state.step + 1,
+                                                      _time_fraction(state, options), options):
+                    options.on_dropout_start()      # before this update's batches are read
+                    dropout_waits = False
                 taken = list(itertools.islice(stream, per_update))
                 stats = _update(state, cfg, options, schedule, taken, world)
                 window["seconds"] += time.perf_counter() - started

@@ -16,8 +16,8 @@ Errors caused by the data (missing or corrupt files, misaligned corpora, a vocab
 special ids) raise :class:`DataError`, a ``ValueError`` whose message says what to fix.
 """
 
-from .batching import (BatchPlan, collate, epoch_batches, eval_arrays, eval_batches,
-                       iterate_batches, token_batches)
+from .batching import (BatchPlan, SubwordDropout, collate, epoch_batches, eval_arrays,
+                       eval_batches, iterate_batches, token_batches)
 from .clean import CleanOptions, CleanReport, clean_parallel
 from .corpus import (DataError, ParallelReader, ParallelText, file_stamp, parallel_files,
                      raw_lines, read_lines, read_parallel, read_parallel_files, read_sgm,
@@ -38,7 +38,7 @@ __all__ = [
     "Vocab", "train_vocab", "train_joint_vocab", "cached_joint_vocab",
     "EncodedCorpus", "encode_corpus",
     "BatchPlan", "token_batches", "eval_batches", "collate", "iterate_batches", "epoch_batches",
-    "eval_arrays",
+    "eval_arrays", "SubwordDropout",
     "prepare_wmt14",
     "CharTokenizer", "BPETokenizer", "TextData", "load_text", "load_tokenizer", "random_blocks",
     "validation_blocks",
