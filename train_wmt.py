@@ -121,9 +121,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     arch.add_argument("--relu-dropout", type=FRACTION,
                       help="dropout on the feed-forward hidden units (default: preset, 0)")
     arch.add_argument("--subword-dropout", type=FRACTION, default=0.0, metavar="RATE",
-                      help="BPE-dropout on the training pairs: each is segmented anew every time "
-                           "it is batched, skipping each merge with this probability (default 0; "
-                           "keeps the training text in memory, for small corpora)")
+                      help="BPE-dropout: each training pair segmented anew every time it is "
+                           "batched, each merge skipped with this probability (default 0; keeps "
+                           "the training text in memory, for small corpora; not repeatable)")
     arch.add_argument("--dropout-start", type=FRACTION, default=0.0, metavar="FRACTION",
                       help="late dropout: none for this first part of the run (of --max-steps, "
                            "or of --time-limit if that comes first), then the dropouts above "

@@ -24,7 +24,8 @@ the dropout masks of the i-th batch of step k come from ``backend.rng(seed, k, i
 shuffling from the seed and the epoch). A checkpoint stores the parameters, Adam's moments, the
 step, the seed and the position ``(epoch, batches consumed in that epoch)``; ``resume=True``
 restores them and skips the consumed batches, so a resumed run reaches bit-identical parameters
-to an uninterrupted one on the same backend.
+to an uninterrupted one on the same backend (unless the batches themselves are drawn anew, as
+with BPE-dropout).
 
 Time. ``time_limit`` stops the run, with a validation and a checkpoint, after the update that
 exhausts it; the clock (``state.elapsed``, validation included) carries over when a run is resumed.

@@ -324,6 +324,28 @@ def test_late_dropout_is_off_for_the_first_part_of_the_run(tmp_path, dropouts):
     assert all(a["loss"] != b["loss"] for a, b in zip(late[3:6], none[3:6]))
 
 
+def test_on_dropout_start_is_called_once_before_the_first_batches_with_dropout(tmp_path):
+    """Steps 1-3 without dropout: the call comes after 3 batches were read, before the 4th; a run
+    resumed after that point calls it before reading anything; without late dropout, at once."""
+    def run(directory, **overrides):
+        reads, calls = [], []
+
+        def batches(epoch):
+            for batch in epoch_batches(epoch):
+                reads.append(batch)
+                yield batch
+        train.train(CFG, batches, options(directory, on_dropout_start=lambda: calls.append(
+            len(reads)), **overrides))
+        return calls
+
+    assert run(tmp_path / "late", dropout_start=0.5) == [3]
+    assert run(tmp_path / "late", dropout_start=0.5, steps=8, resume=True) == [0]
+    assert run(tmp_path / "early", steps=2) == [0]
+    # from step 8 (3 batches into epoch 1, skipped on resume), dropout from step 12 of 12 (the
+    # first with 11 of 12 steps behind it)
+    assert run(tmp_path / "late", dropout_start=0.9, steps=12, resume=True) == [3 + 3]
+
+
 def test_late_dropout_follows_the_steps_or_the_clock_whichever_is_further():
     late = options(steps=100, dropout_start=0.5)
     assert train._dropout_off(50, 0.0, late) and not train._dropout_off(51, 0.0, late)

@@ -111,6 +111,26 @@ def test_attention_and_relu_dropout_reach_the_model(corpus, tmp_path, capsys):
     assert "--relu-dropout" in capsys.readouterr().err
 
 
+def test_subword_dropout_reaches_the_batches_and_the_run_record(corpus, tmp_path, capsys):
+    """BPE-dropout from the start: every update reads other pieces than a run without it (same
+    seed, so the same pairs), so every loss differs; the rate is part of the run."""
+    common = [*corpus_args(corpus), *TINY, "--max-steps", 12, "--log-every", 1]
+    assert run(*common, "--subword-dropout", 0.3, "--out", tmp_path / "bpe") == 0
+    assert "BPE-dropout 0.3" in capsys.readouterr().out
+    assert run(*common, "--out", tmp_path / "plain") == 0
+    losses = {name: [r["loss"] for r in map(json.loads, (tmp_path / name / "log.jsonl")
+                                           .read_text().splitlines()) if "loss" in r]
+              for name in ("bpe", "plain")}
+    assert len(losses["bpe"]) == len(losses["plain"]) == 12
+    assert all(a != b for a, b in zip(losses["bpe"], losses["plain"]))
+    run_json = json.loads((tmp_path / "bpe" / "run.json").read_text())
+    assert run_json["args"]["subword_dropout"] == 0.3
+    capsys.readouterr()
+    assert run(*common, "--max-steps", 14, "--resume", "--out", tmp_path / "bpe") == \
+        train_wmt.EXIT_ERROR
+    assert "--subword-dropout: the run has 0.3, now 0.0" in capsys.readouterr().err
+
+
 def test_resume_continues_and_refuses_a_run_that_does_not_fit(corpus, tmp_path, capsys):
     out = tmp_path / "run"
     common = [*corpus_args(corpus), *TINY, "--save-every", 2, "--out", out]

@@ -5,7 +5,8 @@
     clean        drop empty, too short/long and badly proportioned pairs (Moses' rules)
     vocab        the joint sentencepiece BPE vocabulary, with fixed special ids
     encoded      corpora encoded once, cached as memory-mapped NumPy arrays
-    batching     token-count batches for training, fixed-size ordered batches for evaluation
+    batching     token-count batches for training (optionally with BPE-dropout), fixed-size
+                 ordered batches for evaluation
     text         a text file as language-model tokens (characters or BPE), in random blocks
 
 This is host-side code: it uses NumPy deliberately, not the array backend, because batches are

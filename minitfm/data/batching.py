@@ -171,33 +171,33 @@ def epoch_batches(corpus: EncodedCorpus, max_tokens: int, *, seed: int,
     """``batches(epoch)`` for ``minitfm.train.train``: the padded ``(src, tgt)`` arrays of the
     token-count batches of ``epoch`` (:func:`token_batches` from ``seed`` and the epoch).
 
-    With ``subword_dropout``, every epoch that begins once it is started reads the corpus
-    segmented anew (:meth:`SubwordDropout.sample`, from ``seed`` and the epoch)."""
+    With ``subword_dropout``, once it is started, the same batches hold the same pairs, each
+    segmented anew (:meth:`SubwordDropout.collate`)."""
     def batches(epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        source = corpus
-        if subword_dropout is not None and subword_dropout.started:
-            source = subword_dropout.sample(seed=(seed, epoch))
-        plan = token_batches(source.src_lengths, source.tgt_lengths, max_tokens, seed=seed,
+        plan = token_batches(corpus.src_lengths, corpus.tgt_lengths, max_tokens, seed=seed,
                              epoch=epoch, max_positions=max_positions)
         for indices in plan:
-            yield collate(source, indices)
+            if subword_dropout is not None and subword_dropout.started:
+                yield subword_dropout.collate(corpus, indices, max_positions=max_positions)
+            else:
+                yield collate(corpus, indices)
     return batches
 
 
 class SubwordDropout:
-    """BPE-dropout (Provilkov et al., 2020): the training pairs segmented anew for every epoch,
-    each BPE merge skipped with probability ``rate``.
+    """BPE-dropout (Provilkov et al., 2020): every time a training pair is batched, both of its
+    sides are segmented anew, each BPE merge skipped with probability ``rate``.
 
     The model sees the same sentence in different pieces from epoch to epoch, a regulariser for
-    small corpora. A sampled segmentation is longer (Multi30k with 8k pieces: about 20% more
-    tokens at rate 0.05, 40% at 0.1), so an epoch holds more batches of ``max_tokens``. It needs
-    the text of the pairs in memory, ``src_texts[i]`` / ``tgt_texts[i]`` being pair i of the
-    encoded corpus (cleaned as it was).
+    small corpora. It needs the text of the pairs in memory, ``src_texts[i]`` / ``tgt_texts[i]``
+    being pair i of the encoded corpus (cleaned as it was). The batches stay those planned from
+    the usual segmentation, the same on every worker of a run; a sampled segmentation is longer,
+    so a batch holds more tokens than ``max_tokens`` (Multi30k with 8k pieces: about 20% more at
+    rate 0.05, 40% at 0.1). A pair whose sample does not fit ``max_positions`` keeps its usual
+    segmentation. The samples come from sentencepiece's generator, so a run with BPE-dropout
+    cannot be repeated exactly.
 
-    Nothing is sampled until :meth:`start` (a run's late dropout calls it when dropout starts);
-    the epochs that begin after that are sampled. A run resumed in the epoch where it started
-    reads that epoch's remaining batches from a sample, where the first session read them from
-    the usual segmentation; every other epoch is the same, resumed or not.
+    Nothing is sampled until :meth:`start` (a run's late dropout calls it when dropout starts).
     """
 
     def __init__(self, vocab: Vocab, rate: float, src_texts: Sequence[str],
@@ -221,13 +221,18 @@ class SubwordDropout:
                             f"the encoded corpus holds {len(corpus)}: the texts must be the "
                             "corpus's pairs, cleaned the same way, in the same order")
 
-    def sample(self, *, seed: Sequence[int]) -> EncodedCorpus:
-        """Every pair, both sides segmented with BPE-dropout, as an in-memory corpus; ``seed``
-        (e.g. the run's seed and the epoch) fixes the sample, on any worker."""
-        src_seed, tgt_seed = np.random.default_rng(list(seed)).integers(2**32, size=2)
-        return EncodedCorpus.from_ids(
-            self.vocab.encode(self.src_texts, dropout=self.rate, seed=int(src_seed)),
-            self.vocab.encode(self.tgt_texts, dropout=self.rate, seed=int(tgt_seed)))
+    def collate(self, corpus: EncodedCorpus, indices: np.ndarray, *,
+                max_positions: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The padded ``(src, tgt)`` arrays of pairs ``indices`` of ``corpus``, as
+        :func:`collate` lays them out, both sides segmented with BPE-dropout."""
+        indices = np.asarray(indices, dtype=np.int64)
+        src = self.vocab.encode([self.src_texts[i] for i in indices], dropout=self.rate)
+        tgt = self.vocab.encode([self.tgt_texts[i] for i in indices], dropout=self.rate)
+        if max_positions is not None:
+            for row, i in enumerate(indices.tolist()):
+                if max(len(src[row]), len(tgt[row])) + 1 > max_positions:
+                    src[row], tgt[row] = (side.tolist() for side in corpus[i])
+        return collate(EncodedCorpus.from_ids(src, tgt), np.arange(len(indices)))
 
 
 def eval_arrays(corpus: EncodedCorpus, batch_size: int, *,

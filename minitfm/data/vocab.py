@@ -106,16 +106,14 @@ class Vocab:
     def __hash__(self) -> int:
         return hash(self._model)
 
-    def encode(self, texts: Sequence[str], *, dropout: float = 0.0,
-               seed: int = 0) -> list[list[int]]:
+    def encode(self, texts: Sequence[str], *, dropout: float = 0.0) -> list[list[int]]:
         """Token ids of each text, without BOS/EOS (batching adds those).
 
         ``dropout > 0`` samples a segmentation instead (BPE-dropout, Provilkov et al., 2020):
         each merge is skipped with probability ``dropout``, so a word comes out in smaller
-        pieces now and then; the ids still decode to the same text. The sample is fixed by
-        ``seed`` (a 32-bit number): it sets sentencepiece's process-wide sampling seed, and the
-        texts are segmented in one thread, in order (several threads would share them out in an
-        order that changes from call to call).
+        pieces now and then; the ids still decode to the same text. The samples come from
+        sentencepiece's own generator: they differ from call to call and cannot be repeated
+        (its seed does not fix them across processes).
         """
         if isinstance(texts, str):
             raise TypeError("Vocab.encode takes a list of strings; wrap a single text in a list")
@@ -123,9 +121,7 @@ class Vocab:
             raise DataError(f"BPE-dropout rate must be in [0, 1), got {dropout}")
         if not dropout:
             return self._sp.encode(list(texts), out_type=int)
-        spm.set_random_generator_seed(int(seed) % 2**32)
-        return self._sp.encode(list(texts), out_type=int, enable_sampling=True, alpha=dropout,
-                               num_threads=1)
+        return self._sp.encode(list(texts), out_type=int, enable_sampling=True, alpha=dropout)
 
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
         """Texts of id sequences: PAD and BOS skipped, each sequence ending at its first EOS."""

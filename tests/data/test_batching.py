@@ -5,8 +5,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minitfm.data import (BOS_ID, EOS_ID, PAD_ID, DataError, EncodedCorpus, collate,
-                          eval_batches, iterate_batches, token_batches)
+from minitfm.data import (BOS_ID, EOS_ID, PAD_ID, DataError, EncodedCorpus, SubwordDropout,
+                          collate, epoch_batches, eval_batches, iterate_batches, token_batches,
+                          train_vocab)
+from tests.data.test_vocab import make_sentences
 
 
 def random_corpus(lengths: list[tuple[int, int]], seed: int = 0) -> EncodedCorpus:
@@ -120,3 +122,76 @@ def test_collate_with_a_memory_mapped_corpus(tmp_path):
 def test_collate_needs_indices():
     with pytest.raises(DataError, match="non-empty"):
         collate(random_corpus([(1, 1)]), np.array([], dtype=np.int64))
+
+
+# ---- BPE-dropout: the corpus segmented anew every epoch once started ---------------------------
+
+@pytest.fixture(scope="module")
+def sentence_pairs():
+    texts = make_sentences(300)
+    vocab = train_vocab(texts, 120, hard_vocab_limit=False)
+    src, tgt = texts[::2], texts[1::2]
+    return vocab, src, tgt, EncodedCorpus.from_ids(vocab.encode(src), vocab.encode(tgt))
+
+
+def texts_of(vocab, batch):
+    """The (source, target) texts of a batch's rows."""
+    src, tgt = batch
+    return list(zip(vocab.decode(src.tolist()), vocab.decode(tgt.tolist())))
+
+
+def test_subword_dropout_segments_the_same_batches_anew_once_started(sentence_pairs):
+    vocab, src, tgt, corpus = sentence_pairs
+    sampler = SubwordDropout(vocab, 0.2, src, tgt)
+    sampler.check_matches(corpus)
+    with_sampler = epoch_batches(corpus, 200, seed=5, subword_dropout=sampler)
+    plain = epoch_batches(corpus, 200, seed=5)
+    as_lists = lambda batches: [(s.tolist(), t.tolist()) for s, t in batches]   # noqa: E731
+    assert as_lists(with_sampler(0)) == as_lists(plain(0))       # nothing sampled before start
+
+    sampler.start()
+    sampled, usual = list(with_sampler(1)), list(plain(1))
+    assert len(sampled) == len(usual)
+    for a, b in zip(sampled, usual):         # each batch: the same pairs, in the same rows
+        assert texts_of(vocab, a) == texts_of(vocab, b)
+        check_rows(a)
+    count = lambda batches: sum(np.count_nonzero(s) + np.count_nonzero(t)   # noqa: E731
+                                for s, t in batches)
+    assert count(sampled) > count(usual)     # in smaller pieces
+    assert as_lists(with_sampler(1)) != as_lists(sampled)          # anew every time
+
+
+def check_rows(batch):
+    """Each row: tokens, EOS, then padding; targets start with BOS (as collate lays them out)."""
+    src, tgt = batch
+    for row in src.tolist():
+        n = row.index(EOS_ID)
+        assert PAD_ID not in row[:n] and set(row[n + 1:]) <= {PAD_ID}
+    assert (tgt[:, 0] == BOS_ID).all()
+    for row in tgt[:, 1:].tolist():
+        n = row.index(EOS_ID)
+        assert PAD_ID not in row[:n] and set(row[n + 1:]) <= {PAD_ID}
+
+
+def test_subword_dropout_keeps_the_usual_segmentation_where_a_sample_is_too_long(sentence_pairs):
+    vocab, src, tgt, corpus = sentence_pairs
+    sampler = SubwordDropout(vocab, 0.9, src, tgt)
+    longest = max(max(len(s), len(t)) for s, t in (corpus[i] for i in range(len(corpus))))
+    indices = np.arange(len(corpus))
+    batch = sampler.collate(corpus, indices, max_positions=longest + 1)
+    assert batch[0].shape[1] <= longest + 1 and batch[1].shape[1] <= longest + 2
+    assert texts_of(vocab, batch) == list(zip(src, tgt))
+    unlimited = sampler.collate(corpus, indices)
+    assert unlimited[0].shape[1] > longest + 1 or unlimited[1].shape[1] > longest + 2
+
+
+def test_subword_dropout_checks_its_input(sentence_pairs):
+    vocab, src, tgt, corpus = sentence_pairs
+    for rate in (0.0, 1.0):
+        with pytest.raises(DataError, match=r"must be in \(0, 1\)"):
+            SubwordDropout(vocab, rate, src, tgt)
+    with pytest.raises(DataError, match="aligned"):
+        SubwordDropout(vocab, 0.1, src, tgt[:-1])
+    with pytest.raises(DataError, match=f"text of {len(src) - 1} pairs, but the encoded corpus "
+                                        f"holds {len(src)}"):
+        SubwordDropout(vocab, 0.1, src[:-1], tgt[:-1]).check_matches(corpus)

@@ -58,6 +58,24 @@ def test_encode_rejects_a_bare_string(vocab):
         vocab.encode("the cat")
 
 
+def test_bpe_dropout_samples_finer_segmentations_of_the_same_text(vocab, sentences):
+    texts = sentences[:60]
+    usual = vocab.encode(texts)
+    sampled = vocab.encode(texts, dropout=0.3)
+    assert vocab.decode(sampled) == texts                 # other pieces, the same text
+    assert sum(map(len, sampled)) > sum(map(len, usual))  # skipped merges leave more pieces
+    assert vocab.encode(texts, dropout=0.3) != sampled    # a new sample every call
+    assert vocab.encode(texts, dropout=0.0) == usual
+    repeated = vocab.encode([texts[0]] * 20, dropout=0.3)
+    assert len({tuple(ids) for ids in repeated}) > 1      # each text is sampled on its own
+
+
+def test_bpe_dropout_rate_is_checked(vocab):
+    for rate in (-0.1, 1.0):
+        with pytest.raises(DataError, match=r"BPE-dropout rate must be in \[0, 1\)"):
+            vocab.encode(["the cat"], dropout=rate)
+
+
 def test_serialization_round_trips_and_identifies(vocab, tmp_path):
     copy = Vocab.from_bytes(vocab.serialized_model())
     from_array = Vocab.from_bytes(vocab.as_array())
