@@ -86,10 +86,7 @@ def token_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: 
     if max_sentences is not None and max_sentences < 1:
         raise DataError(f"max_sentences must be at least 1, got {max_sentences}")
     src_size, tgt_size = src_lengths + 1, tgt_lengths + 2  # (n,) entries of src and tgt rows
-    fits = np.ones(len(src_lengths), dtype=bool)
-    if max_positions is not None:
-        _check_max_positions(max_positions)
-        fits = (src_size <= max_positions) & (tgt_size - 1 <= max_positions)
+    fits = _fits(src_lengths, tgt_lengths, max_positions)
     size = np.maximum(src_size, tgt_size)  # (n,) entries a pair costs per batch row
     _check_max_tokens(size[fits], max_tokens)
 
@@ -228,10 +225,10 @@ class SubwordDropout:
         indices = np.asarray(indices, dtype=np.int64)
         src = self.vocab.encode([self.src_texts[i] for i in indices], dropout=self.rate)
         tgt = self.vocab.encode([self.tgt_texts[i] for i in indices], dropout=self.rate)
-        if max_positions is not None:
-            for row, i in enumerate(indices.tolist()):
-                if max(len(src[row]), len(tgt[row])) + 1 > max_positions:
-                    src[row], tgt[row] = (side.tolist() for side in corpus[i])
+        lengths = [np.fromiter(map(len, side), dtype=np.int64, count=len(side))
+                   for side in (src, tgt)]
+        for row in np.flatnonzero(~_fits(*lengths, max_positions)).tolist():
+            src[row], tgt[row] = (side.tolist() for side in corpus[int(indices[row])])
         return collate(EncodedCorpus.from_ids(src, tgt), np.arange(len(indices)))
 
 
@@ -254,6 +251,16 @@ def _check_lengths(src_lengths: np.ndarray,
         raise DataError(f"source and target lengths must be 1-D and of equal size, got "
                         f"{src_lengths.shape} and {tgt_lengths.shape}")
     return src_lengths, tgt_lengths
+
+
+def _fits(src_lengths: np.ndarray, tgt_lengths: np.ndarray,
+          max_positions: int | None) -> np.ndarray:
+    """(n,) bool: which pairs (lengths without EOS/BOS) fit ``max_positions`` for training: the
+    source with EOS, and the target with BOS or EOS (what the decoder reads or predicts)."""
+    if max_positions is None:
+        return np.ones(len(src_lengths), dtype=bool)
+    _check_max_positions(max_positions)
+    return (src_lengths + 1 <= max_positions) & (tgt_lengths + 1 <= max_positions)
 
 
 def _check_max_positions(max_positions: int) -> None:
