@@ -57,8 +57,10 @@ def backward(dy, cache: Cache, out=None):
     xhat, rstd, gamma = cache.xhat, cache.rstd, cache.gamma
     xp = backend.xp
     d = xhat.shape[-1]
-    dgamma = xp.einsum("ni,ni->i", dy.reshape(-1, d), xhat.reshape(-1, d),     # sum_rows dy * xhat
-                       out=None if out is None else out["gamma"])
+    dgamma = xp.einsum("ni,ni->i", dy.reshape(-1, d), xhat.reshape(-1, d))     # sum_rows dy * xhat
+    if out is not None:            # CuPy's einsum takes no out= (only dtype and optimize)
+        out["gamma"][...] = dgamma
+        dgamma = out["gamma"]
     dbeta = dy.reshape(-1, d).sum(axis=0, out=None if out is None else out["beta"])
     g = dy * gamma                                                              # term 1
     mean_g = g.mean(axis=-1, keepdims=True)
