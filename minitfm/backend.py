@@ -28,7 +28,7 @@ import numpy
 
 __all__ = [
     "BackendError", "xp", "name", "use", "float_dtype", "set_float_dtype",
-    "to_device", "to_host", "is_host_array", "host_copy", "scatter_add", "sorted_scatter_add", "dropout_keep", "rng",
+    "to_device", "to_host", "to_host_together", "is_host_array", "host_copy", "scatter_add", "sorted_scatter_add", "dropout_keep", "rng",
     "host_rng", "check_array", "is_gpu", "describe", "environment_choice",
 ]
 
@@ -166,6 +166,29 @@ def to_host(array):
     if hasattr(array, "get"):  # cupy.ndarray
         return array.get()
     return numpy.asarray(array)
+
+
+def to_host_together(*arrays) -> list:
+    """Copy several arrays of the active backend to the host in one device-to-host transfer.
+
+    Each device-to-host copy waits for the device, so the numbers a step reads (a loss and a
+    gradient norm, a beam's scores and token ids) travel together: on the GPU they are packed as
+    float64 into one buffer (exact for float32/float64 values and for integers below 2**53),
+    copied once, and unpacked with their own shapes and dtypes. Python numbers and host arrays
+    pass through as NumPy arrays.
+    """
+    if _active_name() == "numpy" or all(not hasattr(a, "__cuda_array_interface__") for a in arrays):
+        return [numpy.asarray(a) for a in arrays]
+    xp = _active()
+    packed = xp.concatenate([xp.asarray(a, dtype=xp.float64).reshape(-1) for a in arrays])
+    host = to_host(packed)
+    parts, offset = [], 0
+    for a in arrays:
+        shape, dtype = tuple(getattr(a, "shape", ())), getattr(a, "dtype", numpy.float64)
+        size = int(numpy.prod(shape))
+        parts.append(host[offset:offset + size].reshape(shape).astype(dtype))
+        offset += size
+    return parts
 
 
 def scatter_add(target, indices, values) -> None:

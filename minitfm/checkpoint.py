@@ -40,9 +40,10 @@ from dataclasses import dataclass, field
 
 import numpy
 
-from minitfm import backend
+from minitfm import backend, flat
 
 __all__ = [
+    "NonFiniteError",
     "FORMAT_VERSION", "ROTATED_NAME", "KINDS", "CheckpointError", "Checkpoint", "save", "load",
     "check_kind",
     "params_to_device", "config_differences", "check_compatible",
@@ -55,6 +56,14 @@ ROTATED_NAME = re.compile(r"checkpoint_(\d{8,})\.npz")   # what keep_last() rota
 # the kinds of model a checkpoint can hold (model.KIND, lm.KIND), in words
 KINDS = {"transformer": "an encoder-decoder Transformer (model.py: translation, toy tasks)",
          "lm": "a decoder-only language model (lm.py: train_lm.py)"}
+
+
+class NonFiniteError(ValueError):
+    """An array to be saved holds NaN or Inf (``what``: the first such array, in words)."""
+
+    def __init__(self, message: str, what: str) -> None:
+        super().__init__(message)
+        self.what = what
 
 
 class CheckpointError(RuntimeError):
@@ -107,11 +116,19 @@ def _check_optimizer_state(optimizer_state: dict, params: dict) -> None:
 def _arrays_to_write(params: dict, optimizer_state: dict | None, vocab_model: bytes | None,
                      meta: dict) -> dict[str, numpy.ndarray]:
     arrays = {"meta": _json_bytes(meta)}
-    arrays.update({f"param/{name}": backend.to_host(a) for name, a in params.items()})
+    # one device-to-host copy per flat buffer (parameters, the two Adam moments), then checked
+    arrays.update({f"param/{name}": a for name, a in flat.to_host(params).items()})
     if optimizer_state is not None:
         for moment in ("m", "v"):
-            arrays.update({f"adam_{moment}/{name}": backend.to_host(a)
-                           for name, a in optimizer_state[moment].items()})
+            arrays.update({f"adam_{moment}/{name}": a
+                           for name, a in flat.to_host(optimizer_state[moment]).items()})
+    for key, a in arrays.items():
+        if a.dtype.kind == "f" and not numpy.isfinite(a).all():
+            kind, _, name = key.partition("/")
+            what = (f"parameter {name!r}" if kind == "param"
+                    else f"Adam's {kind[-1]} moment of {name!r}")
+            raise NonFiniteError(f"{what} holds NaN or Inf: a model with non-finite values is "
+                                 f"never written", what)
     if vocab_model is not None:
         arrays["vocab_model"] = numpy.frombuffer(bytes(vocab_model), dtype=numpy.uint8)
     return arrays

@@ -180,8 +180,11 @@ def output_limits(src, cfg: model.Config, max_len: int | None = None) -> list[in
 
 
 def _prepare(params: dict, cfg: model.Config, src):
+    """``(src on the device, the output limits)``; the ids are checked, and the limits counted,
+    on the host (a host array costs no wait for the device; a device array one copy)."""
     model.check_params(params, cfg)
-    return model.check_tokens(backend.to_device(src), "src", cfg.src_vocab, cfg)
+    src = model.check_tokens(backend.host_copy(src, "src"), "src", cfg.src_vocab, cfg, host=True)
+    return backend.to_device(src), src
 
 
 def _forbid_special(scores, cfg: model.Config):
@@ -248,8 +251,8 @@ def greedy(params: dict, cfg: model.Config, src, max_len: int | None = None) -> 
     Stops a sentence at EOS or after its maximum number of output tokens (see
     :func:`output_limits`). Returns the token ids of each sentence, without BOS and EOS.
     """
-    src = _prepare(params, cfg, src)
-    limits = output_limits(src, cfg, max_len)
+    src, host_src = _prepare(params, cfg, src)
+    limits = output_limits(host_src, cfg, max_len)
     kv = init_kv_cache(params, cfg, src, beam=1, capacity=max(limits))
     outputs: list[list[int]] = [[] for _ in limits]
     active = list(range(len(limits)))                       # the sentence of each cache row
@@ -295,8 +298,8 @@ def beam_search(params: dict, cfg: model.Config, src, beam: int = 4, alpha: floa
     """
     _check_beam(beam, alpha, nbest)
     xp = backend.xp
-    src = _prepare(params, cfg, src)
-    limits = output_limits(src, cfg, max_len)
+    src, host_src = _prepare(params, cfg, src)
+    limits = output_limits(host_src, cfg, max_len)
     kv = init_kv_cache(params, cfg, src, beam=beam, capacity=max(limits))
     k = beam
     finished: list[list[Hypothesis]] = [[] for _ in limits]
@@ -311,8 +314,7 @@ def beam_search(params: dict, cfg: model.Config, src, beam: int = 4, alpha: floa
         vocab = extended.shape[1]
         candidates = _forbid_special(extended, cfg).reshape(len(active), k * vocab)      # (n, K*V)
         top_scores, top_ids = _top_k(candidates, 2 * k)                                 # (n, 2K)
-        top_scores = backend.to_host(top_scores).tolist()
-        top_ids = backend.to_host(top_ids).tolist()
+        top_scores, top_ids = (a.tolist() for a in backend.to_host_together(top_scores, top_ids))
 
         rows, next_tokens, next_scores, next_prefixes, still_active = [], [], [], [], []
         for i, s in enumerate(active):

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 
 from minitfm import backend
 
-__all__ = ["FlatDict", "zeros", "flatten", "zeros_like", "buffer_of"]
+__all__ = ["FlatDict", "zeros", "flatten", "zeros_like", "buffer_of", "to_host"]
 
 
 class FlatDict(dict):
@@ -88,3 +88,12 @@ def buffer_of(*dicts):
         if d.buffer.dtype != first.buffer.dtype or d.shapes() != layout:
             return None
     return tuple(d.buffer for d in dicts)
+
+
+def to_host(arrays: Mapping) -> dict:
+    """The arrays of ``arrays`` as host (NumPy) arrays, with the same names. A :class:`FlatDict`
+    travels as one copy of its buffer (its arrays are then views of the host copy): on a GPU one
+    device-to-host transfer for the whole model, not one per array."""
+    if isinstance(arrays, FlatDict):
+        return dict(FlatDict(backend.to_host(arrays.buffer), arrays.shapes()))
+    return {name: backend.to_host(a) for name, a in arrays.items()}

@@ -412,9 +412,6 @@ def _write_failed(what: str, exc: OSError, state: TrainState) -> WriteFailed:
 
 def _save(state: TrainState, cfg: Config, options: TrainOptions) -> None:
     """Write a checkpoint of ``state`` (refusing non-finite parameters) and rotate old ones."""
-    for name, value in state.params.items():
-        if not bool(backend.xp.isfinite(value).all()):
-            raise _diverged(f"parameter {name!r} holds NaN or Inf", state.step, state)
     path = checkpoint.checkpoint_path(options.out_dir, state.step)
     try:
         with _interrupts_deferred():
@@ -427,6 +424,8 @@ def _save(state: TrainState, cfg: Config, options: TrainOptions) -> None:
                        "elapsed": state.elapsed, "run_meta": options.run_meta})
             state.last_checkpoint = path
             checkpoint.keep_last(options.out_dir, options.keep_last)
+    except checkpoint.NonFiniteError as exc:
+        raise _diverged(f"{exc.what} holds NaN or Inf", state.step, state) from exc
     except OSError as exc:
         raise _write_failed(f"checkpoint {path}", exc, state) from exc
 
@@ -709,7 +708,9 @@ def _log_step(state: TrainState, stats: dict, window: dict, options: TrainOption
     """Append the log line of the window that ends now; return its loss per token (the same on
     every worker)."""
     tokens = window["tokens"]                                   # all workers' already
-    sums = [float(window["loss"]), float(window["nll"])]        # wait for them here
+    read = [window["loss"], window["nll"]] + ([stats["grad_norm"]] if "grad_norm" in stats else [])
+    sums = [float(v) for v in backend.to_host_together(*read)]  # wait for them here, once
+    grad_norm = sums.pop() if "grad_norm" in stats else None
     if world.distributed:
         sums = world.allreduce_numbers(sums)                    # this worker's part: sum them
     loss, nll = sums[0] / tokens, sums[1] / tokens
@@ -717,15 +718,14 @@ def _log_step(state: TrainState, stats: dict, window: dict, options: TrainOption
         first = state.step - window["steps"] + 1
         when = f"step {state.step}" if first == state.step else f"steps {first}-{state.step}"
         raise _diverged(f"the training loss is {loss}", when, state)
-    if "grad_norm" in stats and not math.isfinite(float(stats["grad_norm"])):
-        raise _diverged(f"the gradient norm is {float(stats['grad_norm'])}", f"step {state.step}",
-                        state)
+    if grad_norm is not None and not math.isfinite(grad_norm):
+        raise _diverged(f"the gradient norm is {grad_norm}", f"step {state.step}", state)
     record = {"step": state.step, "loss": loss, "nll": nll,
               "lr": stats["lr"], "tokens": state.tokens,
               "tokens_per_s": tokens / max(window["seconds"], 1e-9),
               "elapsed": round(state.elapsed, 3)}
-    if "grad_norm" in stats:
-        record["grad_norm"] = float(stats["grad_norm"])
+    if grad_norm is not None:
+        record["grad_norm"] = grad_norm
     _append_log(options, record, state)
     bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
                     tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)

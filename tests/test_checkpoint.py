@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from minitfm import backend, checkpoint
+from minitfm import backend, checkpoint, flat
 from minitfm.checkpoint import CheckpointError
 
 
@@ -127,7 +127,8 @@ def test_load_can_skip_optimizer_state(tmp_path):
 @given(params=st.dictionaries(
     st.text("abcxyz.0123_", min_size=1, max_size=12),
     hnp.arrays(st.sampled_from([np.float32, np.float64, np.int64]),
-               hnp.array_shapes(min_dims=0, max_dims=3, max_side=4)),
+               hnp.array_shapes(min_dims=0, max_dims=3, max_side=4),
+               elements={"allow_nan": False, "allow_infinity": False}),
     max_size=4),
     step=st.integers(0, 10**9))
 def test_round_trip_any_params(params, step):
@@ -139,6 +140,20 @@ def test_round_trip_any_params(params, step):
     for name, array in params.items():
         assert ckpt.params[name].dtype == array.dtype and ckpt.params[name].shape == array.shape
         np.testing.assert_array_equal(ckpt.params[name], array)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", ["param", "m", "v"])
+def test_non_finite_values_are_never_written(tmp_path, bad, where):
+    params = flat.flatten(tiny_params())
+    state = {"step": 3, "m": flat.zeros_like(params), "v": flat.zeros_like(params)}
+    target = params if where == "param" else state[where]
+    target["emb"][1, 2] = bad
+    path = tmp_path / "c.npz"
+    with pytest.raises(checkpoint.NonFiniteError, match="'emb' holds NaN or Inf") as raised:
+        checkpoint.save(path, params, optimizer_state=state, step=3, config={}, vocab_id=None)
+    assert ("parameter" in raised.value.what) == (where == "param")
+    assert not os.path.exists(path) and os.listdir(tmp_path) == []
 
 
 def test_params_to_device_keeps_dtypes():
