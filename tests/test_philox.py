@@ -191,6 +191,12 @@ def test_keep_fraction_is_one_minus_p(p):
         assert abs(half.mean() - q) < 5 * np.sqrt(q * (1 - q) / half.size)
 
 
+def test_backend_dropout_keep_uses_the_philox_mask():
+    keep, scale = backend.dropout_keep(Philox.seeded(2, 3, 4), (31, 13), 0.1)
+    np.testing.assert_array_equal(keep, masks(2, 3, 4, shape=(31, 13), threshold=6554))
+    assert scale == 2**16 / (2**16 - 6554)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_uniforms_are_uniform_in_0_1(dtype):
     u = Philox.seeded(4, 2).random((999, 1001), dtype=dtype)
