@@ -16,8 +16,9 @@ CUDA device). It never silently falls back to the CPU: ``auto`` records why it c
 needed, not at import, so a bad value is reported where the commands report their errors.
 
 What the layers need beyond the common NumPy/CuPy API lives here too: host<->device copies,
-scatter-add (the embedding backward), seeded random generators, the default float dtype, and a
-check that catches host arrays handed to a GPU model (and the reverse).
+scatter-add (the embedding backward), seeded random generators (NumPy's on the CPU; on the GPU
+the counter-based :mod:`minitfm.philox`, which creates nothing on the device), the default float
+dtype, and a check that catches host arrays handed to a GPU model (and the reverse).
 """
 
 from __future__ import annotations
@@ -238,16 +239,23 @@ def dropout_keep(generator, shape, p: float):
 
     ``keep`` is a bool array, True with probability 1 - p', where p' = round(p * 2^16) / 2^16 is
     the drop probability rounded to 16 bits (0.1 -> 0.100006), and ``scale = 1 / (1 - p')`` keeps
-    the expectation exact. On the CPU the mask compares 16-bit random integers, drawn as raw bytes,
-    which costs about half of drawing one float per element.
+    the expectation exact. Either way the mask compares 16-bit random integers with
+    ``round(p * 2^16)``: a NumPy generator (the NumPy backend's :func:`rng`) draws them as raw
+    bytes, which costs about half of drawing one float per element; a
+    :class:`~minitfm.philox.Philox` generator (the CuPy backend's) takes two from each 32-bit word.
     """
     threshold = round(p * DROPOUT_LEVELS)
     scale = DROPOUT_LEVELS / (DROPOUT_LEVELS - threshold)
-    if _active_name() == "numpy":
+    if isinstance(generator, numpy.random.Generator) and _active_name() == "numpy":
         size = int(numpy.prod(shape))
         draws = numpy.frombuffer(generator.bytes(2 * size), dtype=numpy.uint16).reshape(shape)
         return draws >= threshold, scale
-    return generator.random(shape, dtype=numpy.float32) >= threshold / DROPOUT_LEVELS, scale
+    from minitfm import philox    # imported here: philox computes with this module's xp
+    if isinstance(generator, philox.Philox):
+        return generator.keep(shape, threshold), scale
+    raise TypeError(f"dropout on the {_active_name()} backend draws from a generator of "
+                    f"minitfm.backend.rng(...), got {type(generator).__module__}."
+                    f"{type(generator).__name__}")
 
 
 def rng(seed: int, *stream: int):
@@ -256,9 +264,17 @@ def rng(seed: int, *stream: int):
     Dropout draws from ``rng(seed, step, i)`` for the i-th batch of an update: the masks depend
     only on the seed, the step and the batch's place in it, so a resumed run, or the same update
     split over several workers, draws exactly the masks one uninterrupted worker would.
+
+    On NumPy it is ``numpy.random.default_rng([seed, *stream])``. On CuPy it is a
+    :class:`~minitfm.philox.Philox` generator keyed on ``(seed, *stream)``: its numbers are a
+    function of the key and their place in the stream, computed with array operations, so making
+    one costs nothing on the device (a CuPy generator would allocate and initialise a cuRAND
+    state per GPU thread, for every batch). The two backends draw different masks from one seed.
     """
-    xp = _active()
-    return xp.random.default_rng([int(seed), *[int(s) for s in stream]])
+    if _active_name() == "cupy":
+        from minitfm import philox    # imported here: philox computes with this module's xp
+        return philox.Philox.seeded(seed, *stream)
+    return numpy.random.default_rng([int(seed), *[int(s) for s in stream]])
 
 
 def host_rng(seed: int, *stream: int) -> numpy.random.Generator:

@@ -19,13 +19,14 @@ The learning rate follows the paper's schedule unless ``options.schedule`` gives
 ``options.weight_decay`` makes Adam AdamW.
 
 Reproducibility. The whole random state of a run is ``(seed, step)`` plus the data position:
-the dropout masks of the i-th batch of step k come from ``backend.rng(seed, k, i)``, and
-``batches(epoch)`` must yield the same batches in the same order for the same epoch (derive any
-shuffling from the seed and the epoch). A checkpoint stores the parameters, Adam's moments, the
-step, the seed and the position ``(epoch, batches consumed in that epoch)``; ``resume=True``
-restores them and skips the consumed batches, so a resumed run reaches bit-identical parameters
-to an uninterrupted one on the same backend (unless the batches themselves are drawn anew, as
-with BPE-dropout).
+the dropout masks of the i-th batch of step k come from ``backend.rng(seed, k, i)`` (NumPy's
+generator of ``[seed, k, i]`` on the CPU; on the GPU the Philox stream keyed on them, which
+creates no generator on the device: :mod:`minitfm.philox`), and ``batches(epoch)`` must yield
+the same batches in the same order for the same epoch (derive any shuffling from the seed and
+the epoch). A checkpoint stores the parameters, Adam's moments, the step, the seed and the
+position ``(epoch, batches consumed in that epoch)``; ``resume=True`` restores them and skips
+the consumed batches, so a resumed run reaches bit-identical parameters to an uninterrupted one
+on the same backend (unless the batches themselves are drawn anew, as with BPE-dropout).
 
 Time. ``time_limit`` stops the run, with a validation and a checkpoint, after the update that
 exhausts it; the clock (``state.elapsed``, validation included) carries over when a run is resumed.

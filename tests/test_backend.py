@@ -5,6 +5,7 @@ namespace when CuPy is installed (skipped otherwise), and host/device mixing is 
 """
 
 import ast
+import hashlib
 import os
 import pathlib
 import subprocess
@@ -77,7 +78,13 @@ def resolve(module, chain):
 
 def test_library_reads_array_functions_off_the_backend():
     names = used_xp_names()
-    assert {"exp", "zeros", "random.default_rng"} <= set(names)
+    assert {"exp", "zeros", "uint64"} <= set(names)
+
+
+def test_no_array_library_generator_is_ever_created():
+    """Random numbers on the device come from minitfm.philox, never from ``xp.random``: a CuPy
+    generator allocates and initialises a cuRAND state per GPU thread."""
+    assert not [f"{c} ({f})" for c, f in used_xp_names().items() if c.startswith("random")]
 
 
 def test_every_array_function_used_exists_in_numpy():
@@ -91,31 +98,23 @@ def test_every_array_function_used_exists_in_cupy():
     assert not missing, f"not in CuPy's namespace: {missing}"
 
 
-def test_generator_methods_used_exist_in_cupy(monkeypatch):
-    """Dropout draws from backend.rng(...): record the methods the CuPy branch calls on it.
-
-    A NumPy generator stands in for CuPy's, with the backend's name set to "cupy" so that its
-    CuPy branches run (for a forward pass, whose arrays stay NumPy arrays).
-    """
-    cupy = pytest.importorskip("cupy")
-    called = set()
-
-    class Recording:
-        def __init__(self, inner):
-            self.inner = inner
-
-        def __getattr__(self, name):
-            called.add(name)
-            return getattr(self.inner, name)
-
+def test_the_cupy_branch_draws_from_philox(monkeypatch):
+    """On CuPy, backend.rng gives a Philox generator, and dropout and sampling draw from it
+    (the backend's name set to "cupy" with NumPy arrays, so that its CuPy branches run here)."""
+    from minitfm import philox, sampling
+    monkeypatch.setattr(backend, "name", "cupy")
+    generator = backend.rng(0, 1)
+    assert isinstance(generator, philox.Philox) and generator.key == philox.key_of(0, 1)
     cfg = model.Config.preset("tiny", dropout=0.2)
     params = model.init_params(cfg, 0)
-    src = np.array([[5, 6, 3]])
-    tgt = np.array([[2, 7, 8, 3]])
-    monkeypatch.setattr(backend, "name", "cupy")
-    model.loss_and_grads(params, cfg, src, tgt, Recording(backend.rng(0, 1)), grads=False)
-    assert called
-    assert all(hasattr(cupy.random.Generator, m) for m in called), called
+    src, tgt = np.array([[5, 6, 3]]), np.array([[2, 7, 8, 3]])
+    a, _ = model.loss_and_grads(params, cfg, src, tgt, generator, grads=False)
+    assert generator.counter > 0                          # the masks came from it
+    b, _ = model.loss_and_grads(params, cfg, src, tgt, backend.rng(0, 1), grads=False)
+    c, _ = model.loss_and_grads(params, cfg, src, tgt, backend.rng(0, 2), grads=False)
+    assert a["loss"] == b["loss"] != c["loss"]
+    ids = sampling.sample(np.zeros((3, 5)), backend.rng(1))
+    assert ids.shape == (3,) and ids.dtype == np.int64
 
 
 def _has(module, chain):
@@ -236,10 +235,44 @@ def test_dropout_keep_rate_and_scale(p, seed):
 
 
 def test_generators_are_reproducible_per_stream(numpy_backend):
+    assert isinstance(backend.rng(1, 5), np.random.Generator)
     a = backend.rng(1, 5).random(4)
     assert np.array_equal(a, backend.rng(1, 5).random(4))
     assert not np.array_equal(a, backend.rng(1, 6).random(4))
+    assert np.array_equal(a, np.random.default_rng([1, 5]).random(4))
     assert np.array_equal(backend.host_rng(2, 1).random(3), backend.host_rng(2, 1).random(3))
+
+
+# Two successive masks of rng(*stream): sha256 of their packed bits (first 16 hex digits), their
+# counts of kept elements, and the packed bits of the first 32 elements of the first, recorded
+# with the NumPy code path as it was before the CuPy backend moved to minitfm.philox.
+NUMPY_MASKS = [((3, 7, 1), (37, 11), 0.1, "23921ff08c7113b8", 365, 362, "df7ff7f6"),
+               ((0, 1, 0), (4, 5, 6), 0.3, "f335ad80373d4728", 86, 87, "7ff9ea18")]
+
+
+@pytest.mark.parametrize("stream, shape, p, digest, kept1, kept2, head", NUMPY_MASKS)
+def test_numpy_dropout_masks_are_unchanged(numpy_backend, stream, shape, p, digest, kept1,
+                                           kept2, head):
+    generator = backend.rng(*stream)
+    first, _ = backend.dropout_keep(generator, shape, p)
+    second, _ = backend.dropout_keep(generator, shape, p)
+    bits = np.packbits(np.concatenate([first.ravel(), second.ravel()])).tobytes()
+    assert hashlib.sha256(bits).hexdigest()[:16] == digest
+    assert (first.sum(), second.sum()) == (kept1, kept2)
+    assert np.packbits(first.ravel()[:32]).tobytes().hex() == head
+    # ... which are 16-bit integers drawn as raw bytes from default_rng([seed, *stream])
+    size = int(np.prod(shape))
+    raw = np.random.default_rng(list(stream)).bytes(2 * size)
+    expected = np.frombuffer(raw, dtype=np.uint16).reshape(shape) >= round(p * 2**16)
+    np.testing.assert_array_equal(first, expected)
+
+
+def test_dropout_refuses_other_generators(numpy_backend, monkeypatch):
+    with pytest.raises(TypeError, match="backend.rng"):
+        backend.dropout_keep(np.random.RandomState(0), (2, 3), 0.1)
+    monkeypatch.setattr(backend, "name", "cupy")
+    with pytest.raises(TypeError, match="cupy backend.*backend.rng"):
+        backend.dropout_keep(np.random.default_rng(0), (2, 3), 0.1)
 
 
 def test_host_and_device_copies(numpy_backend):

@@ -8,8 +8,11 @@ so that E[y] = x and nothing needs rescaling at test time (p = 0, or no generato
 Backward
     dL/dx = dL/dy * m / (1 - p)      the same mask, the same scale
 
-The mask comes from the generator passed in; the model draws it from ``backend.rng(seed, step)``,
-so the masks of a step are reproducible from the seed and the step alone. No parameters.
+The mask comes from the generator passed in; the trainer passes ``backend.rng(seed, step, i)``
+for the i-th batch of a step, so the masks are reproducible from those numbers alone: on NumPy
+a ``numpy.random.Generator`` that draws 16-bit integers as raw bytes, on CuPy the counter-based
+Philox stream (``minitfm.philox``), computed with array operations and creating no generator on
+the device. The two backends draw different masks. No parameters.
 """
 
 from __future__ import annotations
