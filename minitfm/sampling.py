@@ -36,21 +36,37 @@ import operator
 from minitfm import backend
 
 __all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "filter_logits", "probabilities",
-           "greedy", "draw", "sample"]
+           "greedy", "draw", "sample", "draw_next", "NonFiniteLogits"]
 
 
-def _check_logits(logits, what: str = "logits"):
-    """The (R, V) float logits on the active backend, each row with a finite maximum."""
+def _check_logits(logits, what: str = "logits", finite: bool = True):
+    """The (R, V) float logits on the active backend, each row with a finite maximum.
+
+    The shape and dtype are checked on the host; the finite maximum (``finite=True``) needs the
+    device's answer, a wait for the device: the public functions check once, at their entry,
+    and :func:`draw_next` hands the answer back with the tokens instead."""
     logits = backend.check_array(logits, what)
     if logits.ndim != 2 or logits.shape[0] < 1 or logits.shape[1] < 1:
         raise ValueError(f"{what} must be a 2-D (rows, vocabulary) array with at least one row "
                          f"and one token, got shape {tuple(logits.shape)}")
     if logits.dtype.kind != "f":
         raise TypeError(f"{what} must be floating point, got dtype {logits.dtype}")
-    if not bool(backend.xp.isfinite(logits.max(axis=-1)).all()):
-        raise ValueError(f"{what} hold NaN or +inf, or a row whose every entry is -inf: each row "
-                         f"needs a finite largest logit")
+    if finite and not bool(_finite_rows(logits)):
+        raise NonFiniteLogits(what)
     return logits
+
+
+class NonFiniteLogits(ValueError):
+    """Logits with NaN or +inf, or a row whose every entry is -inf."""
+
+    def __init__(self, what: str = "logits") -> None:
+        super().__init__(f"{what} hold NaN or +inf, or a row whose every entry is -inf: each row "
+                         f"needs a finite largest logit")
+
+
+def _finite_rows(logits):
+    """0-d bool on the device: every row of ``logits`` has a finite largest entry."""
+    return backend.xp.isfinite(logits.max(axis=-1)).all()
 
 
 def _check_temperature(temperature) -> float:
@@ -99,7 +115,10 @@ def top_k_filter(logits, top_k: int):
     Exactly ``top_k`` entries per row stay finite; among equal logits the lower ids are kept.
     """
     logits = _check_logits(logits)
-    k = _check_top_k(top_k, logits.shape[1])
+    return _top_k(logits, _check_top_k(top_k, logits.shape[1]))
+
+
+def _top_k(logits, k: int):
     xp = backend.xp
     out = logits.copy()
     rows = xp.arange(logits.shape[0])[:, None]     # (R, 1)
@@ -115,14 +134,17 @@ def top_p_filter(logits, top_p: float):
     below ``top_p``, so the most likely token always is. ``top_p = 1`` keeps every token.
     """
     logits = _check_logits(logits)
-    p = _check_top_p(top_p)
+    return _top_p(logits, _check_top_p(top_p))
+
+
+def _top_p(logits, p: float):
     if p == 1.0:
         return logits.copy()      # no rounding in the cumulative sum may drop a tail token
     xp = backend.xp
     order = _order(logits)                                      # (R, V)
     rows = xp.arange(logits.shape[0])[:, None]                  # (R, 1)
     ranked = logits[rows, order]                                # (R, V) descending
-    mass = xp.cumsum(probabilities(ranked), axis=-1)            # (R, V) inclusive, float64
+    mass = xp.cumsum(_probabilities(ranked), axis=-1)           # (R, V) inclusive, float64
     mass_before = xp.concatenate([xp.zeros_like(mass[:, :1]), mass[:, :-1]], axis=-1)
     drop = mass_before >= p                                     # (R, V); column 0 never drops
     out = xp.empty_like(logits)
@@ -134,7 +156,10 @@ def filter_logits(logits, *, temperature: float = 1.0, top_k: int | None = None,
                   top_p: float | None = None):
     """(R, V) float64 logits z' that :func:`sample` draws from: ``z / T``, then top-k, then top-p
     (each filter only when given)."""
-    logits = _check_logits(logits)
+    return _filter(_check_logits(logits), temperature, top_k, top_p)
+
+
+def _filter(logits, temperature, top_k, top_p):
     temperature = _check_temperature(temperature)
     if top_k is not None:
         _check_top_k(top_k, logits.shape[1])
@@ -142,15 +167,18 @@ def filter_logits(logits, *, temperature: float = 1.0, top_k: int | None = None,
         _check_top_p(top_p)
     scaled = logits.astype(backend.xp.float64) / temperature   # float64: small T must not overflow
     if top_k is not None and top_k < logits.shape[1]:
-        scaled = top_k_filter(scaled, top_k)
+        scaled = _top_k(scaled, top_k)
     if top_p is not None:
-        scaled = top_p_filter(scaled, top_p)
+        scaled = _top_p(scaled, top_p)
     return scaled
 
 
 def probabilities(logits):
     """softmax(z) (R, V) in float64: ``exp(z - max z) / sum exp(z - max z)`` per row."""
-    logits = _check_logits(logits)
+    return _probabilities(_check_logits(logits))
+
+
+def _probabilities(logits):
     xp = backend.xp
     shifted = logits.astype(xp.float64) - logits.max(axis=-1, keepdims=True)
     weights = xp.exp(shifted)                     # (R, V); exp(-inf) = 0 for filtered tokens
@@ -167,7 +195,11 @@ def greedy(logits):
 def draw(logits, generator):
     """(R,) int64 token ids, row r drawn from softmax(logits[r]) with one uniform number from
     ``generator`` (a generator of the active backend, e.g. ``backend.rng(seed, step)``)."""
-    q = probabilities(logits)                     # (R, V)
+    return _draw(_check_logits(logits), generator)
+
+
+def _draw(logits, generator):
+    q = _probabilities(logits)                    # (R, V)
     xp = backend.xp
     cdf = xp.cumsum(q, axis=-1)                   # (R, V)
     cdf /= cdf[:, -1:]                            # the last entry exactly 1, whatever the rounding
@@ -178,5 +210,20 @@ def draw(logits, generator):
 def sample(logits, generator, *, temperature: float = 1.0, top_k: int | None = None,
            top_p: float | None = None):
     """(R,) int64 next-token ids drawn from :func:`filter_logits` (temperature, top-k, top-p)."""
-    return draw(filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p),
-                generator)
+    return _draw(_filter(_check_logits(logits), temperature, top_k, top_p), generator)
+
+
+def draw_next(logits, generator, *, greedy: bool = False, temperature: float = 1.0,
+              top_k: int | None = None, top_p: float | None = None):
+    """``(ids, finite)``: :func:`sample` (or :func:`greedy`) without waiting for the device.
+
+    ids (R,) int64 and finite, a 0-d bool, whether every row had a finite largest logit: the
+    answer of the check the other functions make at their entry. A caller generating token by
+    token copies both to the host in one transfer (``backend.to_host_together``), and raises
+    :class:`NonFiniteLogits` when ``finite`` is False: one wait for the device per token."""
+    logits = _check_logits(logits, finite=False)
+    if greedy:
+        ids = backend.xp.argmax(logits, axis=-1).astype(backend.xp.int64)
+    else:
+        ids = _draw(_filter(logits, temperature, top_k, top_p), generator)
+    return ids, _finite_rows(logits)

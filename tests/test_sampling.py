@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from minitfm import backend
-from minitfm.sampling import (apply_temperature, draw, filter_logits, greedy, probabilities,
-                              sample, top_k_filter, top_p_filter)
+from minitfm.sampling import (NonFiniteLogits, apply_temperature, draw, draw_next, filter_logits,
+                              greedy, probabilities, sample, top_k_filter, top_p_filter)
 
 pytestmark = pytest.mark.usefixtures("numpy_backend")
 
@@ -247,3 +247,32 @@ def test_cupy_filters_match_numpy_and_draws_follow_the_distribution(cupy_backend
     expected = np.where(row > -1.0, np.exp(row), 0.0)
     stat, dof = chi_square(counts, expected / expected.sum())
     assert counts[2] == 0 and stat < CHI2_999[dof]
+
+
+# --- draw_next: the same tokens, and the finite check handed back instead of waited for ----------
+
+@pytest.mark.parametrize("settings", [dict(greedy=True), dict(), dict(temperature=0.7, top_k=3),
+                                      dict(top_p=0.8), dict(temperature=1.3, top_k=4, top_p=0.9)])
+def test_draw_next_equals_sample_or_greedy(settings):
+    z = np.random.default_rng(5).standard_normal((6, 9))
+    ids, finite = draw_next(z, backend.rng(3, 1), **settings)
+    if settings.get("greedy"):
+        expected = greedy(z)
+    else:
+        expected = sample(z, backend.rng(3, 1), **settings)
+    np.testing.assert_array_equal(ids, expected)
+    assert bool(finite) is True
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("greedy_", [True, False])
+def test_draw_next_reports_non_finite_rows_instead_of_raising(bad, greedy_):
+    z = np.random.default_rng(5).standard_normal((3, 9))
+    z[1, 4] = bad
+    ids, finite = draw_next(z, backend.rng(0), greedy=greedy_)
+    assert ids.shape == (3,) and bool(finite) is False
+    with pytest.raises(NonFiniteLogits, match="finite largest logit"):
+        sample(z, backend.rng(0))
+    minus_inf_row = np.random.default_rng(5).standard_normal((2, 4))
+    minus_inf_row[0] = -np.inf
+    assert bool(draw_next(minus_inf_row, backend.rng(0), greedy=greedy_)[1]) is False
