@@ -264,6 +264,7 @@ def test_draw_next_equals_sample_or_greedy(settings):
     assert bool(finite) is True
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")   # NaN - NaN, on purpose
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 @pytest.mark.parametrize("greedy_", [True, False])
 def test_draw_next_reports_non_finite_rows_instead_of_raising(bad, greedy_):
