@@ -7,13 +7,11 @@ signatures and keywords, every device-to-host copy counted (``cupy._double``), e
 (``CUPY_DOUBLE_DEVICES``), NCCL over MPI. RULES.md lists each rule and the CuPy source it mirrors.
 """
 
-from __future__ import annotations
-
 import numpy as _numpy
 
 from cupy import _double
 from cupy import cuda  # noqa: F401
-from cupy._core import MemoryPointer, ndarray, ufunc  # noqa: F401
+from cupy._core import ndarray, ufunc  # noqa: F401
 from cupy._routines import *  # noqa: F401,F403
 from cupy._routines import all, any, max, min, round, sum  # noqa: F401
 from cupy import linalg, random  # noqa: F401,E402

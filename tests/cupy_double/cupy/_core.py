@@ -411,9 +411,10 @@ class ndarray:
     def T(self):
         return _wrap(self._a.T, self)
 
-    @property
-    def mT(self):
-        return _wrap(self._a.mT, self)
+    if _double.RULES >= 14:     # ndarray.mT: new in CuPy 14
+        @property
+        def mT(self):
+            return _wrap(self._a.mT, self)
 
     @property
     def real(self):
@@ -582,10 +583,6 @@ class ndarray:
     def __ior__(self, other): return self._inplace(other, "bitwise_or")
     def __ixor__(self, other): return self._inplace(other, "bitwise_xor")
 
-    def __imatmul__(self, other):
-        import cupy
-        return cupy.matmul(self, other, out=self)
-
     def __neg__(self):
         import cupy
         return cupy.negative(self)
@@ -743,9 +740,15 @@ class ndarray:
         def sort(self, axis=-1):
             self._a.sort(axis=axis, kind="stable")
 
-    def argsort(self, axis=-1, kind=None):
-        import cupy
-        return cupy.argsort(self, axis, kind)
+    # cupy/_core/core.pyx argsort(self, axis=-1, kind=None) on 14; argsort(self, axis=-1) on 13.6.0
+    if _double.RULES >= 14:
+        def argsort(self, axis=-1, kind=None):
+            import cupy
+            return cupy.argsort(self, axis, kind)
+    else:
+        def argsort(self, axis=-1):
+            import cupy
+            return cupy.argsort(self, axis)
 
     def argpartition(self, kth, axis=-1):
         import cupy

@@ -6,8 +6,17 @@ from __future__ import annotations
 import itertools
 import threading
 
+from cupy import _double
 from cupy.cuda import _state, memory, runtime
 from cupy.cuda.memory import MemoryPool, OutOfMemoryError  # noqa: F401
+
+
+def __getattr__(name):
+    # cupy.cuda.MemoryPointer: the class of ndarray.data (defined with the array)
+    if name == "MemoryPointer":
+        from cupy._core import MemoryPointer
+        return MemoryPointer
+    raise AttributeError(f"module 'cupy.cuda' has no attribute {name!r}")
 
 
 def is_available():
@@ -69,7 +78,15 @@ class Stream:
 
     null = None   # set below
 
-    def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
+    # cupy/cuda/stream.pyx: priority= is new in CuPy 14
+    if _double.RULES >= 14:
+        def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
+            self._init(null, ptds)
+    else:
+        def __init__(self, null=False, non_blocking=False, ptds=False):
+            self._init(null, ptds)
+
+    def _init(self, null, ptds):
         self.ptr = 0 if null else (1 if ptds else next(_stream_ptrs))
         self.device_id = -1 if null else runtime.getDevice()
         self._previous = []

@@ -5,7 +5,10 @@ from __future__ import annotations
 import numpy
 
 from cupy._core import _array_arg, _wrap
-from cupy._routines import einsum, matmul  # noqa: F401
+from cupy import _double
+
+if _double.RULES >= 14:      # cupy.linalg.matmul: new in CuPy 14
+    from cupy._routines import matmul  # noqa: F401
 
 
 def norm(x, ord=None, axis=None, keepdims=False):
