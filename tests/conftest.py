@@ -1,4 +1,7 @@
+import contextlib
 import os
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -30,12 +33,100 @@ def numpy_backend():
     backend.use(previous)
 
 
+# ---- the CuPy path: on the strict CuPy double by default, on a real device with -m gpu --------
+
+ROOT = Path(__file__).resolve().parents[1]
+CUPY_DOUBLE = Path(__file__).resolve().parent / "cupy_double"   # importable as `cupy`
+CUPY_RULES = ("14", "13")        # the CuPy releases whose rules the double follows
+
+
+def real_gpu_run(config) -> bool:
+    """Whether pytest was asked for the real device: ``-m gpu`` (a marker expression selecting
+    gpu tests, not deselecting them)."""
+    expression = (config.getoption("markexpr", "") or "").replace(" ", "")
+    return "gpu" in expression and "notgpu" not in expression
+
+
+def _cupy_modules() -> dict:
+    return {k: v for k, v in sys.modules.items() if k == "cupy" or k.startswith("cupy.")
+            or k == "cupyx" or k.startswith("cupyx.")}
+
+
+@contextlib.contextmanager
+def cupy_double(rules: str = "14", devices: int = 1):
+    """Import the double as ``cupy`` (its own fresh copy, with CuPy ``rules`` and ``devices``
+    emulated devices); afterwards put back whatever ``cupy`` was imported before (the real
+    package, if installed) and the environment."""
+    saved_modules = _cupy_modules()
+    saved_env = {k: os.environ.get(k) for k in ("CUPY_DOUBLE_RULES", "CUPY_DOUBLE_DEVICES")}
+    for name in saved_modules:
+        del sys.modules[name]
+    os.environ["CUPY_DOUBLE_RULES"], os.environ["CUPY_DOUBLE_DEVICES"] = str(rules), str(devices)
+    sys.path.insert(0, str(CUPY_DOUBLE))
+    try:
+        import cupy
+        assert cupy.__file__.startswith(str(CUPY_DOUBLE)), cupy.__file__
+        yield cupy
+    finally:
+        sys.path.remove(str(CUPY_DOUBLE))
+        for name in _cupy_modules():
+            del sys.modules[name]
+        sys.modules.update(saved_modules)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def cupy_double_env(rules: str = "14", devices: int = 1, report: str | os.PathLike | None = None,
+                    base: dict | None = None) -> dict:
+    """The environment of a subprocess running on the double: PYTHONPATH with the double first,
+    then the project; ``report``: where the double writes its counts at exit (``{pid}`` in the
+    path is replaced by the process id, so that MPI workers write one file each)."""
+    env = dict(os.environ if base is None else base)
+    paths = [str(CUPY_DOUBLE), str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["CUPY_DOUBLE_RULES"], env["CUPY_DOUBLE_DEVICES"] = str(rules), str(devices)
+    if report is not None:
+        env["CUPY_DOUBLE_REPORT"] = str(report)
+    return env
+
+
 @pytest.fixture
-def cupy_backend():
-    """Run a test on the CuPy backend; skip where no CUDA device is usable."""
-    if not cupy_device_available():
-        pytest.skip("needs CuPy and a CUDA device")
+def cupy_backend(request):
+    """Run a test on the CuPy backend: on the double (CuPy 14 rules; parametrise indirectly
+    with "13" for CuPy 13's), or with ``-m gpu`` on the real CuPy and device (skipped where
+    none is usable). Yields the ``cupy`` module in use."""
     previous = backend.name
-    backend.use("cupy")
-    yield
-    backend.use(previous)
+    if real_gpu_run(request.config):
+        if not cupy_device_available():
+            pytest.skip("-m gpu: needs CuPy and a CUDA device")
+        import cupy
+        backend.use("cupy")
+        try:
+            yield cupy
+        finally:
+            backend.use(previous)
+        return
+    with cupy_double(getattr(request, "param", "14")) as cupy:
+        backend.use("cupy")
+        try:
+            yield cupy
+        finally:
+            backend.use(previous)
+
+
+@pytest.fixture(params=CUPY_RULES, ids=[f"cupy{r}" for r in CUPY_RULES])
+def cupy_env(request):
+    """The environment for a subprocess on the CuPy path, once per CuPy release's rules: the
+    double on PYTHONPATH; with ``-m gpu``, the real CuPy (only once: no extra path)."""
+    if real_gpu_run(request.config):
+        if request.param != CUPY_RULES[0]:
+            pytest.skip("-m gpu runs the installed CuPy once")
+        if not cupy_device_available():
+            pytest.skip("-m gpu: needs CuPy and a CUDA device")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        return env
+    return cupy_double_env(request.param)

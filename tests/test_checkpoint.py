@@ -350,16 +350,11 @@ def test_steps_beyond_eight_digits_still_sort(tmp_path):
 
 
 @pytest.mark.gpu
-def test_device_arrays_round_trip(tmp_path):
-    pytest.importorskip("cupy")
-    backend.use("cupy")
-    try:
-        params = checkpoint.params_to_device(tiny_params())
-        checkpoint.save(tmp_path / "c.npz", params, step=1, config={}, vocab_id=None)
-        ckpt = checkpoint.load(tmp_path / "c.npz")
-        assert all(isinstance(a, np.ndarray) for a in ckpt.params.values())
-        moved = checkpoint.params_to_device(ckpt.params)
-        assert all(isinstance(a, backend.xp.ndarray) for a in moved.values())
-        np.testing.assert_array_equal(backend.to_host(moved["emb"]), tiny_params()["emb"])
-    finally:
-        backend.use("numpy")
+def test_device_arrays_round_trip(tmp_path, cupy_backend):
+    params = checkpoint.params_to_device(tiny_params())
+    checkpoint.save(tmp_path / "c.npz", params, step=1, config={}, vocab_id=None)
+    ckpt = checkpoint.load(tmp_path / "c.npz")
+    assert all(isinstance(a, np.ndarray) for a in ckpt.params.values())
+    moved = checkpoint.params_to_device(ckpt.params)
+    assert all(isinstance(a, backend.xp.ndarray) for a in moved.values())
+    np.testing.assert_array_equal(backend.to_host(moved["emb"]), tiny_params()["emb"])

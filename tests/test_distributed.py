@@ -209,9 +209,9 @@ def finish(process: subprocess.Popen, started: float, timeout: float = TIMEOUT) 
     return Run(process.returncode, out, err, time.monotonic() - started)
 
 
-def mpirun(script: str, workers: int = 2, timeout: float = TIMEOUT) -> Run:
+def mpirun(script: str, workers: int = 2, timeout: float = TIMEOUT, env: dict | None = None) -> Run:
     started = time.monotonic()
-    return finish(start(script, workers), started, timeout)
+    return finish(start(script, workers, env), started, timeout)
 
 
 PRELUDE = """
@@ -466,11 +466,19 @@ def _gpu_count() -> int:
     return cupy.cuda.runtime.getDeviceCount()
 
 
+def _on_devices(cupy_env: dict, devices: int) -> dict:
+    """ENV for workers on the CuPy path: the double with ``devices`` emulated devices, or (with
+    -m gpu) the real ones, of which there must be as many."""
+    if "CUPY_DOUBLE_RULES" not in cupy_env and _gpu_count() < devices:
+        pytest.skip(f"needs {devices} CUDA devices (one worker per GPU)")
+    extra = {k: cupy_env[k] for k in ("PYTHONPATH", "CUPY_DOUBLE_RULES") if k in cupy_env}
+    return {**ENV, **extra, "CUPY_DOUBLE_DEVICES": str(devices)}
+
+
 @pytest.mark.gpu
 @pytest.mark.mpi
-def test_nccl_broadcast_and_allreduce_on_device_buffers(mpi):
-    if _gpu_count() < 2:
-        pytest.skip("needs 2 CUDA devices (one worker per GPU)")
+def test_nccl_broadcast_and_allreduce_on_device_buffers(mpi, cupy_env):
+    env = _on_devices(cupy_env, 2)
     run = mpirun(PRELUDE.replace("import numpy as np", "import numpy as np, cupy") + """
 world.use_local_gpu()
 from minitfm import backend
@@ -482,7 +490,7 @@ grads = cupy.arange(6, dtype=cupy.float32) * (world.rank + 1)
 world.allreduce_sum(grads)                           # NCCL on the current stream
 say(device=cupy.cuda.Device().id, params=cupy.asnumpy(params.buffer).tolist(),
     grads=cupy.asnumpy(grads).tolist())
-""")
+""", env=env)
     assert run.returncode == 0, run.stderr
     records = run.records()
     assert [records[r]["device"] for r in (0, 1)] == [0, 1]

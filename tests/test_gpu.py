@@ -23,7 +23,8 @@ def test_cupy_step_matches_numpy(cupy_backend):
         params = model.init_params(cfg, 0, dtype=np.float64)
         stats, grads = model.loss_and_grads(params, cfg, backend.to_device(src), backend.to_device(tgt))
         results[name] = stats, {k: backend.to_host(v) for k, v in grads.items()}
-    assert results["cupy"][0]["loss"] == pytest.approx(results["numpy"][0]["loss"], rel=1e-10)
+    assert float(results["cupy"][0]["loss"]) == pytest.approx(float(results["numpy"][0]["loss"]),
+                                                             rel=1e-10)
     for k, g in results["numpy"][1].items():
         np.testing.assert_allclose(results["cupy"][1][k], g, rtol=1e-8, atol=1e-12)
 

@@ -263,29 +263,26 @@ def test_clip_grad_norm_on_a_flat_buffer_equals_per_array():
 # --- on the GPU --------------------------------------------------------------------------------
 
 @pytest.mark.gpu
-def test_adam_on_cupy_matches_numpy():
-    pytest.importorskip("cupy")
+def test_adam_on_cupy_matches_numpy(cupy_backend):
     rng = np.random.default_rng(1)
     p0 = rng.standard_normal((8, 8)).astype(np.float32)
     grads = [rng.standard_normal((8, 8)).astype(np.float32) for _ in range(3)]
     host = {"w": p0.copy()}
+    backend.use("numpy")
     opt = Adam(host)
     for g in grads:
         opt.update(host, {"w": g}, 1e-2)
     backend.use("cupy")
-    try:
-        device = {"w": backend.to_device(p0)}
-        array = device["w"]
-        opt = Adam(device)
-        for g in grads:
-            opt.update(device, {"w": backend.to_device(g)}, 1e-2)
-        assert device["w"] is array and device["w"].dtype == np.float32
-        np.testing.assert_allclose(backend.to_host(device["w"]), host["w"], rtol=1e-5, atol=1e-6)
-        grads_dev = {"w": backend.to_device(grads[0])}
-        norm = clip_grad_norm(grads_dev, 1.0)
-        assert float(norm) == pytest.approx(float(np.linalg.norm(grads[0])), rel=1e-5)
-    finally:
-        backend.use("numpy")
+    device = {"w": backend.to_device(p0)}
+    array = device["w"]
+    opt = Adam(device)
+    for g in grads:
+        opt.update(device, {"w": backend.to_device(g)}, 1e-2)
+    assert device["w"] is array and device["w"].dtype == np.float32
+    np.testing.assert_allclose(backend.to_host(device["w"]), host["w"], rtol=1e-5, atol=1e-6)
+    grads_dev = {"w": backend.to_device(grads[0])}
+    norm = clip_grad_norm(grads_dev, 1.0)
+    assert float(norm) == pytest.approx(float(np.linalg.norm(grads[0])), rel=1e-5)
 
 
 # --- warm-up then cosine or linear decay -------------------------------------------------------

@@ -1,0 +1,137 @@
+"""The double's own bookkeeping (test-only, not part of CuPy's API).
+
+Which CuPy release the double behaves as (``CUPY_DOUBLE_RULES=14|13``, default 14), and the
+counters tests assert budgets with: every device-to-host copy (``device_to_host``) and every
+random generator created (``generators``).
+
+    from cupy import _double
+    _double.reset()
+    with _double.counting() as syncs:
+        ...                               # code under test
+    assert syncs.device_to_host == 0, _double.describe(syncs.events)
+
+``CUPY_DOUBLE_TRACE=1`` records, for each count, where it happened (file:line of the first caller
+outside the double, and the kind of copy): :func:`events`. ``CUPY_DOUBLE_REPORT=<path>`` writes
+the counts (and the events, if traced) as JSON when the process exits, so that a test running a
+whole command in a subprocess can assert its budget.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import sys
+
+__all__ = ["RULES", "counts", "reset", "counting", "events", "describe", "Counter"]
+
+
+def _rules() -> int:
+    value = os.environ.get("CUPY_DOUBLE_RULES", "14").strip() or "14"
+    if value not in ("13", "14"):
+        raise ImportError(f"CUPY_DOUBLE_RULES={value!r}: the double follows CuPy 14 or 13 "
+                          f"(set it to 14 or 13, or unset it)")
+    return int(value)
+
+
+RULES = _rules()
+VERSION = {14: "14.2.0", 13: "13.6.0"}[RULES]
+TRACE = os.environ.get("CUPY_DOUBLE_TRACE", "") not in ("", "0")
+KINDS = ("device_to_host", "generators")
+
+_counts = dict.fromkeys(KINDS, 0)
+_events: list[dict] = []
+_counters: list[Counter] = []     # the open counting() blocks
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class Counter:
+    """The counts inside one ``counting()`` block (attributes ``device_to_host``,
+    ``generators``; ``events``: where each happened, when tracing or always inside the block)."""
+
+    def __init__(self) -> None:
+        for kind in KINDS:
+            setattr(self, kind, 0)
+        self.events: list[dict] = []
+
+    def as_dict(self) -> dict:
+        return {kind: getattr(self, kind) for kind in KINDS}
+
+    def __repr__(self) -> str:
+        return f"Counter({self.as_dict()})"
+
+
+def _caller() -> str:
+    """file:line of the first frame outside the double."""
+    frame = sys._getframe(2)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} ({frame.f_code.co_name})"
+
+
+def record(kind: str, what: str) -> None:
+    """Count one event of ``kind`` ("device_to_host" or "generators"); ``what`` says which
+    operation (``float()``, ``boolean mask``, ``default_rng``...)."""
+    _counts[kind] += 1
+    event = None
+    if TRACE or _counters:
+        event = {"kind": kind, "what": what, "where": _caller()}
+        if TRACE:
+            _events.append(event)
+    for counter in _counters:
+        setattr(counter, kind, getattr(counter, kind) + 1)
+        counter.events.append(event)
+
+
+def device_to_host(what: str) -> None:
+    record("device_to_host", what)
+
+
+def counts() -> dict:
+    """The counts since the start (or the last :func:`reset`)."""
+    return dict(_counts)
+
+
+def events() -> list[dict]:
+    """Where each count happened (``CUPY_DOUBLE_TRACE=1`` only; else empty)."""
+    return list(_events)
+
+
+def reset() -> None:
+    for kind in KINDS:
+        _counts[kind] = 0
+    _events.clear()
+
+
+def describe(event_list) -> str:
+    """Events in words, one a line, for an assertion message."""
+    return "\n".join(f"{e['kind']} {e['what']} at {e['where']}" for e in event_list if e)
+
+
+@contextlib.contextmanager
+def counting():
+    """Count what happens inside the block: yields a :class:`Counter`."""
+    counter = Counter()
+    _counters.append(counter)
+    try:
+        yield counter
+    finally:
+        _counters.remove(counter)
+
+
+def _write_report() -> None:
+    path = os.environ.get("CUPY_DOUBLE_REPORT")
+    if not path:
+        return
+    report = {"rules": RULES, "pid": os.getpid(), "counts": counts()}
+    if TRACE:
+        report["events"] = _events
+    path = path.replace("{pid}", str(os.getpid()))
+    with open(path, "w") as f:
+        json.dump(report, f)
+
+
+atexit.register(_write_report)

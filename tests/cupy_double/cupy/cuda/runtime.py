@@ -1,0 +1,65 @@
+"""``cupy.cuda.runtime`` of the double (cupy_backends/cuda/api/runtime.pyx): the device count,
+the current device, properties, memory; errors as ``CUDARuntimeError('name: text')``."""
+
+from __future__ import annotations
+
+from cupy.cuda import _state
+
+cudaSuccess = 0
+cudaErrorMemoryAllocation = 2
+cudaErrorInvalidDevice = 101
+
+_ERRORS = {
+    cudaErrorMemoryAllocation: ("cudaErrorMemoryAllocation", "out of memory"),
+    cudaErrorInvalidDevice: ("cudaErrorInvalidDevice", "invalid device ordinal"),
+}
+
+
+class CUDARuntimeError(RuntimeError):
+    """cupy_backends/cuda/api/runtime.pyx: ``'%s: %s' % (cudaGetErrorName, cudaGetErrorString)``."""
+
+    def __init__(self, status):
+        self.status = status
+        name, text = _ERRORS.get(status, (f"cudaError{status}", "unknown error"))
+        super().__init__(f"{name}: {text}")
+
+    def __reduce__(self):
+        return (type(self), (self.status,))
+
+
+def _check_ordinal(device: int) -> None:
+    if not 0 <= device < _state.DEVICE_COUNT:
+        raise CUDARuntimeError(cudaErrorInvalidDevice)
+
+
+def getDeviceCount():
+    return _state.DEVICE_COUNT
+
+
+def getDevice():
+    return _state.current_device()
+
+
+def setDevice(device):
+    device = int(device)
+    _check_ordinal(device)
+    _state.set_current_device(device)
+
+
+def deviceSynchronize():
+    """Waiting for the device is not a copy: not counted."""
+
+
+def getDeviceProperties(device):
+    """A dict as CuPy's (``name`` as bytes); the figures of an emulated 80 GB device."""
+    device = int(device)
+    _check_ordinal(device)
+    return {"name": b"CuPy double (emulated device)", "totalGlobalMem": _state.MEMORY,
+            "multiProcessorCount": 132, "major": 9, "minor": 0, "warpSize": 32,
+            "pciBusID": device + 1, "pciDeviceID": 0, "pciDomainID": 0}
+
+
+def memGetInfo():
+    """``(free, total)`` bytes of the current device."""
+    device = _state.current_device()
+    return _state.MEMORY - _state.used(device), _state.MEMORY

@@ -1,0 +1,380 @@
+"""The CuPy double (tests/cupy_double) against the installed CuPy package.
+
+Every name the double offers must exist in CuPy, with the same parameters; every keyword the
+double's ufuncs, ``einsum`` and ``matmul`` refuse, CuPy's refuse too, and those they accept, CuPy
+accepts; ``nccl.get_unique_id`` returns the type CuPy's documents; the errors say what CuPy's
+say. The double follows the rules of the installed CuPy's major release (13 or 14). No GPU is
+needed: CuPy imports without one, checks keywords before touching the device, and the rest is
+read from signatures, docstrings (Cython functions embed theirs) and source.
+
+Runs where ``cupy`` (the real package) is importable: CI installs ``cupy-cuda12x`` in a second
+environment for it. When CuPy changes, this test says where the double no longer matches.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import re
+import sys
+import types
+import warnings
+
+import numpy
+import pytest
+
+from .conftest import cupy_double
+
+
+def _import_real_cupy():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")    # "nccl library could not be loaded" and the like
+        try:
+            import cupy
+        except ImportError as exc:
+            pytest.skip(f"the real CuPy is not importable here ({exc}): install cupy-cuda12x "
+                        f"to check the double against it", allow_module_level=True)
+    if "cupy_double" in (getattr(cupy, "__file__", "") or ""):
+        pytest.skip("cupy here is the double itself, not the real package", allow_module_level=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cupy.random.Generator          # its lazy imports, done before the double becomes `cupy`
+        import cupy._core._gufuncs     # noqa: F401
+    return cupy
+
+
+real = _import_real_cupy()
+RULES = real.__version__.split(".")[0]
+NO_DEFAULT = "<required>"
+
+
+@pytest.fixture(scope="module")
+def double():
+    """The double, following the installed CuPy's rules, imported beside the real one."""
+    if RULES not in ("13", "14"):
+        pytest.fail(f"CuPy {real.__version__} is installed, the double knows the rules of CuPy 13 "
+                    f"and 14: read CuPy {RULES}'s source and add its rules to the double")
+    with cupy_double(RULES, devices=2) as module:
+        assert module is not real
+        yield module
+
+
+# ---- signatures ------------------------------------------------------------------------------
+
+def _default_text(value) -> str:
+    if value is inspect.Parameter.empty:
+        return NO_DEFAULT
+    if isinstance(value, type):
+        return value.__name__ if value.__module__ == "builtins" else f"numpy.{value.__name__}"
+    return repr(value)
+
+
+def _split_top_level(text: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for char in text:
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    return parts + ([current] if current.strip() else [])
+
+
+def _doc_parameters(doc: str) -> list[tuple[str, str]]:
+    """Parameters from the first line of a Cython docstring (``embedsignature``):
+    ``_ndarray_base.sum(self, axis=None, dtype=None, out=None, keepdims=False) -> ...``; Cython
+    types (``int axis=-1``, ``_ndarray_base b``) are dropped, ``u'C'`` read as ``'C'``."""
+    first = doc.strip().splitlines()[0].replace("\\*", "*")
+    match = re.match(r"^[\w.]+\((.*)\)(\s*->.*)?$", first)
+    assert match, f"no signature in the docstring line {first!r}"
+    result = []
+    for part in _split_top_level(match.group(1)):
+        part = part.strip()
+        if part in ("/", "self", ""):
+            continue
+        if part.startswith("**") or part.startswith("*"):
+            result.append((part.split()[-1], "*"))
+            continue
+        head, eq, default = part.partition("=")
+        name = head.split()[-1]
+        if eq:
+            default = re.sub(r"^u'", "'", default.strip())
+            default = {"float": "float"}.get(default, default)
+        result.append((name, default if eq else NO_DEFAULT))
+    return result
+
+
+def _parameters(function) -> list[tuple[str, str]]:
+    """``(name, default)`` of each parameter, ``self`` and positional-only markers left out;
+    ``*args``, ``**kwargs`` and the keyword-only marker ``*`` as ``(name, "*")``."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return _doc_parameters(function.__doc__ or "")
+    result, star = [], False
+    for p in signature.parameters.values():
+        if p.name == "self":
+            continue
+        if p.kind is p.VAR_POSITIONAL:
+            result.append(("*" + p.name, "*"))
+            star = True
+        elif p.kind is p.VAR_KEYWORD:
+            result.append(("**" + p.name, "*"))
+        else:
+            if p.kind is p.KEYWORD_ONLY and not star:
+                result.append(("*", "*"))
+                star = True
+            result.append((p.name, _default_text(p.default)))
+    return result
+
+
+def _same_parameters(mine, theirs, what: str) -> list[str]:
+    a, b = _parameters(mine), _parameters(theirs)
+    return [] if a == b else [f"{what}: the double has {a}, CuPy {real.__version__} has {b}"]
+
+
+def _public(namespace) -> dict:
+    return {n: getattr(namespace, n) for n in dir(namespace) if not n.startswith("_")}
+
+
+def _is_double_ufunc(obj, double) -> bool:
+    return isinstance(obj, double.ufunc)
+
+
+def _is_real_ufunc(obj) -> bool:
+    return type(obj).__name__ == "ufunc"
+
+
+# ---- the tests -------------------------------------------------------------------------------
+
+def test_the_double_follows_the_installed_release(double):
+    assert double.__version__.split(".")[0] == RULES
+    assert double._double.RULES == int(RULES)
+
+
+def test_every_routine_exists_in_cupy_with_the_same_parameters(double):
+    problems = []
+    for name, mine in _public(double).items():
+        if isinstance(mine, types.ModuleType):
+            if name in ("cuda", "random", "linalg") and not hasattr(real, name):
+                problems.append(f"cupy.{name} is missing")
+            continue
+        if not hasattr(real, name):
+            problems.append(f"cupy.{name} is missing in CuPy {real.__version__}")
+            continue
+        theirs = getattr(real, name)
+        if getattr(mine, "__module__", "").split(".")[0] == "numpy" or not callable(mine):
+            continue          # dtypes, constants: NumPy's own objects in both
+        if _is_double_ufunc(mine, double):
+            if not _is_real_ufunc(theirs):
+                problems.append(f"cupy.{name} is a ufunc in the double, {type(theirs)} in CuPy")
+            elif (mine.nin, mine.nout) != (theirs.nin, theirs.nout):
+                problems.append(f"cupy.{name}: nin/nout {(mine.nin, mine.nout)} against "
+                                f"{(theirs.nin, theirs.nout)}")
+            continue
+        if isinstance(mine, type):
+            continue          # classes: their methods are checked below
+        if name == "matmul":
+            continue          # test_matmul_keywords
+        problems += _same_parameters(mine, theirs, f"cupy.{name}")
+    for name, mine in _public(double.linalg).items():
+        if callable(mine) and not isinstance(mine, types.ModuleType):
+            if not hasattr(real.linalg, name):
+                problems.append(f"cupy.linalg.{name} is missing")
+            elif name != "matmul":
+                problems += _same_parameters(mine, getattr(real.linalg, name), f"cupy.linalg.{name}")
+    assert not problems, "\n".join(problems)
+
+
+def test_ndarray_methods_exist_in_cupy_with_the_same_parameters(double):
+    problems = []
+    for name in dir(double.ndarray):
+        if name.startswith("_"):
+            continue
+        if not hasattr(real.ndarray, name):
+            problems.append(f"cupy.ndarray.{name} is missing")
+            continue
+        mine = inspect.getattr_static(double.ndarray, name)
+        if isinstance(mine, property):
+            continue
+        problems += _same_parameters(getattr(double.ndarray, name), getattr(real.ndarray, name),
+                                     f"cupy.ndarray.{name}")
+    assert not problems, "\n".join(problems)
+
+
+# conversions and protocols: present or absent in both (no __index__ in CuPy: an array is not
+# an integer, even a 0-d one)
+DUNDERS = ("__array__", "__array_ufunc__", "__array_function__", "__cuda_array_interface__",
+           "__array_interface__", "__index__", "__int__", "__float__", "__complex__", "__bool__",
+           "__iter__", "__len__", "__matmul__", "__iadd__", "__imatmul__", "__dlpack__",
+           "__array_priority__")
+
+
+def test_conversions_and_protocols_match(double):
+    problems = [f"{d}: double {hasattr(double.ndarray, d)}, CuPy {hasattr(real.ndarray, d)}"
+                for d in DUNDERS if d != "__dlpack__"
+                and hasattr(double.ndarray, d) != hasattr(real.ndarray, d)]
+    assert not problems, "\n".join(problems)
+    assert double.ndarray.__array_priority__ == real.ndarray.__array_priority__
+    assert real.ndarray.__hash__ is None and double.ndarray.__hash__ is None
+
+
+BAD_KEYWORDS = {"order": "K", "where": True, "subok": True, "signature": None, "axes": None,
+                "axis": None, "keepdims": False, "foo": 1}
+GOOD_KEYWORDS = {"out": None, "dtype": None, "casting": "same_kind"}
+
+
+def _accepts(function, args, keyword, value) -> bool:
+    """Whether ``function`` takes ``keyword``: a refusal is a TypeError naming the arguments,
+    raised before the device is touched; anything else (a result, or CUDA failing for want of a
+    device) means the keyword was accepted."""
+    try:
+        function(*args, **{keyword: value})
+    except TypeError as exc:
+        if "Wrong arguments" in str(exc) or "unexpected keyword" in str(exc):
+            return False
+        return True
+    except Exception:
+        return True
+    return True
+
+
+def test_ufuncs_refuse_the_keywords_cupy_refuses(double):
+    problems = []
+    for name, mine in _public(double).items():
+        if not _is_double_ufunc(mine, double):
+            continue
+        theirs = getattr(real, name)
+        args = [1.0] * mine.nin if "shift" not in name and "bitwise" not in name and name != "invert" else [1] * mine.nin
+        for keyword, value in {**GOOD_KEYWORDS, **BAD_KEYWORDS}.items():
+            a, b = _accepts(mine, args, keyword, value), _accepts(theirs, args, keyword, value)
+            if a != b:
+                problems.append(f"cupy.{name}({keyword}=...): the double "
+                                f"{'accepts' if a else 'refuses'} it, CuPy {'accepts' if b else 'refuses'}")
+        doc = _doc_parameters(theirs.__doc__)
+        if {n for n, _ in doc} - {"x", "x1", "x2", "*"} != set(GOOD_KEYWORDS):
+            problems.append(f"cupy.{name} documents {doc}")
+    assert not problems, "\n".join(problems)
+    with pytest.raises(TypeError, match=r"Wrong arguments \{'order': 'C'\}"):
+        real.exp(1.0, order="C")
+    with pytest.raises(TypeError, match=r"Wrong arguments \{'order': 'C'\}"):
+        double.exp(1.0, order="C")
+
+
+def test_einsum_takes_only_dtype_and_optimize(double):
+    source = "\n".join(line for line in inspect.getsource(real.einsum).splitlines()
+                       if not line.strip().startswith("#"))
+    popped = set(re.findall(r"kwargs\.pop\('(\w+)'", source))
+    assert popped == {"dtype", "optimize"}, popped
+    assert "Did not understand the following kwargs: %s" in source
+    assert _parameters(double.einsum) == _parameters(real.einsum) == [("*operands", "*"), ("**kwargs", "*")]
+    x = double.ones((2, 3))
+    for keyword in ("out", "order", "casting"):
+        with pytest.raises(TypeError, match=rf"Did not understand the following kwargs: \['{keyword}'\]"):
+            double.einsum("ij->i", x, **{keyword: None})
+    double.einsum("ij->i", x, dtype=None, optimize=False)
+
+
+def test_matmul_keywords(double):
+    call = type(real.matmul).__call__
+    try:
+        inspect.signature(call)
+        explicit = [n for n, _ in _parameters(call) if not n.startswith("*")]
+    except (TypeError, ValueError):
+        explicit = []
+    if not explicit:      # (*args, **kwargs): the keywords it pops, from its source
+        explicit = re.findall(r"kwargs\.pop\('(\w+)'", "\n".join(
+            line for line in inspect.getsource(call).splitlines() if not line.strip().startswith("#")))
+    assert set(explicit) == {"axes", "axis", "keepdims", "casting", "dtype", "signature", "order", "out"}
+    x = double.ones((2, 2))
+    for keyword in explicit:
+        value = {"keepdims": False, "casting": "same_kind", "order": "K"}.get(keyword)
+        double.matmul(x, x, **{keyword: value})
+    unknown = TypeError if RULES == "14" else RuntimeError
+    with pytest.raises(unknown):
+        double.matmul(x, x, foo=1)
+    if RULES == "14":
+        assert _parameters(type(double.matmul).__call__) == _parameters(call)
+
+
+def test_generator_has_cupys_methods_only(double):
+    mine = {n for n in dir(double.random.Generator) if not n.startswith("_")}
+    theirs = {n for n in dir(real.random.Generator) if not n.startswith("_")}
+    assert mine == theirs
+    assert not {"choice", "permutation", "shuffle", "normal", "bytes"} & theirs
+    problems = []
+    for name in sorted(mine):
+        problems += _same_parameters(getattr(double.random.Generator, name),
+                                     getattr(real.random.Generator, name), f"Generator.{name}")
+    problems += _same_parameters(double.random.default_rng, real.random.default_rng, "default_rng")
+    assert not problems, "\n".join(problems)
+
+
+def test_cuda_names_and_errors(double):
+    problems = []
+    for path in ("Device", "Stream", "get_current_stream", "runtime.getDeviceCount",
+                 "runtime.getDevice", "runtime.setDevice", "runtime.getDeviceProperties",
+                 "runtime.memGetInfo", "runtime.deviceSynchronize", "runtime.CUDARuntimeError",
+                 "memory.OutOfMemoryError", "MemoryPointer", "Device.use", "Device.synchronize",
+                 "Stream.synchronize", "Stream.use"):
+        mine, theirs = double.cuda, real.cuda
+        for part in path.split("."):
+            mine, theirs = getattr(mine, part, None), getattr(theirs, part, None)
+        if theirs is None:
+            problems.append(f"cupy.cuda.{path} is missing in CuPy")
+        elif mine is None:
+            problems.append(f"cupy.cuda.{path} is missing in the double")
+        elif path in ("Stream", "runtime.getDeviceProperties", "runtime.setDevice",
+                      "get_current_stream"):
+            problems += _same_parameters(mine, theirs, f"cupy.cuda.{path}")
+    assert not problems, "\n".join(problems)
+    assert issubclass(real.cuda.runtime.CUDARuntimeError, RuntimeError)
+    assert issubclass(double.cuda.runtime.CUDARuntimeError, RuntimeError)
+    assert str(double.cuda.runtime.CUDARuntimeError(101)) == str(real.cuda.runtime.CUDARuntimeError(101))
+    assert str(double.cuda.memory.OutOfMemoryError(1024, 512)) == str(real.cuda.memory.OutOfMemoryError(1024, 512))
+    assert issubclass(double.cuda.memory.OutOfMemoryError, MemoryError)
+
+
+def _nccl_documentation() -> str:
+    """The text of CuPy's NCCL binding: its docstrings when libnccl loads, else the strings
+    compiled into the extension module (the docstrings are among them)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from cupy_backends.cuda.libs import nccl
+        return "\n".join([nccl.get_unique_id.__doc__ or "", nccl.NcclCommunicator.__doc__ or "",
+                          nccl.NcclCommunicator.__init__.__doc__ or ""])
+    except ImportError:
+        spec = importlib.util.find_spec("cupy_backends.cuda.libs.nccl")
+        assert spec is not None and spec.origin, "CuPy ships no NCCL binding"
+        with open(spec.origin, "rb") as f:
+            return f.read().decode("latin-1")
+
+
+def test_nccl_unique_id_type_matches_the_release(double):
+    text = _nccl_documentation()
+    from cupy.cuda import nccl as double_nccl        # the double's, while it is `cupy`
+    takes = "bytes" if "bytes commId" in text else "tuple" if "tuple commId" in text else None
+    assert takes, "NcclCommunicator's commId type is not documented in CuPy's NCCL binding"
+    assert ("Python bytes object" in text) == (takes == "bytes")
+    unique_id = double_nccl.get_unique_id()
+    assert type(unique_id).__name__ == takes and len(unique_id) == 128
+    other = tuple(unique_id) if takes == "bytes" else bytes(128)
+    with pytest.raises(TypeError, match=f"Argument 'commId' has incorrect type \\(expected {takes}"):
+        double_nccl.NcclCommunicator(1, other, 0)
+    assert re.search(r"NcclCommunicator\(int ndev, %s commId, int rank" % takes, text)
+
+
+def test_the_double_is_stricter_than_numpy_where_cupy_is(double):
+    """What the conformance rests on: the double refuses what CuPy refuses (its source's
+    messages, RULES.md)."""
+    x = double.arange(3.0)
+    with pytest.raises(TypeError, match="Implicit conversion to a NumPy array is not allowed"):
+        numpy.asarray(x)
+    with pytest.raises(TypeError, match="Unsupported type <class 'numpy.ndarray'>"):
+        x + numpy.ones(3)
+    assert "cupy" in sys.modules and sys.modules["cupy"] is double
