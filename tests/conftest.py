@@ -52,10 +52,13 @@ def _cupy_modules() -> dict:
             or k == "cupyx" or k.startswith("cupyx.")}
 
 
+_DOUBLES: dict = {}      # (rules, devices) -> the double's modules, imported once
+
+
 @contextlib.contextmanager
 def cupy_double(rules: str = "14", devices: int = 1):
-    """Import the double as ``cupy`` (its own fresh copy, with CuPy ``rules`` and ``devices``
-    emulated devices); afterwards put back whatever ``cupy`` was imported before (the real
+    """Import the double as ``cupy`` (with CuPy ``rules`` and ``devices`` emulated devices, its
+    counts reset, device 0 current); afterwards put back whatever ``cupy`` was imported before (the real
     package, if installed) and the environment."""
     saved_modules = _cupy_modules()
     saved_env = {k: os.environ.get(k) for k in ("CUPY_DOUBLE_RULES", "CUPY_DOUBLE_DEVICES")}
@@ -64,8 +67,17 @@ def cupy_double(rules: str = "14", devices: int = 1):
     os.environ["CUPY_DOUBLE_RULES"], os.environ["CUPY_DOUBLE_DEVICES"] = str(rules), str(devices)
     sys.path.insert(0, str(CUPY_DOUBLE))
     try:
+        # one import per (rules, devices), reused: constants the library keeps between calls
+        # (positional tables, causal masks) stay arrays of the same `cupy` module, as in a real
+        # process, which imports CuPy once
+        key = (str(rules), int(devices))
+        if key in _DOUBLES:
+            sys.modules.update(_DOUBLES[key])
         import cupy
+        _DOUBLES.setdefault(key, _cupy_modules())
         assert cupy.__file__.startswith(str(CUPY_DOUBLE)), cupy.__file__
+        cupy.cuda.Device(0).use()
+        cupy._double.reset()
         yield cupy
     finally:
         sys.path.remove(str(CUPY_DOUBLE))
