@@ -262,10 +262,10 @@ class FakeNccl(types.ModuleType):
 
         class NcclCommunicator:
             def __init__(self, ndev, commId, rank):
-                if release >= 14 and not isinstance(commId, bytes):     # def __init__(..., bytes commId
+                if release >= 14 and not isinstance(commId, bytes):     # (..., bytes commId, ...)
                     raise TypeError(f"Argument 'commId' has incorrect type (expected bytes, got "
                                     f"{type(commId).__name__})")
-                if release < 14:                                        # tuple commId; char internal[]
+                if release < 14:                               # tuple commId; char internal[]
                     if not isinstance(commId, tuple):
                         raise TypeError("Argument 'commId' has incorrect type (expected tuple)")
                     low, high = (-128, 127) if signed_char else (0, 255)
