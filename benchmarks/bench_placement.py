@@ -22,8 +22,11 @@ runs). Each round runs it twice, one after the other (the first of a round alter
 (``--compare-with CHECKOUT``: a third, the same command as written with another checkout's
 train_wmt.py, e.g. the code before a change.) Speed is read from each run's ``log.jsonl``: target
 tokens per second and seconds per update from the first log line (step 10, after start-up) to the
-last training line. The first line each run printed (``placement: ...``) is shown with it. The
-machine may be shared: compare the runs of one round, and quote the medians over rounds.
+last training line; and the CPU time of all the run's processes (start-up and the final validation
+included: the same work in every configuration), which the load of a shared machine changes far
+less than the wall clock: threads that spin show there. The first line each run printed
+(``placement: ...``) is shown with it. The machine may be shared: compare the runs of one round,
+and quote the medians over rounds.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -72,16 +76,17 @@ def train(checkout: Path, data: Path, work: Path, name: str, steps: int, pinned:
                "--trainpref", str(data / "train"), "--validpref", str(data / "val"),
                *README_OPTIONS, "--max-steps", str(steps), "--data-dir", str(work / "data"),
                "--out", str(out), "--quiet", *extra]
-    started = time.perf_counter()
+    started, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(command, capture_output=True, text=True,
                           env=environment(checkout, pinned))
-    wall = time.perf_counter() - started
+    wall, after = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     if done.returncode != 0:
         raise SystemExit(f"{name} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     with open(out / "log.jsonl") as f:
         records = [r for r in map(json.loads, f) if "tokens_per_s" in r]     # training lines
     shutil.rmtree(out)                                 # checkpoints: tens of MiB a run
-    row = {"name": name, "first_line": done.stdout.splitlines()[0], "wall_s": wall}
+    row = {"name": name, "first_line": done.stdout.splitlines()[0], "wall_s": wall, "cpu_s": cpu}
     if len(records) < 2:
         return row
     first, last = records[0], records[-1]
@@ -133,7 +138,8 @@ def main(argv=None) -> int:
                 rows.append(row)
                 print(f"round {round_}: {name:<24} {row['tokens_per_s']:7.0f} target tokens/s, "
                       f"{row['update_s']:.3f} s per update (steps {row['steps'][0]}-"
-                      f"{row['steps'][1]}; {row['wall_s']:.0f} s in all)  [{row['first_line']}]",
+                      f"{row['steps'][1]}; {row['wall_s']:.0f} s in all, {row['cpu_s']:.0f} CPU s)"
+                      f"  [{row['first_line']}]",
                       flush=True)
     finally:
         if args.work is None:
@@ -144,7 +150,9 @@ def main(argv=None) -> int:
               for name, _, _ in configs}
     for name, _, _ in configs:
         update_s = statistics.median(r["update_s"] for r in rows if r["name"] == name)
-        print(f"  {name:<24} {median[name]:7.0f} target tokens/s, {update_s:.3f} s per update")
+        cpu_s = statistics.median(r["cpu_s"] for r in rows if r["name"] == name)
+        print(f"  {name:<24} {median[name]:7.0f} target tokens/s, {update_s:.3f} s per update, "
+              f"{cpu_s:.0f} CPU s per run")
     ratio = median["as written"] / median["pinned"]
     print(f"  as written / pinned: {ratio:.2f}x "
           f"({'meets' if ratio >= 0.9 else 'BELOW'} the 0.9x goal)")
