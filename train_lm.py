@@ -23,22 +23,15 @@ prints one ``error:`` line and exits with status 2.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Sequence
 
-# The models trained here have matrices too small for a multi-threaded BLAS to pay off, and
-# threads that spin on a busy machine make every step several times slower. Set before NumPy is
-# imported; an explicit setting in the environment wins.
-for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_variable, "1")
+import numpy                                                        # host bytes
 
-import numpy                                                        # noqa: E402  (host bytes)
-
-from minitfm import checkpoint, cli, lm, train                     # noqa: E402
-from minitfm.cli import UsageError, integer, number, positive_int   # noqa: E402
-from minitfm.data import text as textdata                          # noqa: E402
+from minitfm import checkpoint, cli, lm, train
+from minitfm.cli import UsageError, integer, number, positive_int
+from minitfm.data import text as textdata
 
 # The defaults: character-level tiny Shakespeare to a validation loss below 1.88 nats per
 # character in under a minute on a two-core CPU (README, "Language model"): the model of the
@@ -53,6 +46,7 @@ RUN_OPTIONS = ("tokenizer", "vocab_size", "block_size", "batch_size", "layers", 
                "heads", "d_ff", "dropout", "learned_positions", "post_ln", "lr", "min_lr",
                "warmup", "schedule", "weight_decay", "seed")
 EVAL_BATCH = 64          # validation blocks per forward pass
+THREADS = 1              # BLAS threads at most by default: the matrices are too small for more
 EXIT_ERROR = 2
 POSITIVE = number(0, low_open=True)
 
@@ -107,6 +101,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                      help="steps between checkpoints (default 0: at the end and on a signal)")
     opt.add_argument("--seed", type=integer(0), default=0)
     cli.add_backend_option(p, "numpy")
+    cli.add_threads_option(p, THREADS)
     cli.add_run_options(p, "lm")
     gen = p.add_argument_group("sampling (after training, or from --checkpoint with --sample)")
     gen.add_argument("--sample", action="store_true",
@@ -224,6 +219,7 @@ def run_training(args: argparse.Namespace) -> int:
     cli.reuse_freed_memory()
     args.out = args.out or cli.default_run_dir("lm", args.resume)
     chosen = cli.select_backend(args.backend, "numpy")
+    cli.place(args.threads, THREADS)     # each worker's GPU or BLAS threads; the first line
     resumed = cli.check_resumable(args, RUN_OPTIONS, lm.KIND)
     tokenizer = make_tokenizer(args) if resumed is None else stored_tokenizer(resumed)
     prompt = encode_prompt(tokenizer, args.prompt) if args.samples else None
@@ -269,6 +265,7 @@ def run_training(args: argparse.Namespace) -> int:
 
 def run_sampling(args: argparse.Namespace) -> int:
     cli.select_backend(args.backend, "numpy")
+    cli.place(args.threads, THREADS, announce=False)     # the output is the sampled text alone
     ckpt = checkpoint.load(args.checkpoint, with_optimizer=False)
     checkpoint.check_kind(ckpt, lm.KIND)
     tokenizer = stored_tokenizer(ckpt)

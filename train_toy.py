@@ -16,20 +16,13 @@ a checkpoint (so do SIGTERM and SIGHUP), and ``--resume`` continues from the lat
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
-# The toy model's matrices are too small for a multi-threaded BLAS to pay off, and threads that
-# spin on a busy machine make every step several times slower. Set before NumPy is imported;
-# an explicit setting in the environment wins.
-for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_variable, "1")
-
-from minitfm import backend, cli, distributed, tasks, train   # noqa: E402  (after thread settings)
-from minitfm.cli import integer, number, positive_int   # noqa: E402
-from minitfm.decode import greedy                 # noqa: E402
-from minitfm.model import PRESETS, Config         # noqa: E402
+from minitfm import backend, cli, distributed, tasks, train
+from minitfm.cli import integer, number, positive_int
+from minitfm.decode import greedy
+from minitfm.model import PRESETS, Config
 
 # Per task: steps, batch size, learning-rate factor, warmup, label smoothing, model shape (None:
 # the preset's). Label smoothing keeps the late steps stable: without it the loss of a solved task
@@ -43,6 +36,8 @@ TASK_DEFAULTS = {
     "sort": dict(steps=500, batch_size=128, lr_factor=0.05, warmup=50,
                  **{**MODEL_DEFAULTS, "heads": 8}),
 }
+# The toy model's matrices are too small for a second BLAS thread to pay off (--threads wins).
+THREADS = 1
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = cli.EXIT_INTERRUPTED
 
@@ -72,6 +67,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="clip the gradient norm (default: no)")
     p.add_argument("--seed", type=integer(0), default=0)
     cli.add_backend_option(p, "numpy")
+    cli.add_threads_option(p, THREADS)
     cli.add_run_options(p, "toy-<task>")
     p.add_argument("--eval-size", type=positive_int, default=500,
                    help="held-out sequences (default 500)")
@@ -109,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         args.out = args.out or cli.default_run_dir(f"toy-{args.task}", args.resume)
     args.out = world.broadcast_text(args.out or "")
     chosen = cli.select_backend(args.backend, "numpy")
+    cli.place(args.threads, THREADS)     # each worker's GPU or BLAS threads; the first line
     cfg = model_config(args)
     if args.length + 2 > cfg.max_len:      # the target: BOS, the symbols, EOS
         raise cli.UsageError(f"--length {args.length} is too long for the {args.preset} "

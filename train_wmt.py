@@ -169,6 +169,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     opt.add_argument("--average-last", type=positive_int, default=5,
                      help="checkpoints averaged for the test (default 5, as the paper)")
     cli.add_backend_option(opt, "auto")
+    cli.add_threads_option(opt, None)
     cli.add_run_options(opt, "wmt-<preset>")
 
     ev = p.add_argument_group("evaluation")
@@ -545,8 +546,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse_args(argv)
         chosen = cli.select_backend(args.backend, "auto")
         world = distributed.world()
-        if world.distributed and backend.name == "cupy":
-            world.use_local_gpu()                      # one worker per GPU
+        cli.place(args.threads, None)    # each worker's GPU or BLAS threads; the first line
         if args.preset in ("base", "big") and backend.name == "numpy" and not args.eval_only:
             print(f"warning: the {args.preset} preset on the CPU ({chosen}) will take days; "
                   f"train it on a CUDA GPU with --backend cupy (pip install -e '.[gpu]')",

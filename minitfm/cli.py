@@ -1,5 +1,6 @@
 """What the command lines share: the run directory, the model config from options, option
-validation, the backend choice and the way ``main()`` reports errors and signals.
+validation, the backend choice, each worker's placement (its GPU or its BLAS threads,
+``--threads``) and the way ``main()`` reports errors and signals.
 
 ``train_toy.py``, ``train_wmt.py`` and ``python -m minitfm.translate / average / plot`` are thin
 front ends over the library; the glue they have in common lives here once, so that all behave
@@ -31,12 +32,13 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from minitfm import backend, checkpoint, distributed, optim, train
+from minitfm import backend, checkpoint, distributed, optim, placement, train
 from minitfm.data import DataError
 from minitfm.model import Config
 
 __all__ = ["EXIT_INTERRUPTED", "UsageError", "USER_ERRORS", "integer", "number", "positive_int",
-           "reuse_freed_memory", "add_backend_option", "select_backend", "add_run_options",
+           "reuse_freed_memory", "add_backend_option", "select_backend", "add_threads_option",
+           "place", "add_run_options",
            "default_run_dir", "check_resumable", "model_config", "stopped", "report_errors"]
 
 EXIT_INTERRUPTED = 130   # the shell's code for a process stopped by Ctrl-C
@@ -48,7 +50,8 @@ class UsageError(Exception):
 
 # what a user can cause: reported as one line, without a traceback
 USER_ERRORS = (UsageError, DataError, checkpoint.CheckpointError, backend.BackendError,
-               train.TrainingDiverged, train.WriteFailed, FileExistsError, FileNotFoundError)
+               placement.PlacementError, train.TrainingDiverged, train.WriteFailed,
+               FileExistsError, FileNotFoundError)
 
 
 # ---- option values ---------------------------------------------------------------------------
@@ -133,6 +136,31 @@ def select_backend(choice: str | None, default: str) -> str:
     saying why when ``auto`` fell back to NumPy."""
     backend.use(choice or backend.environment_choice(default))
     return backend.describe()
+
+
+# ---- placement: each worker's GPU or CPU cores -----------------------------------------------
+
+def add_threads_option(parser, cap: int | None) -> None:
+    """``--threads N``: BLAS threads per worker on the CPU; ``cap``: the command's default at
+    most (None: every core this worker may use)."""
+    share = "the cores this process may use / the workers on this machine"
+    parser.add_argument("--threads", type=positive_int, metavar="N",
+                        help=f"BLAS threads per worker on the CPU (default: "
+                             f"$OPENBLAS_NUM_THREADS, $MKL_NUM_THREADS or $OMP_NUM_THREADS if "
+                             f"set, else {share}" + (f", at most {cap})" if cap else ")"))
+
+
+def place(threads: int | None, cap: int | None, announce: bool = True) -> placement.Placement:
+    """Place this worker (placement.place: its GPU, or its BLAS threads, from ``--threads``, the
+    environment or its share of the cores, at most ``cap``) for the active backend, and print
+    the decision as the run's first line (rank 0; not with ``announce=False``, for output that
+    must be the command's text alone). Call it after the backend is chosen and before any array
+    is made."""
+    world = distributed.world()
+    decided = placement.place(world, backend.name, threads=threads, cap=cap)
+    if announce and world.is_root:
+        print(decided.describe(), flush=True)
+    return decided
 
 
 # ---- the run directory -----------------------------------------------------------------------

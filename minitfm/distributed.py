@@ -15,10 +15,9 @@ The sum equals one worker's up to the order of float additions. Parameters broad
 at the start (broadcast_params) stay equal on every worker, since all apply the same update.
 
 Transport. Host (NumPy) buffers: one ``MPI_Allreduce`` in place on the whole flat buffer. Device
-(CuPy) buffers: NCCL (``cupy.cuda.nccl``) on the current CUDA stream, so the sum is ordered with
-the kernels around it and nothing waits on the host; the NCCL communicator's id is made on rank 0
-and broadcast over MPI, and device memory is never copied to the host. One process per GPU:
-:meth:`World.use_local_gpu` selects device ``local_rank``.
+(CuPy) buffers: NCCL on the current CUDA stream (:class:`minitfm.devices.Nccl`), its id made on
+rank 0 and broadcast over MPI; device memory is never copied to the host. Which GPU, or how many
+BLAS threads, each worker takes is :mod:`minitfm.placement`'s decision.
 
 One process. Started without a launcher (or as a single process), :func:`world` is a world of one
 whose collectives leave their input as it is; mpi4py is not even imported.
@@ -37,7 +36,7 @@ Open MPI names its rank); :meth:`World.describe` lists each worker's rank, PID a
 the start, to match the two.
 
 No array math here: NumPy is never imported (a few numbers travel in ``array.array`` buffers),
-CuPy only for NCCL and the choice of device, and only on a GPU.
+nor CuPy (:mod:`minitfm.devices` holds the device side).
 """
 
 from __future__ import annotations
@@ -51,7 +50,7 @@ import traceback
 import zlib
 from collections.abc import Mapping, Sequence
 
-from minitfm import flat
+from minitfm import devices, flat
 
 __all__ = ["DistributedError", "World", "world", "launcher_size", "shard", "describe_stops",
            "STOP_ERROR"]
@@ -178,18 +177,6 @@ class World:
                           for r, (pid, host) in enumerate(self.workers))
         return f"{self.size} workers: {ranks}"
 
-    def use_local_gpu(self) -> int:
-        """Make GPU ``local_rank`` this process's CUDA device (one worker per GPU); return its
-        number. Call it before any CuPy array is made."""
-        import cupy
-        count = cupy.cuda.runtime.getDeviceCount()
-        if self.local_size > count:
-            raise DistributedError(
-                f"{self.local_size} workers on this machine but {count} GPU(s): start one worker "
-                f"per GPU (mpiexec -n {count} per machine)")
-        cupy.cuda.Device(self.local_rank).use()
-        return self.local_rank
-
     def shard(self, batches: Sequence) -> list:
         """This worker's share of one update's batches: ``shard(batches, rank, size)``."""
         return shard(batches, self.rank, self.size)
@@ -210,10 +197,8 @@ class World:
         buffers = flat.buffer_of(params)
         for array_ in buffers or params.values():
             _check_contiguous(array_, "broadcast_params")
-            if _on_device(array_):
-                nccl, communicator = self._nccl_communicator()
-                communicator.bcast(array_.data.ptr, array_.size, _nccl_type(nccl, array_), 0,
-                                   _current_stream())
+            if devices.on_device(array_):
+                self._device_collectives().broadcast(array_, root=0)
             else:
                 self._comm.Bcast(array_, root=0)
 
@@ -224,10 +209,8 @@ class World:
         _check_contiguous(buffer, "allreduce_sum")
         if not self.distributed:
             return
-        if _on_device(buffer):
-            nccl, communicator = self._nccl_communicator()
-            communicator.allReduce(buffer.data.ptr, buffer.data.ptr, buffer.size,
-                                   _nccl_type(nccl, buffer), nccl.NCCL_SUM, _current_stream())
+        if devices.on_device(buffer):
+            self._device_collectives().allreduce_sum(buffer)
         else:
             from mpi4py import MPI
             self._comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
@@ -254,9 +237,7 @@ class World:
             return text
         data = text.encode() if self.is_root else b""
         size = int(self.broadcast_numbers([len(data)])[0])
-        buffer = bytearray(data if self.is_root else bytes(size))
-        self._comm.Bcast(buffer, root=0)
-        return buffer.decode()
+        return self._broadcast_bytes(data if self.is_root else bytes(size)).decode()
 
     def barrier(self) -> None:
         """Wait until every worker has come here."""
@@ -343,15 +324,17 @@ class World:
         n = len(mine)
         return [list(everyone[r * n:(r + 1) * n]) for r in range(self.size)]
 
-    def _nccl_communicator(self):
-        """``(cupy.cuda.nccl, communicator)``; the first call, on every worker, makes the
-        communicator: its id comes from rank 0 over MPI (128 bytes)."""
-        from cupy.cuda import nccl
+    def _broadcast_bytes(self, data: bytes) -> bytes:
+        """Rank 0's ``data`` on every worker; the others pass as many bytes, of any value."""
+        buffer = bytearray(data)
+        self._comm.Bcast(buffer, root=0)
+        return bytes(buffer)
+
+    def _device_collectives(self) -> devices.Nccl:
+        """The NCCL communicator of the workers' GPUs, made by the first device collective."""
         if self._nccl is None:
-            unique_id = array.array("b", nccl.get_unique_id() if self.is_root else bytes(128))
-            self._comm.Bcast(unique_id, root=0)
-            self._nccl = nccl.NcclCommunicator(self.size, tuple(unique_id), self.rank)
-        return nccl, self._nccl
+            self._nccl = devices.Nccl(self.rank, self.size, self._broadcast_bytes)
+        return self._nccl
 
 
 def _sum_in_order(column) -> float:
@@ -365,27 +348,10 @@ def _hostname() -> str:
     return os.uname().nodename if hasattr(os, "uname") else "localhost"
 
 
-def _on_device(array_) -> bool:
-    return hasattr(array_, "__cuda_array_interface__")
-
-
 def _check_contiguous(array_, what: str) -> None:
     if not array_.flags.c_contiguous:
         raise ValueError(f"{what} needs a contiguous array (a flat buffer or a dict of whole "
                          f"arrays), got a strided view of shape {tuple(array_.shape)}")
-
-
-def _nccl_type(nccl, array_) -> int:
-    types = {"float16": nccl.NCCL_FLOAT16, "float32": nccl.NCCL_FLOAT32,
-             "float64": nccl.NCCL_FLOAT64, "int32": nccl.NCCL_INT32, "int64": nccl.NCCL_INT64}
-    if str(array_.dtype) not in types:
-        raise ValueError(f"NCCL cannot sum {array_.dtype} arrays: use one of {', '.join(types)}")
-    return types[str(array_.dtype)]
-
-
-def _current_stream() -> int:
-    import cupy
-    return cupy.cuda.get_current_stream().ptr
 
 
 _world: World | None = None

@@ -23,9 +23,10 @@ from .conftest import cupy_device_available
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "minitfm"
 
 # Host-side modules that may import NumPy directly (file I/O, data preparation, synthetic
-# tasks, plotting) and the collectives between workers (MPI, CuPy's NCCL):
-# they never do the model's array math.
-HOST_SIDE = {"backend.py", "checkpoint.py", "average.py", "plot.py", "tasks.py", "distributed.py"}
+# tasks, plotting), the workers' devices and NCCL (CuPy) and their placement (NumPy's BLAS
+# threads): they never do the model's array math.
+HOST_SIDE = {"backend.py", "checkpoint.py", "average.py", "plot.py", "tasks.py", "devices.py",
+             "placement.py"}
 
 
 def library_files():

@@ -480,9 +480,9 @@ def _on_devices(cupy_env: dict, devices: int) -> dict:
 def test_nccl_broadcast_and_allreduce_on_device_buffers(mpi, cupy_env):
     env = _on_devices(cupy_env, 2)
     run = mpirun(PRELUDE.replace("import numpy as np", "import numpy as np, cupy") + """
-world.use_local_gpu()
-from minitfm import backend
+from minitfm import backend, placement
 backend.use("cupy")
+placement.place(world, backend.name)                 # GPU local_rank
 params = flat.flatten({"w": np.full((3, 4), world.rank + 1.0, dtype=np.float32),
                        "b": np.full(4, world.rank + 1.0, dtype=np.float32)})
 world.broadcast_params(params)                       # NCCL, device to device
@@ -684,7 +684,9 @@ def test_sigterm_to_one_training_worker_stops_both_with_a_checkpoint(mpi, tmp_pa
     started = time.monotonic()
     process = launch(toy + ["--steps", "100000"])
     try:
-        header = process.stdout.readline()               # rank 0's: it names every worker's pid
+        header = process.stdout.readline()               # rank 0's placement, then its header
+        while header.startswith("placement:"):           # the header names every worker's pid
+            header = process.stdout.readline()
         pid = int(re.search(r"rank 1 pid (\d+)", header).group(1))
         while not (out / "log.jsonl").exists() and time.monotonic() - started < TIMEOUT / 2:
             time.sleep(0.05)                             # training is under way
