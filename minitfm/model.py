@@ -25,14 +25,13 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from minitfm import backend, flat
+from minitfm.ids import BOS_ID, EOS_ID, PAD_ID
 from minitfm.layers import decoder, dropout, embedding, encoder, linear, loss, positional
 from minitfm.layers import out_part, prefixed, subdict
 from minitfm.layers.attention import MASKED
 
 KIND = "transformer"      # what a checkpoint of this model records as its kind (checkpoint.KINDS)
 
-# The special token ids, fixed for every vocabulary (data/vocab.py trains its models with them).
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 # The config fields that are dropout rates (here and in lm.LMConfig): residual and embedding,
 # attention weights, feed-forward hidden units.

@@ -11,7 +11,8 @@ import pytest
 
 from minitfm import backend, checkpoint, model, tasks, train
 from minitfm.checkpoint import CheckpointError
-from minitfm.model import PAD_ID, Config
+from minitfm.ids import PAD_ID
+from minitfm.model import Config
 from minitfm.optim import LRSchedule, WarmupDecaySchedule
 
 VOCAB = 7                                   # symbols; the model sees ids 0 .. 10
