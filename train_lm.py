@@ -36,9 +36,10 @@ for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy                                                        # noqa: E402  (host bytes)
 
-from minitfm import checkpoint, cli, lm, train                     # noqa: E402
+from minitfm import checkpoint, cli, generation, train             # noqa: E402
 from minitfm.cli import UsageError, integer, number, positive_int   # noqa: E402
 from minitfm.data import text as textdata                          # noqa: E402
+from minitfm.models import lm                                      # noqa: E402
 
 # The defaults: character-level tiny Shakespeare to a validation loss below 1.88 nats per
 # character in under a minute on a two-core CPU (README, "Language model"): the model of the
@@ -206,8 +207,9 @@ def stream_sample(params: dict, cfg: lm.LMConfig, tokenizer, prompt, args: argpa
     shown = tokenizer.decode(ids)
     sys.stdout.write(shown)
     sys.stdout.flush()
-    tokens = lm.generate(params, cfg, prompt, args.max_new_tokens, temperature=args.temperature,
-                         top_k=args.top_k, top_p=args.top_p, seed=seed, greedy=args.greedy)
+    tokens = generation.generate(params, cfg, prompt, args.max_new_tokens,
+                                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                 seed=seed, greedy=args.greedy)
     for token in tokens:
         ids.append(int(token[0]))
         text = tokenizer.decode(ids)        # the whole text: BPE pieces join with their spaces

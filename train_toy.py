@@ -29,7 +29,7 @@ for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 from minitfm import backend, cli, distributed, tasks, train   # noqa: E402  (after thread settings)
 from minitfm.cli import integer, number, positive_int   # noqa: E402
 from minitfm.decode import greedy                 # noqa: E402
-from minitfm.model import PRESETS, Config         # noqa: E402
+from minitfm.models.translator import PRESETS, Config   # noqa: E402
 
 # Per task: steps, batch size, learning-rate factor, warmup, label smoothing, model shape (None:
 # the preset's). Label smoothing keeps the late steps stable: without it the loss of a solved task

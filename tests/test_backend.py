@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitfm import backend, model
+from minitfm import backend
+from minitfm.models import translator
 
 from .conftest import cupy_device_available
 
@@ -108,12 +109,12 @@ def test_generator_methods_used_exist_in_cupy(monkeypatch):
             called.add(name)
             return getattr(self.inner, name)
 
-    cfg = model.Config.preset("tiny", dropout=0.2)
-    params = model.init_params(cfg, 0)
+    cfg = translator.Config.preset("tiny", dropout=0.2)
+    params = translator.init_params(cfg, 0)
     src = np.array([[5, 6, 3]])
     tgt = np.array([[2, 7, 8, 3]])
     monkeypatch.setattr(backend, "name", "cupy")
-    model.loss_and_grads(params, cfg, src, tgt, Recording(backend.rng(0, 1)), grads=False)
+    translator.loss_and_grads(params, cfg, src, tgt, Recording(backend.rng(0, 1)), grads=False)
     assert called
     assert all(hasattr(cupy.random.Generator, m) for m in called), called
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitfm import checkpoint, lm, model, train, translate
+from minitfm import checkpoint, generation, models, train, translate
+from minitfm.models import lm, translator
 from tests.test_same_losses import (LM_LOSSES, TRANSLATOR_LOSSES, lm_batches, lm_config,
                                     logged_losses, options, translator_batches,
                                     translator_config)
@@ -28,13 +29,13 @@ GREEDY = [[0], [0], [0], [5], [5], [5], [5], [5]]
 
 
 def test_old_checkpoints_load_with_their_kinds_and_names():
-    for name, kind, config in [("translator_step3.npz", model.KIND, translator_config()),
+    for name, kind, config in [("translator_step3.npz", translator.KIND, translator_config()),
                                ("lm_step3.npz", lm.KIND, lm_config())]:
         ckpt = checkpoint.load(FIXTURES / name)
         assert ckpt.kind == kind and ckpt.step == 3
         assert ckpt.config == config.to_dict()
-        trained = model if kind == model.KIND else lm
-        assert list(ckpt.params) == trained.parameter_names(config)
+        assert type(config) is models.get(ckpt.kind).Config
+        assert list(ckpt.params) == list(models.get(ckpt.kind).parameter_shapes(config))
 
 
 @pytest.mark.parametrize("name, config, batches, recorded", [
@@ -65,8 +66,8 @@ def test_old_lm_checkpoint_samples_as_before(numpy_backend):
     ckpt = checkpoint.load(FIXTURES / "lm_step3.npz", with_optimizer=False)
     cfg = lm.LMConfig.from_dict(ckpt.config)
     params = checkpoint.params_to_device(ckpt.params)
-    drawn = lm.generate(params, cfg, np.array([[4, 5, 6], [7, 8, 9]]), 20, temperature=0.9,
+    drawn = generation.generate(params, cfg, np.array([[4, 5, 6], [7, 8, 9]]), 20, temperature=0.9,
                         top_k=6, seed=5)
     assert [t.tolist() for t in drawn] == SAMPLED
-    greedy = lm.generate(params, cfg, np.array([4, 5, 6]), 8, greedy=True)
+    greedy = generation.generate(params, cfg, np.array([4, 5, 6]), 8, greedy=True)
     assert [t.tolist() for t in greedy] == GREEDY

@@ -12,7 +12,8 @@ import os
 import numpy as np
 import pytest
 
-from minitfm import lm, model, tasks, train
+from minitfm import tasks, train
+from minitfm.models import lm, translator
 
 TRANSLATOR_LOSSES = [4.005090713500977, 3.4246416091918945, 3.044092814127604,
                      2.6564455032348633, 2.4540440241495767, 2.3556137084960938]
@@ -21,8 +22,8 @@ LM_LOSSES = [3.046861012776693, 2.858407974243164, 2.3564276695251465,
 DROPOUTS = dict(dropout=0.1, attention_dropout=0.1, relu_dropout=0.1)
 
 
-def translator_config(vocab: int = 32) -> model.Config:
-    return model.Config.preset("tiny", src_vocab=vocab, tgt_vocab=vocab, n_layers=1, d_model=4,
+def translator_config(vocab: int = 32) -> translator.Config:
+    return translator.Config.preset("tiny", src_vocab=vocab, tgt_vocab=vocab, n_layers=1, d_model=4,
                                d_ff=4, max_len=16, **DROPOUTS)
 
 
