@@ -136,8 +136,8 @@ def save(path: str | os.PathLike, params: dict, *, optimizer_state: dict | None 
     """Write a checkpoint to ``path`` atomically; return the path written.
 
     ``config`` is the model config as a dict (``Config.to_dict()``), ``extra`` any JSON values the
-    caller wants back (e.g. ``{"seed": 1234}``), ``kind`` the model's (its ``KIND``, a kind of the registry).
-    Parent directories are created.
+    caller wants back (e.g. ``{"seed": 1234}``), ``kind`` the model's (its ``KIND``, a kind of
+    the registry). Parent directories are created.
     """
     models.get(kind)                                  # refuses a kind nothing can read
     if not isinstance(config, dict):

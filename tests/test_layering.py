@@ -90,7 +90,8 @@ def test_no_module_imports_upward(name):
                                         if n.startswith("minitfm.models.") and n != MODEL_BASE))
 def test_a_model_imports_no_other_model(name):
     others = {m for m in imports(name) if floor_of(m) == floor_of(name) and m != MODEL_BASE}
-    assert not others, f"{name} imports {sorted(others)}: shared pieces go to {MODEL_BASE} or layers/"
+    assert not others, (f"{name} imports {sorted(others)}: shared pieces go to {MODEL_BASE} "
+                        f"or layers/")
 
 
 def test_the_scan_sees_upward_and_relative_imports(tmp_path):
