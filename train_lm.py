@@ -29,9 +29,10 @@ from collections.abc import Sequence
 
 import numpy                                                        # host bytes
 
-from minitfm import checkpoint, cli, lm, train
+from minitfm import checkpoint, cli, generation, train
 from minitfm.cli import UsageError, integer, number, positive_int
 from minitfm.data import text as textdata
+from minitfm.models import lm
 
 # The defaults: character-level tiny Shakespeare to a validation loss below 1.88 nats per
 # character in under a minute on a two-core CPU (README, "Language model"): the model of the
@@ -201,8 +202,9 @@ def stream_sample(params: dict, cfg: lm.LMConfig, tokenizer, prompt, args: argpa
     shown = tokenizer.decode(ids)
     sys.stdout.write(shown)
     sys.stdout.flush()
-    tokens = lm.generate(params, cfg, prompt, args.max_new_tokens, temperature=args.temperature,
-                         top_k=args.top_k, top_p=args.top_p, seed=seed, greedy=args.greedy)
+    tokens = generation.generate(params, cfg, prompt, args.max_new_tokens,
+                                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                 seed=seed, greedy=args.greedy)
     for token in tokens:
         ids.append(int(token[0]))
         text = tokenizer.decode(ids)        # the whole text: BPE pieces join with their spaces

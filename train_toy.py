@@ -22,7 +22,7 @@ import time
 from minitfm import backend, cli, distributed, tasks, train
 from minitfm.cli import integer, number, positive_int
 from minitfm.decode import greedy
-from minitfm.model import PRESETS, Config
+from minitfm.models.translator import PRESETS, Config
 
 # Per task: steps, batch size, learning-rate factor, warmup, label smoothing, model shape (None:
 # the preset's). Label smoothing keeps the late steps stable: without it the loss of a solved task

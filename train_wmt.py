@@ -56,7 +56,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from minitfm import (average, backend, checkpoint, cli, distributed, model, optim, train,
+from minitfm import (average, backend, checkpoint, cli, distributed, optim, train,
                      translate)
 from minitfm.bleu import BleuScore, corpus_bleu
 from minitfm.cli import UsageError, integer, number, positive_int
@@ -64,7 +64,8 @@ from minitfm.data import (BatchPlan, CleanOptions, DataError, EncodedCorpus, Par
                           SubwordDropout, Vocab, cached_joint_vocab, clean_parallel,
                           encode_corpus, epoch_batches, eval_arrays, prepare_wmt14,
                           read_parallel, read_parallel_files, require_pairs, token_batches)
-from minitfm.model import Config
+from minitfm.models import translator as model
+from minitfm.models.translator import Config
 
 PRESET_DEFAULTS = {
     # a CPU: Multi30k-sized corpora

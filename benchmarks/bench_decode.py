@@ -5,7 +5,7 @@ Two measurements, printed as one JSON object and as a table:
 1. cached vs recomputed greedy decoding of exactly ``--tokens`` output tokens (EOS is masked so
    that every sentence runs the full length): the cached decoder (:func:`minitfm.decode.step`)
    against re-running the whole decoder over the prefix at every step
-   (``model.decoder_forward``). Both encode the source once and must produce the same tokens.
+   (``translator.decoder_forward``). Both encode the source once and must produce the same tokens.
 2. beam search throughput: :func:`minitfm.decode.translate_ids` with the paper's settings (beam 4,
    alpha 0.6, maximum length source + 50) over ``--sentences`` sentences.
 
@@ -61,16 +61,17 @@ def parse_args(argv=None):
 
 def load_model(args):
     """``(params, cfg, vocab or None)``: the checkpoint's, or the small preset at random."""
-    from minitfm import backend, model
+    from minitfm import backend
+    from minitfm.models import translator
     if args.checkpoint:
         from minitfm import checkpoint
         from minitfm.data.vocab import Vocab
         ckpt = checkpoint.load(args.checkpoint, with_optimizer=False)
-        cfg = model.Config.from_dict(ckpt.config)
+        cfg = translator.Config.from_dict(ckpt.config)
         vocab = Vocab.from_bytes(ckpt.vocab_model) if ckpt.vocab_model is not None else None
         return checkpoint.params_to_device(ckpt.params), cfg, vocab
-    cfg = model.Config.preset("small", dropout=0.0)
-    return model.init_params(cfg, seed=0, dtype=backend.float_dtype()), cfg, None
+    cfg = translator.Config.preset("small", dropout=0.0)
+    return translator.init_params(cfg, seed=0, dtype=backend.float_dtype()), cfg, None
 
 
 def source_ids(args, cfg, vocab) -> list[list[int]]:
@@ -106,13 +107,14 @@ def greedy_cached(params, cfg, src, n_tokens):
 
 
 def greedy_recomputed(params, cfg, src, n_tokens):
-    from minitfm import backend, model
+    from minitfm import backend
+    from minitfm.models import translator
     xp = backend.xp
-    memory, src_mask, _ = model.encoder_forward(params, cfg, src)
+    memory, src_mask, _ = translator.encoder_forward(params, cfg, src)
     prefix = xp.full((src.shape[0], 1), cfg.bos_id, dtype=xp.int64)
     for _ in range(n_tokens):
-        h, _ = model.decoder_forward(params, cfg, prefix, memory, src_mask)   # the whole prefix
-        tokens = forbid_eos(model.logits(params, cfg, h[:, -1]), cfg).argmax(axis=-1)
+        h, _ = translator.decoder_forward(params, cfg, prefix, memory, src_mask)   # the whole prefix
+        tokens = forbid_eos(translator.logits(params, cfg, h[:, -1]), cfg).argmax(axis=-1)
         prefix = xp.concatenate([prefix, tokens[:, None]], axis=1)
     return backend.to_host(prefix[:, 1:])
 

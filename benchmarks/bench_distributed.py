@@ -49,10 +49,11 @@ THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"
 
 def run_worker(preset: str, batch: int, length: int, steps: int, warmup: int) -> dict | None:
     """Train ``warmup + steps`` updates of two batches; rank 0 returns the timings."""
-    from minitfm import backend, distributed, model, train
+    from minitfm import backend, distributed, train
+    from minitfm.models import translator
 
     world = distributed.world()
-    cfg = model.Config.preset(preset)
+    cfg = translator.Config.preset(preset)
     batches = [make_batch(cfg, batch, length, seed) for seed in (1, 2)]   # one update's
     starts, in_allreduce, in_numbers = [], [], []
 

@@ -30,7 +30,8 @@ import time       # noqa: E402
 
 import numpy      # noqa: E402
 
-from minitfm import backend, flat, lm, optim  # noqa: E402
+from minitfm import backend, flat, optim  # noqa: E402
+from minitfm.models import lm  # noqa: E402
 
 SHAPES = {  # (config, batch)
     "default": (lm.LMConfig.preset("cpu"), 22),

@@ -47,7 +47,9 @@ import types
 
 import numpy
 
-from minitfm import backend, model, train
+from minitfm import backend, train
+from minitfm.layers import output
+from minitfm.models import base, translator
 
 # ---- the counting stand-in ---------------------------------------------------------------------
 
@@ -356,7 +358,7 @@ def split_seconds(seconds: collections.Counter) -> tuple[float, collections.Coun
 
 # ---- one update, counted ---------------------------------------------------------------------
 
-def make_batches(cfg: model.Config, n: int, sentences: int, src_len: int, tgt_len: int,
+def make_batches(cfg: translator.Config, n: int, sentences: int, src_len: int, tgt_len: int,
                  seed: int = 0) -> list:
     """``n`` host batches of random ids, (sentences, src_len) and (sentences, tgt_len + 1)."""
     rng = numpy.random.default_rng(seed)
@@ -373,7 +375,7 @@ def make_batches(cfg: model.Config, n: int, sentences: int, src_len: int, tgt_le
     return batches
 
 
-def count_run(cfg: model.Config, batches: list, steps: int, update_freq: int,
+def count_run(cfg: translator.Config, batches: list, steps: int, update_freq: int,
               clip_norm: float | None) -> tuple[collections.Counter, collections.Counter]:
     """Operations and syncs of ``steps`` updates of a fresh model, set-up included."""
     options = train.TrainOptions(steps=steps, update_freq=update_freq, clip_norm=clip_norm,
@@ -381,11 +383,11 @@ def count_run(cfg: model.Config, batches: list, steps: int, update_freq: int,
     TALLY.ops.clear()
     TALLY.syncs.clear()
     with counting_backend():
-        train.train(cfg, batches, options, params=model.init_params(cfg, seed=0))
+        train.train(cfg, batches, options, params=translator.init_params(cfg, seed=0))
     return collections.Counter(TALLY.ops), collections.Counter(TALLY.syncs)
 
 
-def per_update(cfg: model.Config, update_freq: int, sentences: int, src_len: int, tgt_len: int,
+def per_update(cfg: translator.Config, update_freq: int, sentences: int, src_len: int, tgt_len: int,
                clip_norm: float | None) -> dict:
     batches = make_batches(cfg, update_freq, sentences, src_len, tgt_len)
     ops1, syncs1 = count_run(cfg, batches, 1, update_freq, clip_norm)
@@ -404,7 +406,7 @@ def per_update(cfg: model.Config, update_freq: int, sentences: int, src_len: int
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="base", choices=sorted(model.PRESETS))
+    parser.add_argument("--preset", default="base", choices=sorted(translator.PRESETS))
     parser.add_argument("--micro-batches", type=int, nargs="+", default=[1, 6])
     parser.add_argument("--sentences", type=int, default=4)
     parser.add_argument("--src-len", type=int, default=12)
@@ -413,11 +415,11 @@ def main(argv=None) -> int:
                         help="global gradient-norm clipping (0: none); default 1.0")
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
     args = parser.parse_args(argv)
-    cfg = model.Config.preset(args.preset)
+    cfg = translator.Config.preset(args.preset)
     clip = args.clip_norm or None
-    rows_per_chunk = max(1, model.LOGIT_CHUNK // cfg.tgt_vocab)
-    print(f"preset {args.preset}: {model.num_parameters(model.init_params(cfg)):,} parameters in "
-          f"{len(model.parameter_shapes(cfg))} arrays; batch {args.sentences} x "
+    rows_per_chunk = max(1, output.LOGIT_CHUNK // cfg.tgt_vocab)
+    print(f"preset {args.preset}: {base.num_parameters(translator.init_params(cfg)):,} parameters in "
+          f"{len(translator.parameter_shapes(cfg))} arrays; batch {args.sentences} x "
           f"{args.src_len}/{args.tgt_len} tokens (logits in chunks of {rows_per_chunk} rows); "
           f"clip_norm {clip}")
     results = [per_update(cfg, k, args.sentences, args.src_len, args.tgt_len, clip)

@@ -28,10 +28,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_train import BATCHES, make_batch, matmul_peak, step_flops  # noqa: E402
 
-from minitfm import backend, cli, flat, model, optim  # noqa: E402
+from minitfm import backend, cli, flat, optim  # noqa: E402
+from minitfm.models import translator  # noqa: E402
 
 
-def torch_step_seconds(cfg: model.Config, src, tgt, steps: int, warmup: int) -> float:
+def torch_step_seconds(cfg: translator.Config, src, tgt, steps: int, warmup: int) -> float:
     import torch
     import torch.nn as nn
 
@@ -88,14 +89,14 @@ def torch_step_seconds(cfg: model.Config, src, tgt, steps: int, warmup: int) -> 
     return sorted(times[warmup:])[steps // 2]
 
 
-def minitfm_step_seconds(cfg: model.Config, src, tgt, steps: int, warmup: int) -> float:
-    params = model.init_params(cfg, 0)
+def minitfm_step_seconds(cfg: translator.Config, src, tgt, steps: int, warmup: int) -> float:
+    params = translator.init_params(cfg, 0)
     adam = optim.Adam(params)
     grads = flat.zeros_like(params)          # one gradient buffer for the run, as train() keeps
     times = []
     for step in range(warmup + steps):
         start = time.perf_counter()
-        model.loss_and_grads(params, cfg, src, tgt, backend.rng(0, step), out=grads)
+        translator.loss_and_grads(params, cfg, src, tgt, backend.rng(0, step), out=grads)
         adam.update(params, grads, 1e-4)
         times.append(time.perf_counter() - start)
     return sorted(times[warmup:])[steps // 2]
@@ -120,7 +121,7 @@ def main(argv=None) -> int:
     cli.reuse_freed_memory()                 # as the training scripts do; for both contenders
 
     batch, src_len, tgt_len = BATCHES[args.preset]
-    cfg = model.Config.preset(args.preset, attention_dropout=args.extra_dropout,
+    cfg = translator.Config.preset(args.preset, attention_dropout=args.extra_dropout,
                               relu_dropout=args.extra_dropout)
     src, tgt = make_batch(cfg, batch, src_len, tgt_len)
     flops = step_flops(cfg, batch, src_len, tgt_len, batch * tgt_len)

@@ -32,7 +32,8 @@ import subprocess
 import sys
 import time
 
-from minitfm import backend, cli, flat, model, optim
+from minitfm import backend, cli, flat, optim
+from minitfm.models import base, translator
 
 BATCHES = {"toy": (128, 24, 24), "small": (128, 24, 24), "base": (128, 32, 32)}
 VOCAB = {"toy": 16}
@@ -61,7 +62,7 @@ def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
     return 2 * n ** 3 / best / 1e9
 
 
-def step_flops(cfg: model.Config, batch: int, src_len: int, tgt_len: int, n_targets: int) -> float:
+def step_flops(cfg: translator.Config, batch: int, src_len: int, tgt_len: int, n_targets: int) -> float:
     """Matrix-product FLOPs of one forward + backward pass (2 m n k per product).
 
     Every forward product has two backward products of the same size (one for each operand's
@@ -95,16 +96,16 @@ def make_batch(cfg, batch, src_len, tgt_len, seed=0):
     return src, tgt                          # host arrays, as the data pipeline hands them over
 
 
-def make_step(cfg: model.Config, batch: int, src_len: int, tgt_len: int):
+def make_step(cfg: translator.Config, batch: int, src_len: int, tgt_len: int):
     """A function running one full training step on a fixed batch; it returns the step's stats."""
-    params = model.init_params(cfg, 0)
+    params = translator.init_params(cfg, 0)
     adam = optim.Adam(params)
     grads = flat.zeros_like(params)         # one gradient buffer for the run, as train() keeps
     src, tgt = make_batch(cfg, batch, src_len, tgt_len)
     count = itertools.count()
 
     def step() -> dict:
-        stats, _ = model.loss_and_grads(params, cfg, src, tgt, backend.rng(0, next(count)),
+        stats, _ = translator.loss_and_grads(params, cfg, src, tgt, backend.rng(0, next(count)),
                                         out=grads)
         adam.update(params, grads, 1e-4)
         return stats
@@ -112,9 +113,9 @@ def make_step(cfg: model.Config, batch: int, src_len: int, tgt_len: int):
     return step
 
 
-def preset_config(name: str) -> model.Config:
+def preset_config(name: str) -> translator.Config:
     vocab = VOCAB.get(name)
-    return model.Config.preset(name, **({"src_vocab": vocab, "tgt_vocab": vocab} if vocab else {}))
+    return translator.Config.preset(name, **({"src_vocab": vocab, "tgt_vocab": vocab} if vocab else {}))
 
 
 def run_preset(name: str, steps: int, warmup: int) -> dict:
@@ -136,7 +137,7 @@ def run_preset(name: str, steps: int, warmup: int) -> dict:
             "step_min_s": times[0], "target_tokens_per_s": n_targets / median,
             "gflop_per_step": flops / 1e9, "gflop_per_s": flops / median / 1e9,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "parameters": model.num_parameters(step.params)}
+            "parameters": base.num_parameters(step.params)}
 
 
 def breakdown(name: str, steps: int) -> dict:

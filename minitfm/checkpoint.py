@@ -15,9 +15,10 @@ File layout (a plain, uncompressed ``numpy.savez`` archive, read with ``allow_pi
     adam_v/<name>      Adam's second moment  (only with optimizer state)
     vocab_model        uint8  the serialized tokenizer model (only when given)
 
-``kind`` names the model a file holds (``KINDS``): the encoder-decoder Transformer of
-model.py, or the decoder-only language model of lm.py. Files written before kinds existed hold a
-Transformer. A command that needs one kind refuses the other with :func:`check_kind`.
+``kind`` names the model a file holds, a kind of the model registry (:mod:`minitfm.models`):
+the encoder-decoder Transformer ("transformer") or the decoder-only language model ("lm"). Files
+written before kinds existed hold a Transformer (``FIRST_KIND``). A command that needs one kind
+refuses the others with :func:`check_kind`.
 
 Random state needs no arrays: dropout masks derive from ``(seed, step)``, so a run stores its seed
 as an int in ``extra`` and ``step`` completes it.
@@ -40,11 +41,11 @@ from dataclasses import dataclass, field
 
 import numpy
 
-from minitfm import backend, flat
+from minitfm import backend, flat, models
 
 __all__ = [
     "NonFiniteError",
-    "FORMAT_VERSION", "ROTATED_NAME", "KINDS", "CheckpointError", "Checkpoint", "save", "load",
+    "FORMAT_VERSION", "ROTATED_NAME", "FIRST_KIND", "CheckpointError", "Checkpoint", "save", "load",
     "check_kind",
     "params_to_device", "config_differences", "check_compatible",
     "checkpoint_path", "list_checkpoints", "latest", "keep_last",
@@ -53,9 +54,7 @@ __all__ = [
 FORMAT_NAME = "minitfm-checkpoint"
 FORMAT_VERSION = 1
 ROTATED_NAME = re.compile(r"checkpoint_(\d{8,})\.npz")   # what keep_last() rotates
-# the kinds of model a checkpoint can hold (model.KIND, lm.KIND), in words
-KINDS = {"transformer": "an encoder-decoder Transformer (model.py: translation, toy tasks)",
-         "lm": "a decoder-only language model (lm.py: train_lm.py)"}
+FIRST_KIND = "transformer"    # the kind of the files written before kinds were recorded
 
 
 class NonFiniteError(ValueError):
@@ -82,15 +81,15 @@ class Checkpoint:
     vocab_model: bytes | None = None
     optimizer_state: dict | None = None   # {"step": int, "m": {name: array}, "v": {...}}
     extra: dict = field(default_factory=dict)
-    kind: str = "transformer"             # which model: a key of KINDS
+    kind: str = FIRST_KIND                # which model: a kind of the registry (models.get)
 
 
 def check_kind(ckpt: Checkpoint, kind: str) -> None:
-    """Raise a CheckpointError unless ``ckpt`` holds a model of ``kind`` (a key of ``KINDS``)."""
+    """Raise a CheckpointError unless ``ckpt`` holds a model of ``kind`` (a registered kind)."""
     if ckpt.kind != kind:
-        held = KINDS.get(ckpt.kind, f"a model of unknown kind {ckpt.kind!r}")
         raise CheckpointError(
-            f"checkpoint {ckpt.path} holds {held}, but this needs {KINDS[kind]}: use a "
+            f"checkpoint {ckpt.path} holds {models.describe(ckpt.kind)}, but this needs "
+            f"{models.describe(kind)}: use a "
             f"checkpoint of that kind (or the command that trains and reads this one)")
 
 
@@ -150,15 +149,14 @@ def _fsync_directory(directory: str) -> None:
 
 def save(path: str | os.PathLike, params: dict, *, optimizer_state: dict | None = None,
          step: int, config: dict, vocab_id: str | None, vocab_model: bytes | None = None,
-         extra: dict | None = None, kind: str = "transformer") -> str:
+         extra: dict | None = None, kind: str = FIRST_KIND) -> str:
     """Write a checkpoint to ``path`` atomically; return the path written.
 
     ``config`` is the model config as a dict (``Config.to_dict()``), ``extra`` any JSON values the
-    caller wants back (e.g. ``{"seed": 1234}``), ``kind`` the model's (a key of ``KINDS``).
-    Parent directories are created.
+    caller wants back (e.g. ``{"seed": 1234}``), ``kind`` the model's (its ``KIND``, a kind of
+    the registry). Parent directories are created.
     """
-    if kind not in KINDS:
-        raise ValueError(f"unknown model kind {kind!r}: one of {', '.join(KINDS)}")
+    models.get(kind)                                  # refuses a kind nothing can read
     if not isinstance(config, dict):
         raise TypeError(
             f"config must be a dict, got {type(config).__name__}: pass config.to_dict()")
@@ -257,7 +255,7 @@ def load(path: str | os.PathLike, *, with_optimizer: bool = True) -> Checkpoint:
             return Checkpoint(path=path, params=params, step=meta["step"], config=meta["config"],
                               vocab_id=meta["vocab_id"], vocab_model=vocab_model,
                               optimizer_state=optimizer_state, extra=meta["extra"],
-                              kind=meta.get("kind", "transformer"))
+                              kind=meta.get("kind", FIRST_KIND))
     except (FileNotFoundError, CheckpointError):
         raise
     except ValueError as exc:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from minitfm import backend, checkpoint, distributed, optim, placement, train
 from minitfm.data import DataError
-from minitfm.model import Config
+from minitfm.models.translator import Config
 
 __all__ = ["EXIT_INTERRUPTED", "UsageError", "USER_ERRORS", "integer", "number", "positive_int",
            "reuse_freed_memory", "add_backend_option", "select_backend", "add_threads_option",
@@ -189,8 +189,9 @@ def check_resumable(args: argparse.Namespace, run_options: Sequence[str],
                     kind: str) -> checkpoint.Checkpoint | None:
     """Before anything is written to ``args.out``: its latest checkpoint, read back whole, or
     None for a new run. A run directory that holds checkpoints needs ``--resume``; the checkpoint
-    must hold a model of ``kind`` (checkpoint.KINDS); the options that define the run
-    (``run_options``, names of ``args``) must be those it was started with (its ``run.json``)."""
+    must hold a model of ``kind`` (a kind of the registry, minitfm.models); the options that
+    define the run (``run_options``, names of ``args``) must be those it was started with (its
+    ``run.json``)."""
     latest = checkpoint.latest(args.out)
     if latest is None:
         return None

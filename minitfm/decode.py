@@ -25,7 +25,7 @@ attention. Instead a :class:`KVCache` keeps, for every decoder layer,
 Step t then runs every layer on one position (:func:`step`, i.e. ``model.decoder_step``): O(1)
 projections and O(t) attention. No mask is needed in the self-attention, because slots after t
 are never read and decoding never feeds a padding token. The one-position computations sit
-beside the full-sequence ones they mirror: ``model.embed(..., offset=t)``,
+beside the full-sequence ones they mirror: ``inputs.forward(..., offset=t)``,
 ``decoder.stack_step`` / ``layer_step``, ``attention.self_step`` / ``cross_step``; this module
 holds only the key/value arrays and the search.
 
@@ -58,7 +58,8 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from minitfm import backend, model
+from minitfm import backend
+from minitfm.models import translator as model     # the model this module decodes
 
 __all__ = [
     "EXTRA_LENGTH", "KVCache", "init_kv_cache", "step", "reorder", "length_penalty",

@@ -13,21 +13,21 @@ relative error
 
 which must not exceed 1e-6 (typical values here are 1e-10 to 1e-8).
 
-The step balances the two errors of a difference quotient: truncation, O(h^4) here, which strongly
-curved functions make large (a LayerNorm over three features), and rounding, O(eps |L| / h),
-which matters for gradients much smaller than L. h = 2e-5 keeps both near 1e-9 for almost every
-array. Two kinds of input defeat any single step: a ReLU has a kink at 0, where a quotient whose
-points straddle it is meaningless, so h must stay small; and an array whose gradient is ~1e-6 of
-L (a LayerNorm shift deep in a stack, one attention head of one dimension) loses ~1e-6 to
-rounding at that h, so h must be large. An array whose error exceeds the tolerance at h = 2e-5 is
-therefore measured again at h = 1e-4 (against rounding), then at 4e-6 (against a kink within
-2h), and its smallest error counts. A wrong backward pass fails at every step (the measurements
-agree with each other wherever each is reliable); the checker's own tests hold it to that. Rounding is also why test inputs keep activations at unit
-scale, and why attention is drawn with d_model >= 2: a saturated softmax, or one head of one
-dimension, has gradients so small next to L that no h resolves them.
+The step balances truncation, O(h^4), large for strongly curved functions (a LayerNorm over
+three features), against rounding, O(eps |L| / h), large for gradients much smaller than L:
+h = 2e-5 keeps both near 1e-9 for almost every array. A ReLU's kink at 0 needs a small h (a
+quotient whose points straddle it means nothing); an array whose gradient is ~1e-6 of L (a
+LayerNorm shift deep in a stack) needs a large one. So an array whose error exceeds the tolerance
+at 2e-5 is measured again at 1e-4 (against rounding), then at 4e-6 (against a kink), and its
+smallest error counts; a wrong backward pass fails at every step (the checker's own tests hold it
+to that). Rounding is also why inputs keep activations at unit scale, and why attention is drawn
+with d_model >= 2: a saturated softmax has gradients so small next to L that no h resolves them.
 
     python -m minitfm.gradcheck              # every layer and the whole models, as a table
     python -m minitfm.gradcheck layernorm    # the cases whose name contains "layernorm"
+
+The cases are rows of one table (:class:`Case`: sizes, inputs, forward, backward, tolerance):
+``CASES`` for the layers, ``MODEL_CASES`` for the whole models. A new layer adds one row.
 
 Exit status 1 if any check fails.
 """
@@ -35,14 +35,17 @@ Exit status 1 if any check fails.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from minitfm import backend, lm, model
-from minitfm.layers import (attention, decoder, dropout, embedding, encoder, feedforward,
-                            layernorm, linear, loss, positional, residual)
+from minitfm import backend
+from minitfm.layers import (attention, decoder, decoder_only, dropout, embedding, encoder,
+                            feedforward, inputs, layernorm, linear, loss, output, positional,
+                            residual)
+from minitfm.models import DROPOUTS, lm, translator
 
 TOLERANCE = 1e-6
 STEP = 2e-5
@@ -57,22 +60,12 @@ def relative_error(analytic, numeric) -> float:
     a = analytic.astype(xp.float64).ravel()
     n = numeric.astype(xp.float64).ravel()
     scale = max(float(xp.linalg.norm(a)), float(xp.linalg.norm(n)))
-    diff = float(xp.linalg.norm(a - n))
-    return 0.0 if scale == 0.0 else diff / scale
+    return 0.0 if scale == 0.0 else float(xp.linalg.norm(a - n)) / scale
 
 
 def numerical_gradient(objective: Callable[[], float], x, step: float = STEP):
-    """Finite differences of ``objective()`` with respect to every element of ``x`` (in place).
-
-    The five-point central difference
-
-        f'(x) = (-f(x + 2h) + 8 f(x + h) - 8 f(x - h) + f(x - 2h)) / 12h  +  O(h^4)
-
-    Its truncation error falls as h^4, not h^2 as for (f(x + h) - f(x - h)) / 2h, so h can be
-    large enough (1e-4) that float64 rounding in f, which grows as 1/h, stays near 1e-12 of |f|,
-    while strongly curved objectives (a LayerNorm over three features, a near-one-hot softmax)
-    are still differentiated to ~1e-9.
-    """
+    """Five-point central differences (module docstring) of ``objective()`` with respect to
+    every element of ``x``, perturbed in place."""
     xp = backend.xp
     if not x.flags.c_contiguous:
         raise ValueError("numerical_gradient needs a contiguous array")
@@ -91,14 +84,9 @@ def numerical_gradient(objective: Callable[[], float], x, step: float = STEP):
 
 def check_gradients(objective, analytic: dict, arrays: dict, steps=STEPS,
                     tolerance: float = TOLERANCE) -> dict:
-    """Relative error of each analytic gradient against finite differences of ``objective``.
-
-    ``objective()`` recomputes the scalar from the current contents of ``arrays`` (perturbed in
-    place); ``analytic`` maps the same names to the gradients of the backward pass. Each array is
-    measured at the first of ``steps``; one whose error exceeds ``tolerance`` is measured again at
-    the next, and so on, and its smallest error counts (see the module docstring: each step is
-    reliable where another is not).
-    """
+    """Relative error of each of ``analytic`` against finite differences of ``objective()``,
+    which reads ``arrays`` (perturbed in place), at each of ``steps`` until one is within
+    ``tolerance`` (see the module docstring); the smallest counts."""
     steps = (steps,) if isinstance(steps, float) else tuple(steps)
     errors = {}
     for name, grad in analytic.items():
@@ -112,318 +100,219 @@ def check_gradients(objective, analytic: dict, arrays: dict, steps=STEPS,
 
 @dataclass
 class Case:
-    """A gradient check: ``make(rng, sizes) -> arrays``, ``run(arrays, sizes) -> (out, backward)``.
-
-    ``run`` calls a layer's forward pass and returns its output with a function mapping dout to
-    the gradients of every float input (a dict keyed like ``arrays``).
-    """
+    """A row of the table. ``arrays``: the inputs by name, each drawn from a spec ("b t d":
+    N(0, 1) of that shape, "hd" = h * dk, "kv" the keys; "ids v: b t": ids below v; "mask: b s":
+    key padding) or by ``arrays(rng, sizes)``; ``params(sizes)``: parameter shapes, matrices times
+    ``scale`` (a number, a function of the sizes, or "stack": ``random_params``); ``backward(dout,
+    cache[, out])``, ``out`` as in the gradient rule of layers/__init__.py; ``d_inputs``: whose
+    gradients backward returns first (None: token ids, which have none)."""
 
     name: str
-    make: Callable
-    run: Callable
     sizes: dict
+    arrays: dict | Callable
+    params: Callable | None
+    forward: Callable
+    backward: Callable
+    d_inputs: tuple = ("x",)
+    scale: float | str | Callable = 1.0
+    tolerance: float = TOLERANCE
+    cfg: object = None                  # a whole model's config (its rows' arrays: "a", "b")
+
+    def draw(self, rng, sizes: dict) -> dict:      # in a fixed order: inputs, then parameters
+        arrays = (self.arrays(rng, sizes) if callable(self.arrays)
+                  else {name: _draw(rng, sizes, spec) for name, spec in self.arrays.items()})
+        shapes = self.params(sizes) if self.params is not None else {}
+        if self.scale == "stack":
+            return {**arrays, **random_params(rng, shapes, sizes["h"] * sizes["dk"])}
+        scale = self.scale(sizes) if callable(self.scale) else self.scale
+        return {**arrays, **{name: _normal(rng, *shape) * (scale if len(shape) == 2 else 1.0)
+                             for name, shape in shapes.items()}}
+
+    def gradients(self, result) -> dict:          # backward's result, keyed like the arrays
+        *d_inputs, grads = result
+        assert len(d_inputs) == len(self.d_inputs), "one name per gradient of an input"
+        return {**{n: d for n, d in zip(self.d_inputs, d_inputs) if n is not None}, **grads}
 
 
 def check_case(case: Case, seed: int = 0, sizes: dict | None = None) -> dict:
     """Run one case in float64; return the relative error of every checked input."""
     rng = backend.host_rng(seed)
     sizes = {**case.sizes, **(sizes or {})}
-    arrays = case.make(rng, sizes)
-    out, back = case.run(arrays, sizes)
+    arrays = case.draw(rng, sizes)
+    out, cache = case.forward(arrays, sizes)
     g = backend.to_device(rng.standard_normal(out.shape), dtype="float64")   # dL/dout = G
 
     def objective():
-        y, _ = case.run(arrays, sizes)
+        y, _ = case.forward(arrays, sizes)
         return float((y * g).sum())
 
-    return check_gradients(objective, back(g), arrays)
+    return check_gradients(objective, case.gradients(case.backward(g, cache)), arrays,
+                           tolerance=case.tolerance)
 
 
-# ---- the cases: one section per layer, in the order of minitfm/layers/ -----------------------
+# ---- drawing inputs ---------------------------------------------------------------------------
 
 def _normal(rng, *shape):
     return backend.to_device(rng.standard_normal(shape), dtype="float64")
 
 
-def _ids(rng, low, high, *shape):
-    return backend.to_device(rng.integers(low, high, size=shape), dtype="int64")
+def _draw(rng, s: dict, spec: str):
+    kind, _, dims = spec.rpartition(":")
+    alias = {"hd": ("h", "dk"), "kv": ("t" if s.get("causal") else "s",)}   # width; keys
+    shape = [math.prod(s[n] for n in alias.get(k, (k,))) for k in dims.split()]
+    if kind == "mask":                  # additive key padding, at least one visible key per row
+        xp = backend.xp
+        lengths = backend.to_device(rng.integers(1, shape[1] + 1, size=shape[0]))
+        pad = xp.arange(shape[1])[None, :] >= lengths[:, None]                   # (B, L)
+        return xp.where(pad, attention.MASKED, 0.0)[:, None, None, :]
+    if kind:                            # "ids v"
+        return backend.to_device(rng.integers(0, s[kind.split()[1]], size=shape), dtype="int64")
+    return _normal(rng, *shape)
+
+
+def random_params(rng, shapes: dict, d_model: int) -> dict:
+    """Random values, gains near 1, shifts and biases near 0, unit-scale activations."""
+    return {name: (_normal(rng, *shape) * 0.3 + name.endswith("gamma") if len(shape) == 1
+                   else _normal(rng, *shape) * d_model ** -0.5) for name, shape in shapes.items()}
+
+
+def stack_config(s: dict) -> translator.Config:
+    """A stack's config: pre-LN if ``s["pre"]``, dropout ``s["p"]``, the others ``s["pa"]``."""
+    return translator.Config(src_vocab=7, tgt_vocab=7, n_layers=s["n"], d_model=s["h"] * s["dk"],
+                             d_ff=s["f"], n_heads=s["h"], dropout=s.get("p", 0.0),
+                             attention_dropout=s.get("pa", 0.0), relu_dropout=s.get("pa", 0.0),
+                             pre_ln=bool(s.get("pre")), max_len=64)
+
+
+def _rng():
+    return backend.rng(7)          # every dropout mask of a layer case: the same one every call
+
+
+def _residual_backward(dy, cache, out=None):     # the linear sub-layer's "w", then LN's
+    dx, g_linear, g_ln = residual.backward(
+        dy, cache, lambda d, c: linear.backward(d, c, None if out is None else {"w": out["w"]}),
+        None if out is None else {"gamma": out["gamma"], "beta": out["beta"]})
+    return dx, {**g_linear, **g_ln}
 
-
-def _params(rng, shapes: dict, scale: float = 1.0) -> dict:
-    """Random values for a layer's ``param_shapes``: matrices times ``scale``; vectors N(0, 1)."""
-    return {name: _normal(rng, *shape) * (scale if len(shape) == 2 else 1.0)
-            for name, shape in shapes.items()}
-
-
-def _lengths_mask(rng, batch, length):
-    """Additive key-padding mask (B, 1, 1, L) with at least one visible key per row."""
-    xp = backend.xp
-    lengths = rng.integers(1, length + 1, size=batch)
-    pad = xp.arange(length)[None, :] >= backend.to_device(lengths)[:, None]      # (B, L)
-    return xp.where(pad, attention.MASKED, 0.0)[:, None, None, :]
-
-
-def _grads_of(result, *input_names):
-    """A backward's ``(d_inputs..., grads)`` as one dict keyed like the case's arrays; an input
-    named None (token ids) has no gradient to check."""
-    *d_inputs, grads = result
-    assert len(d_inputs) == len(input_names), "one name per gradient of an input"
-    return {**{n: d for n, d in zip(input_names, d_inputs) if n is not None}, **grads}
-
-
-def _x(rng, s):
-    return {"x": _normal(rng, s["b"], s["t"], s["d"])}
-
-
-# linear
-
-def _linear(rng, s):
-    return {**_x(rng, s), **_params(rng, linear.param_shapes(s["d"], s["f"]))}
-
-
-def _run_linear(a, s):
-    y, c = linear.forward(a["x"], a)
-    return y, lambda dy: _grads_of(linear.backward(dy, c), "x")
-
-
-# embedding
-
-def _embedding(rng, s):
-    return {"ids": _ids(rng, 0, s["v"], s["b"], s["t"]),
-            **_params(rng, embedding.param_shapes(s["v"], s["d"]))}
-
-
-def _run_embedding(a, s):
-    y, c = embedding.forward(a["ids"], a)
-    return y, lambda dy: _grads_of(embedding.backward(dy, c), None)     # no gradient for ids
-
-
-# positional
-
-def _run_positional(a, s):
-    y, c = positional.forward(a["x"], offset=3)
-    return y, lambda dy: _grads_of(positional.backward(dy, c), "x")
-
-
-def _learned_positional(rng, s):
-    """x and a table of t + 5 positions: with offset 2, rows outside the window get no gradient."""
-    return {**_x(rng, s), **_params(rng, positional.learned_param_shapes(s["t"] + 5, s["d"]))}
-
-
-def _run_learned_positional(a, s):
-    y, c = positional.learned_forward(a["x"], a, offset=2)
-    return y, lambda dy: _grads_of(positional.learned_backward(dy, c), "x")
-
-
-# dropout
-
-def _run_dropout(a, s):
-    y, c = dropout.forward(a["x"], 0.3, backend.rng(7))    # same seed: the same mask every call
-    return y, lambda dy: _grads_of(dropout.backward(dy, c), "x")
-
-
-# layernorm
-
-def _layernorm(rng, s):
-    return {**_x(rng, s), **_params(rng, layernorm.param_shapes(s["d"]))}
-
-
-def _run_layernorm(a, s):
-    y, c = layernorm.forward(a["x"], a)
-    return y, lambda dy: _grads_of(layernorm.backward(dy, c), "x")
-
-
-# feedforward
-
-def _feedforward(rng, s):
-    return {**_x(rng, s), **_params(rng, feedforward.param_shapes(s["d"], s["f"]))}
-
-
-def _run_feedforward(a, s):
-    """With ReLU dropout when ``s["p"]`` is set (a fixed mask: the same seed every call)."""
-    y, c = feedforward.forward(a["x"], a, s.get("p", 0.0), backend.rng(7))
-    return y, lambda dy: _grads_of(feedforward.backward(dy, c), "x")
-
-
-# attention: scaled dot-product, multi-head self- and cross-attention
-
-def _sdpa(rng, s):
-    b, h, t, src, dk = s["b"], s["h"], s["t"], s["s"], s["dk"]
-    return {"q": _normal(rng, b, h, t, dk), "k": _normal(rng, b, h, src, dk),
-            "v": _normal(rng, b, h, src, dk), "mask": _lengths_mask(rng, b, src)}
-
-
-def _run_sdpa(a, s, causal=False):
-    """With attention dropout when ``s["p"]`` is set (a fixed mask, as for feedforward)."""
-    mask = a["mask"]
-    if causal:
-        mask = mask + model.causal_mask(a["q"].shape[2], a["q"].dtype)
-    o, c = attention.sdpa_forward(a["q"], a["k"], a["v"], mask, None, s.get("p", 0.0),
-                                  backend.rng(7))
-    return o, lambda do: _grads_of(attention.sdpa_backward(do, c), "q", "k", "v")
-
-
-def _attention_params(rng, shapes, d):
-    # half the unit scale: scores of order 1, no saturation
-    return _params(rng, shapes, scale=0.5 * d ** -0.5)
-
-
-def _self_attn(rng, s):
-    d = s["h"] * s["dk"]
-    return {"x": _normal(rng, s["b"], s["t"], d), "mask": _lengths_mask(rng, s["b"], s["t"]),
-            **_attention_params(rng, attention.self_param_shapes(d), d)}
-
-
-def _run_self_attn(a, s):
-    y, c = attention.self_forward(a["x"], a, a["mask"], s["h"], s.get("p", 0.0), backend.rng(7))
-    return y, lambda dy: _grads_of(attention.self_backward(dy, c), "x")
-
-
-def _cross_attn(rng, s):
-    d = s["h"] * s["dk"]
-    return {"x": _normal(rng, s["b"], s["t"], d), "memory": _normal(rng, s["b"], s["s"], d),
-            "mask": _lengths_mask(rng, s["b"], s["s"]),
-            **_attention_params(rng, attention.cross_param_shapes(d), d)}
-
-
-def _run_cross_attn(a, s):
-    y, c = attention.cross_forward(a["x"], a["memory"], a, a["mask"], s["h"], s.get("p", 0.0),
-                                   backend.rng(7))
-    return y, lambda dy: _grads_of(attention.cross_backward(dy, c), "x", "memory")
-
-
-# residual
-
-def _residual(rng, s):
-    return {**_x(rng, s), "w": _normal(rng, s["d"], s["d"]),
-            **_params(rng, layernorm.param_shapes(s["d"]))}
-
-
-def _run_residual(a, s, pre_ln):
-    """Residual + LayerNorm around a linear sub-layer (no bias), with dropout (fixed mask)."""
-    y, c = residual.forward(a["x"], lambda h: linear.forward(h, {"w": a["w"]}), a, 0.2,
-                            backend.rng(3), pre_ln)
-
-    def back(dy):
-        dx, g_linear, g_ln = residual.backward(dy, c, linear.backward)
-        return {"x": dx, **g_linear, **g_ln}
-    return y, back
-
-
-# encoder and decoder stacks
-
-def _stack_params(rng, cfg: model.Config, prefix, shapes=None):
-    """Random (not initial) values for the parameters of one stack, so LN gains etc. matter;
-    ``shapes`` defaults to ``model.parameter_shapes(cfg)``."""
-    p = {}
-    for name, shape in (shapes or model.parameter_shapes(cfg)).items():
-        if not name.startswith(prefix):
-            continue
-        if len(shape) == 1:                     # gains near 1, shifts and biases near 0
-            value = _normal(rng, *shape) * 0.3 + (1.0 if name.endswith("gamma") else 0.0)
-        else:                                   # unit-scale activations: no saturated softmax,
-            value = _normal(rng, *shape) * cfg.d_model ** -0.5   # whose tiny gradients FD can't resolve
-        p[name[len(prefix):]] = value
-    return p
-
-
-def _cfg_from(s, pre_ln):
-    """The stack's config: dropout ``s["p"]``, attention and ReLU dropout ``s["pa"]``."""
-    d = s["h"] * s["dk"]
-    return model.Config(src_vocab=s.get("v", 7), tgt_vocab=s.get("v", 7), n_layers=s["n"],
-                        d_model=d, d_ff=s["f"], n_heads=s["h"], dropout=s.get("p", 0.0),
-                        attention_dropout=s.get("pa", 0.0), relu_dropout=s.get("pa", 0.0),
-                        pre_ln=pre_ln, max_len=64)
-
-
-def _encoder(rng, s, pre_ln):
-    cfg = _cfg_from(s, pre_ln)
-    return {"x": _normal(rng, s["b"], s["s"], cfg.d_model), "mask": _lengths_mask(rng, s["b"], s["s"]),
-            **_stack_params(rng, cfg, "enc.")}
-
-
-def _run_encoder(a, s, pre_ln):
-    cfg = _cfg_from(s, pre_ln)
-    rng = backend.rng(5)                    # the same masks every call
-    y, c = encoder.stack_forward(a["x"], a, a["mask"], cfg, rng)
-    return y, lambda dy: _grads_of(encoder.stack_backward(dy, c), "x")
-
-
-def _decoder(rng, s, pre_ln):
-    cfg = _cfg_from(s, pre_ln)
-    return {"x": _normal(rng, s["b"], s["t"], cfg.d_model),
-            "memory": _normal(rng, s["b"], s["s"], cfg.d_model),
-            "mask": _lengths_mask(rng, s["b"], s["s"]), **_stack_params(rng, cfg, "dec.")}
-
-
-def _run_decoder(a, s, pre_ln):
-    cfg = _cfg_from(s, pre_ln)
-    rng = backend.rng(5)                    # the same masks every call
-    self_mask = model.causal_mask(a["x"].shape[1], a["x"].dtype)
-    y, c = decoder.stack_forward(a["x"], a["memory"], a, self_mask, a["mask"], cfg, rng)
-    return y, lambda dy: _grads_of(decoder.stack_backward(dy, c), "x", "memory")
-
-
-# loss
 
 def _loss(rng, s):
-    targets = _ids(rng, 0, s["v"], s["n"])
+    targets = _draw(rng, s, "ids v: n")
     targets[0] = 0 if s["n"] > 1 else targets[0]          # one padded row, when there are two
     return {"logits": _normal(rng, s["n"], s["v"]) * 3.0, "targets": targets}
 
 
-def _run_loss(a, s, smoothing=0.1):
-    (loss_sum, _), c = loss.forward(a["logits"].copy(), a["targets"], smoothing, pad_id=0)
-    return loss_sum, lambda dl: _grads_of(loss.backward(dl, c), "logits")
+def _loss_forward(a, s):          # the output (loss_sum, nll_sum): backward takes dloss_sum
+    (loss_sum, _), cache = loss.forward(a["logits"].copy(), a["targets"], s["smoothing"], 0)
+    return loss_sum, cache
 
 
-ATTN_SIZES = dict(b=2, h=2, t=3, s=4, dk=3)
-STACK_SIZES = dict(b=2, h=2, t=3, s=4, dk=2, f=5, n=2, p=0.0)
+def _output_backward(dloss, a, out=None):     # its one call again, with dloss: (dh, grads)
+    _, dh, grads = output.forward_backward(a["h"], a, a["targets"], 0.1, dloss, out)
+    return dh, grads
+
+
+# ---- the table: one row per case, in the order of minitfm/layers/ ----------------------------
+
+def _also(case: Case, name: str, **sizes) -> Case:       # a variant: other sizes or settings
+    return dataclasses.replace(case, name=name, sizes={**case.sizes, **sizes})
+
+
+ATTN = dict(b=2, h=2, t=3, s=4, dk=3)
+STACK = dict(b=2, h=2, t=3, s=4, dk=2, f=5, n=2, p=0.0)
+HALF = 0.5        # attention weights at half the unit scale: scores of order 1, no saturation
+QKV = {"q": "b h t dk", "k": "b h kv dk", "v": "b h kv dk", "mask": "mask: b kv"}
+
+
+FEEDFORWARD = Case("feedforward", dict(b=2, t=3, d=4, f=6), {"x": "b t d"},
+                   lambda s: feedforward.param_shapes(s["d"], s["f"]),
+                   lambda a, s: feedforward.forward(a["x"], a, s.get("p", 0.0), _rng()),
+                   feedforward.backward)
+SDPA = Case("attention (padding mask)", ATTN, QKV, None,
+            lambda a, s: attention.sdpa_forward(
+                a["q"], a["k"], a["v"], a["mask"] + (attention.causal_mask(s["t"], a["q"].dtype)
+                                                     if s.get("causal") else 0.0),
+                None, s.get("p", 0.0), _rng()),
+            attention.sdpa_backward, ("q", "k", "v"))
+SELF = Case("multi-head self-attention", ATTN, {"x": "b t hd", "mask": "mask: b t"},
+            lambda s: attention.self_param_shapes(s["h"] * s["dk"]),
+            lambda a, s: attention.self_forward(a["x"], a, a["mask"], s["h"], s.get("p", 0.0),
+                                                _rng()),
+            attention.self_backward, scale=lambda s: HALF * (s["h"] * s["dk"]) ** -0.5)
+CROSS = Case("multi-head cross-attention", ATTN,
+             {"x": "b t hd", "memory": "b s hd", "mask": "mask: b s"},
+             lambda s: attention.cross_param_shapes(s["h"] * s["dk"]),
+             lambda a, s: attention.cross_forward(a["x"], a["memory"], a, a["mask"], s["h"],
+                                                  s.get("p", 0.0), _rng()),
+             attention.cross_backward, ("x", "memory"), scale=SELF.scale)
+RESIDUAL = Case("residual + LN (post-LN)", dict(b=2, t=3, d=4), {"x": "b t d"},
+                lambda s: {"w": (s["d"], s["d"]), **layernorm.param_shapes(s["d"])},
+                lambda a, s: residual.forward(a["x"], lambda h: linear.forward(h, {"w": a["w"]}),
+                                              a, 0.2, backend.rng(3), bool(s.get("pre"))),
+                _residual_backward)
+ENCODER = Case("encoder stack (post-LN)", STACK, {"x": "b s hd", "mask": "mask: b s"},
+               lambda s: encoder.param_shapes(stack_config(s)),
+               lambda a, s: encoder.stack_forward(a["x"], a, a["mask"], stack_config(s),
+                                                  backend.rng(5)),
+               encoder.stack_backward, scale="stack")
+DECODER = Case("decoder stack (post-LN)", STACK,
+               {"x": "b t hd", "memory": "b s hd", "mask": "mask: b s"},
+               lambda s: decoder.param_shapes(stack_config(s)),
+               lambda a, s: decoder.stack_forward(
+                   a["x"], a["memory"], a, attention.causal_mask(s["t"], a["x"].dtype),
+                   a["mask"], stack_config(s), backend.rng(5)),
+               decoder.stack_backward, ("x", "memory"), scale="stack")
+DECODER_ONLY = Case("decoder-only stack (post-LN)", STACK, {"x": "b t hd"},
+                    lambda s: decoder_only.param_shapes(stack_config(s)),
+                    lambda a, s: decoder_only.stack_forward(a["x"], a, stack_config(s),
+                                                            backend.rng(5)),
+                    decoder_only.stack_backward, scale="stack")
+LOSS = Case("label-smoothed cross-entropy", dict(n=5, v=7, smoothing=0.1), _loss, None,
+            _loss_forward, loss.backward, ("logits",))
 
 CASES = [
-    Case("linear", _linear, _run_linear, dict(b=2, t=3, d=4, f=5)),
-    Case("embedding", _embedding, _run_embedding, dict(b=2, t=6, v=5, d=4)),
-    Case("positional", _x, _run_positional, dict(b=2, t=4, d=6)),
-    Case("positional (learned)", _learned_positional, _run_learned_positional,
-         dict(b=2, t=4, d=6)),
-    Case("dropout", _x, _run_dropout, dict(b=2, t=4, d=5)),
-    Case("layernorm", _layernorm, _run_layernorm, dict(b=2, t=3, d=5)),
-    Case("feedforward", _feedforward, _run_feedforward, dict(b=2, t=3, d=4, f=6)),
-    Case("feedforward (ReLU dropout)", _feedforward, _run_feedforward,
-         dict(b=2, t=3, d=4, f=6, p=0.3)),
-    Case("attention (padding mask)", _sdpa, _run_sdpa, ATTN_SIZES),
-    Case("attention (causal mask)", lambda rng, s: _sdpa(rng, {**s, "s": s["t"]}),
-         lambda a, s: _run_sdpa(a, s, causal=True), ATTN_SIZES),
-    Case("attention (dropout)", _sdpa, _run_sdpa, {**ATTN_SIZES, "p": 0.3}),
-    Case("multi-head self-attention", _self_attn, _run_self_attn, ATTN_SIZES),
-    Case("multi-head self-attention (dropout)", _self_attn, _run_self_attn,
-         {**ATTN_SIZES, "p": 0.3}),
-    Case("multi-head cross-attention", _cross_attn, _run_cross_attn, ATTN_SIZES),
-    Case("multi-head cross-attention (dropout)", _cross_attn, _run_cross_attn,
-         {**ATTN_SIZES, "p": 0.3}),
-    Case("residual + LN (post-LN)", _residual, lambda a, s: _run_residual(a, s, False),
-         dict(b=2, t=3, d=4)),
-    Case("residual + LN (pre-LN)", _residual, lambda a, s: _run_residual(a, s, True),
-         dict(b=2, t=3, d=4)),
-    Case("encoder stack (post-LN)", lambda r, s: _encoder(r, s, False),
-         lambda a, s: _run_encoder(a, s, False), STACK_SIZES),
-    Case("encoder stack (pre-LN)", lambda r, s: _encoder(r, s, True),
-         lambda a, s: _run_encoder(a, s, True), STACK_SIZES),
-    Case("decoder stack (post-LN)", lambda r, s: _decoder(r, s, False),
-         lambda a, s: _run_decoder(a, s, False), STACK_SIZES),
-    Case("decoder stack (pre-LN)", lambda r, s: _decoder(r, s, True),
-         lambda a, s: _run_decoder(a, s, True), STACK_SIZES),
-    Case("label-smoothed cross-entropy", _loss, _run_loss, dict(n=5, v=7)),
-    Case("label-smoothed cross-entropy (no smoothing)", _loss,
-         lambda a, s: _run_loss(a, s, 0.0), dict(n=5, v=7)),
+    Case("linear", dict(b=2, t=3, d=4, f=5), {"x": "b t d"},
+         lambda s: linear.param_shapes(s["d"], s["f"]),
+         lambda a, s: linear.forward(a["x"], a), linear.backward),
+    Case("embedding", dict(b=2, t=6, v=5, d=4), {"ids": "ids v: b t"},
+         lambda s: embedding.param_shapes(s["v"], s["d"]),
+         lambda a, s: embedding.forward(a["ids"], a), embedding.backward, (None,)),
+    Case("positional", dict(b=2, t=4, d=6), {"x": "b t d"}, None,
+         lambda a, s: positional.forward(a["x"], offset=3), positional.backward),
+    Case("positional (learned)", dict(b=2, t=4, d=6), {"x": "b t d"},  # t + 5 rows, 2.. read
+         lambda s: positional.learned_param_shapes(s["t"] + 5, s["d"]),
+         lambda a, s: positional.learned_forward(a["x"], a, offset=2),
+         positional.learned_backward),
+    Case("dropout", dict(b=2, t=4, d=5), {"x": "b t d"}, None,
+         lambda a, s: dropout.forward(a["x"], 0.3, _rng()), dropout.backward),
+    Case("inputs (embedding, learned positions, dropout)", dict(b=2, t=4, v=6, d=4),
+         {"ids": "ids v: b t"}, lambda s: inputs.param_shapes(s["v"], s["d"], s["t"] + 3),
+         lambda a, s: inputs.forward(a["ids"], a, 0.3, _rng(), offset=1), inputs.backward,
+         (None,)),
+    Case("layernorm", dict(b=2, t=3, d=5), {"x": "b t d"},
+         lambda s: layernorm.param_shapes(s["d"]),
+         lambda a, s: layernorm.forward(a["x"], a), layernorm.backward),
+    FEEDFORWARD, _also(FEEDFORWARD, "feedforward (ReLU dropout)", p=0.3),
+    SDPA,
+    _also(SDPA, "attention (causal mask)", causal=1),
+    _also(SDPA, "attention (dropout)", p=0.3),
+    SELF, _also(SELF, "multi-head self-attention (dropout)", p=0.3),
+    CROSS, _also(CROSS, "multi-head cross-attention (dropout)", p=0.3),
+    RESIDUAL, _also(RESIDUAL, "residual + LN (pre-LN)", pre=1),
+    ENCODER, _also(ENCODER, "encoder stack (pre-LN)", pre=1),
+    DECODER, _also(DECODER, "decoder stack (pre-LN)", pre=1),
+    DECODER_ONLY, _also(DECODER_ONLY, "decoder-only stack (pre-LN)", pre=1),
+    LOSS, _also(LOSS, "label-smoothed cross-entropy (no smoothing)", smoothing=0.0),
+    Case("output (tied projection, label-smoothed loss)", dict(n=5, d=4, v=7),
+         {"h": "n d", "table": "v d", "targets": "ids v: n"}, None,
+         lambda a, s: (output.forward_backward(a["h"], a, a["targets"], 0.1)[0][0], a),
+         _output_backward, ("h",)),
 ]
 
 
-# ---- the whole model ------------------------------------------------------------------------
+# ---- the whole models: one row per model and config ------------------------------------------
 
-def model_batch(rng, cfg: model.Config, batch: int, src_len: int, tgt_len: int):
+def translation_batch(rng, cfg: translator.Config, batch=2, src_len=4, tgt_len=4):
     """Random (src, tgt) with padding on both sides; every sentence keeps at least one token."""
-    xp = backend.xp
     first = max(cfg.pad_id, cfg.bos_id, cfg.eos_id) + 1
     src = rng.integers(first, cfg.src_vocab, size=(batch, src_len))
     tgt = rng.integers(first, cfg.tgt_vocab, size=(batch, tgt_len + 1))
@@ -433,93 +322,44 @@ def model_batch(rng, cfg: model.Config, batch: int, src_len: int, tgt_len: int):
         src[b, s - 1], src[b, s:] = cfg.eos_id, cfg.pad_id
         tgt[b, t], tgt[b, t + 1:] = cfg.eos_id, cfg.pad_id
     src[0, -1], tgt[0, -1] = cfg.eos_id, cfg.eos_id     # one full-length row per side
-    return backend.to_device(src, dtype=xp.int64), backend.to_device(tgt, dtype=xp.int64)
+    return backend.to_device(src, dtype="int64"), backend.to_device(tgt, dtype="int64")
 
 
-def check_model(cfg: model.Config, seed: int = 0, batch: int = 2, src_len: int = 4,
-                tgt_len: int = 4) -> dict:
-    """Gradient check of ``model.loss_and_grads`` over every parameter, in float64.
-
-    With dropout (any of ``model.DROPOUTS``) the masks are fixed: every evaluation draws them
-    from the same seed.
-    """
-    params = _stack_params(backend.host_rng(seed), cfg, "")
-    src, tgt = model_batch(backend.host_rng(seed, 1), cfg, batch, src_len, tgt_len)
-
-    def rng():
-        return _dropout_rng(cfg, seed)
-
-    _, grads = model.loss_and_grads(params, cfg, src, tgt, rng())
-
-    def objective():
-        return model.loss_and_grads(params, cfg, src, tgt, rng(), grads=False)[0]["loss"]
-
-    return check_gradients(objective, grads, params)
+def lm_batch(rng, cfg: lm.LMConfig, batch: int = 2, length: int = 4):
+    """Random blocks ``x`` (B, T) and their next tokens ``y``, host arrays."""
+    tokens = rng.integers(0, cfg.vocab, size=(batch, length + 1))
+    return tokens[:, :-1], tokens[:, 1:]
 
 
-def _dropout_rng(cfg, seed):
-    """A new generator of the same masks every call when ``cfg`` has any dropout, else None."""
-    return backend.rng(seed, 2) if any(getattr(cfg, name) for name in model.DROPOUTS) else None
+def _model(name: str, model, cfg, draw_batch, **sizes) -> Case:
+    """A whole model as a row: random parameters, then a random batch ("a", "b"); its output
+    the loss. With dropout the masks are fixed (drawn from one seed)."""
+    shapes = model.parameter_shapes(cfg)
+    rng = (lambda: backend.rng(2)) if any(getattr(cfg, n, 0) for n in DROPOUTS) else lambda: None
+
+    def run(a, grads):
+        return model.loss_and_grads({k: a[k] for k in shapes}, cfg, a["a"], a["b"], rng(),
+                                    grads=grads)
+
+    return Case(name, sizes, lambda r, s: {**random_params(r, shapes, cfg.d_model),
+                                           **dict(zip("ab", draw_batch(r, cfg, **s)))}, None,
+                lambda a, s: (run(a, False)[0]["loss"], a),
+                lambda g, a: ({k: v * g for k, v in run(a, True)[1].items()},), (), cfg=cfg)
 
 
-def model_cases() -> list[tuple[str, model.Config]]:
-    tiny = model.Config.preset("tiny")
-    return [("model (post-LN)", tiny),
-            ("model (pre-LN)", tiny.replace(pre_ln=True)),
-            ("model (dropout, fixed mask)", tiny.replace(dropout=0.3)),
-            ("model (attention and ReLU dropout, fixed masks)",
-             tiny.replace(attention_dropout=0.3, relu_dropout=0.3)),
-            ("model (separate embeddings)", tiny.replace(share_embeddings=False, tgt_vocab=9))]
-
-
-# ---- the language model (lm.py) -------------------------------------------------------------
-
-def lm_inputs(cfg: lm.LMConfig, seed: int = 0, batch: int = 2, length: int = 4):
-    """``(params, x, y, rng)`` of :func:`check_lm`: random parameters, random blocks ``x`` and
-    their next tokens ``y``, and a function giving the same dropout generator every call."""
-    params = _stack_params(backend.host_rng(seed), cfg, "", lm.parameter_shapes(cfg))
-    tokens = backend.host_rng(seed, 1).integers(0, cfg.vocab, size=(batch, length + 1))
-
-    def rng():
-        return _dropout_rng(cfg, seed)
-
-    return params, tokens[:, :-1], tokens[:, 1:], rng
-
-
-def lm_relu_margin(cfg: lm.LMConfig, seed: int = 0, batch: int = 2, length: int = 4) -> float:
-    """The smallest |pre-activation| of any ReLU unit of :func:`check_lm`'s draw. Within about
-    2 h |x| of 0 a difference quotient straddles the kink and means nothing: such a draw says
-    nothing about the backward pass (tests skip it)."""
-    params, x, _, rng = lm_inputs(cfg, seed, batch, length)
-    _, cache = lm.forward(params, cfg, backend.to_device(x), rng())
-    margin = math.inf
-    for i, layer in enumerate(cache.stack.layers):
-        first = layer.ff.sublayer.first                   # the linear layer before the ReLU
-        pre = first.x @ first.w + params[f"layers.{i}.ff.b1"]                  # (B, T, d_ff)
-        margin = min(margin, float(backend.xp.abs(pre).min()))
-    return margin
-
-
-def check_lm(cfg: lm.LMConfig, seed: int = 0, batch: int = 2, length: int = 4) -> dict:
-    """Gradient check of ``lm.loss_and_grads`` over every parameter, in float64, on random
-    blocks ``x`` and their next tokens ``y``; dropout masks fixed by the seed."""
-    params, x, y, rng = lm_inputs(cfg, seed, batch, length)
-    _, grads = lm.loss_and_grads(params, cfg, x, y, rng())
-
-    def objective():
-        return lm.loss_and_grads(params, cfg, x, y, rng(), grads=False)[0]["loss"]
-
-    return check_gradients(objective, grads, params)
-
-
-def lm_cases() -> list[tuple[str, lm.LMConfig]]:
-    tiny = lm.LMConfig.preset("tiny")
-    return [("language model (pre-LN)", tiny),
-            ("language model (post-LN)", tiny.replace(pre_ln=False)),
-            ("language model (learned positions)", tiny.replace(learned_positions=True)),
-            ("language model (dropout, fixed mask)", tiny.replace(dropout=0.3)),
-            ("language model (attention and ReLU dropout, fixed masks)",
-             tiny.replace(attention_dropout=0.3, relu_dropout=0.3))]
+_DROPOUTS = [("dropout, fixed mask", dict(dropout=0.3)),
+             ("attention and ReLU dropout, fixed masks", dict(attention_dropout=0.3,
+                                                              relu_dropout=0.3))]
+MODEL_CASES = [
+    *[_model(f"model ({name})", translator, translator.PRESETS["tiny"].replace(**change),
+             translation_batch, batch=2, src_len=4, tgt_len=4)
+      for name, change in [("post-LN", {}), ("pre-LN", dict(pre_ln=True)), *_DROPOUTS,
+                           ("separate embeddings", dict(share_embeddings=False, tgt_vocab=9))]],
+    *[_model(f"language model ({name})", lm, lm.PRESETS["tiny"].replace(**change), lm_batch,
+             batch=2, length=4)
+      for name, change in [("pre-LN", {}), ("post-LN", dict(pre_ln=False)),
+                           ("learned positions", dict(learned_positions=True)), *_DROPOUTS]],
+]
 
 
 # ---- command line ---------------------------------------------------------------------------
@@ -535,24 +375,22 @@ def main(argv=None) -> int:
     if args.backend:
         backend.use(args.backend)
 
-    rows = [(c.name, lambda c=c: check_case(c, args.seed)) for c in CASES]
-    rows += [(name, lambda cfg=cfg: check_model(cfg, args.seed)) for name, cfg in model_cases()]
-    rows += [(name, lambda cfg=cfg: check_lm(cfg, args.seed)) for name, cfg in lm_cases()]
-    rows = [r for r in rows if args.only.lower() in r[0].lower()]
+    rows = [c for c in CASES + MODEL_CASES if args.only.lower() in c.name.lower()]
     if not rows:
         print(f"no check matches {args.only!r}", file=sys.stderr)
         return 2
-    width = max(len(name) for name, _ in rows)
+    width = max(len(c.name) for c in rows)
     print(f"backend {backend.name}, float64 five-point central differences (h={STEP:g}), "
           f"tolerance {args.tolerance:g}\n")
     print(f"{'layer':<{width}}  {'worst relative error':>20}  {'worst input':<14} result")
     failed = 0
-    for name, run in rows:
-        errors = run()
+    for case in rows:
+        errors = check_case(case, args.seed)
         worst = max(errors, key=errors.get)
         ok = errors[worst] <= args.tolerance and all(math.isfinite(e) for e in errors.values())
         failed += not ok
-        print(f"{name:<{width}}  {errors[worst]:>20.2e}  {worst:<14} {'pass' if ok else 'FAIL'}")
+        result = "pass" if ok else "FAIL"
+        print(f"{case.name:<{width}}  {errors[worst]:>20.2e}  {worst:<14} {result}")
     print(f"\n{len(rows) - failed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -31,9 +31,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from minitfm import backend, model
+from minitfm import backend
 from minitfm.cli import number, positive_int
 from minitfm.layers import positional
+from minitfm.models import translator as model
 from minitfm.optim import LRSchedule
 
 __all__ = [

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 import numpy
 
 from minitfm import backend
-from minitfm.model import BOS_ID, EOS_ID
+from minitfm.ids import BOS_ID, EOS_ID
 
 __all__ = ["TASKS", "FIRST_SYMBOL", "TRAIN_STREAM", "HELD_OUT_STREAM", "model_vocab", "answers",
            "sample", "to_batch", "train_batches", "held_out", "exact_match"]

@@ -13,8 +13,9 @@ The update never waits for the device. Parameters, gradients and Adam's moments 
 whole-buffer operations; token counts and lengths are read from the host batches; the loss, the
 gradient norm and the finite checks are read only when a log line is written (``log_every``).
 
-The config says which model trains (:func:`model_of`): a ``model.Config`` the encoder-decoder
-Transformer on ``(src, tgt)`` batches, an ``lm.LMConfig`` the language model on ``(x, y)`` blocks.
+The config says which model trains (``models.of(cfg)``, the registry): a translator ``Config``
+the encoder-decoder Transformer on ``(src, tgt)`` batches, an ``LMConfig`` the language model on
+``(x, y)`` blocks; the loop talks to the model interface (``models.base.Model``) only.
 The learning rate follows the paper's schedule unless ``options.schedule`` gives another, and
 ``options.weight_decay`` makes Adam AdamW.
 
@@ -35,7 +36,7 @@ The schedule is called as ``schedule(step, time_fraction)``, the fraction of the
 :class:`~minitfm.optim.Cooldown`) ends at the limit if that comes before ``steps``; its rate then
 follows the clock, so a resumed run is not bit-identical to an uninterrupted one.
 ``dropout_start`` (late dropout: none early on, while the model underfits) measures the run the
-same way: every dropout (``model.DROPOUTS``) is off until that fraction of the steps, or of the
+same way: every dropout (``models.DROPOUTS``) is off until that fraction of the steps, or of the
 time limit, has passed; ``on_dropout_start``, if given, is called once, before the batches of the
 first update with dropout are read (it can start dropout in the data, e.g. BPE-dropout).
 Either way the run ends, by the step count or the time limit, the last step is validated (when
@@ -91,12 +92,13 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from minitfm import backend, checkpoint, distributed, flat, lm, model
-from minitfm.model import DROPOUTS, Config
+from minitfm import backend, checkpoint, distributed, flat, models
+from minitfm.models import DROPOUTS
+from minitfm.models import ModelConfig as Config      # the config of any registered model
 from minitfm.optim import Adam, LRSchedule, clip_grad_norm, run_progress
 
 __all__ = ["TrainOptions", "TrainState", "TrainingDiverged", "WriteFailed", "train", "evaluate",
-           "model_of", "LOG_NAME", "RUN_INFO_NAME", "DIVERGED_WINDOWS"]
+           "LOG_NAME", "RUN_INFO_NAME", "DIVERGED_WINDOWS"]
 
 LOG_NAME = "log.jsonl"
 RUN_INFO_NAME = "run.json"
@@ -183,17 +185,6 @@ class TrainState:
     scratch: dict | None = field(default=None, repr=False)   # every update (see _accumulate)
 
 
-def model_of(cfg):
-    """The module of the model ``cfg`` describes: ``minitfm.model`` for a ``model.Config``,
-    ``minitfm.lm`` for an ``lm.LMConfig``. Each has init_params, check_params, loss_and_grads,
-    batch_tokens, output_vocab and KIND (what its checkpoints record)."""
-    if isinstance(cfg, lm.LMConfig):
-        return lm
-    if isinstance(cfg, Config):
-        return model
-    raise TypeError(f"train() needs a model.Config or an lm.LMConfig, got {type(cfg).__name__}")
-
-
 # ---- validation ---------------------------------------------------------------------------
 
 def evaluate(params: dict, cfg: Config, batches: Iterable[Batch]) -> dict:
@@ -201,7 +192,7 @@ def evaluate(params: dict, cfg: Config, batches: Iterable[Batch]) -> dict:
     loss_sum = nll_sum = 0.0
     tokens = 0
     for src, tgt in batches:
-        stats, _ = model_of(cfg).loss_and_grads(params, cfg, src, tgt, grads=False,
+        stats, _ = models.of(cfg).loss_and_grads(params, cfg, src, tgt, grads=False,
                                                 normalizer=1.0)
         loss_sum += stats["loss"]
         nll_sum += stats["nll"]
@@ -313,7 +304,7 @@ def _accumulate(state: TrainState, cfg: Config, micro_batches: list, step: int,
     """
     if state.grads is None:
         state.grads = flat.zeros_like(state.params)
-    trained = model_of(cfg)
+    trained = models.of(cfg)
     total = (sum(trained.batch_tokens(batch, cfg) for batch in micro_batches) if tokens is None
              else tokens)
     stats = {"loss": 0.0, "nll": 0.0, "tokens": total}
@@ -381,7 +372,7 @@ def _update(state: TrainState, cfg: Config, options: TrainOptions, schedule: Cal
     step = state.step + 1
     micro_batches = [batch for _, _, batch in world.shard(taken)]   # host arrays: see _accumulate
     first = world.rank * len(micro_batches)
-    tokens = sum(model_of(cfg).batch_tokens(batch, cfg) for batch in micro_batches)
+    tokens = sum(models.of(cfg).batch_tokens(batch, cfg) for batch in micro_batches)
     if world.distributed:
         tokens = int(world.allreduce_numbers([tokens])[0])
     time_fraction = _time_fraction(state, options)
@@ -419,7 +410,7 @@ def _save(state: TrainState, cfg: Config, options: TrainOptions) -> None:
             checkpoint.save(
                 path, state.params, optimizer_state=state.optimizer.state_dict(),
                 step=state.step, config=cfg.to_dict(), vocab_id=options.vocab_id,
-                vocab_model=options.vocab_model, kind=model_of(cfg).KIND,
+                vocab_model=options.vocab_model, kind=models.of(cfg).KIND,
                 extra={"seed": state.seed, "epoch": state.epoch,
                        "batches_done": state.batches_done, "tokens": state.tokens,
                        "elapsed": state.elapsed, "run_meta": options.run_meta})
@@ -455,11 +446,11 @@ def _check_same_run(ckpt: checkpoint.Checkpoint, options: TrainOptions) -> None:
 def _resume(cfg: Config, options: TrainOptions, path: str) -> TrainState:
     """The state saved at ``path``, after checking that the checkpoint fits this run."""
     ckpt = checkpoint.load(path)
-    checkpoint.check_kind(ckpt, model_of(cfg).KIND)
+    checkpoint.check_kind(ckpt, models.of(cfg).KIND)
     checkpoint.check_compatible(ckpt, cfg.to_dict(), options.vocab_id)
     _check_same_run(ckpt, options)
     params = flat.flatten(checkpoint.params_to_device(ckpt.params))
-    model_of(cfg).check_params(params, cfg)
+    models.of(cfg).check_params(params, cfg)
     optimizer = Adam(params, weight_decay=options.weight_decay)
     optimizer.load_state_dict(ckpt.optimizer_state)
     extra = ckpt.extra
@@ -481,7 +472,7 @@ def _start(cfg: Config, options: TrainOptions, params: dict | None) -> TrainStat
     else:
         if options.resume:
             _say(options, f"no checkpoint in {options.out_dir}: starting from scratch")
-        trained = model_of(cfg)
+        trained = models.of(cfg)
         params = trained.init_params(cfg, options.seed) if params is None else params
         trained.check_params(params, cfg)
         optimizer = Adam(params, weight_decay=options.weight_decay)
@@ -683,7 +674,7 @@ class _DivergenceWatch:
     NaN and Inf are caught at once by the update; this catches the finite blow-ups."""
 
     def __init__(self, cfg: Config, options: TrainOptions, state: TrainState) -> None:
-        self.limit = 2.0 * math.log(model_of(cfg).output_vocab(cfg))
+        self.limit = 2.0 * math.log(models.of(cfg).output_vocab(cfg))
         self.warmup, self.state = options.warmup, state
         self.high = 0                             # windows in a row above the limit
         self.good_checkpoint = state.last_checkpoint

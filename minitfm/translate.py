@@ -33,10 +33,11 @@ from typing import BinaryIO, TextIO
 
 from tqdm import tqdm
 
-from minitfm import backend, checkpoint, decode, model
+from minitfm import backend, checkpoint, decode
 from minitfm.cli import add_backend_option, number, positive_int, select_backend
 from minitfm.data.corpus import DataError, raw_lines
 from minitfm.data.vocab import Vocab
+from minitfm.models import translator as model
 
 GZIP_MAGIC = b"\x1f\x8b"
 

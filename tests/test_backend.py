@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitfm import backend, model
+from minitfm import backend
+from minitfm.models import translator
 
 from .conftest import cupy_device_available
 
@@ -106,13 +107,13 @@ def test_the_cupy_branch_draws_from_philox(monkeypatch):
     monkeypatch.setattr(backend, "name", "cupy")
     generator = backend.rng(0, 1)
     assert isinstance(generator, philox.Philox) and generator.key == philox.key_of(0, 1)
-    cfg = model.Config.preset("tiny", dropout=0.2)
-    params = model.init_params(cfg, 0)
+    cfg = translator.Config.preset("tiny", dropout=0.2)
+    params = translator.init_params(cfg, 0)
     src, tgt = np.array([[5, 6, 3]]), np.array([[2, 7, 8, 3]])
-    a, _ = model.loss_and_grads(params, cfg, src, tgt, generator, grads=False)
+    a, _ = translator.loss_and_grads(params, cfg, src, tgt, generator, grads=False)
     assert generator.counter > 0                          # the masks came from it
-    b, _ = model.loss_and_grads(params, cfg, src, tgt, backend.rng(0, 1), grads=False)
-    c, _ = model.loss_and_grads(params, cfg, src, tgt, backend.rng(0, 2), grads=False)
+    b, _ = translator.loss_and_grads(params, cfg, src, tgt, backend.rng(0, 1), grads=False)
+    c, _ = translator.loss_and_grads(params, cfg, src, tgt, backend.rng(0, 2), grads=False)
     assert a["loss"] == b["loss"] != c["loss"]
     ids = sampling.sample(np.zeros((3, 5)), backend.rng(1))
     assert ids.shape == (3,) and ids.dtype == np.int64

@@ -9,15 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitfm import decode, model
+from minitfm import decode
+from minitfm.models import translator
 
-TINY = model.Config.preset("tiny")
+TINY = translator.Config.preset("tiny")
 A, B, C, D = 4, 5, 6, 7          # ordinary tokens of the tiny vocabulary (11 ids)
 
 
 def tiny(pre_ln=False, seed=0, dtype=np.float64, **overrides):
     cfg = TINY.replace(pre_ln=pre_ln, **overrides)
-    return model.init_params(cfg, seed=seed, dtype=dtype), cfg
+    return translator.init_params(cfg, seed=seed, dtype=dtype), cfg
 
 
 def sources(lengths, seed=0, vocab=11):
@@ -29,9 +30,9 @@ def sources(lengths, seed=0, vocab=11):
 # ---- the cache against the full forward pass ---------------------------------------------------
 
 def full_logits(params, cfg, src, tgt_in):
-    memory, src_mask, _ = model.encoder_forward(params, cfg, src)
-    h, _ = model.decoder_forward(params, cfg, tgt_in, memory, src_mask)
-    return model.logits(params, cfg, h)                                # (B, T, V)
+    memory, src_mask, _ = translator.encoder_forward(params, cfg, src)
+    h, _ = translator.decoder_forward(params, cfg, tgt_in, memory, src_mask)
+    return translator.logits(params, cfg, h)                                # (B, T, V)
 
 
 def cached_logits(params, cfg, src, tgt_in):
@@ -56,8 +57,8 @@ def test_cached_steps_equal_full_forward_float64(pre_ln, share, seed, src_length
 
 @pytest.mark.parametrize("pre_ln", [False, True])
 def test_cached_steps_equal_full_forward_float32(pre_ln):
-    cfg = model.Config.preset("toy", pre_ln=pre_ln, src_vocab=40, tgt_vocab=40)
-    params = model.init_params(cfg, seed=3, dtype=np.float32)
+    cfg = translator.Config.preset("toy", pre_ln=pre_ln, src_vocab=40, tgt_vocab=40)
+    params = translator.init_params(cfg, seed=3, dtype=np.float32)
     src = sources([7, 3, 12], seed=3, vocab=40)
     tgt_in = np.concatenate([np.full((3, 1), cfg.bos_id),
                              np.random.default_rng(4).integers(3, 40, size=(3, 15))], axis=1)

@@ -505,7 +505,7 @@ TRAIN = """
 import json, os, sys
 import numpy as np
 from minitfm import backend, distributed, tasks, train
-from minitfm.model import Config
+from minitfm.models.translator import Config
 world = distributed.world()
 runs, results, watched = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
 written = []                       # what this worker opened for writing or renamed in `watched`
@@ -625,10 +625,11 @@ def test_two_workers_sum_in_another_order_within_float64_rounding(worker_runs):
     noise, and Adam divides that noise by sqrt(v) + eps (eps = 1e-9), turning 1e-17 into steps
     of up to ~lr * 1e-8; those agree to 1e-6. (In float32 the same noise, ~1e-9, is as large as
     eps and moves the key biases by O(lr): the reason this comparison is in float64.)"""
-    from minitfm import flat, model, tasks
-    from minitfm.model import Config
+    from minitfm import flat, tasks
+    from minitfm.models import translator
+    from minitfm.models.translator import Config
     cfg = Config.preset("tiny", src_vocab=tasks.model_vocab(7), tgt_vocab=tasks.model_vocab(7))
-    one, two = (flat.FlatDict(result(worker_runs, name), model.parameter_shapes(cfg).items())
+    one, two = (flat.FlatDict(result(worker_runs, name), translator.parameter_shapes(cfg).items())
                 for name in ("one64", "two64"))
     assert one.buffer.dtype == np.float64
     assert np.array_equal(result(worker_runs, "two64", 1), two.buffer)

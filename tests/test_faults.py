@@ -25,7 +25,8 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from minitfm import backend, checkpoint, decode, model, train, translate
+from minitfm import backend, checkpoint, decode, train, translate
+from minitfm.models import translator
 from minitfm.data import EncodedCorpus, epoch_batches, eval_arrays
 from tests.test_train_wmt import TINY, corpus, corpus_args, run, sentence_pairs, train_wmt  # noqa: F401
 from tests.test_train_wmt import write_split
@@ -187,7 +188,7 @@ def test_a_second_ctrl_c_does_not_cut_the_save_short(tmp_path):
 
 def test_ctrl_c_arriving_during_the_save_waits_for_it(tmp_path, monkeypatch):
     """Deterministic: the second SIGINT lands inside checkpoint.save itself."""
-    cfg = model.Config.preset("tiny")
+    cfg = translator.Config.preset("tiny")
     rng = np.random.default_rng(0)
     batch = (rng.integers(4, 11, (4, 5)), np.concatenate(
         [np.full((4, 1), cfg.bos_id), rng.integers(4, 11, (4, 4)), np.full((4, 1), cfg.eos_id)], 1))
@@ -255,8 +256,8 @@ def test_an_empty_corpus_is_refused_before_any_work(corpus, tmp_path, capsys, sp
 def test_length_limit_for_train_valid_and_test():
     """Pairs one below, at and one above what the model takes: training keeps the first two and
     drops the third, validation truncates the third, decoding truncates an over-long source."""
-    cfg = model.Config.preset("tiny", max_len=12)
-    params = model.init_params(cfg, 0)
+    cfg = translator.Config.preset("tiny", max_len=12)
+    params = translator.init_params(cfg, 0)
     longest = cfg.max_len - 2                      # target tokens that fit BOS ... EOS
     lengths = [longest - 1, longest, longest + 1]
     corpus = EncodedCorpus.from_ids([[5] * n for n in lengths], [[6] * n for n in lengths])
@@ -266,7 +267,7 @@ def test_length_limit_for_train_valid_and_test():
     kept = sorted(int((row != cfg.pad_id).sum()) - 2 for _, tgt in batches for row in tgt)
     assert kept == lengths[:2]                     # BOS and EOS are not target tokens
     for src, tgt in batches:
-        model.loss_and_grads(params, cfg, src, tgt)
+        translator.loss_and_grads(params, cfg, src, tgt)
     valid = eval_arrays(corpus, 8, max_positions=cfg.max_len - 1)
     assert sum(len(src) for src, _ in valid) == 3
     train.evaluate(params, cfg, valid)

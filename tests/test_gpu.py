@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from minitfm import backend, gradcheck, model
+from minitfm import backend, gradcheck
+from minitfm.models import translator
 
 pytestmark = pytest.mark.gpu
 
@@ -14,14 +15,14 @@ def test_gradient_checks_pass_on_cupy(cupy_backend, capsys):
 
 
 def test_cupy_step_matches_numpy(cupy_backend):
-    cfg = model.Config.preset("tiny", d_model=16, d_ff=32, n_heads=4)
-    src, tgt = gradcheck.model_batch(backend.host_rng(0), cfg, 3, 5, 6)
+    cfg = translator.Config.preset("tiny", d_model=16, d_ff=32, n_heads=4)
+    src, tgt = gradcheck.translation_batch(backend.host_rng(0), cfg, 3, 5, 6)
     src, tgt = backend.to_host(src), backend.to_host(tgt)
     results = {}
     for name in ("numpy", "cupy"):
         backend.use(name)
-        params = model.init_params(cfg, 0, dtype=np.float64)
-        stats, grads = model.loss_and_grads(params, cfg, backend.to_device(src), backend.to_device(tgt))
+        params = translator.init_params(cfg, 0, dtype=np.float64)
+        stats, grads = translator.loss_and_grads(params, cfg, backend.to_device(src), backend.to_device(tgt))
         results[name] = stats, {k: backend.to_host(v) for k, v in grads.items()}
     assert float(results["cupy"][0]["loss"]) == pytest.approx(float(results["numpy"][0]["loss"]),
                                                              rel=1e-10)
@@ -30,17 +31,17 @@ def test_cupy_step_matches_numpy(cupy_backend):
 
 
 def test_numpy_parameters_are_refused_by_a_cupy_model(cupy_backend):
-    cfg = model.Config.preset("tiny")
-    params = {k: backend.to_host(v) for k, v in model.init_params(cfg, 0).items()}
+    cfg = translator.Config.preset("tiny")
+    params = {k: backend.to_host(v) for k, v in translator.init_params(cfg, 0).items()}
     with pytest.raises(TypeError, match="numpy.ndarray on the host.*'cupy'"):
-        model.loss_and_grads(params, cfg, np.array([[5, 3]]), np.array([[2, 5, 3]]))
+        translator.loss_and_grads(params, cfg, np.array([[5, 3]]), np.array([[2, 5, 3]]))
 
 
 def test_host_token_ids_equal_device_token_ids(cupy_backend):
     """Batches come from the data pipeline as host arrays: checked there, then copied over."""
-    cfg = model.Config.preset("tiny")
-    params = model.init_params(cfg, 0)
+    cfg = translator.Config.preset("tiny")
+    params = translator.init_params(cfg, 0)
     src, tgt = np.array([[5, 3]]), np.array([[2, 5, 3]])
-    host, _ = model.loss_and_grads(params, cfg, src, tgt)
-    device, _ = model.loss_and_grads(params, cfg, backend.to_device(src), backend.to_device(tgt))
+    host, _ = translator.loss_and_grads(params, cfg, src, tgt)
+    device, _ = translator.loss_and_grads(params, cfg, backend.to_device(src), backend.to_device(tgt))
     assert float(host["loss"]) == float(device["loss"])

@@ -406,9 +406,9 @@ def test_decays_by_default_matrices_and_embeddings_not_biases_or_layernorm():
 
 
 def test_default_decay_covers_every_matrix_of_the_model():
-    from minitfm import model
-    cfg = model.Config.preset("tiny")
-    for name, shape in model.parameter_shapes(cfg).items():
+    from minitfm.models import translator
+    cfg = translator.Config.preset("tiny")
+    for name, shape in translator.parameter_shapes(cfg).items():
         assert decays_by_default(name) is (len(shape) == 2), name
 
 

@@ -253,7 +253,8 @@ def test_training_updates_on_cupy_create_no_generator_and_replay_their_masks(cup
     worker's share), equal to the NumPy-computed Philox masks of (seed, step, i)."""
     import cupy
 
-    from minitfm import model, tasks, train
+    from minitfm import tasks, train
+    from minitfm.models import translator as model
     created = _forbid_array_library_generators(monkeypatch, cupy)
     drawn = []
     keep_of = backend.dropout_keep
@@ -298,14 +299,15 @@ def test_training_updates_on_cupy_create_no_generator_and_replay_their_masks(cup
 def test_sampling_on_cupy_creates_no_generator_and_replays(cupy_backend, monkeypatch):
     import cupy
 
-    from minitfm import lm
+    from minitfm import generation
+    from minitfm.models import lm
     created = _forbid_array_library_generators(monkeypatch, cupy)
     cfg = lm.LMConfig.preset("tiny")
     params = lm.init_params(cfg, 0)
     prompt = np.array([[3, 4, 5], [6, 7, 8]])
-    a = [cupy.asnumpy(t) for t in lm.generate(params, cfg, prompt, 6, seed=2)]
-    b = [cupy.asnumpy(t) for t in lm.generate(params, cfg, prompt, 6, seed=2)]
-    c = [cupy.asnumpy(t) for t in lm.generate(params, cfg, prompt, 6, seed=3)]
+    a = [cupy.asnumpy(t) for t in generation.generate(params, cfg, prompt, 6, seed=2)]
+    b = [cupy.asnumpy(t) for t in generation.generate(params, cfg, prompt, 6, seed=2)]
+    c = [cupy.asnumpy(t) for t in generation.generate(params, cfg, prompt, 6, seed=3)]
     assert not created
     np.testing.assert_array_equal(np.stack(a), np.stack(b))
     assert not np.array_equal(np.stack(a), np.stack(c))

@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from minitfm import checkpoint, model, plot
+from minitfm import checkpoint, plot
+from minitfm.models import translator
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TEXT = ["a man is riding a bike", "two dogs play in the grass", "a woman sings on a stage",
@@ -25,8 +26,8 @@ def assert_png(path):
 
 
 def test_attention_maps_are_softmax_weights():
-    cfg = model.Config.preset("tiny", pre_ln=True)
-    params = model.init_params(cfg, seed=0, dtype=np.float64)
+    cfg = translator.Config.preset("tiny", pre_ln=True)
+    params = translator.init_params(cfg, seed=0, dtype=np.float64)
     src = np.array([[4, 5, 6, 3], [7, 3, 0, 0]])                       # second one padded
     tgt_in = np.array([[2, 8, 9], [2, 10, 4]])
     maps = plot.attention_maps(params, cfg, src, tgt_in)
@@ -109,9 +110,9 @@ def test_curves_without_losses_is_an_error(tmp_path, capsys):
 def test_attention_pngs_from_a_checkpoint(tmp_path):
     from minitfm.data.vocab import train_vocab
     vocab = train_vocab(TEXT * 4, 40, hard_vocab_limit=False, num_threads=1)
-    cfg = model.Config.preset("tiny", src_vocab=vocab.size, tgt_vocab=vocab.size, max_len=24)
+    cfg = translator.Config.preset("tiny", src_vocab=vocab.size, tgt_vocab=vocab.size, max_len=24)
     path = tmp_path / "tiny.npz"
-    checkpoint.save(path, model.init_params(cfg, seed=0), step=1, config=cfg.to_dict(),
+    checkpoint.save(path, translator.init_params(cfg, seed=0), step=1, config=cfg.to_dict(),
                     vocab_id=vocab.identifier, vocab_model=vocab.serialized_model())
     args = ["attention", "--checkpoint", str(path), "--source", "a man sings",
             "--out-dir", str(tmp_path / "out")]

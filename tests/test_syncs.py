@@ -20,7 +20,9 @@ Counting needs the double; on a real device (``pytest -m gpu``) these tests skip
 import numpy as np
 import pytest
 
-from minitfm import backend, checkpoint, decode, flat, lm, model, optim, train
+from minitfm import backend, checkpoint, decode, flat, generation, optim, train
+from minitfm.models import lm
+from minitfm.models import translator as model
 
 from tests.test_train import CFG, epoch_batches, options, ragged_batch
 
@@ -100,7 +102,7 @@ def test_a_sampled_token_copies_at_most_once(counted):
     params = lm.init_params(cfg, 0)
     count = 9
     with counted.counting() as seen:
-        tokens = [backend.to_host(t) for t in lm.generate(params, cfg, np.array([[3, 4, 5]]),
+        tokens = [backend.to_host(t) for t in generation.generate(params, cfg, np.array([[3, 4, 5]]),
                                                           count, temperature=0.8, top_k=5,
                                                           top_p=0.9, seed=1)]
     assert len(tokens) == count

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from minitfm import backend, tasks
-from minitfm.model import BOS_ID, EOS_ID
+from minitfm.ids import BOS_ID, EOS_ID
 
 
 def first_batches(task, n=3, seed=0, **kwargs):

@@ -9,9 +9,11 @@ import signal
 import numpy as np
 import pytest
 
-from minitfm import backend, checkpoint, model, tasks, train
+from minitfm import backend, checkpoint, tasks, train
+from minitfm.models import translator
 from minitfm.checkpoint import CheckpointError
-from minitfm.model import PAD_ID, Config
+from minitfm.ids import PAD_ID
+from minitfm.models.translator import Config
 from minitfm.optim import LRSchedule, WarmupDecaySchedule
 
 VOCAB = 7                                   # symbols; the model sees ids 0 .. 10
@@ -65,10 +67,10 @@ def test_accumulated_batches_equal_one_big_batch(tmp_path):
     width = [max(b[i].shape[1] for b in small) for i in (0, 1)]
     big = tuple(np.concatenate([np.pad(b[i], ((0, 0), (0, width[i] - b[i].shape[1])))
                                 for b in small]) for i in (0, 1))
-    params = model.init_params(cfg, seed=0)
+    params = translator.init_params(cfg, seed=0)
     state = train.TrainState(params=params, optimizer=None, seed=0)
     stats, grads = train._accumulate(state, cfg, small, step=1, seed=0)
-    expected_stats, expected = model.loss_and_grads(params, cfg, *big)
+    expected_stats, expected = translator.loss_and_grads(params, cfg, *big)
     assert stats["tokens"] == expected_stats["tokens"]
     assert stats["loss"] == pytest.approx(expected_stats["loss"], rel=1e-5)
     for name, value in grads.items():

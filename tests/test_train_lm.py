@@ -11,7 +11,8 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from minitfm import checkpoint, lm, model, train
+from minitfm import checkpoint, train
+from minitfm.models import lm, translator
 
 SCRIPT = Path(__file__).resolve().parents[1] / "train_lm.py"
 SMALL = ["--layers", "1", "--d-model", "32", "--heads", "2", "--d-ff", "64", "--block-size", "16",
@@ -128,9 +129,9 @@ def test_sampling_is_reproducible_from_the_seed(train_lm, trained, capsys):
 def test_sampling_errors(train_lm, trained, tmp_path, capsys):
     code, printed = sample(train_lm, capsys, trained, "--prompt", "ZZZ")
     assert code == 2 and "characters 'Z' are not in the vocabulary" in printed.err
-    cfg = model.Config.preset("tiny")
+    cfg = translator.Config.preset("tiny")
     other = tmp_path / "translation.npz"
-    checkpoint.save(other, model.init_params(cfg), step=1, config=cfg.to_dict(), vocab_id=None)
+    checkpoint.save(other, translator.init_params(cfg), step=1, config=cfg.to_dict(), vocab_id=None)
     code, printed = sample(train_lm, capsys, str(other))
     assert code == 2 and "holds an encoder-decoder Transformer" in printed.err
     code, printed = sample(train_lm, capsys, str(tmp_path / "missing.npz"))
@@ -143,13 +144,6 @@ def test_a_bad_prompt_is_refused_before_training(train_lm, text_file, tmp_path, 
                           str(out)]) == 2
     assert "characters 'Z' are not in the vocabulary" in capsys.readouterr().err
     assert not out.exists()
-
-
-def test_the_config_picks_the_model_the_loop_trains():
-    assert train.model_of(lm.LMConfig.preset("tiny")) is lm
-    assert train.model_of(model.Config.preset("tiny")) is model
-    with pytest.raises(TypeError, match="model.Config or an lm.LMConfig"):
-        train.model_of({"vocab": 3})
 
 
 def test_defaults_are_the_cpu_preset(train_lm, text_file):

@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from minitfm import checkpoint, lm, model, translate
+from minitfm import checkpoint, translate
+from minitfm.models import lm, translator
 from minitfm.data.vocab import train_vocab
 
 TEXT = """a man is riding a bike down the street
@@ -28,8 +29,8 @@ def vocab():
 
 
 def write_checkpoint(path, vocab, with_vocab=True):
-    cfg = model.Config.preset("tiny", src_vocab=vocab.size, tgt_vocab=vocab.size, max_len=24)
-    params = model.init_params(cfg, seed=0, dtype=np.float32)
+    cfg = translator.Config.preset("tiny", src_vocab=vocab.size, tgt_vocab=vocab.size, max_len=24)
+    params = translator.init_params(cfg, seed=0, dtype=np.float32)
     checkpoint.save(path, params, step=1, config=cfg.to_dict(), vocab_id=vocab.identifier,
                     vocab_model=vocab.serialized_model() if with_vocab else None)
     return str(path)

@@ -7,7 +7,7 @@ the model share one embedding matrix between encoder, decoder and the output pro
 The special ids are fixed, whatever the model was trained on, so the rest of the code can rely on
 them: ``PAD_ID = 0`` (padding, ignored by the loss), ``UNK_ID = 1``, ``BOS_ID = 2`` (starts the
 decoder input), ``EOS_ID = 3`` (ends every source and target sentence). They are defined once, in
-``minitfm.model`` (the defaults of its Config), and imported here.
+``minitfm.ids``, and imported here.
 
 Reproducibility: the same sentences, vocabulary size and seed give a byte-identical model, hence
 the same :attr:`Vocab.identifier`. Large corpora are sampled down to ``input_sentence_size``
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
-from minitfm.model import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from minitfm.ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 from .corpus import DataError, ParallelReader, file_stamp, parallel_files
 

@@ -1,11 +1,14 @@
 """One file per layer, in the order a reader meets them: linear, embedding, positional, dropout,
-layernorm, feedforward, attention, residual, encoder, decoder, loss. Each file has the math and
-the derivation of its backward pass in its docstring, then the code.
+inputs, layernorm, feedforward, attention, residual, encoder, decoder, decoder_only, loss and
+output. Each file has the math and the derivation of its backward pass in its docstring, then the
+code. ``inputs`` (embedding, positions, dropout) and ``output`` (the tied projection and the loss)
+are the ends both models share; ``encoder`` and ``decoder`` are the translator's stacks,
+``decoder_only`` the language model's.
 
 The contract every layer keeps
 ------------------------------
     out, cache = forward(inputs..., params, settings...)
-    *d_inputs, grads = backward(dout, cache)
+    *d_inputs, grads = backward(dout, cache, out=None)      # out: a parameter layer's only
 
 - ``params`` is a dict of the layer's arrays under its own local names ("w", "gamma", "w_qkv"),
   and ``param_shapes(...)`` declares those names and their shapes, in order. A layer without
@@ -29,14 +32,36 @@ come back under the same local names, which the caller puts back under its prefi
 (``prefixed(grads, "enc.0.")``). The leaf layers take the same shape of argument so that one
 rule holds everywhere: ``grads`` has exactly the keys of ``params``.
 
-Two layers need a word more:
+Three layers need a word more:
 - ``loss.forward`` returns the pair ``(loss_sum, nll_sum)`` as its output; ``dout`` is the
   gradient of ``loss_sum`` (the negative log-likelihood is reported, not trained).
+- ``output.forward_backward`` is forward and backward in one call, over chunks of rows: the
+  loss is the last layer, so each chunk's (rows, V) logits are dropped as soon as their gradient
+  is taken, and a step never holds all (N, V) of them.
 - ``residual`` wraps another layer F: ``forward`` takes ``sublayer(h) -> (out, cache)``, and
   ``backward`` takes the matching ``sublayer_backward``; the residual's gradient for its input F
   is whatever F's backward returns after its dx (the gradients of F's other inputs and of its
   parameters), so it returns ``(dx, *rest_of_F, ln_grads)``: still its inputs, then its own
   parameters (the LayerNorm's).
+
+The gradient rule: ``out=``
+---------------------------
+A parameter layer's backward takes an optional ``out``, a dict of arrays with the names and
+shapes of its parameters, and *overwrites* them with its gradients (``matmul(..., out=)``,
+``sum(..., out=)``), returning those same arrays in ``grads``. A model passes views of one flat
+gradient buffer (``subdict(out, "enc.0.")``; :mod:`minitfm.flat`), so a step fills the whole
+buffer without a copy, and whatever the buffer held before does not matter. Without ``out`` the
+gradients are new arrays. Composite layers hand each part of their ``out`` down (``out_part``).
+Parameterless layers take no ``out``; scaled dot-product attention's ``dq_out``, ``dk_out``,
+``dv_out`` follow the same rule for its input gradients (views of merged heads).
+
+The one exception is ``embedding.backward`` (and ``inputs.backward``, which is it): it *adds*
+into ``out["table"]``. A token table is used up to three times in one step (source embedding,
+target embedding, output projection) and its gradient is the sum of those uses; the scatter-add
+that computes the embedding's gradient is itself a sum into an array, so adding into the buffer
+where the other uses' gradients already are costs nothing and spares a (V, d) temporary. The
+model writes the first use (the output projection overwrites, as every other layer does) and the
+embeddings add to it; when nothing was written first, it zeroes the buffer.
 
 The in-place rule
 -----------------
@@ -50,10 +75,10 @@ Incremental decoding
 --------------------
 Generating one position at a time reuses the keys and values of the earlier positions. The
 one-position ``*_step`` functions (``attention.self_step``, ``attention.cross_step``,
-``residual.step``, ``encoder.layer_step``, ``decoder.layer_step``, ``decoder.stack_step``) sit
-right below the full-sequence ``*_forward`` they mirror, take the per-layer key/value arrays
-explicitly, return the output alone (no dropout, nothing for a backward pass) and are held equal
-to the forward pass by the tests.
+``residual.step``, ``decoder.layer_step``, ``decoder.stack_step``, ``decoder_only.layer_step``,
+``decoder_only.stack_step``) sit right below the full-sequence ``*_forward`` they mirror, take the
+per-layer key/value arrays explicitly, return the output alone (no dropout, nothing for a
+backward pass) and are held equal to the forward pass by the tests.
 """
 
 

@@ -6,8 +6,8 @@ Scaled dot-product attention, per batch element and head
     P'= dropout(P, p_att)            attention dropout (optional; not in the paper, see below)
     O = P' V                         O (T, d_k)
 M is an additive mask: 0 where a query may look, -1e9 where it may not (padded keys, and future
-positions in the decoder's self-attention). exp(-1e9 - max) underflows to exactly 0, so a masked
-key gets exactly zero weight and zero gradient.
+positions in the decoder's self-attention: ``padding_mask``, ``causal_mask``). exp(-1e9 - max)
+underflows to exactly 0, so a masked key gets exactly zero weight and zero gradient.
 
 Backward
     dV = P'^T dO
@@ -51,6 +51,27 @@ from minitfm import backend
 from minitfm.layers import dropout, linear
 
 MASKED = -1e9
+
+
+# ---- masks: additive, MASKED where a query may not look, 0 elsewhere ---------------------------
+
+def padding_mask(ids, pad_id, dtype):
+    """ids (B, S) -> (B, 1, 1, S): MASKED at padded keys, 0 elsewhere."""
+    xp = backend.xp
+    return xp.where(ids == pad_id, MASKED, 0.0).astype(dtype)[:, None, None, :]
+
+
+_causal_masks: dict = {}     # (array module, T, dtype) -> mask, a constant made once
+
+
+def causal_mask(length, dtype):
+    """(1, 1, T, T): MASKED where the key's position is after the query's."""
+    xp = backend.xp
+    key = (xp, length, xp.dtype(dtype).str)      # arrays of this module only
+    if key not in _causal_masks:
+        future = xp.triu(xp.ones((length, length), dtype=bool), k=1)
+        _causal_masks[key] = xp.where(future, MASKED, 0.0).astype(dtype)[None, None]
+    return _causal_masks[key]
 
 
 # ---- scaled dot-product attention ------------------------------------------------------------

@@ -12,9 +12,6 @@ Parameter names, relative to the stack ("enc." in the model), declared by ``para
 
 Backward: the layers in reverse order, each sub-layer's residual backward in reverse order; the
 gradient of every parameter is collected under its full name.
-
-``layer_step`` is ``layer_forward`` on one position with a causal mask (a decoder-only language
-model's layer), over the key/value buffers of its self-attention (see attention.self_step).
 """
 
 from __future__ import annotations
@@ -60,19 +57,6 @@ def layer_forward(x, p, mask, cfg, rng):
         x, lambda h: feedforward.forward(h, ff, cfg.relu_dropout, rng), subdict(p, "ln2."),
         cfg.dropout, rng, cfg.pre_ln)
     return x, LayerCache(c_attn, c_ff)
-
-
-def layer_step(x, p, k_buf, v_buf, t: int, cfg):
-    """``layer_forward`` with a causal mask, on position t alone: x (R, d_model) -> (R, d_model).
-
-    Writes position t's self-attention key and value into slot t of ``k_buf`` and ``v_buf``
-    (R, H, L, d_k). No dropout.
-    """
-    attn, ff = subdict(p, "attn."), subdict(p, "ff.")
-    x = residual.step(x, lambda h: attention.self_step(h, attn, k_buf, v_buf, t, cfg.n_heads),
-                      subdict(p, "ln1."), cfg.pre_ln)
-    x = residual.step(x, lambda h: feedforward.forward(h, ff)[0], subdict(p, "ln2."), cfg.pre_ln)
-    return x
 
 
 def layer_backward(dy, cache: LayerCache, out=None):

@@ -6,7 +6,8 @@ import pathlib
 import numpy
 import pytest
 
-from minitfm import backend, model
+from minitfm import backend
+from minitfm.models import translator
 
 PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_ops.py"
 
@@ -73,12 +74,12 @@ def test_shapes_that_depend_on_the_data_count_as_syncs(bench, numpy_backend):
 
 
 def test_one_update_is_counted_by_phase(bench, numpy_backend):
-    cfg = model.Config.preset("tiny")
+    cfg = translator.Config.preset("tiny")
     result = bench.per_update(cfg, 1, sentences=2, src_len=5, tgt_len=5, clip_norm=1.0)
     phases = result["by_phase"]
     assert set(phases) <= {"forward", "backward", "optimizer", "loop"}
     assert phases["forward"] > 0 and phases["backward"] > 0
-    n_params = len(model.parameter_shapes(cfg))
+    n_params = len(translator.parameter_shapes(cfg))
     assert 0 < phases["optimizer"] < n_params       # whole flat buffers, not array by array
     assert result["ops"] == sum(phases.values())
     assert result["syncs"] == 0                     # nothing waits for the device in an update

@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 
-from minitfm import model
 from minitfm.layers import attention
 
 
@@ -17,7 +16,7 @@ def test_self_step_equals_causal_self_forward(rows, length, d, heads):
     rng = np.random.default_rng(length * d)
     p = _params(attention.self_param_shapes(d), rng, d)
     x = rng.standard_normal((rows, length, d))
-    full, _ = attention.self_forward(x, p, model.causal_mask(length, x.dtype), heads)
+    full, _ = attention.self_forward(x, p, attention.causal_mask(length, x.dtype), heads)
     k_buf = np.zeros((rows, heads, length + 2, d // heads))          # room to spare: never read
     v_buf = np.zeros_like(k_buf)
     for t in range(length):

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from minitfm import gradcheck
-from minitfm.layers import (attention, decoder, dropout, embedding, encoder, feedforward,
-                            layernorm, linear, loss, positional, residual)
+from minitfm.layers import (attention, decoder, decoder_only, dropout, embedding, encoder,
+                            feedforward, inputs, layernorm, linear, loss, positional, residual)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,10 +67,10 @@ def test_the_scan_passes_reads_by_name(line):
 
 
 CACHE_TYPES = [linear.Cache, embedding.Cache, positional.LearnedCache, dropout.Cache,
-               layernorm.Cache, feedforward.Cache, attention.SdpaCache, attention.SelfCache,
-               attention.CrossCache, residual.Cache,
+               inputs.Cache, layernorm.Cache, feedforward.Cache, attention.SdpaCache,
+               attention.SelfCache, attention.CrossCache, residual.Cache,
                encoder.LayerCache, encoder.StackCache, decoder.LayerCache, decoder.StackCache,
-               loss.Cache]
+               decoder_only.LayerCache, decoder_only.StackCache, loss.Cache]
 
 
 @pytest.mark.parametrize("cache_type", CACHE_TYPES, ids=lambda t: f"{t.__module__}.{t.__name__}")
@@ -115,19 +115,53 @@ def test_attention_grads_are_named_like_params():
         assert all(grads[k].shape == shapes[k] for k in shapes)
 
 
-def test_stacks_return_a_gradient_for_every_declared_parameter():
-    sizes = {**gradcheck.STACK_SIZES, "p": 0.25}
-    for pre_ln in (False, True):
-        cfg = gradcheck._cfg_from(sizes, pre_ln)
-        for case, declared in [("encoder", encoder.param_shapes(cfg)),
-                               ("decoder", decoder.param_shapes(cfg))]:
-            (c,) = [c for c in gradcheck.CASES
-                    if c.name == f"{case} stack ({'pre' if pre_ln else 'post'}-LN)"]
-            arrays = c.make(np.random.default_rng(2), sizes)
-            _, back = c.run(arrays, sizes)
-            grads = back(np.ones((sizes["b"], sizes["s" if case == "encoder" else "t"],
-                                  cfg.d_model)))
-            assert set(grads) - {"x", "memory"} == set(declared)
+STACK_CASES = [c for c in gradcheck.CASES if "stack" in c.name]
+
+
+@pytest.mark.parametrize("case", STACK_CASES, ids=lambda c: c.name)
+def test_stacks_return_a_gradient_for_every_declared_parameter(case):
+    sizes = {**case.sizes, "p": 0.25}
+    declared = case.params(sizes)
+    arrays = case.draw(np.random.default_rng(2), sizes)
+    out, cache = case.forward(arrays, sizes)
+    grads = case.gradients(case.backward(np.ones_like(out), cache))
+    assert set(grads) - {"x", "memory"} == set(declared)
+
+
+# ---- the gradient rule: out= is overwritten, except by the embedding, which adds -------------
+
+PARAMETER_CASES = [c for c in gradcheck.CASES if c.params is not None]
+ACCUMULATING = ("embedding", "inputs")    # embedding.backward adds into out["table"], and
+                                          # inputs.backward is it
+
+
+def test_every_parameter_layer_is_checked_against_the_rule():
+    names = " ".join(c.name for c in PARAMETER_CASES)
+    for layer in ["linear", "embedding", "positional (learned)", "inputs", "layernorm",
+                  "feedforward", "self-attention", "cross-attention", "residual", "encoder stack",
+                  "decoder stack", "decoder-only stack"]:
+        assert layer in names
+
+
+@pytest.mark.parametrize("case", PARAMETER_CASES, ids=lambda c: c.name)
+def test_backward_overwrites_out_and_returns_it(case):
+    """With ``out`` (holding stale values), a parameter layer's backward writes its gradients
+    into those very arrays and returns them: the values equal a fresh backward's. The embedding
+    adds its gradient to what ``out["table"]`` holds."""
+    sizes = dict(case.sizes)
+    arrays = case.draw(np.random.default_rng(4), sizes)
+    out, cache = case.forward(arrays, sizes)
+    dout = np.random.default_rng(5).standard_normal(np.shape(out))
+    fresh = case.gradients(case.backward(dout, cache))
+    _, cache = case.forward(arrays, sizes)         # a new cache: backward may work in place
+    shapes = case.params(sizes)
+    buffers = {name: np.full(shape, 7.0) for name, shape in shapes.items()}
+    written = case.gradients(case.backward(dout, cache, buffers))
+    for name in shapes:
+        assert written[name] is buffers[name] or np.shares_memory(written[name], buffers[name])
+        adds = name == "table" and case.name.startswith(ACCUMULATING)
+        expected = fresh[name] + 7.0 if adds else fresh[name]
+        np.testing.assert_allclose(buffers[name], expected, rtol=1e-12, atol=1e-12, err_msg=name)
 
 
 def test_sub_layers_do_not_cache_their_output():

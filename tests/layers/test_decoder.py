@@ -3,21 +3,22 @@
 import numpy as np
 import pytest
 
-from minitfm import gradcheck, model
+from minitfm import gradcheck
 from minitfm.layers import attention, decoder
+from minitfm.models import translator
 
 
 @pytest.mark.parametrize("pre_ln", [False, True])
 def test_stack_step_equals_stack_forward(pre_ln):
-    cfg = model.Config.preset("tiny", pre_ln=pre_ln, d_model=12, n_heads=3)
-    p = gradcheck._stack_params(gradcheck.backend.host_rng(3), cfg, "dec.")
+    cfg = translator.Config.preset("tiny", pre_ln=pre_ln, d_model=12, n_heads=3)
+    p = gradcheck.random_params(gradcheck.backend.host_rng(3), decoder.param_shapes(cfg), cfg.d_model)
     rng = np.random.default_rng(3)
     rows, length, src_len = 3, 5, 4
     x = rng.standard_normal((rows, length, cfg.d_model))
     memory = rng.standard_normal((rows, src_len, cfg.d_model))
     cross_mask = np.where(np.arange(src_len)[None] >= np.array([[4], [2], [1]]),
                           attention.MASKED, 0.0)[:, None, None, :]     # (R, 1, 1, S)
-    full, _ = decoder.stack_forward(x, memory, p, model.causal_mask(length, x.dtype), cross_mask,
+    full, _ = decoder.stack_forward(x, memory, p, attention.causal_mask(length, x.dtype), cross_mask,
                                     cfg, None)
     cross_k, cross_v = decoder.stack_cross_kv(memory, p, cfg)
     assert len(cross_k) == len(cross_v) == cfg.n_layers

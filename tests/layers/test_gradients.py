@@ -54,9 +54,9 @@ def test_stack_gradients(case, data, seed):
 
 def test_every_layer_file_has_a_case():
     names = " ".join(c.name for c in gradcheck.CASES)
-    for layer in ["linear", "embedding", "positional", "dropout", "layernorm", "feedforward",
-                  "attention", "self-attention", "cross-attention", "residual", "encoder",
-                  "decoder", "cross-entropy"]:
+    for layer in ["linear", "embedding", "positional", "dropout", "inputs", "layernorm",
+                  "feedforward", "attention", "self-attention", "cross-attention", "residual",
+                  "encoder", "decoder", "decoder-only", "cross-entropy", "output"]:
         assert layer in names
 
 
@@ -66,7 +66,8 @@ def test_cases_follow_the_order_of_the_layer_files():
     order = layers.__doc__.split(":", 1)[1].split(".", 1)[0].replace("\n", " ")
     order = [name.strip() for name in order.replace(" and ", ",").split(",")]
     assert sorted(order) == sorted(files)
-    case_name = {"loss": "cross-entropy"}                  # what each file's cases are called
+    case_name = {"loss": "cross-entropy", "decoder_only": "decoder-only"}   # what its cases
+                                                                            # are called
     first = [min(i for i, c in enumerate(gradcheck.CASES) if case_name.get(f, f) in c.name)
              for f in order]
     assert first == sorted(first)
@@ -77,14 +78,14 @@ def test_checker_catches_a_wrong_backward():
     case = gradcheck.CASES[0]                       # linear
     sizes = case.sizes
     rng = gradcheck.backend.host_rng(0)
-    arrays = case.make(rng, sizes)
-    out, back = case.run(arrays, sizes)
+    arrays = case.draw(rng, sizes)
+    out, cache = case.forward(arrays, sizes)
     g = gradcheck.backend.to_device(rng.standard_normal(out.shape))
-    grads = back(g)
+    grads = case.gradients(case.backward(g, cache))
     grads["w"] = grads["w"] * 1.001
 
     def objective():
-        return float((case.run(arrays, sizes)[0] * g).sum())
+        return float((case.forward(arrays, sizes)[0] * g).sum())
 
     errors = gradcheck.check_gradients(objective, grads, arrays)
     assert errors["w"] > gradcheck.TOLERANCE
@@ -97,13 +98,13 @@ def test_the_second_step_does_not_hide_a_small_error():
     case = next(c for c in gradcheck.CASES if c.name == "encoder stack (pre-LN)")
     sizes = {**case.sizes, "b": 1, "h": 2, "t": 1, "s": 3, "dk": 2, "f": 3, "n": 2, "p": 0.25}
     rng = gradcheck.backend.host_rng(365345190)
-    arrays = case.make(rng, sizes)
-    out, back = case.run(arrays, sizes)
+    arrays = case.draw(rng, sizes)
+    out, cache = case.forward(arrays, sizes)
     g = gradcheck.backend.to_device(rng.standard_normal(out.shape))
-    grads = back(g)
+    grads = case.gradients(case.backward(g, cache))
 
     def objective():
-        return float((case.run(arrays, sizes)[0] * g).sum())
+        return float((case.forward(arrays, sizes)[0] * g).sum())
 
     name = "1.ln2.beta"
     narrow = gradcheck.check_gradients(objective, {name: grads[name]}, arrays, gradcheck.STEP)

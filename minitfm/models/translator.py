@@ -1,10 +1,10 @@
-"""The Transformer: configuration, parameters, and the loss with all its gradients.
+"""The Transformer translator: configuration, parameters, and the loss with all its gradients.
 
-    src (B, S) ids ──embed·√d + PE──dropout──► encoder stack ──► memory (B, S, d)
+    src (B, S) ids ──inputs: embed·√d + PE, dropout──► encoder stack ──► memory (B, S, d)
     tgt (B, T+1) ids = BOS y_1 .. y_n EOS PAD..; decoder input tgt[:, :-1], targets tgt[:, 1:]
-    tgt[:, :-1] ──embed·√d + PE──dropout──► decoder stack (memory) ──► h (B, T, d)
-    h at non-padding targets ──► h E^T (logits, output projection tied to the embedding)
-                             ──► label-smoothed cross-entropy, averaged over target tokens
+    tgt[:, :-1] ──inputs──► decoder stack (memory) ──► h (B, T, d)
+    h at non-padding targets ──output: h E^T (tied to the embedding), label-smoothed
+                               cross-entropy, averaged over target tokens
 
 A model is a flat dict of named arrays (see ``parameter_shapes``, composed from each layer's own
 declaration); gradients are a dict with the same keys. With ``share_embeddings`` one matrix "emb"
@@ -12,7 +12,7 @@ is the source embedding, the target embedding and the output projection (paper, 
 its gradient is the sum of the gradients of its three uses.
 
 Incremental decoding runs the same model one target position at a time: ``decoder_step`` is
-``decoder_forward`` on position t, through ``embed(..., offset=t)`` and the decoder's
+``decoder_forward`` on position t, through the input layer at offset t and the decoder's
 ``stack_step``, over per-layer keys and values (``cross_kv`` computes the encoder output's once);
 decode.py holds those arrays (its ``KVCache``) and the search.
 """
@@ -20,31 +20,18 @@ decode.py holds those arrays (its ``KVCache``) and the search.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from minitfm import backend, flat
-from minitfm.layers import decoder, dropout, embedding, encoder, linear, loss, positional
-from minitfm.layers import out_part, prefixed, subdict
-from minitfm.layers.attention import MASKED
+from minitfm.ids import BOS_ID, EOS_ID, PAD_ID
+from minitfm.layers import decoder, encoder, inputs, out_part, output, prefixed, subdict
+from minitfm.layers.attention import causal_mask, padding_mask
+from minitfm.models.base import (check_dropouts, check_param_shapes, check_positive_ints,
+                                 check_tokens, initial_values)
 
-KIND = "transformer"      # what a checkpoint of this model records as its kind (checkpoint.KINDS)
-
-# The special token ids, fixed for every vocabulary (data/vocab.py trains its models with them).
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
-
-# The config fields that are dropout rates (here and in lm.LMConfig): residual and embedding,
-# attention weights, feed-forward hidden units.
-DROPOUTS = ("dropout", "attention_dropout", "relu_dropout")
-
-
-def check_dropouts(cfg) -> None:
-    """Refuse a config (``Config`` or ``lm.LMConfig``) whose dropout rates are not in [0, 1)."""
-    for field in DROPOUTS:
-        value = getattr(cfg, field)
-        if not 0.0 <= value < 1.0:
-            raise ValueError(f"{type(cfg).__name__}.{field} must be in [0, 1), got {value!r}")
+KIND = "transformer"      # what a checkpoint of this model records as its kind
+DESCRIPTION = "an encoder-decoder Transformer (translation, toy tasks)"
 
 
 @dataclass(frozen=True)
@@ -69,10 +56,8 @@ class Config:
     eos_id: int = EOS_ID
 
     def __post_init__(self):
-        for field in ("src_vocab", "tgt_vocab", "n_layers", "d_model", "d_ff", "n_heads", "max_len"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"Config.{field} must be a positive integer, got {value!r}")
+        check_positive_ints(self, ("src_vocab", "tgt_vocab", "n_layers", "d_model", "d_ff",
+                                   "n_heads", "max_len"))
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"Config.d_model={self.d_model} must be divisible by n_heads={self.n_heads} "
@@ -130,16 +115,18 @@ PRESETS = {
 
 # ---- parameters ---------------------------------------------------------------------------
 
+def embedding_names(cfg: Config) -> tuple[str, str]:
+    """The names of the source and target (= output projection) embedding matrices."""
+    return ("emb", "emb") if cfg.share_embeddings else ("src_emb", "tgt_emb")
+
+
 def parameter_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     """Every parameter's name and shape, in a fixed order, composed from the layers' own
     declarations: the embedding(s), then "enc." + the encoder stack's and "dec." + the decoder
     stack's names (see encoder.py, decoder.py)."""
-    d = cfg.d_model
-    if cfg.share_embeddings:
-        tables = {"emb": cfg.src_vocab}
-    else:
-        tables = {"src_emb": cfg.src_vocab, "tgt_emb": cfg.tgt_vocab}
-    shapes = {name: embedding.param_shapes(vocab, d)["table"] for name, vocab in tables.items()}
+    vocabs = dict(zip(embedding_names(cfg), (cfg.src_vocab, cfg.tgt_vocab)))
+    shapes = {name: inputs.param_shapes(vocab, cfg.d_model)["table"]
+              for name, vocab in vocabs.items()}
     stacks = {**prefixed(encoder.param_shapes(cfg), "enc."),
               **prefixed(decoder.param_shapes(cfg), "dec.")}
     # Both stacks' final LayerNorms (pre-LN) come after all their layers: the order fixes the
@@ -156,179 +143,22 @@ def parameter_names(cfg: Config) -> list[str]:
 
 def init_params(cfg: Config, seed: int = 0, dtype=None) -> dict:
     """Initialise every parameter, reproducibly from ``seed`` and identically on every backend
-    (see :func:`initial_values`)."""
-    return initial_values(parameter_shapes(cfg), cfg.d_model, seed, dtype)
+    (see ``base.initial_values``): the embeddings N(0, d_model^-1/2)."""
+    tables = {name: cfg.d_model ** -0.5 for name in embedding_names(cfg)}
+    return initial_values(parameter_shapes(cfg), cfg.d_model, seed, dtype, normal=tables)
 
-
-def initial_values(shapes: dict, d_model: int, seed: int = 0, dtype=None) -> dict:
-    """Initial values for the parameters ``shapes`` names, by the kind of each (its name):
-
-    - weight matrices: Xavier/Glorot uniform, U(-a, a) with a = sqrt(6 / (fan_in + fan_out)),
-      applied to each d_model x d_model block of the fused projections separately (each block is
-      one of the paper's W_Q, W_K, W_V);
-    - token embeddings (``EMBEDDINGS``): N(0, d_model^-1/2), so that the embedding times
-      sqrt(d_model) has unit scale; a learned position table ("pos_emb", lm.py): N(0, 0.02^2)
-      (GPT-2's), so that at first the model sees mostly the tokens;
-    - biases 0, LayerNorm gains 1 and shifts 0.
-    Values are drawn on the host, in the order of ``shapes``, and copied to the active backend,
-    into views of one flat buffer (:class:`minitfm.flat.FlatDict`), so whole-model passes (Adam,
-    clipping) are one operation.
-    """
-    dtype = dtype or backend.float_dtype()
-    rng = backend.host_rng(seed)
-    d = d_model
-    params = flat.zeros(shapes, dtype)
-    for name, shape in shapes.items():
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf == "gamma":
-            params[name] = 1.0
-            continue
-        if len(shape) == 1:
-            continue
-        if name in EMBEDDINGS:
-            value = rng.normal(0.0, d ** -0.5, size=shape)
-        elif name == "pos_emb":
-            value = rng.normal(0.0, 0.02, size=shape)
-        else:
-            fan_in, fan_out = shape
-            blocks = fan_out // d if leaf in ("w_qkv", "w_kv") else 1
-            fan_out //= blocks
-            a = math.sqrt(6.0 / (fan_in + fan_out))
-            value = rng.uniform(-a, a, size=shape)
-        params[name] = backend.to_device(value, dtype=dtype)
-    return params
-
-
-EMBEDDINGS = ("emb", "src_emb", "tgt_emb")     # the token embedding tables' names
-
-
-def num_parameters(params: dict) -> int:
-    return sum(int(v.size) for v in params.values())
-
-
-# ---- input checks -------------------------------------------------------------------------
 
 def check_params(params: dict, cfg: Config) -> None:
     """Raise a clear error if ``params`` does not fit ``cfg`` or lives on another device."""
     check_param_shapes(params, parameter_shapes(cfg))
 
 
-def check_param_shapes(params: dict, shapes: dict) -> None:
-    """Raise a clear error unless ``params`` holds exactly ``shapes``' names and shapes, in one
-    float dtype, on the active device."""
-    missing = [k for k in shapes if k not in params]
-    extra = [k for k in params if k not in shapes]
-    if missing or extra:
-        raise ValueError(f"parameters do not match the config: missing {missing[:5]}, "
-                         f"unexpected {extra[:5]}")
-    dtype = None
-    for name, shape in shapes.items():
-        value = backend.check_array(params[name], f"parameter {name!r}")
-        if tuple(value.shape) != shape:
-            raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, the config "
-                             f"needs {shape}")
-        if dtype is None:
-            dtype = value.dtype
-        elif value.dtype != dtype:
-            raise TypeError(f"parameter {name!r} is {value.dtype} but the others are {dtype}: "
-                            f"all parameters must share one float dtype")
-
-
-def check_tokens(ids, what: str, vocab: int, cfg: Config, min_len: int = 1, max_len=None,
-                 host: bool = False):
-    """Return ``ids`` after checking it is a 2-D integer array of valid token ids, of at most
-    ``max_len`` positions (default ``cfg.max_len``); ``host=True``: a host (NumPy) array."""
-    if not host:
-        ids = backend.check_array(ids, what)
-    max_len = cfg.max_len if max_len is None else max_len
-    if ids.ndim != 2:
-        raise ValueError(f"{what} must be a 2-D (batch, length) array of token ids, "
-                         f"got shape {tuple(ids.shape)}")
-    if ids.dtype.kind not in "iu":
-        raise TypeError(f"{what} must hold integer token ids, got dtype {ids.dtype}")
-    if ids.shape[0] == 0 or ids.shape[1] < min_len:
-        raise ValueError(f"{what} has shape {tuple(ids.shape)}: it needs at least one sentence "
-                         f"and at least {min_len} positions")
-    if ids.shape[1] > max_len:
-        raise ValueError(f"{what} has length {ids.shape[1]} > {max_len} (Config.max_len="
-                         f"{cfg.max_len}): truncate the input or raise max_len")
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= vocab:
-        raise ValueError(f"{what} holds token ids in [{lo}, {hi}], outside the vocabulary "
-                         f"[0, {vocab - 1}]: was the data encoded with another vocabulary?")
-    return ids
-
-
 # ---- the model ----------------------------------------------------------------------------
-
-def embedding_names(cfg: Config) -> tuple[str, str]:
-    """The names of the source and target (= output projection) embedding matrices."""
-    return ("emb", "emb") if cfg.share_embeddings else ("src_emb", "tgt_emb")
-
-
-def padding_mask(ids, pad_id, dtype):
-    """Additive mask (B, 1, 1, S): MASKED at padded keys, 0 elsewhere."""
-    xp = backend.xp
-    return xp.where(ids == pad_id, MASKED, 0.0).astype(dtype)[:, None, None, :]
-
-
-_causal_masks: dict = {}     # (backend, T, dtype) -> mask, a constant made once
-
-
-def causal_mask(length, dtype):
-    """Additive mask (1, 1, T, T): MASKED where key position > query position."""
-    xp = backend.xp
-    key = (backend.name, length, xp.dtype(dtype).str)
-    if key not in _causal_masks:
-        future = xp.triu(xp.ones((length, length), dtype=bool), k=1)
-        _causal_masks[key] = xp.where(future, MASKED, 0.0).astype(dtype)[None, None]
-    return _causal_masks[key]
-
-
-class EmbedCache(NamedTuple):
-    embedding: embedding.Cache
-    positions: positional.LearnedCache | None     # None: the sinusoids, a constant
-    dropout: dropout.Cache | None
-
 
 class ForwardCache(NamedTuple):
     """The cache of ``encoder_forward`` or ``decoder_forward``."""
-    embed: EmbedCache
+    embed: inputs.Cache
     stack: object           # encoder.StackCache or decoder.StackCache
-
-
-def embed(ids, table, cfg, rng, offset=0, positions=None):
-    """Token embedding * sqrt(d_model) + positional encoding, then dropout.
-
-    ids (B, T) -> (B, T, d); ``offset`` is the position of ids[:, 0] (decoder_step's t);
-    ``positions``: a learned position table (L, d) in place of the sinusoids (lm.py's option).
-    """
-    x, c_emb = embedding.forward(ids, {"table": table})
-    c_pos = None
-    if positions is None:
-        x, _ = positional.forward(x, offset)
-    else:
-        x, c_pos = positional.learned_forward(x, {"table": positions}, offset)
-    x, c_drop = dropout.forward(x, cfg.dropout, rng, inplace=True)
-    return x, EmbedCache(c_emb, c_pos, c_drop)
-
-
-def embed_backward(dx, cache: EmbedCache, dtable=None, dpositions=None):
-    """The gradients of the embedding table (V, d) and of the learned position table (L, d)
-    (None with the sinusoids) from dx (B, T, d). With ``dtable``, the table's is added to it (a
-    table used several times sums its uses there); with ``dpositions``, the positions' is
-    written into it."""
-    dx, _ = dropout.backward(dx, cache.dropout)
-    d_positions = None
-    if cache.positions is None:
-        dx, _ = positional.backward(dx, None)
-    else:
-        dx, g = positional.learned_backward(
-            dx, cache.positions, None if dpositions is None else {"table": dpositions})
-        d_positions = g["table"]
-    _, grads = embedding.backward(dx, cache.embedding,
-                                  None if dtable is None else {"table": dtable})
-    return grads["table"], d_positions
 
 
 def encoder_forward(params, cfg, src, rng=None):
@@ -336,7 +166,7 @@ def encoder_forward(params, cfg, src, rng=None):
     src_name, _ = embedding_names(cfg)
     dtype = params[src_name].dtype
     src_mask = padding_mask(src, cfg.pad_id, dtype)
-    x, c_emb = embed(src, params[src_name], cfg, rng)
+    x, c_emb = inputs.forward(src, {"table": params[src_name]}, cfg.dropout, rng)
     memory, c_enc = encoder.stack_forward(x, subdict(params, "enc."), src_mask, cfg, rng)
     return memory, src_mask, ForwardCache(c_emb, c_enc)
 
@@ -347,7 +177,7 @@ def decoder_forward(params, cfg, tgt_in, memory, src_mask, rng=None):
     dtype = params[tgt_name].dtype
     t = tgt_in.shape[1]
     self_mask = causal_mask(t, dtype) + padding_mask(tgt_in, cfg.pad_id, dtype)   # (B, 1, T, T)
-    y, c_emb = embed(tgt_in, params[tgt_name], cfg, rng)
+    y, c_emb = inputs.forward(tgt_in, {"table": params[tgt_name]}, cfg.dropout, rng)
     h, c_dec = decoder.stack_forward(y, memory, subdict(params, "dec."), self_mask, src_mask,
                                      cfg, rng)
     return h, ForwardCache(c_emb, c_dec)
@@ -367,9 +197,14 @@ def decoder_step(params, cfg, tokens, t, self_k, self_v, cross_k, cross_v, src_m
     src_mask (R, 1, 1, S). Equals row t of ``decoder_forward`` (without dropout).
     """
     _, tgt_name = embedding_names(cfg)
-    x, _ = embed(tokens[:, None], params[tgt_name], cfg, None, offset=t)      # (R, 1, d)
+    x, _ = inputs.forward(tokens[:, None], {"table": params[tgt_name]}, offset=t)   # (R, 1, d)
     return decoder.stack_step(x[:, 0], subdict(params, "dec."), self_k, self_v, cross_k, cross_v,
                               src_mask, t, cfg)
+
+
+def logits(params, cfg, h):
+    """Output projection tied to the target embedding: h (..., d) -> (..., V)."""
+    return output.logits(h, {"table": params[embedding_names(cfg)[1]]})
 
 
 def batch_tokens(batch, cfg: Config) -> int:
@@ -382,51 +217,6 @@ def batch_tokens(batch, cfg: Config) -> int:
 def output_vocab(cfg: Config) -> int:
     """The number of tokens the model chooses from at each position."""
     return cfg.tgt_vocab
-
-
-def logits(params, cfg, h):
-    """Output projection tied to the target embedding: h (..., d) -> (..., V)."""
-    return h @ params[embedding_names(cfg)[1]].T
-
-
-LOGIT_CHUNK = 1 << 24    # logits computed at once, in elements (64 MiB in float32)
-
-
-def output_loss(h, table, targets, smoothing, dloss=None, dtable=None):
-    """Tied output projection and label-smoothed loss, over chunks of rows.
-
-    h (N, d) decoder states at the target positions, table (V, d) the target embedding, targets
-    (N,). The logits of a chunk, h_c table^T, live only while its loss and, when ``dloss`` (the
-    scale of the loss, 1 / normaliser) is given, its backward pass are computed: the loss is the
-    last layer, so its backward can run right after its forward, and memory holds one
-    (rows, V) chunk instead of (N, V).
-
-    Returns ``(loss_sum, nll_sum, dh (N, d), dtable (V, d))``; the last two are None without
-    dloss. ``dtable``, when given, receives the table's gradient (overwritten).
-    """
-    xp = backend.xp
-    n, v = h.shape[0], table.shape[0]
-    chunk = max(1, LOGIT_CHUNK // v)
-    loss_sum = nll_sum = 0.0
-    dh = None
-    if dloss is not None:
-        dh = xp.empty_like(h)
-        if dtable is None:
-            dtable = xp.empty_like(table)                                    # (V, d)
-    for start in range(0, n, chunk):
-        part = slice(start, start + chunk)
-        z, c_out = linear.forward(h[part], {"w": table.T})                   # (rows, V)
-        (l_sum, n_sum), c_loss = loss.forward(z, targets[part], smoothing)
-        loss_sum, nll_sum = loss_sum + l_sum, nll_sum + n_sum
-        if dloss is None:
-            continue
-        dz, _ = loss.backward(dloss, c_loss)                                 # (rows, V), over z
-        if start == 0:                  # the first chunk writes dtable^T, the others add to it
-            dh[part], _ = linear.backward(dz, c_out, {"w": dtable.T})
-        else:
-            dh[part], g = linear.backward(dz, c_out)
-            dtable += g["w"].T
-    return loss_sum, nll_sum, dh, dtable if dloss is not None else None
 
 
 def check_batch(cfg: Config, src, tgt):
@@ -488,9 +278,9 @@ def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=No
     if grads and out is None:
         out = flat.zeros_like(params)
     h_sel = h.reshape(b * t, d)[rows]                                     # (N, d)
-    loss_sum, nll_sum, dh_sel, _ = output_loss(
-        h_sel, params[tgt_name], tgt_out.reshape(-1)[rows], cfg.label_smoothing,
-        1.0 / norm if grads else None, out[tgt_name] if grads else None)
+    (loss_sum, nll_sum), dh_sel, _ = output.forward_backward(
+        h_sel, {"table": params[tgt_name]}, tgt_out.reshape(-1)[rows], cfg.label_smoothing,
+        1.0 / norm if grads else None, {"table": out[tgt_name]} if grads else None)
     loss_sum /= norm
     nll_sum /= norm
     stats = {"loss": loss_sum, "nll": nll_sum, "tokens": n_tokens}
@@ -503,9 +293,9 @@ def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=No
     dh[rows] = dh_sel
     dy, dmemory, _ = decoder.stack_backward(dh.reshape(b, t, d), c_tgt.stack,
                                             out_part(out, "dec."))
-    embed_backward(dy, c_tgt.embed, out[tgt_name])     # output projection + target embedding
+    inputs.backward(dy, c_tgt.embed, {"table": out[tgt_name]})   # output projection + target
     dx, _ = encoder.stack_backward(dmemory, c_src.stack, out_part(out, "enc."))
     if src_name != tgt_name:
         out[src_name][...] = 0.0
-    embed_backward(dx, c_src.embed, out[src_name])     # (+ source embedding, when shared)
+    inputs.backward(dx, c_src.embed, {"table": out[src_name]})   # (+ source, when shared)
     return stats, out

@@ -8,10 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitfm import backend, gradcheck, model
+from minitfm import backend, gradcheck
 from minitfm.layers import loss as loss_layer
+from minitfm.layers import output
+from minitfm.models import DROPOUTS, translator
 
-TINY = model.Config.preset("tiny")
+TINY = translator.Config.preset("tiny")
 
 
 @pytest.fixture(autouse=True)
@@ -21,55 +23,55 @@ def _numpy(numpy_backend):
 
 # ---- gradients ----------------------------------------------------------------------------
 
-MODEL_CASES = gradcheck.model_cases()
+MODEL_CASES = [c for c in gradcheck.MODEL_CASES if c.name.startswith("model (")]
 BATCHES = dict(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 3), src_len=st.integers(1, 4),
                tgt_len=st.integers(1, 4))
 
 
-def check_model(name, cfg, seed, batch, src_len, tgt_len):
-    errors = gradcheck.check_model(cfg, seed, batch, src_len, tgt_len)
-    assert set(errors) == set(model.parameter_names(cfg))          # every parameter is checked
+def check_model(case, seed, batch, src_len, tgt_len):
+    errors = gradcheck.check_case(case, seed, dict(batch=batch, src_len=src_len, tgt_len=tgt_len))
+    assert set(errors) == set(translator.parameter_names(case.cfg))  # every parameter is checked
     worst = max(errors, key=errors.get)
-    assert errors[worst] <= gradcheck.TOLERANCE, f"{name}: {worst} {errors[worst]:.2e}"
+    assert errors[worst] <= gradcheck.TOLERANCE, f"{case.name}: {worst} {errors[worst]:.2e}"
 
 
-@pytest.mark.parametrize("name,cfg", MODEL_CASES, ids=[n for n, _ in MODEL_CASES])
+@pytest.mark.parametrize("case", MODEL_CASES, ids=lambda c: c.name)
 @settings(max_examples=1)
 @given(**BATCHES)
-def test_model_gradients_match_finite_differences(name, cfg, seed, batch, src_len, tgt_len):
-    check_model(name, cfg, seed, batch, src_len, tgt_len)
+def test_model_gradients_match_finite_differences(case, seed, batch, src_len, tgt_len):
+    check_model(case, seed, batch, src_len, tgt_len)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,cfg", MODEL_CASES, ids=[n for n, _ in MODEL_CASES])
+@pytest.mark.parametrize("case", MODEL_CASES, ids=lambda c: c.name)
 @settings(max_examples=10)
 @given(**BATCHES)
-def test_model_gradients_many_batches(name, cfg, seed, batch, src_len, tgt_len):
-    check_model(name, cfg, seed, batch, src_len, tgt_len)
+def test_model_gradients_many_batches(case, seed, batch, src_len, tgt_len):
+    check_model(case, seed, batch, src_len, tgt_len)
 
 
 def test_shared_embedding_gradient_is_the_sum_of_its_three_uses():
-    shared = model.init_params(TINY, 1, dtype=np.float64)
+    shared = translator.init_params(TINY, 1, dtype=np.float64)
     split_cfg = TINY.replace(share_embeddings=False)
     split = {("src_emb" if k == "emb" else k): v for k, v in shared.items()}
     split["tgt_emb"] = shared["emb"].copy()
-    src, tgt = gradcheck.model_batch(backend.host_rng(2), TINY, 3, 5, 4)
-    _, g_shared = model.loss_and_grads(shared, TINY, src, tgt)
-    _, g_split = model.loss_and_grads(split, split_cfg, src, tgt)
+    src, tgt = gradcheck.translation_batch(backend.host_rng(2), TINY, 3, 5, 4)
+    _, g_shared = translator.loss_and_grads(shared, TINY, src, tgt)
+    _, g_split = translator.loss_and_grads(split, split_cfg, src, tgt)
     np.testing.assert_allclose(g_shared["emb"], g_split["src_emb"] + g_split["tgt_emb"], rtol=1e-12, atol=1e-15)
 
 
 # ---- masks --------------------------------------------------------------------------------
 
 def _batch(seed=0, batch=3, src_len=5, tgt_len=6, cfg=TINY):
-    return gradcheck.model_batch(backend.host_rng(seed), cfg, batch, src_len, tgt_len)
+    return gradcheck.translation_batch(backend.host_rng(seed), cfg, batch, src_len, tgt_len)
 
 
 def test_no_attention_to_padded_source_keys():
-    params = model.init_params(TINY, 0, dtype=np.float64)
+    params = translator.init_params(TINY, 0, dtype=np.float64)
     src, tgt = _batch()
-    memory, src_mask, enc_cache = model.encoder_forward(params, TINY, src)
-    h, dec_cache = model.decoder_forward(params, TINY, tgt[:, :-1], memory, src_mask)
+    memory, src_mask, enc_cache = translator.encoder_forward(params, TINY, src)
+    h, dec_cache = translator.decoder_forward(params, TINY, tgt[:, :-1], memory, src_mask)
     padded = (src == TINY.pad_id)[:, None, None, :]                         # (B, 1, 1, S)
     enc_probs = [layer.self_attn.sublayer.attention.p for layer in enc_cache.stack.layers]
     cross_probs = [layer.cross_attn.sublayer.attention.p for layer in dec_cache.stack.layers]
@@ -81,12 +83,12 @@ def test_no_attention_to_padded_source_keys():
 
 def test_appending_padding_changes_nothing():
     """More padding on either side leaves the loss and every gradient unchanged."""
-    params = model.init_params(TINY, 3, dtype=np.float64)
+    params = translator.init_params(TINY, 3, dtype=np.float64)
     src, tgt = _batch(1)
-    stats, grads = model.loss_and_grads(params, TINY, src, tgt)
+    stats, grads = translator.loss_and_grads(params, TINY, src, tgt)
     src_p = np.pad(src, ((0, 0), (0, 3)), constant_values=TINY.pad_id)
     tgt_p = np.pad(tgt, ((0, 0), (0, 2)), constant_values=TINY.pad_id)
-    stats_p, grads_p = model.loss_and_grads(params, TINY, src_p, tgt_p)
+    stats_p, grads_p = translator.loss_and_grads(params, TINY, src_p, tgt_p)
     assert stats_p["tokens"] == stats["tokens"]
     assert stats_p["loss"] == pytest.approx(stats["loss"], rel=1e-12)
     for k in grads:
@@ -95,16 +97,16 @@ def test_appending_padding_changes_nothing():
 
 def test_padded_target_positions_contribute_nothing():
     """Whatever the model predicts at padded target positions, the loss ignores it."""
-    params = model.init_params(TINY, 4, dtype=np.float64)
+    params = translator.init_params(TINY, 4, dtype=np.float64)
     src, tgt = _batch(2)
     assert (tgt[:, 1:] == TINY.pad_id).any()
-    stats, grads = model.loss_and_grads(params, TINY, src, tgt)
+    stats, grads = translator.loss_and_grads(params, TINY, src, tgt)
     n_targets = int((tgt[:, 1:] != TINY.pad_id).sum())
     assert stats["tokens"] == n_targets
     # the per-token loss summed over real targets, recomputed from the logits by hand
-    memory, src_mask, _ = model.encoder_forward(params, TINY, src)
-    h, _ = model.decoder_forward(params, TINY, tgt[:, :-1], memory, src_mask)
-    z = model.logits(params, TINY, h)
+    memory, src_mask, _ = translator.encoder_forward(params, TINY, src)
+    h, _ = translator.decoder_forward(params, TINY, tgt[:, :-1], memory, src_mask)
+    z = translator.logits(params, TINY, h)
     logp = z - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)) - z.max(-1, keepdims=True)
     y = tgt[:, 1:]
     real = y != TINY.pad_id
@@ -115,15 +117,15 @@ def test_padded_target_positions_contribute_nothing():
 @settings(max_examples=10)
 @given(seed=st.integers(0, 2**31 - 1), t=st.integers(0, 5))
 def test_future_target_tokens_never_change_earlier_outputs(seed, t):
-    params = model.init_params(TINY, seed % 7, dtype=np.float64)
+    params = translator.init_params(TINY, seed % 7, dtype=np.float64)
     src, tgt = _batch(seed)
     tgt_in = tgt[:, :-1].copy()
-    memory, src_mask, _ = model.encoder_forward(params, TINY, src)
-    h, _ = model.decoder_forward(params, TINY, tgt_in, memory, src_mask)
+    memory, src_mask, _ = translator.encoder_forward(params, TINY, src)
+    h, _ = translator.decoder_forward(params, TINY, tgt_in, memory, src_mask)
     changed = tgt_in.copy()
     rng = np.random.default_rng(seed)
     changed[:, t + 1:] = rng.integers(4, TINY.tgt_vocab, size=changed[:, t + 1:].shape)
-    h2, _ = model.decoder_forward(params, TINY, changed, memory, src_mask)
+    h2, _ = translator.decoder_forward(params, TINY, changed, memory, src_mask)
     np.testing.assert_array_equal(h2[:, : t + 1], h[:, : t + 1])
 
 
@@ -143,11 +145,11 @@ def _float_arrays(nest):
 @pytest.mark.parametrize("pre_ln", [False, True])
 def test_float32_agrees_with_float64(pre_ln):
     cfg = TINY.replace(pre_ln=pre_ln, d_model=16, d_ff=32, n_heads=4)
-    p64 = gradcheck._stack_params(backend.host_rng(5), cfg, "")
+    p64 = gradcheck.random_params(backend.host_rng(5), translator.parameter_shapes(cfg), cfg.d_model)
     p32 = {k: v.astype(np.float32) for k, v in p64.items()}
     src, tgt = _batch(3, cfg=cfg)
-    s64, g64 = model.loss_and_grads(p64, cfg, src, tgt)
-    s32, g32 = model.loss_and_grads(p32, cfg, src, tgt)
+    s64, g64 = translator.loss_and_grads(p64, cfg, src, tgt)
+    s32, g32 = translator.loss_and_grads(p32, cfg, src, tgt)
     assert s32["loss"] == pytest.approx(s64["loss"], rel=1e-5)
     for k in g64:
         assert g32[k].dtype == np.float32, k
@@ -158,17 +160,17 @@ def test_float32_agrees_with_float64(pre_ln):
 def test_float32_is_never_upcast():
     """Every float array the forward passes keep, and every gradient, stays float32."""
     cfg = TINY.replace(dropout=0.2, attention_dropout=0.1, relu_dropout=0.1, pre_ln=True)
-    params = model.init_params(cfg, 0, dtype=np.float32)
+    params = translator.init_params(cfg, 0, dtype=np.float32)
     src, tgt = _batch(4)
     rng = backend.rng(0, 0)
-    memory, src_mask, c_enc = model.encoder_forward(params, cfg, src, rng)
-    h, c_dec = model.decoder_forward(params, cfg, tgt[:, :-1], memory, src_mask, rng)
-    z = model.logits(params, cfg, h.reshape(-1, cfg.d_model))
+    memory, src_mask, c_enc = translator.encoder_forward(params, cfg, src, rng)
+    h, c_dec = translator.decoder_forward(params, cfg, tgt[:, :-1], memory, src_mask, rng)
+    z = translator.logits(params, cfg, h.reshape(-1, cfg.d_model))
     (loss_sum, _), c_loss = loss_layer.forward(z, tgt[:, 1:].reshape(-1), cfg.label_smoothing)
     arrays = list(_float_arrays([memory, src_mask, c_enc, h, c_dec, c_loss, loss_sum]))
     assert len(arrays) > 50
     assert {a.dtype for a in arrays} == {np.dtype(np.float32)}
-    _, grads = model.loss_and_grads(params, cfg, src, tgt, backend.rng(0, 0))
+    _, grads = translator.loss_and_grads(params, cfg, src, tgt, backend.rng(0, 0))
     assert {g.dtype for g in grads.values()} == {np.dtype(np.float32)}
 
 
@@ -176,26 +178,26 @@ def test_float32_is_never_upcast():
 
 def test_dropout_is_reproducible_from_seed_and_step():
     cfg = TINY.replace(dropout=0.3)
-    params = model.init_params(cfg, 0, dtype=np.float64)
+    params = translator.init_params(cfg, 0, dtype=np.float64)
     src, tgt = _batch(5)
-    a, _ = model.loss_and_grads(params, cfg, src, tgt, backend.rng(1, 7))
-    b, _ = model.loss_and_grads(params, cfg, src, tgt, backend.rng(1, 7))
-    c, _ = model.loss_and_grads(params, cfg, src, tgt, backend.rng(1, 8))
-    d, _ = model.loss_and_grads(params, cfg, src, tgt)                    # evaluation: no dropout
+    a, _ = translator.loss_and_grads(params, cfg, src, tgt, backend.rng(1, 7))
+    b, _ = translator.loss_and_grads(params, cfg, src, tgt, backend.rng(1, 7))
+    c, _ = translator.loss_and_grads(params, cfg, src, tgt, backend.rng(1, 8))
+    d, _ = translator.loss_and_grads(params, cfg, src, tgt)                    # evaluation: no dropout
     assert a["loss"] == b["loss"]
     assert a["loss"] != c["loss"] and a["loss"] != d["loss"]
 
 
-@pytest.mark.parametrize("name", model.DROPOUTS)
+@pytest.mark.parametrize("name", DROPOUTS)
 def test_each_dropout_acts_in_training_only(name):
     """Each dropout alone changes the training loss, and nothing at evaluation (no generator)."""
     cfg = TINY.replace(**{name: 0.3})
-    params = model.init_params(cfg, 0, dtype=np.float64)
+    params = translator.init_params(cfg, 0, dtype=np.float64)
     src, tgt = _batch(5)
-    trained, _ = model.loss_and_grads(params, cfg, src, tgt, backend.rng(1, 7))
-    again, _ = model.loss_and_grads(params, cfg, src, tgt, backend.rng(1, 7))
-    evaluated, _ = model.loss_and_grads(params, cfg, src, tgt)
-    plain, _ = model.loss_and_grads(params, TINY, src, tgt, backend.rng(1, 7))
+    trained, _ = translator.loss_and_grads(params, cfg, src, tgt, backend.rng(1, 7))
+    again, _ = translator.loss_and_grads(params, cfg, src, tgt, backend.rng(1, 7))
+    evaluated, _ = translator.loss_and_grads(params, cfg, src, tgt)
+    plain, _ = translator.loss_and_grads(params, TINY, src, tgt, backend.rng(1, 7))
     assert trained["loss"] == again["loss"] != plain["loss"]
     assert evaluated["loss"] == plain["loss"]
 
@@ -203,14 +205,14 @@ def test_each_dropout_acts_in_training_only(name):
 # ---- configuration and initialisation ---------------------------------------------------
 
 def test_presets_hold_the_papers_values():
-    base = model.Config.preset("base")
+    base = translator.Config.preset("base")
     assert (base.n_layers, base.d_model, base.d_ff, base.n_heads) == (6, 512, 2048, 8)
     assert (base.dropout, base.label_smoothing, base.share_embeddings) == (0.1, 0.1, True)
-    big = model.Config.preset("big")
+    big = translator.Config.preset("big")
     assert (big.d_model, big.d_ff, big.n_heads, big.dropout) == (1024, 4096, 16, 0.3)
-    small = model.Config.preset("small")
+    small = translator.Config.preset("small")
     assert (small.src_vocab, small.n_layers, small.d_model, small.d_ff, small.n_heads) == (8000, 3, 256, 1024, 4)
-    assert model.Config.from_dict(base.to_dict()) == base
+    assert translator.Config.from_dict(base.to_dict()) == base
 
 
 @pytest.mark.parametrize("changes,words", [
@@ -234,13 +236,13 @@ def test_invalid_configs_are_refused_with_the_rule(changes, words):
 
 def test_unknown_preset_lists_the_known_ones():
     with pytest.raises(ValueError, match="tiny, toy, small, base, big"):
-        model.Config.preset("huge")
+        translator.Config.preset("huge")
 
 
 def test_initialisation_is_reproducible_and_scaled():
-    cfg = model.Config.preset("toy")
-    a, b = model.init_params(cfg, 3), model.init_params(cfg, 3)
-    c = model.init_params(cfg, 4)
+    cfg = translator.Config.preset("toy")
+    a, b = translator.init_params(cfg, 3), translator.init_params(cfg, 3)
+    c = translator.init_params(cfg, 4)
     assert all(np.array_equal(a[k], b[k]) for k in a)
     assert not np.array_equal(a["emb"], c["emb"])
     assert a["emb"].dtype == np.float32
@@ -252,7 +254,7 @@ def test_initialisation_is_reproducible_and_scaled():
     w = a["enc.0.attn.w_qkv"]
     assert np.abs(w).max() <= bound and np.abs(w).max() > 0.9 * bound
     assert np.all(a["enc.0.ln1.gamma"] == 1) and np.all(a["enc.0.attn.b_o"] == 0)
-    assert list(a) == model.parameter_names(cfg)
+    assert list(a) == translator.parameter_names(cfg)
 
 
 # the parameter names and their order as first published: checkpoints store them in this order,
@@ -273,12 +275,12 @@ def test_parameter_names_and_order_are_those_of_saved_checkpoints(share, pre_ln,
     expected += [f"dec.{i}.{n}" for i in range(n_layers) for n in DECODER_LAYER]
     if pre_ln:
         expected += ["enc.ln.gamma", "enc.ln.beta", "dec.ln.gamma", "dec.ln.beta"]
-    assert model.parameter_names(cfg) == expected
+    assert translator.parameter_names(cfg) == expected
 
 
 def readme_parameter_table(cfg) -> dict:
     """The README's parameter table, expanded for ``cfg``: {name: shape}."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     section = text.split("## Parameters", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     symbols = {"V": cfg.src_vocab, "V_src": cfg.src_vocab, "V_tgt": cfg.tgt_vocab,
@@ -305,14 +307,14 @@ def readme_parameter_table(cfg) -> dict:
 @pytest.mark.parametrize("share", [True, False])
 @pytest.mark.parametrize("pre_ln", [False, True])
 def test_readme_parameter_table_matches_the_model(share, pre_ln):
-    cfg = model.Config(src_vocab=50, tgt_vocab=50 if share else 70, n_layers=3, d_model=8,
+    cfg = translator.Config(src_vocab=50, tgt_vocab=50 if share else 70, n_layers=3, d_model=8,
                        d_ff=20, n_heads=2, share_embeddings=share, pre_ln=pre_ln)
-    assert readme_parameter_table(cfg) == model.parameter_shapes(cfg)
+    assert readme_parameter_table(cfg) == translator.parameter_shapes(cfg)
 
 
 def test_parameter_count_of_the_base_model():
     """About 63M parameters with a 37k shared vocabulary (the paper reports 65M)."""
-    shapes = model.parameter_shapes(model.Config.preset("base"))
+    shapes = translator.parameter_shapes(translator.Config.preset("base"))
     n = sum(int(np.prod(s)) for s in shapes.values())
     assert 60e6 < n < 66e6
 
@@ -330,26 +332,26 @@ def test_parameter_count_of_the_base_model():
     (np.ones((1, 65), dtype=int) * 4, np.array([[2, 5, 3]]), ValueError, ["max_len=64"]),
 ])
 def test_bad_batches_get_clear_errors(src, tgt, exc, words):
-    params = model.init_params(TINY, 0)
+    params = translator.init_params(TINY, 0)
     with pytest.raises(exc) as err:
-        model.loss_and_grads(params, TINY, src, tgt)
+        translator.loss_and_grads(params, TINY, src, tgt)
     for word in words:
         assert word in str(err.value)
 
 
 def test_parameters_that_do_not_fit_the_config_are_named():
-    params = model.init_params(TINY, 0)
+    params = translator.init_params(TINY, 0)
     bad = dict(params)
     del bad["enc.0.ln1.gamma"]
     src, tgt = _batch()
     with pytest.raises(ValueError, match="enc.0.ln1.gamma"):
-        model.loss_and_grads(bad, TINY, src, tgt)
+        translator.loss_and_grads(bad, TINY, src, tgt)
     bad = dict(params, **{"dec.1.ff.w1": np.zeros((3, 3), np.float32)})
     with pytest.raises(ValueError, match=r"dec.1.ff.w1.*\(3, 3\)"):
-        model.loss_and_grads(bad, TINY, src, tgt)
+        translator.loss_and_grads(bad, TINY, src, tgt)
     bad = dict(params, **{"emb": params["emb"].astype(np.float64)})
     with pytest.raises(TypeError, match="float64"):
-        model.loss_and_grads(bad, TINY, src, tgt)
+        translator.loss_and_grads(bad, TINY, src, tgt)
 
 
 class FakeDeviceArray:
@@ -360,22 +362,22 @@ class FakeDeviceArray:
 
 
 def test_host_device_mixing_is_caught():
-    params = model.init_params(TINY, 0)
+    params = translator.init_params(TINY, 0)
     src, tgt = _batch()
     with pytest.raises(TypeError, match=r"src .* on the GPU.*backend is 'numpy'.*to_host"):
-        model.loss_and_grads(params, TINY, FakeDeviceArray(), tgt)
+        translator.loss_and_grads(params, TINY, FakeDeviceArray(), tgt)
     with pytest.raises(TypeError, match=r"parameter 'emb'.*GPU"):
-        model.loss_and_grads(dict(params, emb=FakeDeviceArray()), TINY, src, tgt)
+        translator.loss_and_grads(dict(params, emb=FakeDeviceArray()), TINY, src, tgt)
 
 
 @pytest.mark.parametrize("rows_per_chunk", [1, 2, 5])
 def test_chunked_output_layer_equals_one_chunk(monkeypatch, rows_per_chunk):
     cfg = TINY.replace(label_smoothing=0.1)
-    params = model.init_params(cfg, 6, dtype=np.float64)
+    params = translator.init_params(cfg, 6, dtype=np.float64)
     src, tgt = _batch(6)
-    whole, g_whole = model.loss_and_grads(params, cfg, src, tgt)
-    monkeypatch.setattr(model, "LOGIT_CHUNK", rows_per_chunk * cfg.tgt_vocab)
-    chunked, g_chunked = model.loss_and_grads(params, cfg, src, tgt)
+    whole, g_whole = translator.loss_and_grads(params, cfg, src, tgt)
+    monkeypatch.setattr(output, "LOGIT_CHUNK", rows_per_chunk * cfg.tgt_vocab)
+    chunked, g_chunked = translator.loss_and_grads(params, cfg, src, tgt)
     assert chunked["loss"] == pytest.approx(whole["loss"], rel=1e-12)
     for k in g_whole:
         np.testing.assert_allclose(g_chunked[k], g_whole[k], rtol=1e-10, atol=1e-14)
@@ -384,14 +386,14 @@ def test_chunked_output_layer_equals_one_chunk(monkeypatch, rows_per_chunk):
 def test_one_float32_training_step_matches_float64():
     """A fixed step (loss, gradients, Adam update) in float32 against the same step in float64."""
     from minitfm import optim
-    cfg = model.Config.preset("toy", dropout=0.1, label_smoothing=0.1)
+    cfg = translator.Config.preset("toy", dropout=0.1, label_smoothing=0.1)
     src, tgt = _batch(7, batch=8, src_len=10, tgt_len=9, cfg=cfg)
     after = {}
     for dtype in (np.float64, np.float32):
-        params = model.init_params(cfg, 0, dtype=dtype)
+        params = translator.init_params(cfg, 0, dtype=dtype)
         adam = optim.Adam(params)
         for step in (1, 2):
-            _, grads = model.loss_and_grads(params, cfg, src, tgt, backend.rng(0, step))
+            _, grads = translator.loss_and_grads(params, cfg, src, tgt, backend.rng(0, step))
             adam.update(params, grads, 1e-3)
         after[dtype] = params
     d = cfg.d_model

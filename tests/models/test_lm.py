@@ -5,7 +5,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from minitfm import backend, flat, gradcheck, lm, sampling
+from minitfm import backend, flat, generation, gradcheck, sampling
+from minitfm.models import DROPOUTS, lm
 
 TINY = lm.LMConfig.preset("tiny")
 VARIANTS = {"pre-LN": TINY, "post-LN": TINY.replace(pre_ln=False),
@@ -19,7 +20,7 @@ def _numpy(numpy_backend):
 
 def _params(cfg, seed=0):
     """Random (not initial) float64 parameters, so that LayerNorm gains and biases matter."""
-    return gradcheck._stack_params(backend.host_rng(seed), cfg, "", lm.parameter_shapes(cfg))
+    return gradcheck.random_params(backend.host_rng(seed), lm.parameter_shapes(cfg), cfg.d_model)
 
 
 def _tokens(cfg, seed, batch, length):
@@ -28,41 +29,61 @@ def _tokens(cfg, seed, batch, length):
 
 # ---- gradients ----------------------------------------------------------------------------
 
-LM_CASES = gradcheck.lm_cases()
+LM_CASES = [c for c in gradcheck.MODEL_CASES if c.name.startswith("language model (")]
 BLOCKS = dict(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 3), length=st.integers(1, 5))
 
 
 RELU_MARGIN = 2e-3     # no ReLU unit this close to its kink: the difference quotient straddles it
+KINK_SEED = 1832       # a draw (1 block of 5) with a ReLU unit 1.2e-5 from its kink
 
 
-def check_lm(name, cfg, seed, batch, length):
-    assume(gradcheck.lm_relu_margin(cfg, seed, batch, length) > RELU_MARGIN)
-    errors = gradcheck.check_lm(cfg, seed, batch, length)
-    assert set(errors) == set(lm.parameter_names(cfg))          # every parameter is checked
+def relu_margin(case, seed, **sizes) -> float:
+    """The smallest |pre-activation| of any ReLU unit of the case's draw. Within about 2 h |x|
+    of 0 a difference quotient straddles the kink and means nothing: such a draw says nothing
+    about the backward pass (the tests skip it)."""
+    arrays = case.draw(backend.host_rng(seed), {**case.sizes, **sizes})
+    params = {k: arrays[k] for k in lm.parameter_names(case.cfg)}
+    dropout = backend.rng(2) if any(getattr(case.cfg, n) for n in DROPOUTS) else None
+    _, cache = lm.forward(params, case.cfg, backend.to_device(arrays["a"]), dropout)
+    margin = np.inf
+    for i, layer in enumerate(cache.stack.layers):
+        first = layer.ff.sublayer.first                   # the linear layer before the ReLU
+        pre = first.x @ first.w + params[f"layers.{i}.ff.b1"]                  # (B, T, d_ff)
+        margin = min(margin, float(np.abs(pre).min()))
+    return margin
+
+
+def check_lm(case, seed, batch, length):
+    assume(relu_margin(case, seed, batch=batch, length=length) > RELU_MARGIN)
+    errors = gradcheck.check_case(case, seed, dict(batch=batch, length=length))
+    assert set(errors) == set(lm.parameter_names(case.cfg))     # every parameter is checked
     worst = max(errors, key=errors.get)
-    assert errors[worst] <= gradcheck.TOLERANCE, f"{name}: {worst} {errors[worst]:.2e}"
+    assert errors[worst] <= gradcheck.TOLERANCE, f"{case.name}: {worst} {errors[worst]:.2e}"
 
 
-@pytest.mark.parametrize("name,cfg", LM_CASES, ids=[n for n, _ in LM_CASES])
+@pytest.mark.parametrize("case", LM_CASES, ids=lambda c: c.name)
 @settings(max_examples=1)
 @given(**BLOCKS)
-def test_lm_gradients_match_finite_differences(name, cfg, seed, batch, length):
-    check_lm(name, cfg, seed, batch, length)
+def test_lm_gradients_match_finite_differences(case, seed, batch, length):
+    check_lm(case, seed, batch, length)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,cfg", LM_CASES, ids=[n for n, _ in LM_CASES])
+@pytest.mark.parametrize("case", LM_CASES, ids=lambda c: c.name)
 @settings(max_examples=10)
 @given(**BLOCKS)
-def test_lm_gradients_many_batches(name, cfg, seed, batch, length):
-    check_lm(name, cfg, seed, batch, length)
+def test_lm_gradients_many_batches(case, seed, batch, length):
+    check_lm(case, seed, batch, length)
 
 
 def test_the_kink_check_finds_the_draw_that_straddles_a_relu():
-    """A draw with a ReLU unit 2.5e-5 from its kink (found by the slow test): the difference
+    """A draw with a ReLU unit next to its kink (found by searching the seeds): the difference
     quotient misses the analytic gradient there, and the margin says so."""
-    assert gradcheck.lm_relu_margin(TINY, 100000001, 1, 5) < RELU_MARGIN
-    assert gradcheck.lm_relu_margin(TINY, 0, 2, 4) > RELU_MARGIN
+    case = LM_CASES[0]
+    assert relu_margin(case, KINK_SEED, batch=1, length=5) < RELU_MARGIN
+    errors = gradcheck.check_case(case, KINK_SEED, dict(batch=1, length=5))
+    assert max(errors.values()) > gradcheck.TOLERANCE
+    assert relu_margin(case, 2, batch=2, length=4) > RELU_MARGIN          # an ordinary draw
 
 
 def test_gradient_accumulation_is_exact():
@@ -165,7 +186,7 @@ def test_cached_generation_equals_recomputing_the_prefix(variant, settings_):
     cfg = VARIANTS[variant]
     params = _params(cfg, 6)
     prompt = [1, 5, 2]
-    tokens = [int(t[0]) for t in lm.generate(params, cfg, prompt, 40, seed=3, **settings_)]
+    tokens = [int(t[0]) for t in generation.generate(params, cfg, prompt, 40, seed=3, **settings_)]
     assert tokens == _recomputed(params, cfg, prompt, 40, seed=3, **settings_)
 
 
@@ -173,7 +194,7 @@ def test_generation_is_reproducible_from_the_seed():
     params = _params(TINY, 7)
 
     def run(seed):
-        return np.concatenate(list(lm.generate(params, TINY, [[1, 2], [3, 4]], 30, seed=seed,
+        return np.concatenate(list(generation.generate(params, TINY, [[1, 2], [3, 4]], 30, seed=seed,
                                                temperature=1.5)))
 
     assert np.array_equal(run(11), run(11))
@@ -184,16 +205,16 @@ def test_generation_is_reproducible_from_the_seed():
 def test_generation_checks_its_arguments_at_the_call():
     params = _params(TINY, 8)
     with pytest.raises(ValueError, match="temperature"):
-        lm.generate(params, TINY, [1], 5, temperature=0.0)
+        generation.generate(params, TINY, [1], 5, temperature=0.0)
     with pytest.raises(ValueError, match="top_k"):
-        lm.generate(params, TINY, [1], 5, top_k=TINY.vocab + 1)
+        generation.generate(params, TINY, [1], 5, top_k=TINY.vocab + 1)
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        lm.generate(params, TINY, [TINY.vocab], 5)
+        generation.generate(params, TINY, [TINY.vocab], 5)
     with pytest.raises(ValueError, match="at least one"):
-        lm.generate(params, TINY, np.zeros((1, 0), dtype=np.int64), 5)
+        generation.generate(params, TINY, np.zeros((1, 0), dtype=np.int64), 5)
     with pytest.raises(ValueError, match="max_new_tokens"):
-        lm.generate(params, TINY, [1], -1)
-    assert list(lm.generate(params, TINY, [1], 0)) == []
+        generation.generate(params, TINY, [1], -1)
+    assert list(generation.generate(params, TINY, [1], 0)) == []
 
 
 # ---- configuration and input checks -------------------------------------------------------

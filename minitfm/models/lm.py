@@ -1,16 +1,15 @@
-"""The generative Transformer: a decoder-only language model on the same layers.
+"""The generative Transformer: a decoder-only language model.
 
 The paper's decoder is "composed of a stack of N = 6 identical layers [...] In addition to the two
 sub-layers in each encoder layer, the decoder inserts a third sub-layer, which performs multi-head
 attention over the output of the encoder stack" (section 3.1). Without an encoder there is no
-third sub-layer: each layer is exactly the encoder layer (self-attention, then feed-forward, each
-in a residual connection with LayerNorm) with the decoder's causal mask. So this model is
-``encoder.stack_forward`` with a causal mask between an embedding and a tied output projection:
+third sub-layer: each layer is self-attention under the decoder's causal mask, then feed-forward,
+each in a residual connection with LayerNorm (layers/decoder_only.py):
 
-    x (B, T) ids ──embed·√d + positions──dropout──► N x encoder layer (causal mask)
+    x (B, T) ids ──inputs: embed·√d + positions, dropout──► N x decoder-only layer (causal)
                  ──► final LayerNorm (pre-LN) ──► h (B, T, d)
-    h ──► h E^T (logits, the output projection tied to the embedding E)
-      ──► cross-entropy against y (B, T), the next token at every position, averaged over B*T
+    h ──output: h E^T (tied to the embedding E), cross-entropy against y (B, T), the next token
+      at every position, averaged over B*T
 
 Pre-LN with a final LayerNorm is the default (GPT-2's arrangement; it trains with larger rates);
 the paper's post-LN is ``pre_ln=False``. Positions are the paper's sinusoids, or a learned table
@@ -25,22 +24,23 @@ Parameter names (``parameter_shapes``), composed from the layers' declarations:
 The gradient of "emb" is the sum of its two uses: the output projection's and the embedding's.
 
 Generation runs one position at a time over a key/value cache (:class:`KVCache`): ``step`` is
-row t of ``forward``, through ``model.embed(..., offset=t)`` and ``encoder.layer_step`` (the
-encoder layer on one position, over its self-attention's key/value buffers); ``generate`` feeds
-the prompt, then draws each next token with :mod:`minitfm.sampling` (temperature, top-k, top-p)
-from a generator seeded once, so the same seed gives the same text.
+row t of ``forward``, through the input layer at offset t and ``decoder_only.stack_step``;
+:mod:`minitfm.generation` drives it and draws the tokens.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from minitfm import backend, flat, model, sampling
-from minitfm.layers import embedding, encoder, layernorm, out_part, positional, prefixed, subdict
+from minitfm import backend, flat
+from minitfm.layers import decoder_only, inputs, out_part, output, prefixed, subdict
+from minitfm.models.base import (check_dropouts, check_param_shapes, check_positive_ints,
+                                 check_tokens, initial_values)
 
-KIND = "lm"              # what a checkpoint of this model records as its kind (checkpoint.KINDS)
+KIND = "lm"              # what a checkpoint of this model records as its kind
+DESCRIPTION = "a decoder-only language model (train_lm.py)"
 
 
 @dataclass(frozen=True)
@@ -60,15 +60,12 @@ class LMConfig:
     max_len: int = 256              # the context: the longest sequence the model reads
 
     def __post_init__(self):
-        for name in ("vocab", "n_layers", "d_model", "d_ff", "n_heads", "max_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"LMConfig.{name} must be a positive integer, got {value!r}")
+        check_positive_ints(self, ("vocab", "n_layers", "d_model", "d_ff", "n_heads", "max_len"))
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"LMConfig.d_model={self.d_model} must be divisible by n_heads={self.n_heads} "
                 f"(each head gets d_model / n_heads dimensions)")
-        model.check_dropouts(self)
+        check_dropouts(self)
 
     @classmethod
     def preset(cls, name: str, **overrides) -> LMConfig:
@@ -92,6 +89,8 @@ class LMConfig:
         return cls(**d)
 
 
+Config = LMConfig        # the interface's name for it (models.base.Model)
+
 PRESETS = {
     # for gradient checks: every code path, a few hundred parameters
     "tiny": LMConfig(vocab=11, n_layers=2, d_model=8, d_ff=12, n_heads=2, max_len=16),
@@ -107,12 +106,15 @@ PRESETS = {
 
 def parameter_shapes(cfg: LMConfig) -> dict[str, tuple[int, ...]]:
     """Every parameter's name and shape, in a fixed order: the embedding, the learned positions
-    (when chosen), then "layers." + the encoder stack's names (see encoder.py)."""
-    shapes = {"emb": embedding.param_shapes(cfg.vocab, cfg.d_model)["table"]}
-    if cfg.learned_positions:
-        shapes["pos_emb"] = positional.learned_param_shapes(cfg.max_len, cfg.d_model)["table"]
-    shapes.update(prefixed(encoder.param_shapes(cfg), "layers."))
+    (when chosen), then "layers." + the decoder-only stack's names (see decoder_only.py)."""
+    table = inputs.param_shapes(cfg.vocab, cfg.d_model,
+                                cfg.max_len if cfg.learned_positions else None)
+    shapes = {_NAMES[k]: v for k, v in table.items()}
+    shapes.update(prefixed(decoder_only.param_shapes(cfg), "layers."))
     return shapes
+
+
+_NAMES = {"table": "emb", "positions": "pos_emb"}      # the input layer's, in this model
 
 
 def parameter_names(cfg: LMConfig) -> list[str]:
@@ -120,28 +122,39 @@ def parameter_names(cfg: LMConfig) -> list[str]:
 
 
 def init_params(cfg: LMConfig, seed: int = 0, dtype=None) -> dict:
-    """Initial parameters, reproducibly from ``seed``, by the rules of ``model.initial_values``."""
-    return model.initial_values(parameter_shapes(cfg), cfg.d_model, seed, dtype)
+    """Initial parameters, reproducibly from ``seed``, by the rules of ``base.initial_values``:
+    the embedding N(0, d_model^-1/2), learned positions N(0, 0.02^2)."""
+    return initial_values(parameter_shapes(cfg), cfg.d_model, seed, dtype,
+                          normal={"emb": cfg.d_model ** -0.5, "pos_emb": 0.02})
 
 
 def check_params(params: dict, cfg: LMConfig) -> None:
     """Raise a clear error if ``params`` does not fit ``cfg`` or lives on another device."""
-    model.check_param_shapes(params, parameter_shapes(cfg))
+    check_param_shapes(params, parameter_shapes(cfg))
+
+
+def _inputs(tree: dict) -> dict:
+    """The input layer's arrays of ``tree`` (parameters or gradients), under its names."""
+    return {local: tree[name] for local, name in _NAMES.items() if name in tree}
 
 
 # ---- the model ----------------------------------------------------------------------------
 
+class ForwardCache(NamedTuple):
+    embed: inputs.Cache
+    stack: decoder_only.StackCache
+
+
 def forward(params, cfg: LMConfig, x, rng=None):
     """x (B, T) ids -> ``(h (B, T, d), cache)``: the final states, before the output projection."""
-    x, c_emb = model.embed(x, params["emb"], cfg, rng, positions=params.get("pos_emb"))
-    mask = model.causal_mask(x.shape[1], x.dtype)                         # (1, 1, T, T)
-    h, c_stack = encoder.stack_forward(x, subdict(params, "layers."), mask, cfg, rng)
-    return h, model.ForwardCache(c_emb, c_stack)
+    x, c_emb = inputs.forward(x, _inputs(params), cfg.dropout, rng)
+    h, c_stack = decoder_only.stack_forward(x, subdict(params, "layers."), cfg, rng)
+    return h, ForwardCache(c_emb, c_stack)
 
 
 def logits(params, cfg: LMConfig, h):
     """The output projection tied to the embedding: h (..., d) -> (..., V)."""
-    return h @ params["emb"].T
+    return output.logits(h, {"table": params["emb"]})
 
 
 def batch_tokens(batch, cfg: LMConfig) -> int:
@@ -155,10 +168,11 @@ def output_vocab(cfg: LMConfig) -> int:
 
 
 def check_blocks(cfg: LMConfig, x, y):
-    """Check a batch ``(x, y)`` on the host (as ``model.check_batch`` does); return host arrays."""
+    """Check a batch ``(x, y)`` on the host (as the translator's ``check_batch`` does); return
+    host arrays."""
     x, y = backend.host_copy(x, "x"), backend.host_copy(y, "y")
-    x = model.check_tokens(x, "x", cfg.vocab, cfg, host=True)
-    y = model.check_tokens(y, "y", cfg.vocab, cfg, host=True)
+    x = check_tokens(x, "x", cfg.vocab, cfg, host=True)
+    y = check_tokens(y, "y", cfg.vocab, cfg, host=True)
     if x.shape != y.shape:
         raise ValueError(f"x has shape {tuple(x.shape)} but y has {tuple(y.shape)}: y holds the "
                          f"next token of every position of x")
@@ -178,9 +192,9 @@ def loss_and_grads(params, cfg: LMConfig, x, y, rng=None, *, grads=True, normali
     out: a dict of arrays with the keys and shapes of ``params`` into which the gradients are
         written, overwriting it; default: new arrays, in one flat buffer (:mod:`minitfm.flat`).
 
-    Returns ``(stats, grads)`` as ``model.loss_and_grads`` does: stats has "loss" and "nll" (the
-    same number: no label smoothing) as 0-d arrays of the backend, and "tokens" (B*T, an int);
-    grads is a dict with the keys of ``params`` (None when ``grads=False``).
+    Returns ``(stats, grads)`` as the translator's ``loss_and_grads`` does: stats has "loss" and
+    "nll" (the same number: no label smoothing) as 0-d arrays of the backend, and "tokens" (B*T,
+    an int); grads is a dict with the keys of ``params`` (None when ``grads=False``).
     """
     check_params(params, cfg)
     x, y = check_blocks(cfg, x, y)
@@ -191,20 +205,21 @@ def loss_and_grads(params, cfg: LMConfig, x, y, rng=None, *, grads=True, normali
     norm = float(normalizer) if normalizer is not None else float(n_tokens)
     if grads and out is None:
         out = flat.zeros_like(params)
-    loss_sum, _, dh, _ = model.output_loss(
-        h.reshape(n_tokens, d), params["emb"], y.reshape(-1), 0.0,
-        1.0 / norm if grads else None, out["emb"] if grads else None)   # writes out["emb"]
+    (loss_sum, _), dh, _ = output.forward_backward(
+        h.reshape(n_tokens, d), {"table": params["emb"]}, y.reshape(-1), 0.0,
+        1.0 / norm if grads else None, {"table": out["emb"]} if grads else None)  # writes emb
     loss_sum /= norm
     stats = {"loss": loss_sum, "nll": loss_sum, "tokens": n_tokens}
     if not grads:
         return stats, None
-    dx, _ = encoder.stack_backward(dh.reshape(b, t, d), cache.stack, out_part(out, "layers."))
+    dx, _ = decoder_only.stack_backward(dh.reshape(b, t, d), cache.stack,
+                                        out_part(out, "layers."))
     # the input embedding's gradient adds to the output projection's in out["emb"]
-    model.embed_backward(dx, cache.embed, out["emb"], out.get("pos_emb"))
+    inputs.backward(dx, cache.embed, _inputs(out))
     return stats, out
 
 
-# ---- generation ---------------------------------------------------------------------------
+# ---- incremental decoding -----------------------------------------------------------------
 
 @dataclass
 class KVCache:
@@ -236,56 +251,6 @@ def step(params, cfg: LMConfig, cache: KVCache, tokens, t: int):
     """
     if not 0 <= t < cache.capacity:
         raise ValueError(f"position {t} is outside the cache of {cache.capacity} positions")
-    x, _ = model.embed(tokens[:, None], params["emb"], cfg, None, offset=t,
-                       positions=params.get("pos_emb"))                   # (R, 1, d)
-    x = x[:, 0]                                                           # (R, d)
-    for i in range(cfg.n_layers):
-        x = encoder.layer_step(x, subdict(params, f"layers.{i}."), cache.k[i], cache.v[i], t, cfg)
-    if cfg.pre_ln:
-        x, _ = layernorm.forward(x, subdict(params, "layers.ln."))
+    x, _ = inputs.forward(tokens[:, None], _inputs(params), offset=t)     # (R, 1, d)
+    x = decoder_only.stack_step(x[:, 0], subdict(params, "layers."), cache.k, cache.v, t, cfg)
     return logits(params, cfg, x)                                         # (R, V)
-
-
-def generate(params, cfg: LMConfig, prompt, max_new_tokens: int, *, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-             greedy: bool = False) -> Iterator:
-    """An iterator over ``max_new_tokens`` next tokens, one (R,) int64 array per step, each
-    yielded as soon as it is drawn. The arguments are checked at the call, before any work.
-
-    prompt: (R, P) or (P,) token ids, P >= 1 (one row per sequence; a 1-D prompt is one row).
-    Each token is drawn from the model's distribution after temperature, top-k and top-p
-    (:func:`minitfm.sampling.sample`) with a generator seeded once by ``seed``, or is the most
-    likely one with ``greedy``. When a sequence fills the context (``cfg.max_len``), the cache is
-    rebuilt from its last ``max_len // 2`` tokens and generation goes on from there.
-    """
-    prompt = backend.to_device(prompt)
-    if prompt.ndim == 1:
-        prompt = prompt[None]
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    context = model.check_tokens(prompt[:, -cfg.max_len:], "prompt", cfg.vocab, cfg)  # (R, <= L)
-    context = context.astype(backend.xp.int64)
-    if not greedy:                                  # bad settings fail before any work
-        sampling.filter_logits(backend.xp.zeros((1, cfg.vocab)), temperature=temperature,
-                               top_k=top_k, top_p=top_p)
-    check_params(params, cfg)
-    return _tokens(params, cfg, context, max_new_tokens, backend.rng(seed), greedy,
-                   dict(temperature=temperature, top_k=top_k, top_p=top_p))
-
-
-def _tokens(params, cfg: LMConfig, context, max_new_tokens: int, generator, greedy: bool,
-            settings: dict) -> Iterator:
-    """The generator behind :func:`generate`, once its arguments are checked."""
-    xp = backend.xp
-    keep = max(1, cfg.max_len // 2)                 # tokens kept when the context is full
-    cache = init_cache(cfg, context.shape[0], params["emb"].dtype)
-    filled = 0                                      # positions whose keys and values are cached
-    for _ in range(max_new_tokens):
-        for t in range(filled, context.shape[1]):
-            z = step(params, cfg, cache, context[:, t], t)               # (R, V)
-        filled = context.shape[1]
-        token = sampling.greedy(z) if greedy else sampling.sample(z, generator, **settings)
-        yield token
-        context = xp.concatenate([context, token[:, None]], axis=1)
-        if context.shape[1] > cfg.max_len:         # full: start again from the recent tokens
-            context, filled = context[:, -keep:], 0
