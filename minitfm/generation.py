@@ -19,24 +19,25 @@ from minitfm.models.base import check_tokens
 def generate(params, cfg: lm.LMConfig, prompt, max_new_tokens: int, *, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, seed: int = 0,
              greedy: bool = False) -> Iterator:
-    """An iterator over ``max_new_tokens`` next tokens, one (R,) int64 array per step, each
-    yielded as soon as it is drawn. The arguments are checked at the call, before any work.
+    """An iterator over ``max_new_tokens`` next tokens, one (R,) int64 host (NumPy) array per
+    step, each yielded as soon as it is drawn: the one wait for the device per token, which also
+    brings back whether the logits were finite (:func:`minitfm.sampling.draw_next`). The
+    arguments are checked at the call, on the host, before any work.
 
     prompt: (R, P) or (P,) token ids, P >= 1 (one row per sequence; a 1-D prompt is one row).
     Each token is drawn from the model's distribution after temperature, top-k and top-p
     (:func:`minitfm.sampling.sample`) with a generator seeded once by ``seed``, or is the most
     likely one with ``greedy``.
     """
-    prompt = backend.to_device(prompt)
+    prompt = backend.to_host(prompt)                # checked on the host
     if prompt.ndim == 1:
         prompt = prompt[None]
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    context = check_tokens(prompt[:, -cfg.max_len:], "prompt", cfg.vocab, cfg)  # (R, <= L)
-    context = context.astype(backend.xp.int64)
+    context = check_tokens(prompt[:, -cfg.max_len:], "prompt", cfg.vocab, cfg, host=True)
+    context = backend.to_device(context, dtype="int64")                          # (R, <= L)
     if not greedy:                                  # bad settings fail before any work
-        sampling.filter_logits(backend.xp.zeros((1, cfg.vocab)), temperature=temperature,
-                               top_k=top_k, top_p=top_p)
+        sampling.check_settings(cfg.vocab, temperature=temperature, top_k=top_k, top_p=top_p)
     lm.check_params(params, cfg)
     return _tokens(params, cfg, context, max_new_tokens, backend.rng(seed), greedy,
                    dict(temperature=temperature, top_k=top_k, top_p=top_p))
@@ -53,8 +54,11 @@ def _tokens(params, cfg: lm.LMConfig, context, max_new_tokens: int, generator, g
         for t in range(filled, context.shape[1]):
             z = lm.step(params, cfg, cache, context[:, t], t)              # (R, V)
         filled = context.shape[1]
-        token = sampling.greedy(z) if greedy else sampling.sample(z, generator, **settings)
-        yield token
+        token, finite = sampling.draw_next(z, generator, greedy=greedy, **settings)
+        host_token, finite = backend.to_host_together(token, finite)
+        if not finite:
+            raise sampling.NonFiniteLogits("the model's logits")
+        yield host_token
         context = xp.concatenate([context, token[:, None]], axis=1)
         if context.shape[1] > cfg.max_len:         # full: start again from the recent tokens
             context, filled = context[:, -keep:], 0

@@ -36,7 +36,7 @@ import operator
 from minitfm import backend
 
 __all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "filter_logits", "probabilities",
-           "greedy", "draw", "sample", "draw_next", "NonFiniteLogits"]
+           "greedy", "draw", "sample", "draw_next", "check_settings", "NonFiniteLogits"]
 
 
 def _check_logits(logits, what: str = "logits", finite: bool = True):
@@ -150,6 +150,16 @@ def _top_p(logits, p: float):
     out = xp.empty_like(logits)
     out[rows, order] = xp.where(drop, -xp.inf, ranked)          # back to token order
     return out
+
+
+def check_settings(vocab: int, *, temperature: float = 1.0, top_k: int | None = None,
+                   top_p: float | None = None) -> None:
+    """Raise the error :func:`sample` would raise for these settings, without any array."""
+    _check_temperature(temperature)
+    if top_k is not None:
+        _check_top_k(top_k, vocab)
+    if top_p is not None:
+        _check_top_p(top_p)
 
 
 def filter_logits(logits, *, temperature: float = 1.0, top_k: int | None = None,
