@@ -246,3 +246,85 @@ def test_language_model_greedy_generation_is_minitfm_token_for_token(language_mo
 
     assert len({tuple(o) for o in ours}) > 5, "the test model should not be this trivial"
     check_equal(ours, theirs, margin, "language model, greedy")
+
+
+# ---- safetensors ----------------------------------------------------------------------------
+
+def saved_model(directory, kind=model.KIND, **config):
+    """An untrained model saved as a checkpoint, with a vocabulary (bytes) and extra values."""
+    if kind == model.KIND:
+        cfg = model.Config.preset("tiny", **config)
+        params, vocab = model.init_params(cfg, seed=1), b"\x00sentencepiece bytes\xff"
+    else:
+        cfg = lm.LMConfig.preset("tiny", **config)
+        params, vocab = lm.init_params(cfg, seed=1), "abcdefghijk".encode()
+    path = os.path.join(directory, f"{kind}.npz")
+    checkpoint.save(path, params, step=7, config=cfg.to_dict(), vocab_id="v:123",
+                    vocab_model=vocab, extra={"seed": 5}, kind=kind)
+    return path
+
+
+def same_bits(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+@needs["safetensors"]
+@pytest.mark.parametrize("kind, config", [(model.KIND, {"share_embeddings": False}),
+                                          (lm.KIND, {"learned_positions": True}),
+                                          (model.KIND, {"pre_ln": True})])
+def test_safetensors_round_trip_is_bit_exact(tmp_path, kind, config):
+    path = saved_model(tmp_path, kind, **config)
+    original = checkpoint.load(path)
+    assert main([path, "--to", "safetensors", "--out", str(tmp_path / "m.safetensors")]) == 0
+    assert main([str(tmp_path / "m.safetensors"), "--from", "safetensors",
+                 "--out", str(tmp_path / "back.npz")]) == 0
+    back = checkpoint.load(tmp_path / "back.npz")
+    assert list(back.params) == list(original.params)
+    assert all(same_bits(back.params[n], original.params[n]) for n in original.params)
+    assert (back.kind, back.config, back.step, back.vocab_id, back.vocab_model, back.extra) == \
+        (original.kind, original.config, original.step, original.vocab_id,
+         original.vocab_model, original.extra)
+    assert back.optimizer_state is None                  # weights only: no resuming from it
+    # and the imported model exports to the same tensors and metadata again
+    assert main([str(tmp_path / "back.npz"), "--to", "safetensors",
+                 "--out", str(tmp_path / "again.safetensors")]) == 0
+    from safetensors import safe_open
+    with safe_open(str(tmp_path / "m.safetensors"), "numpy") as first, \
+            safe_open(str(tmp_path / "again.safetensors"), "numpy") as second:
+        assert first.metadata() == second.metadata() and set(first.keys()) == set(second.keys())
+        assert all(same_bits(first.get_tensor(n), second.get_tensor(n)) for n in first.keys())
+
+
+@needs["safetensors"]
+def test_safetensors_file_is_read_without_minitfm(tmp_path):
+    path = saved_model(tmp_path, share_embeddings=False)
+    out = tmp_path / "m.safetensors"
+    assert main([path, "--to", "safetensors", "--out", str(out)]) == 0
+    program = (
+        "import json, sys\n"
+        "sys.modules['minitfm'] = None          # any import of minitfm now fails\n"
+        "from safetensors import safe_open\n"
+        f"with safe_open({str(out)!r}, framework='numpy') as f:\n"
+        "    meta = f.metadata()\n"
+        "    print(json.dumps({'names': sorted(f.keys()), 'meta': meta,\n"
+        "                      'w': f.get_tensor('dec.1.cross_attn.w_kv').tolist()}))\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          check=True)
+    seen = json.loads(done.stdout)
+    original = checkpoint.load(path)
+    assert seen["names"] == sorted(original.params)
+    assert seen["meta"]["format"] == "minitfm" and seen["meta"]["kind"] == "transformer"
+    assert json.loads(seen["meta"]["config"]) == original.config
+    assert np.array_equal(np.asarray(seen["w"], dtype=np.float32),
+                          original.params["dec.1.cross_attn.w_kv"])
+
+
+@needs["safetensors"]
+def test_a_foreign_safetensors_file_is_refused(tmp_path, capsys):
+    from safetensors.numpy import save_file
+    save_file({"weight": np.zeros((2, 2), np.float32)}, str(tmp_path / "other.safetensors"))
+    assert main([str(tmp_path / "other.safetensors"), "--from", "safetensors",
+                 "--out", str(tmp_path / "m.npz")]) == 1
+    assert "holds no minitfm model" in capsys.readouterr().err
+    assert not (tmp_path / "m.npz").exists()
+

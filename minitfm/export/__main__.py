@@ -41,7 +41,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     "safetensors file back into a checkpoint (weights only).")
     p.add_argument("input", help="a minitfm checkpoint (.npz), or with --from safetensors a "
                                  ".safetensors file written by this command")
-    p.add_argument("--to", choices=("ctranslate2",), required=True)
+    direction = p.add_mutually_exclusive_group(required=True)
+    direction.add_argument("--to", choices=("ctranslate2", "safetensors"))
+    direction.add_argument("--from", dest="source", choices=("safetensors",),
+                           help="import: write the model of INPUT as a minitfm checkpoint")
     p.add_argument("--out", required=True, help="the model directory (ctranslate2) or file "
                                                 "(safetensors, or .npz with --from)")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
@@ -63,7 +66,22 @@ def _warn(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.source == "safetensors":
+        from minitfm.export import safetensors
+        if os.path.lexists(args.out) and not args.force:
+            raise ExportError(f"{args.out} exists already: choose another output or pass "
+                              f"--force to replace it")
+        loaded = safetensors.import_file(args.input, args.out)
+        print(f"wrote {args.out}: {loaded.kind} model, step {loaded.step}, weights only (it "
+              f"translates, samples and starts fine-tuning; resuming needs the optimizer state)")
+        return 0
     loaded = source.read_checkpoint(args.input)
+    if args.to == "safetensors":
+        from minitfm.export import safetensors
+        with source.output_file(args.out, args.force) as tmp:
+            safetensors.export(loaded, tmp)
+        print(f"wrote {args.out}: {len(loaded.params)} tensors, {loaded.kind} model")
+        return 0
     from minitfm.export import ctranslate2
     with source.output_directory(args.out, args.force) as tmp:
         settings = ctranslate2.export(loaded, tmp, quantization=args.quantization,
