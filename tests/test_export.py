@@ -328,3 +328,110 @@ def test_a_foreign_safetensors_file_is_refused(tmp_path, capsys):
     assert "holds no minitfm model" in capsys.readouterr().err
     assert not (tmp_path / "m.npz").exists()
 
+
+# ---- refusals and whole outputs ---------------------------------------------------------------
+
+def checkpoint_object(path, **changes):
+    ckpt = checkpoint.load(path)
+    for name, value in changes.items():
+        setattr(ckpt, name, value)
+    return ckpt
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda p: p.pop("dec.0.ff.w1"), r"missing parameters \['dec.0.ff.w1'\]"),
+    (lambda p: p.update(extra_weight=np.zeros(3, np.float32)), r"unexpected \['extra_weight'\]"),
+    (lambda p: p.update(emb=p["emb"][:5]), r"'emb' has shape \(5, 8\), its config needs \(11, 8\)"),
+    (lambda p: p.update(emb=p["emb"].astype(np.float16)), "'emb' is float16"),
+    (lambda p: p["enc.0.ln1.gamma"].__setitem__(3, np.nan), "'enc.0.ln1.gamma' holds NaN"),
+])
+def test_check_loadable_names_what_is_wrong(tmp_path, change, message):
+    ckpt = checkpoint.load(saved_model(tmp_path))
+    change(ckpt.params)
+    with pytest.raises(ExportError, match=message):
+        source.check_loadable(ckpt)
+
+
+def test_check_loadable_refuses_an_unknown_kind_or_config(tmp_path):
+    path = saved_model(tmp_path)
+    with pytest.raises(ExportError, match="unknown kind 'vision'"):
+        source.check_loadable(checkpoint_object(path, kind="vision"))
+    with pytest.raises(ExportError, match="unusable config.*d_model"):
+        source.check_loadable(checkpoint_object(path, config={"d_model": 7, "n_heads": 2}))
+
+
+@needs["ctranslate2"]
+def test_a_model_without_vocabulary_is_refused(tmp_path, capsys):
+    cfg = model.Config.preset("tiny")
+    path = str(tmp_path / "toy.npz")
+    checkpoint.save(path, model.init_params(cfg), step=1, config=cfg.to_dict(), vocab_id="toy-7")
+    assert main([path, "--to", "ctranslate2", "--out", str(tmp_path / "ct2")]) == 1
+    err = capsys.readouterr().err
+    assert "synthetic tasks" in err and "--to safetensors" in err
+    assert os.listdir(tmp_path) == ["toy.npz"]           # nothing written, not even a temporary
+
+
+@needs["ctranslate2"]
+def test_an_unknown_quantization_is_refused(translator, tmp_path, capsys):
+    path, _ = translator
+    assert main([path, "--to", "ctranslate2", "--quantization", "int3",
+                 "--out", str(tmp_path / "ct2")]) == 1
+    assert "unknown quantization 'int3'" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
+@needs["ctranslate2"]
+def test_existing_output_needs_force_and_a_failure_leaves_it_as_it_was(translator, tmp_path,
+                                                                        monkeypatch, capsys):
+    from minitfm.export import ctranslate2 as export_ct2
+    path, _ = translator
+    out = tmp_path / "ct2"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep me")
+    assert main([path, "--to", "ctranslate2", "--out", str(out)]) == 1
+    assert "exists already" in capsys.readouterr().err
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export_ct2, "write_spec", broken)
+    assert main([path, "--to", "ctranslate2", "--out", str(out), "--force"]) == 1
+    assert "No space left on device" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == ["ct2"] and os.listdir(out) == ["mine.txt"]
+    monkeypatch.undo()
+    assert main([path, "--to", "ctranslate2", "--out", str(out), "--force"]) == 0
+    assert os.listdir(tmp_path) == ["ct2"]
+    assert {"model.bin", "config.json", "shared_vocabulary.json", "sentencepiece.model",
+            "decoding.json"} == set(os.listdir(out))
+
+
+@needs["ctranslate2"]
+def test_a_length_penalty_warns_and_records_ctranslate2s_equivalent(translator, tmp_path, capsys):
+    path, _ = translator
+    assert main([path, "--to", "ctranslate2", "--lenpen", "0.6", "--beam", "5",
+                 "--out", str(tmp_path / "ct2")]) == 0
+    captured = capsys.readouterr()
+    assert "agree only at alpha = 0" in captured.err and "length_penalty=0.48" in captured.err
+    assert "beam_size=5, length_penalty=0.48" in captured.out
+    settings = json.loads((tmp_path / "ct2" / "decoding.json").read_text())
+    assert settings["kwargs"]["length_penalty"] == 0.48
+    assert settings["minitfm"]["alpha"] == 0.6
+
+
+@needs["ctranslate2"]
+def test_an_int8_export_loads_and_translates(translator, tmp_path):
+    path, _ = translator
+    params, cfg = load_params(path)
+    assert main([path, "--to", "ctranslate2", "--quantization", "int8", "--lenpen", "0",
+                 "--out", str(tmp_path / "int8")]) == 0
+    sentences = test_sources(cfg, n=50)
+    ours = decode.greedy(params, cfg, decode.pad_batch(sentences, cfg), max_len=MAX_OUT)
+    theirs, _ = ctranslate2_outputs(str(tmp_path / "int8"), sentences, beam=1)
+    # int8 weights round: most, not all, outputs stay the same
+    assert sum(a == b for a, b in zip(ours, theirs)) >= 0.5 * len(ours)
+
+
+def test_help_runs():
+    done = subprocess.run([sys.executable, "-m", "minitfm.export", "--help"], capture_output=True,
+                          text=True, check=True)
+    assert "--to {ctranslate2,safetensors}" in done.stdout and "--quantization" in done.stdout
