@@ -39,7 +39,9 @@ import os
 
 import numpy
 
+from minitfm import backend
 from minitfm.export.source import ExportError, Loaded, model
+from minitfm.layers import positional
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                  "bfloat16", "float32")
@@ -61,13 +63,8 @@ def _import_ctranslate2():
 # ---- weights ----------------------------------------------------------------------------------
 
 def sinusoids(length: int, d_model: int) -> numpy.ndarray:
-    """minitfm's interleaved sine/cosine table (layers/positional.py), float64 then float32."""
-    pos = numpy.arange(length, dtype=numpy.float64)[:, None]
-    angle = pos / numpy.power(10000.0, numpy.arange(0, d_model, 2, dtype=numpy.float64) / d_model)
-    pe = numpy.empty((length, d_model))
-    pe[:, 0::2] = numpy.sin(angle)
-    pe[:, 1::2] = numpy.cos(angle[:, : d_model // 2])
-    return pe.astype(numpy.float32)
+    """minitfm's interleaved sine/cosine table, from layers/positional.py, on the host."""
+    return backend.to_host(positional.encoding(length, d_model, numpy.float32))
 
 
 def _linear(spec, params: dict, w: str, b: str) -> None:
