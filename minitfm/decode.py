@@ -289,13 +289,32 @@ def _check_beam(beam: int, alpha: float, nbest: int) -> None:
         raise ValueError(f"length penalty alpha must be >= 0, got {alpha!r}")
 
 
+def _settled(finished: list[Hypothesis], live: list, nbest: int, limit: int,
+             alpha: float) -> bool:
+    """True when no live hypothesis can end better than the ``nbest``-th finished one.
+
+    A live hypothesis with log-probability s < 0 can only lose probability, and its length
+    penalty is at most lp(limit), so its final score is at most s / lp(limit): if the nbest best
+    finished scores are all at least that for the best live s, searching on cannot change them.
+    (With alpha = 0 this is "the best candidate of a step ended in EOS", CTranslate2's rule.)
+    """
+    if len(finished) < nbest:
+        return False
+    bound = max(score for _, _, score in live) / length_penalty(limit, alpha)
+    return sorted((h[1] for h in finished), reverse=True)[nbest - 1] >= bound
+
+
 def beam_search(params: dict, cfg: model.Config, src, beam: int = 4, alpha: float = 0.6,
-                max_len: int | None = None, nbest: int = 1) -> list[list[Hypothesis]]:
+                max_len: int | None = None, nbest: int = 1,
+                stop_early: bool = False) -> list[list[Hypothesis]]:
     """Beam search for each sentence of ``src`` (B, S): its ``nbest`` best hypotheses.
 
     Each hypothesis is ``(tokens, score)``: token ids without BOS and EOS, and
     log P(tokens, EOS | src) / lp, best first. A hypothesis stopped by the length limit has no EOS
     and its score has no EOS term. See the module docstring for the algorithm.
+
+    ``stop_early``: a sentence also leaves the batch as soon as no live hypothesis can beat its
+    ``nbest``-th finished one (:func:`_settled`): the same results in fewer steps.
     """
     _check_beam(beam, alpha, nbest)
     xp = backend.xp
@@ -330,6 +349,8 @@ def beam_search(params: dict, cfg: model.Config, src, beam: int = 4, alpha: floa
                 elif rank < k:
                     finished[s].append((prefixes[parent], score / length_penalty(t + 1, alpha)))
             if len(finished[s]) >= k or not live:
+                continue
+            if stop_early and _settled(finished[s], live, nbest, limits[s], alpha):
                 continue
             if t + 1 >= limits[s]:                          # out of length: finish as they are
                 finished[s].extend((prefixes[p] + [tok], sc / length_penalty(t + 1, alpha))
@@ -374,7 +395,7 @@ def length_batches(sentences: Sequence[Sequence[int] | None], batch_size: int
 
 def translate_ids(params: dict, cfg: model.Config, sentences: Sequence[Sequence[int]], *,
                   beam: int = 4, alpha: float = 0.6, max_len: int | None = None, nbest: int = 1,
-                  batch_size: int = 64) -> list[list[Hypothesis]]:
+                  batch_size: int = 64, stop_early: bool = False) -> list[list[Hypothesis]]:
     """Beam search over many sentences (token ids without EOS, which is appended).
 
     Sentences are sorted by length and decoded ``batch_size`` at a time, so a batch wastes little
@@ -386,6 +407,7 @@ def translate_ids(params: dict, cfg: model.Config, sentences: Sequence[Sequence[
     results: list[list[Hypothesis]] = [[] for _ in sentences]
     for batch in length_batches(sentences, batch_size):
         src = pad_batch([sentences[i] for i in batch], cfg)
-        for i, hyps in zip(batch, beam_search(params, cfg, src, beam, alpha, max_len, nbest)):
+        for i, hyps in zip(batch, beam_search(params, cfg, src, beam, alpha, max_len, nbest,
+                                              stop_early)):
             results[i] = hyps
     return results

@@ -36,7 +36,7 @@ def library_files():
 
 def is_host_side(path):
     rel = path.relative_to(PACKAGE)
-    return rel.parts[0] == "data" or rel.name in HOST_SIDE
+    return rel.parts[0] in ("data", "export") or rel.name in HOST_SIDE
 
 
 def xp_attribute_chains(tree):

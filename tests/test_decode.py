@@ -244,6 +244,55 @@ def test_finished_hypotheses_are_never_extended(monkeypatch):
         assert all(cfg.eos_id not in h[0] for h in hyps)
 
 
+def random_chain(seed):
+    """A stand-in for decode.step: the next-token distribution depends on the step and the last
+    token, drawn at random with EOS often likely, so hypotheses end at many different steps."""
+    rng = np.random.default_rng(seed)
+    tables = np.log(rng.dirichlet(np.full(11, 0.4), size=(30, 11)))    # (t, last token, next)
+
+    def fake_step(params, cfg, kv, tokens, t):
+        fake_step.steps += 1
+        fake_step.rows += len(tokens)
+        return tables[t][np.asarray(tokens)].copy()                      # (R, V) logits
+
+    fake_step.steps = fake_step.rows = 0
+    return fake_step
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.5])
+@pytest.mark.parametrize("beam, nbest", [(1, 1), (4, 1), (4, 3), (5, 2)])
+def test_stopping_early_gives_the_same_results(monkeypatch, alpha, beam, nbest):
+    params, cfg = tiny()
+    src = sources([3, 8, 1, 5, 0, 9])
+    saved_rows = 0
+    for seed in range(12):
+        plain, early = random_chain(seed), random_chain(seed)
+        monkeypatch.setattr(decode, "step", plain)
+        expected = decode.beam_search(params, cfg, src, beam, alpha, max_len=12, nbest=nbest)
+        monkeypatch.setattr(decode, "step", early)
+        found = decode.beam_search(params, cfg, src, beam, alpha, max_len=12, nbest=nbest,
+                                   stop_early=True)
+        assert found == expected, seed
+        assert early.rows <= plain.rows
+        saved_rows += plain.rows - early.rows
+    if beam > 1 and nbest == 1:                 # (beam 1 ends each sentence at its EOS anyway)
+        assert saved_rows > 0
+
+
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_stopping_early_on_a_model(pre_ln):
+    params, cfg = tiny(pre_ln, seed=3)
+    params["emb"][cfg.eos_id] *= 4.0            # EOS likely: hypotheses end at different steps
+    src = sources([3, 8, 1, 5, 0, 9], seed=3)
+    for alpha in (0.0, 0.6):
+        assert decode.translate_ids(params, cfg, [[4, 5, 6], [7], [8, 9, 10, 4, 5]], alpha=alpha,
+                                    batch_size=2, stop_early=True) == \
+            decode.translate_ids(params, cfg, [[4, 5, 6], [7], [8, 9, 10, 4, 5]], alpha=alpha,
+                                 batch_size=2)
+        assert decode.beam_search(params, cfg, src, alpha=alpha, nbest=2, stop_early=True) == \
+            decode.beam_search(params, cfg, src, alpha=alpha, nbest=2)
+
+
 def never_ends():
     table = np.full((11, 11), 1.0)
     table[:, 3] = 1e-30                                               # EOS all but impossible

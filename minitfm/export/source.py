@@ -1,0 +1,149 @@
+"""What every export reads and writes: a checked model from a checkpoint, and whole outputs.
+
+Reading. A checkpoint records the kind of model it holds; ``MODELS`` maps each kind to its
+module (config class, parameter names and shapes). :func:`check_loadable` is the check every
+model read goes through before anything is written: the kind is known, the config parses, every
+parameter the config needs is there (and nothing else) with its shape, in float32 or float64,
+and every value is finite.
+
+Writing. An export is never left half-written: a directory is built under a temporary name
+beside its destination and renamed into place when complete (:func:`output_directory`); a single
+file is written to a temporary file, flushed, then renamed (:func:`output_file`). A failure on
+the way removes the temporary and leaves an existing destination as it was.
+
+Host-side code: weights are read and written as NumPy arrays on purpose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy
+
+from minitfm import checkpoint
+# The one place the export reaches the models: a kind recorded in a checkpoint -> its module.
+from minitfm import lm, model
+
+MODELS = {model.KIND: model, lm.KIND: lm}
+CONFIGS = {model.KIND: model.Config, lm.KIND: lm.LMConfig}
+FLOAT_DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float64))
+
+
+class ExportError(RuntimeError):
+    """The model cannot be exported (or imported) as asked; the message says why and what to do."""
+
+
+@dataclass
+class Loaded:
+    """A checked model: its kind, config object and host parameters, and the checkpoint's
+    vocabulary (identifier and serialized tokenizer), step and extra values."""
+
+    kind: str
+    config: object                      # model.Config or lm.LMConfig
+    params: dict[str, numpy.ndarray]    # in the order of the config's parameter_shapes
+    vocab_id: str | None
+    vocab_model: bytes | None
+    step: int
+    extra: dict
+
+
+def check_loadable(ckpt: checkpoint.Checkpoint) -> Loaded:
+    """Check a checkpoint's model before it is used: kind, config, names, shapes, dtypes, finite
+    values. Raise :class:`ExportError` naming the first problem; return the checked model."""
+    where = f"checkpoint {ckpt.path}"
+    if ckpt.kind not in MODELS:
+        raise ExportError(f"{where} holds a model of unknown kind {ckpt.kind!r}; this minitfm "
+                          f"knows {', '.join(map(repr, MODELS))}: use the version that wrote it")
+    try:
+        cfg = CONFIGS[ckpt.kind].from_dict(ckpt.config)
+    except (TypeError, ValueError) as exc:
+        raise ExportError(f"{where} has an unusable config: {exc}") from exc
+    shapes = MODELS[ckpt.kind].parameter_shapes(cfg)
+    missing = [n for n in shapes if n not in ckpt.params]
+    extra = [n for n in ckpt.params if n not in shapes]
+    if missing or extra:
+        raise ExportError(f"{where} does not match its config: missing parameters {missing[:5]}, "
+                          f"unexpected {extra[:5]}; the file is damaged or not of this model")
+    params = {}
+    for name, shape in shapes.items():
+        value = numpy.asarray(ckpt.params[name])
+        if value.shape != shape:
+            raise ExportError(f"{where}: parameter {name!r} has shape {value.shape}, its config "
+                              f"needs {shape}")
+        if value.dtype not in FLOAT_DTYPES:
+            raise ExportError(f"{where}: parameter {name!r} is {value.dtype}; parameters are "
+                              f"float32 or float64")
+        if not numpy.isfinite(value).all():
+            raise ExportError(f"{where}: parameter {name!r} holds NaN or Inf; export a "
+                              f"checkpoint from before the run diverged")
+        params[name] = value
+    return Loaded(ckpt.kind, cfg, params, ckpt.vocab_id, ckpt.vocab_model, ckpt.step, ckpt.extra)
+
+
+def read_checkpoint(path: str) -> Loaded:
+    """The checked model of a checkpoint file (without its optimizer state)."""
+    try:
+        ckpt = checkpoint.load(path, with_optimizer=False)
+    except FileNotFoundError:
+        raise ExportError(f"checkpoint {path} does not exist") from None
+    except checkpoint.CheckpointError as exc:
+        raise ExportError(str(exc)) from exc
+    return check_loadable(ckpt)
+
+
+def _temporary_beside(path: str) -> str:
+    directory, name = os.path.split(os.path.abspath(path))
+    return os.path.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
+
+
+def _refuse_existing(path: str, force: bool) -> None:
+    if os.path.lexists(path) and not force:
+        raise ExportError(f"{path} exists already: choose another output or pass --force to "
+                          f"replace it")
+
+
+@contextlib.contextmanager
+def output_directory(path: str, force: bool = False) -> Iterator[str]:
+    """Yield a new empty directory to fill; on success it replaces ``path`` (only with
+    ``force`` when ``path`` exists); on any error it is removed and ``path`` is untouched."""
+    _refuse_existing(path, force)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = _temporary_beside(path)
+    os.mkdir(tmp)
+    try:
+        yield tmp
+        if os.path.lexists(path):                 # --force: move the old one aside first
+            old = _temporary_beside(path)
+            os.rename(path, old)
+            os.rename(tmp, path)
+            shutil.rmtree(old) if os.path.isdir(old) else os.remove(old)
+        else:
+            os.rename(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@contextlib.contextmanager
+def output_file(path: str, force: bool = False) -> Iterator[str]:
+    """Yield a temporary file name to write; on success it is fsync'ed and renamed to ``path``;
+    on any error it is removed and ``path`` is untouched."""
+    _refuse_existing(path, force)
+    if os.path.isdir(path):
+        raise ExportError(f"{path} is a directory: name the output file")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = _temporary_beside(path)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
