@@ -20,7 +20,9 @@ import sys
 import numpy as np
 import pytest
 
-from minitfm import backend, checkpoint, decode, lm, model, tasks, train
+from minitfm import backend, checkpoint, decode, generation, tasks, train
+from minitfm.models import lm
+from minitfm.models import translator as model
 from minitfm.data import text as textdata
 from minitfm.data.vocab import train_vocab
 from minitfm.export import source
@@ -231,7 +233,7 @@ def test_language_model_greedy_generation_is_minitfm_token_for_token(language_mo
     starts = np.random.default_rng(2).integers(0, len(tokens) - 8, size=60)
     prompts = np.stack([tokens[s:s + 8] for s in starts]).astype(np.int64)        # (60, 8)
     new = cfg.max_len - prompts.shape[1]                       # fills the context, no sliding
-    ours = np.stack([backend.to_host(t) for t in lm.generate(params, cfg, prompts, new,
+    ours = np.stack([backend.to_host(t) for t in generation.generate(params, cfg, prompts, new,
                                                              greedy=True)], axis=1).tolist()
     engine = ctranslate2.Generator(exported, device="cpu", intra_threads=1)
     results = engine.generate_batch([list(tokenizer.decode(p)) for p in prompts],

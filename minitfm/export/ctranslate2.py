@@ -137,7 +137,7 @@ def translator_spec(params: dict, cfg: model.Config, src_tokens: list[str],
 
 
 def language_model_spec(params: dict, cfg, tokens: list[str]):
-    """The ``TransformerDecoderModelSpec`` of a decoder-only language model (lm.py)."""
+    """The ``TransformerDecoderModelSpec`` of a decoder-only language model (models/lm.py)."""
     ct2 = _import_ctranslate2()
     params = {k: numpy.asarray(v, dtype=numpy.float32) for k, v in params.items()}
     spec = ct2.specs.TransformerDecoderModelSpec.from_config(
@@ -207,7 +207,7 @@ def translate_kwargs(beam: int, length_penalty: float, max_len: int, max_input: 
 
 
 def generate_kwargs(max_new_tokens: int) -> dict:
-    """``generate_batch``'s arguments that generate as ``lm.generate(..., greedy=True)``: the
+    """``generate_batch``'s arguments that generate as ``generation.generate(..., greedy=True)``: the
     prompt's continuation only, every token of the vocabulary allowed, no stop token."""
     return {"max_length": max_new_tokens, "sampling_topk": 1, "include_prompt_in_result": False,
             "end_token": []}

@@ -4,7 +4,7 @@ safetensors (Hugging Face's format) is a JSON header and the raw bytes of each t
 reads it without minitfm and without unpickling anything. The file holds
 
 - every parameter under its minitfm name ("enc.0.attn.w_qkv", "dec.ln.gamma", "emb"; the names
-  are documented in model.py and lm.py), in its own dtype, bytes unchanged, so a round trip is
+  are documented in models/translator.py and models/lm.py), in its own dtype, bytes unchanged, so a round trip is
   bit-exact;
 - string metadata: ``format`` ("minitfm"), ``kind`` (which model), ``config`` (the config as
   JSON), ``step``, ``extra`` (JSON), ``vocab_id`` and, where the checkpoint has one, the

@@ -1,10 +1,10 @@
 """What every export reads and writes: a checked model from a checkpoint, and whole outputs.
 
-Reading. A checkpoint records the kind of model it holds; ``MODELS`` maps each kind to its
-module (config class, parameter names and shapes). :func:`check_loadable` is the check every
-model read goes through before anything is written: the kind is known, the config parses, every
-parameter the config needs is there (and nothing else) with its shape, in float32 or float64,
-and every value is finite.
+Reading. A checkpoint records the kind of model it holds, which names its model in the registry
+(:mod:`minitfm.models`: config class, parameter names and shapes). :func:`check_loadable` is the
+check every model read goes through before anything is written: the kind is known, the config
+parses, every parameter the config needs is there (and nothing else) with its shape, in float32
+or float64, and every value is finite.
 
 Writing. An export is never left half-written: a directory is built under a temporary name
 beside its destination and renamed into place when complete (:func:`output_directory`); a single
@@ -25,12 +25,10 @@ from dataclasses import dataclass
 
 import numpy
 
-from minitfm import checkpoint
-# The one place the export reaches the models: a kind recorded in a checkpoint -> its module.
-from minitfm import lm, model
+from minitfm import checkpoint, models
+# The formats' own layouts are written for the two built-in models (ctranslate2.py)
+from minitfm.models import lm, translator as model   # noqa: F401  (imported by the mappings)
 
-MODELS = {model.KIND: model, lm.KIND: lm}
-CONFIGS = {model.KIND: model.Config, lm.KIND: lm.LMConfig}
 FLOAT_DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float64))
 
 
@@ -56,14 +54,16 @@ def check_loadable(ckpt: checkpoint.Checkpoint) -> Loaded:
     """Check a checkpoint's model before it is used: kind, config, names, shapes, dtypes, finite
     values. Raise :class:`ExportError` naming the first problem; return the checked model."""
     where = f"checkpoint {ckpt.path}"
-    if ckpt.kind not in MODELS:
+    if ckpt.kind not in models.kinds():
         raise ExportError(f"{where} holds a model of unknown kind {ckpt.kind!r}; this minitfm "
-                          f"knows {', '.join(map(repr, MODELS))}: use the version that wrote it")
+                          f"knows {', '.join(map(repr, models.kinds()))}: use the version that "
+                          f"wrote it")
+    trained = models.get(ckpt.kind)
     try:
-        cfg = CONFIGS[ckpt.kind].from_dict(ckpt.config)
+        cfg = trained.Config.from_dict(ckpt.config)
     except (TypeError, ValueError) as exc:
         raise ExportError(f"{where} has an unusable config: {exc}") from exc
-    shapes = MODELS[ckpt.kind].parameter_shapes(cfg)
+    shapes = trained.parameter_shapes(cfg)
     missing = [n for n in shapes if n not in ckpt.params]
     extra = [n for n in ckpt.params if n not in shapes]
     if missing or extra:
