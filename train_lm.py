@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import numpy                                                        # host bytes
 
-from minitfm import checkpoint, cli, generation, train
+from minitfm import checkpoint, cli, distributed, generation, train
 from minitfm.cli import UsageError, integer, number, positive_int
 from minitfm.data import text as textdata
 from minitfm.models import lm
@@ -225,8 +225,9 @@ def run_training(args: argparse.Namespace) -> int:
     resumed = cli.check_resumable(args, RUN_OPTIONS, lm.KIND)
     tokenizer = make_tokenizer(args) if resumed is None else stored_tokenizer(resumed)
     prompt = encode_prompt(tokenizer, args.prompt) if args.samples else None
-    data = textdata.load_text(args.data, tokenizer, block_size=args.block_size,
-                              cache_dir=args.cache_dir)
+    with distributed.world().root_first():   # rank 0 writes the token cache, the others read it
+        data = textdata.load_text(args.data, tokenizer, block_size=args.block_size,
+                                  cache_dir=args.cache_dir)
     cfg = model_config(args, tokenizer.size)
     valid = list(textdata.validation_blocks(data.valid, EVAL_BATCH, args.block_size,
                                             args.eval_blocks or None))

@@ -67,7 +67,7 @@ _causal_masks: dict = {}     # (array module, T, dtype) -> mask, a constant made
 def causal_mask(length, dtype):
     """(1, 1, T, T): MASKED where the key's position is after the query's."""
     xp = backend.xp
-    key = (xp, length, xp.dtype(dtype).str)      # arrays of this module only
+    key = (id(xp), length, xp.dtype(dtype).str)      # arrays of this module only
     if key not in _causal_masks:
         future = xp.triu(xp.ones((length, length), dtype=bool), k=1)
         _causal_masks[key] = xp.where(future, MASKED, 0.0).astype(dtype)[None, None]

@@ -45,7 +45,7 @@ _tables: dict = {}      # (array module, d_model, dtype) -> the rows computed so
 def table(length, d_model, dtype):
     """PE rows 0 .. length-1, computed once (in float64, then cast) and kept: a constant of the
     model, so a training step or a decoding step only reads it."""
-    key = (backend.xp, d_model, backend.xp.dtype(dtype).str)   # arrays of this module only
+    key = (id(backend.xp), d_model, backend.xp.dtype(dtype).str)   # arrays of this module only
     rows = _tables.get(key)
     if rows is None or rows.shape[0] < length:
         rows = encoding(max(length, 2 * (0 if rows is None else rows.shape[0]), 64), d_model,
