@@ -64,59 +64,30 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help=f"BPE vocabulary size (default {DEFAULTS['vocab_size']})")
     p.add_argument("--cache-dir", help="keep the encoded tokens here, memory-mapped (for large "
                                        "files; default: encode in memory)")
-    model = p.add_argument_group("model")
-    model.add_argument("--block-size", type=positive_int,
-                       help=f"context, in tokens (default {DEFAULTS['block_size']})")
-    model.add_argument("--layers", type=positive_int, help=f"default {DEFAULTS['layers']}")
-    model.add_argument("--d-model", type=positive_int, help=f"default {DEFAULTS['d_model']}")
-    model.add_argument("--heads", type=positive_int, help=f"default {DEFAULTS['heads']}")
-    model.add_argument("--d-ff", type=positive_int, help=f"default {DEFAULTS['d_ff']}")
-    model.add_argument("--dropout", type=number(0, 1, high_open=True),
-                       help=f"default {DEFAULTS['dropout']}")
-    model.add_argument("--learned-positions", action="store_true",
-                       help="a learned position table instead of the sinusoids")
-    model.add_argument("--post-ln", action="store_true",
-                       help="the paper's post-LN instead of pre-LN with a final LayerNorm")
+    add_model_options(p.add_argument_group("model"))
     opt = p.add_argument_group("training")
     opt.add_argument("--batch-size", type=positive_int,
                      help=f"blocks per step (default {DEFAULTS['batch_size']})")
     opt.add_argument("--steps", type=positive_int, help=f"default {DEFAULTS['steps']}")
-    opt.add_argument("--lr", type=POSITIVE,
-                     help=f"peak learning rate (default {DEFAULTS['lr']:g}; with --schedule "
-                          f"paper, the factor of the paper's rate)")
-    opt.add_argument("--min-lr", type=number(0),
-                     help=f"the rate at the last step (default {DEFAULTS['min_lr']:g})")
-    opt.add_argument("--warmup", type=integer(0), help=f"default {DEFAULTS['warmup']}")
-    opt.add_argument("--schedule", choices=("cosine", "linear", "paper"),
-                     help=f"decay after the warm-up (default {DEFAULTS['schedule']})")
-    opt.add_argument("--weight-decay", type=number(0),
-                     help=f"AdamW's decoupled decay (default {DEFAULTS['weight_decay']:g})")
-    opt.add_argument("--clip-norm", type=POSITIVE, help="clip the gradient norm (default: no)")
+    cli.add_schedule_options(opt, choices=("cosine", "linear", "paper"),
+                             default=f"default {DEFAULTS['schedule']}",
+                             lr_help=f"peak learning rate (default {DEFAULTS['lr']:g}; with "
+                                     f"--schedule paper, the factor of the paper's rate)",
+                             min_lr=(None, f"default {DEFAULTS['min_lr']:g}"), steps="--steps")
+    cli.add_optimiser_options(opt, warmup=f"default {DEFAULTS['warmup']}", warmup_type=integer(0),
+                              weight_decay=f"default {DEFAULTS['weight_decay']:g}")
     opt.add_argument("--time-limit", type=POSITIVE, help="seconds of training, over all "
                                                          "sessions of the run")
-    opt.add_argument("--eval-every", type=integer(0), default=0,
-                     help="steps between validations (default 0: only at the end)")
+    cli.add_logging_options(opt, valid_every=(0, "default 0: only at the end"),
+                            valid_option="--eval-every")
     opt.add_argument("--eval-blocks", type=integer(0), default=0,
                      help="validation blocks, evenly spaced (default 0: the whole split)")
-    opt.add_argument("--save-every", type=integer(0), default=0,
-                     help="steps between checkpoints (default 0: at the end and on a signal)")
-    opt.add_argument("--seed", type=integer(0), default=0)
-    cli.add_backend_option(p, "numpy")
-    cli.add_threads_option(p, THREADS)
+    cli.add_checkpoint_options(opt, save_every=(0, "default 0: at the end and on a signal"))
+    cli.add_seed_option(opt)
+    cli.add_placement_options(p, "numpy", THREADS)
     cli.add_run_options(p, "lm")
-    gen = p.add_argument_group("sampling (after training, or from --checkpoint with --sample)")
-    gen.add_argument("--sample", action="store_true",
-                     help="only sample from --checkpoint, streaming the text")
-    gen.add_argument("--checkpoint", help="the checkpoint to sample from")
-    gen.add_argument("--prompt", default="\n", help="the text to continue (default a newline)")
-    gen.add_argument("--max-new-tokens", type=integer(0), default=300)
-    gen.add_argument("--temperature", type=POSITIVE, default=0.8)
-    gen.add_argument("--top-k", type=positive_int, help="keep the k most likely tokens")
-    gen.add_argument("--top-p", type=number(0, 1, low_open=True),
-                     help="keep the most likely tokens holding this much probability")
-    gen.add_argument("--greedy", action="store_true", help="the most likely token every time")
-    gen.add_argument("--samples", type=integer(0), default=2,
-                     help="samples printed after training (default 2)")
+    add_sampling_options(p.add_argument_group(
+        "sampling (after training, or from --checkpoint with --sample)"))
     args = p.parse_args(argv)
     if args.sample:
         given = [name for name in ("data", "resume", "out") if getattr(args, name)]
@@ -139,6 +110,36 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.schedule == "paper" and args.warmup < 1:
         p.error("--schedule paper needs --warmup >= 1")
     return args
+
+
+def add_model_options(model) -> None:
+    model.add_argument("--block-size", type=positive_int,
+                       help=f"context, in tokens (default {DEFAULTS['block_size']})")
+    model.add_argument("--layers", type=positive_int, help=f"default {DEFAULTS['layers']}")
+    model.add_argument("--d-model", type=positive_int, help=f"default {DEFAULTS['d_model']}")
+    model.add_argument("--heads", type=positive_int, help=f"default {DEFAULTS['heads']}")
+    model.add_argument("--d-ff", type=positive_int, help=f"default {DEFAULTS['d_ff']}")
+    model.add_argument("--dropout", type=number(0, 1, high_open=True),
+                       help=f"default {DEFAULTS['dropout']}")
+    model.add_argument("--learned-positions", action="store_true",
+                       help="a learned position table instead of the sinusoids")
+    model.add_argument("--post-ln", action="store_true",
+                       help="the paper's post-LN instead of pre-LN with a final LayerNorm")
+
+
+def add_sampling_options(gen) -> None:
+    gen.add_argument("--sample", action="store_true",
+                     help="only sample from --checkpoint, streaming the text")
+    gen.add_argument("--checkpoint", help="the checkpoint to sample from")
+    gen.add_argument("--prompt", default="\n", help="the text to continue (default a newline)")
+    gen.add_argument("--max-new-tokens", type=integer(0), default=300)
+    gen.add_argument("--temperature", type=POSITIVE, default=0.8)
+    gen.add_argument("--top-k", type=positive_int, help="keep the k most likely tokens")
+    gen.add_argument("--top-p", type=number(0, 1, low_open=True),
+                     help="keep the most likely tokens holding this much probability")
+    gen.add_argument("--greedy", action="store_true", help="the most likely token every time")
+    gen.add_argument("--samples", type=integer(0), default=2,
+                     help="samples printed after training (default 2)")
 
 
 def say(text: str) -> None:

@@ -60,21 +60,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--heads", type=positive_int, help="attention heads (default: preset)")
     p.add_argument("--d-ff", type=positive_int, help="feed-forward width (default: preset)")
     p.add_argument("--label-smoothing", type=fraction, help="eps_ls (default: per task)")
-    p.add_argument("--lr-factor", type=number(0, low_open=True),
-                   help="scales the paper's schedule (default: per task)")
-    p.add_argument("--warmup", type=positive_int, help="warmup steps (default: per task)")
-    p.add_argument("--clip-norm", type=number(0, low_open=True),
-                   help="clip the gradient norm (default: no)")
-    p.add_argument("--seed", type=integer(0), default=0)
-    cli.add_backend_option(p, "numpy")
-    cli.add_threads_option(p, THREADS)
+    cli.add_optimiser_options(p, warmup="default: per task", lr_factor=(None, "default: per task"))
+    cli.add_seed_option(p)
+    cli.add_placement_options(p, "numpy", THREADS)
     cli.add_run_options(p, "toy-<task>")
     p.add_argument("--eval-size", type=positive_int, default=500,
                    help="held-out sequences (default 500)")
-    p.add_argument("--valid-every", type=integer(0), default=0,
-                   help="steps between validations (default 0: only at the end)")
-    p.add_argument("--save-every", type=integer(0), default=0,
-                   help="steps between checkpoints (default 0: at the end and on a signal)")
+    cli.add_logging_options(p, valid_every=(0, "default 0: only at the end"))
+    cli.add_checkpoint_options(p, save_every=(0, "default 0: at the end and on a signal"))
     p.add_argument("--examples", type=integer(0), default=5, help="examples to print (default 5)")
     args = p.parse_args(argv)
     for name, value in TASK_DEFAULTS[args.task].items():

@@ -93,7 +93,20 @@ POSITIVE = number(0, low_open=True)
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=preset_table(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    data = p.add_argument_group("data")
+    add_data_options(p.add_argument_group("data"))
+    add_model_options(p.add_argument_group("model (default: the preset's)"))
+    add_training_options(p.add_argument_group("training"))
+    add_evaluation_options(p.add_argument_group("evaluation"))
+    args = p.parse_args(argv)
+    check_args(p, args)
+    for name, value in PRESET_DEFAULTS[args.preset].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    check_schedule(p, args)
+    return args
+
+
+def add_data_options(data) -> None:
     data.add_argument("--trainpref", help="training corpus PREFIX (PREFIX.SRC, PREFIX.TGT)")
     data.add_argument("--validpref", help="validation corpus prefix (loss and BLEU)")
     data.add_argument("--testpref", help="test corpus prefix (final BLEU)")
@@ -109,7 +122,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     data.add_argument("--no-clean", action="store_true",
                       help="do not drop empty, overlong or badly proportioned training pairs")
 
-    arch = p.add_argument_group("model (default: the preset's)")
+
+def add_model_options(arch) -> None:
     arch.add_argument("--preset", choices=tuple(PRESET_DEFAULTS), default="small")
     arch.add_argument("--layers", type=positive_int, help="encoder and decoder layers")
     arch.add_argument("--d-model", type=positive_int, help="model width")
@@ -131,7 +145,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                            "(default 0)")
     arch.add_argument("--label-smoothing", type=FRACTION, help="label smoothing")
 
-    opt = p.add_argument_group("training")
+
+def add_training_options(opt) -> None:
     opt.add_argument("--max-tokens", type=integer(3), help="padded tokens per batch (default: "
                                                            "preset)")
     opt.add_argument("--update-freq", type=positive_int, help="batches summed into one update "
@@ -139,41 +154,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     opt.add_argument("--max-steps", type=positive_int, help="training updates (default: preset)")
     opt.add_argument("--time-limit", type=POSITIVE, metavar="MINUTES",
                      help="stop, with a checkpoint, after this much training time")
-    opt.add_argument("--warmup", type=positive_int, help="warmup steps (default: preset)")
-    opt.add_argument("--lr-factor", type=POSITIVE, default=1.0,
-                     help="scales the paper's learning-rate schedule (default 1)")
-    opt.add_argument("--schedule", choices=("paper", "linear", "cosine"),
-                     help="after the warmup: the paper's inverse square root, or a linear or "
-                          "cosine decay to --min-lr at --max-steps, or at --time-limit if that "
-                          "comes first (default: preset)")
-    opt.add_argument("--lr", type=POSITIVE,
-                     help="peak rate of --schedule linear or cosine (default: the paper's rate "
-                          "at the end of the warmup, times --lr-factor)")
-    opt.add_argument("--min-lr", type=number(0), default=0.0,
-                     help="rate at --max-steps with --schedule linear or cosine (default 0)")
-    opt.add_argument("--cooldown", type=number(0, 1, low_open=True), metavar="FRACTION",
-                     help="bring the rate down linearly to 0 over this last part of the run "
-                          "(of --max-steps, or of --time-limit if that comes first)")
-    opt.add_argument("--clip-norm", type=POSITIVE, help="clip the gradient norm (default: no)")
-    opt.add_argument("--seed", type=integer(0), default=0,
-                     help="seeds initialisation, dropout and batch order (default 0)")
-    opt.add_argument("--log-every", type=positive_int, default=10,
-                     help="steps between log lines (default 10)")
-    opt.add_argument("--valid-every", type=integer(0), help="steps between validations "
-                                                            "(default: preset; 0: at the end)")
+    cli.add_optimiser_options(opt, warmup="default: preset", lr_factor=(1.0, "default 1"))
+    cli.add_schedule_options(opt, choices=("paper", "linear", "cosine"), default="default: preset",
+                             lr_help="peak rate of --schedule linear or cosine (default: the "
+                                     "paper's rate at the end of the warmup, times --lr-factor)",
+                             min_lr=(0.0, "default 0"), steps="--max-steps", cooldown=True)
+    cli.add_seed_option(opt, "initialisation, dropout and batch order")
+    cli.add_logging_options(opt, valid_every=(None, "default: preset; 0: at the end"),
+                            log_every=True)
     opt.add_argument("--valid-bleu-sentences", type=integer(0), default=200,
                      help="validation pairs decoded greedily for BLEU (default 200; 0: none)")
-    opt.add_argument("--save-every", type=integer(0), help="steps between checkpoints "
-                                                           "(default: preset; 0: at the end)")
-    opt.add_argument("--keep-last", type=positive_int, default=5,
-                     help="checkpoints kept (default 5)")
+    cli.add_checkpoint_options(opt, save_every=(None, "default: preset; 0: at the end"),
+                               keep_last=True)
     opt.add_argument("--average-last", type=positive_int, default=5,
                      help="checkpoints averaged for the test (default 5, as the paper)")
-    cli.add_backend_option(opt, "auto")
-    cli.add_threads_option(opt, None)
+    cli.add_placement_options(opt, "auto", None)
     cli.add_run_options(opt, "wmt-<preset>")
 
-    ev = p.add_argument_group("evaluation")
+
+def add_evaluation_options(ev) -> None:
     ev.add_argument("--eval-only", action="store_true",
                     help="only translate and score the test set with --checkpoint")
     ev.add_argument("--checkpoint", help="checkpoint to score with --eval-only")
@@ -185,13 +184,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="score only the first N test sentences (default: all)")
     ev.add_argument("--bleu-tokenize", default="13a",
                     help="sacreBLEU tokenizer (default 13a, WMT's standard)")
-    args = p.parse_args(argv)
-    check_args(p, args)
-    for name, value in PRESET_DEFAULTS[args.preset].items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    check_schedule(p, args)
-    return args
 
 
 def preset_table() -> str:

@@ -38,7 +38,9 @@ from minitfm.models.translator import Config
 
 __all__ = ["EXIT_INTERRUPTED", "UsageError", "USER_ERRORS", "integer", "number", "positive_int",
            "reuse_freed_memory", "add_backend_option", "select_backend", "add_threads_option",
-           "place", "add_run_options",
+           "place", "add_run_options", "add_optimiser_options", "add_schedule_options",
+           "add_checkpoint_options", "add_logging_options", "add_seed_option",
+           "add_placement_options",
            "default_run_dir", "check_resumable", "model_config", "stopped", "report_errors"]
 
 EXIT_INTERRUPTED = 130   # the shell's code for a process stopped by Ctrl-C
@@ -161,6 +163,78 @@ def place(threads: int | None, cap: int | None, announce: bool = True) -> placem
     if announce and world.is_root:
         print(decided.describe(), flush=True)
     return decided
+
+
+# ---- option groups shared by the training commands ------------------------------------------
+# Each command passes its own defaults: a value (None: filled in later, from a preset or a task)
+# and the words its help shows for it, such as "default 10" or "default: preset".
+
+def add_optimiser_options(group, *, warmup: str, warmup_type=positive_int,
+                          lr_factor: tuple[float | None, str] | None = None,
+                          weight_decay: str | None = None) -> None:
+    """``--warmup``, ``--clip-norm``; ``--lr-factor`` (``(default, words)``) and
+    ``--weight-decay`` where the command has them."""
+    group.add_argument("--warmup", type=warmup_type, help=f"warmup steps ({warmup})")
+    if lr_factor is not None:
+        group.add_argument("--lr-factor", type=number(0, low_open=True), default=lr_factor[0],
+                           help=f"scales the paper's learning-rate schedule "
+                                f"({lr_factor[1]})")
+    if weight_decay is not None:
+        group.add_argument("--weight-decay", type=number(0),
+                           help=f"AdamW's decoupled decay ({weight_decay})")
+    group.add_argument("--clip-norm", type=number(0, low_open=True),
+                       help="clip the gradient norm (default: no)")
+
+
+def add_schedule_options(group, *, choices: Sequence[str], default: str, lr_help: str,
+                         min_lr: tuple[float | None, str], steps: str,
+                         cooldown: bool = False) -> None:
+    """``--schedule``, ``--lr``, ``--min-lr`` (``(default, words)``) and where the command has it
+    ``--cooldown``; ``steps``: the option that ends the run (``--max-steps``, ``--steps``)."""
+    group.add_argument("--schedule", choices=tuple(choices),
+                       help=f"after the warmup: the paper's inverse square root, or a linear or "
+                            f"cosine decay to --min-lr at {steps}, or at --time-limit if that "
+                            f"comes first ({default})")
+    group.add_argument("--lr", type=number(0, low_open=True), help=lr_help)
+    group.add_argument("--min-lr", type=number(0), default=min_lr[0],
+                       help=f"rate at {steps} with --schedule linear or cosine "
+                            f"({min_lr[1]})")
+    if cooldown:
+        group.add_argument("--cooldown", type=number(0, 1, low_open=True), metavar="FRACTION",
+                           help=f"bring the rate down linearly to 0 over this last part of the "
+                                f"run (of {steps}, or of --time-limit if that comes first)")
+
+
+def add_checkpoint_options(group, *, save_every: tuple[int | None, str],
+                           keep_last: bool = False) -> None:
+    """``--save-every`` (``(default, words)``) and where the command has it ``--keep-last``."""
+    group.add_argument("--save-every", type=integer(0), default=save_every[0],
+                       help=f"steps between checkpoints ({save_every[1]})")
+    if keep_last:
+        group.add_argument("--keep-last", type=positive_int, default=5,
+                           help="checkpoints kept (default 5)")
+
+
+def add_logging_options(group, *, valid_every: tuple[int | None, str],
+                        valid_option: str = "--valid-every", log_every: bool = False) -> None:
+    """``--valid-every`` (or the command's ``valid_option``; ``(default, words)``) and where the
+    command has it ``--log-every``."""
+    if log_every:
+        group.add_argument("--log-every", type=positive_int, default=10,
+                           help="steps between log lines (default 10)")
+    group.add_argument(valid_option, type=integer(0), default=valid_every[0],
+                       help=f"steps between validations ({valid_every[1]})")
+
+
+def add_seed_option(group, what: str = "") -> None:
+    group.add_argument("--seed", type=integer(0), default=0,
+                       help=f"seeds {what or 'initialisation, dropout and the data'} (default 0)")
+
+
+def add_placement_options(group, backend_default: str, threads_cap: int | None) -> None:
+    """``--backend`` and ``--threads``: where a worker runs (:func:`place`)."""
+    add_backend_option(group, backend_default)
+    add_threads_option(group, threads_cap)
 
 
 # ---- the run directory -----------------------------------------------------------------------

@@ -25,7 +25,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from minitfm import backend, checkpoint, decode, train, translate
+from minitfm import backend, checkpoint, decode, rundir, train, translate
 from minitfm.models import translator
 from minitfm.data import EncodedCorpus, epoch_batches, eval_arrays
 from tests.test_train_wmt import TINY, corpus, corpus_args, run, sentence_pairs, train_wmt  # noqa: F401
@@ -97,7 +97,7 @@ def test_unwritable_log_names_the_log_and_the_checkpoint(tmp_path, monkeypatch, 
         return builtins.open(path, mode, *args, **kwargs)
 
     module = load_toy()
-    monkeypatch.setattr(train, "open", read_only_log, raising=False)
+    monkeypatch.setattr(rundir, "open", read_only_log, raising=False)
     assert module.main(TOY + ["--steps", "12", "--save-every", "5", "--out", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert_clean_error(err)

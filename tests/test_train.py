@@ -4,7 +4,6 @@ second."""
 
 import json
 import os
-import signal
 
 import numpy as np
 import pytest
@@ -145,15 +144,6 @@ def test_ctrl_c_in_a_callback_saves_the_completed_step(tmp_path):
     assert state.interrupted and state.step == 2
     assert steps_saved(tmp_path) == [2]
     assert checkpoint.load(state.last_checkpoint).step == 2
-
-
-def test_ctrl_c_during_an_update_waits_for_its_end():
-    finished = []
-    with pytest.raises(KeyboardInterrupt):
-        with train._interrupts_deferred():
-            os.kill(os.getpid(), signal.SIGINT)
-            finished.append(True)
-    assert finished == [True]
 
 
 # ---- divergence ---------------------------------------------------------------------------

@@ -106,7 +106,7 @@ def test_encode_text_file_matches_encoding_the_whole_text(text_file, bpe):
 
 
 def test_text_is_read_in_pieces_that_encode_like_the_whole(tmp_path, monkeypatch):
-    from minitfm.data import text as text_module
+    from minitfm.data import tokenizers as text_module
     monkeypatch.setattr(text_module, "_CHUNK_BYTES", 50)   # many pieces of whole lines
     content = make_text(40, seed=3)
     path = tmp_path / "t.txt"

@@ -1,0 +1,129 @@
+"""Stopping a training run on a signal, never in the middle of an update or a save.
+
+Ctrl-C (SIGINT), SIGTERM (``kill``, ``docker stop``, batch schedulers) and SIGHUP all stop
+training the same way. While :class:`StopRequests` is active (``with StopRequests() as stops:``
+around the loop), the first signal is raised as a ``KeyboardInterrupt`` where it arrives, or, inside
+a block that must not be cut (``stops.held()``, or :func:`interrupts_deferred` from anywhere),
+at the end of that block. Once stopping, further signals are counted and ignored, so that a second
+Ctrl-C cannot cut the final save short.
+
+Workers of a distributed run never raise where a signal arrives (``always_held``): at the end of
+every update they gather every worker's signal (:func:`stop_if_any_worker_asks`), and when any
+worker received one, all raise :class:`AgreedStop` there, together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+
+from minitfm import distributed
+
+__all__ = ["STOP_SIGNALS", "StopRequests", "AgreedStop", "interrupts_deferred",
+           "stop_if_any_worker_asks", "describe_signal"]
+
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
+                     if hasattr(signal, name))
+
+
+class StopRequests:
+    """SIGINT, SIGTERM and SIGHUP while training: the first one stops the run, raised as a
+    KeyboardInterrupt where it arrives, or held back to the end of a block that must not be cut
+    (:meth:`held`: an update, a save). Later ones are counted and ignored: the run is stopping
+    already, and they must not cut its final save short.
+
+    ``always_held``: a signal is only recorded, never raised (the workers of a distributed run
+    agree on stopping at update boundaries; see :func:`stop_if_any_worker_asks`).
+
+    Used as a context manager it installs its handlers (from the main thread only) and is the
+    active one that :func:`interrupts_deferred` holds; leaving it restores both."""
+
+    def __init__(self, always_held: bool = False) -> None:
+        self.signum: int | None = None
+        self.ignored = 0
+        self._holding = 1 if always_held else 0
+        self._raised = False
+        self._previous: dict = {}
+        self._outer: StopRequests | None = None
+
+    def __enter__(self) -> StopRequests:
+        global _active
+        if threading.current_thread() is threading.main_thread():
+            for signum in STOP_SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._receive)
+        self._outer, _active = _active, self
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        global _active
+        _active = self._outer
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
+
+    def _receive(self, signum, frame) -> None:
+        if self.signum is not None:
+            self.ignored += 1
+            return
+        self.signum = signum
+        if not self._holding:
+            self._raised = True
+            raise KeyboardInterrupt
+
+    def stopping(self) -> None:
+        """From now on every signal is ignored (the run is stopping for another reason)."""
+        if self.signum is None:
+            self.signum = signal.SIGINT
+        self._raised = True
+
+    @contextlib.contextmanager
+    def held(self):
+        self._holding += 1
+        try:
+            yield
+        finally:
+            self._holding -= 1
+        if self.signum is not None and not self._raised and not self._holding:
+            self._raised = True
+            raise KeyboardInterrupt
+
+
+_active: StopRequests | None = None    # the innermost StopRequests entered, if any
+
+
+@contextlib.contextmanager
+def interrupts_deferred():
+    """Hold back Ctrl-C (and SIGTERM, SIGHUP) until the block is done, so an update or a save is
+    never cut in half; the held-back signal then raises KeyboardInterrupt."""
+    if _active is not None:
+        with _active.held():
+            yield
+        return
+    with StopRequests() as stops, stops.held():
+        yield
+
+
+class AgreedStop(KeyboardInterrupt):
+    """Every worker stops at this update boundary; ``requests``: ``{rank: signal}``."""
+
+    def __init__(self, requests: dict[int, int]) -> None:
+        super().__init__(distributed.describe_stops(requests))
+        self.requests = requests
+
+
+def stop_if_any_worker_asks(world: distributed.World, stops: StopRequests) -> None:
+    """At the end of an update, its validation and save: gather every worker's signal, if any.
+    When some worker received one, all raise :class:`AgreedStop` here, together, each taking
+    the signal of the first worker that asked unless it received one itself."""
+    requests = world.stop_requests(stops.signum or 0)
+    if requests:
+        if stops.signum is None:
+            stops.signum = requests[min(requests)]
+        raise AgreedStop(requests)
+
+
+def describe_signal(signum: int) -> str:
+    """"interrupted" for SIGINT, else "stopped by SIGTERM" (or the signal's name)."""
+    return ("interrupted" if signum == signal.SIGINT
+            else f"stopped by {signal.Signals(signum).name}")

@@ -1,0 +1,76 @@
+"""Tests of minitfm.divergence: NaN and Inf in a logged window, a loss that stays far above
+chance after the warmup, and which checkpoint the error names as good."""
+
+import math
+from dataclasses import dataclass
+
+import pytest
+
+from minitfm import divergence
+from minitfm.divergence import DIVERGED_WINDOWS, DivergenceWatch, TrainingDiverged
+
+
+@dataclass
+class Run:
+    step: int = 0
+    last_checkpoint: str | None = None
+
+
+def test_the_error_names_the_step_and_the_checkpoint_to_go_back_to():
+    error = divergence.diverged("the loss is nan", 7, Run(7, "ckpt_5"))
+    assert isinstance(error, TrainingDiverged)
+    assert "the loss is nan at step 7" in str(error)
+    assert "the last good checkpoint, ckpt_5, is intact" in str(error)
+    assert "--lr-factor" in str(error) and "--clip-norm" in str(error)
+    written_after = divergence.diverged("x", "steps 3-4", Run(4, "ckpt_4"), good="")
+    assert "x at steps 3-4" in str(written_after)
+    assert "every checkpoint up to ckpt_4 was written after the loss ran off" in str(written_after)
+    assert "no checkpoint was written" in str(divergence.diverged("x", 1, Run(1)))
+
+
+def test_check_finite():
+    divergence.check_finite(2.0, 1.5, 0.3, 1, Run(4))
+    divergence.check_finite(2.0, 1.5, None, 1, Run(4))
+    with pytest.raises(TrainingDiverged, match="loss is nan at steps 3-5"):
+        divergence.check_finite(math.nan, 1.0, None, 3, Run(5))
+    with pytest.raises(TrainingDiverged, match="loss is 1.0 at step 5"):
+        divergence.check_finite(1.0, math.inf, None, 1, Run(5))
+    with pytest.raises(TrainingDiverged, match="gradient norm is inf at step 5"):
+        divergence.check_finite(1.0, 1.0, math.inf, 2, Run(5))
+
+
+def test_a_loss_far_above_chance_stops_after_the_windows_in_a_row():
+    run = Run()
+    watch = DivergenceWatch(vocab=10, warmup=2, state=run)
+    high = 2 * math.log(10) + 0.1
+    for run.step in (1, 2):                          # during the warmup: anything goes
+        watch.check(high)
+    run.step, run.last_checkpoint = 3, "ckpt_3"
+    watch.saved()
+    for run.step in range(4, 4 + DIVERGED_WINDOWS - 1):
+        watch.check(high)
+    watch.check(1.0)                                 # one window below the limit starts afresh
+    for run.step in range(10, 10 + DIVERGED_WINDOWS - 1):
+        watch.check(high)
+    run.last_checkpoint = "ckpt_11"
+    watch.saved()                                    # saved while high: not a good checkpoint
+    run.step += 1
+    with pytest.raises(TrainingDiverged) as error:
+        watch.check(high)
+    assert f"above 2 ln V = {2 * math.log(10):.2f}" in str(error.value)
+    assert f"for {DIVERGED_WINDOWS} logged windows" in str(error.value)
+    assert f"at step {run.step}" in str(error.value)
+    assert "the last good checkpoint, ckpt_3, is intact" in str(error.value)
+
+
+def test_a_loss_at_the_limit_is_not_high():
+    run = Run(step=10)
+    watch = DivergenceWatch(vocab=4, warmup=1, state=run)
+    for _ in range(2 * DIVERGED_WINDOWS):
+        watch.check(2 * math.log(4))
+    assert watch.high == 0
+
+
+def test_a_vocabulary_below_two_is_refused():
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        DivergenceWatch(vocab=1, warmup=1, state=Run())

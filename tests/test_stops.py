@@ -1,0 +1,84 @@
+"""Tests of minitfm.stops: a signal while training stops the run, never inside an update or a
+save, and once stopping, further signals are counted and ignored."""
+
+import os
+import signal
+
+import pytest
+
+from minitfm import distributed, stops
+
+
+def send(signum=signal.SIGINT):
+    os.kill(os.getpid(), signum)
+
+
+def test_ctrl_c_during_an_update_waits_for_its_end():
+    finished = []
+    with pytest.raises(KeyboardInterrupt):
+        with stops.interrupts_deferred():
+            send()
+            finished.append(True)
+    assert finished == [True]
+
+
+def test_a_signal_outside_a_held_block_stops_at_once_and_later_ones_are_ignored():
+    with stops.StopRequests() as requests:
+        with pytest.raises(KeyboardInterrupt):
+            send(signal.SIGTERM)
+        send()                                  # the run is stopping already: ignored
+        send(signal.SIGHUP)
+    assert requests.signum == signal.SIGTERM and requests.ignored == 2
+
+
+def test_interrupts_deferred_holds_the_active_requests():
+    """Inside a run, a deferred block records the signal on the run's requests and raises once,
+    at the end of the block; the run sees which signal stopped it."""
+    with stops.StopRequests() as requests:
+        with pytest.raises(KeyboardInterrupt):
+            with stops.interrupts_deferred(), stops.interrupts_deferred():   # nested: one raise
+                send(signal.SIGTERM)
+                assert requests.signum == signal.SIGTERM
+    assert requests.ignored == 0
+
+
+def test_always_held_records_without_raising():
+    with stops.StopRequests(always_held=True) as requests:
+        send(signal.SIGTERM)
+        with requests.held():
+            pass
+    assert requests.signum == signal.SIGTERM
+
+
+def test_stopping_ignores_every_later_signal():
+    with stops.StopRequests() as requests:
+        requests.stopping()
+        send(signal.SIGTERM)
+        with requests.held():
+            pass
+    assert requests.signum == signal.SIGINT and requests.ignored == 1
+
+
+def test_the_previous_handlers_come_back():
+    before = {signum: signal.getsignal(signum) for signum in stops.STOP_SIGNALS}
+    with stops.StopRequests():
+        assert signal.getsignal(signal.SIGINT) is not before[signal.SIGINT]
+    assert {signum: signal.getsignal(signum) for signum in stops.STOP_SIGNALS} == before
+    assert stops._active is None
+
+
+def test_workers_stop_together_only_when_one_asks():
+    world = distributed.world()                 # one worker: its own request is everyone's
+    with stops.StopRequests(always_held=True) as requests:
+        stops.stop_if_any_worker_asks(world, requests)          # nobody asked: carry on
+        send(signal.SIGHUP)
+        with pytest.raises(stops.AgreedStop) as agreed:
+            stops.stop_if_any_worker_asks(world, requests)
+    assert agreed.value.requests == {0: signal.SIGHUP}
+    assert "worker 0 got SIGHUP" in str(agreed.value)
+    assert isinstance(agreed.value, KeyboardInterrupt)
+
+
+def test_describe_signal():
+    assert stops.describe_signal(signal.SIGINT) == "interrupted"
+    assert stops.describe_signal(signal.SIGTERM) == "stopped by SIGTERM"
