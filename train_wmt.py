@@ -46,26 +46,20 @@ worker stops all of them with a checkpoint; an error in one ends all of them.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tqdm import tqdm
-
-from minitfm import (average, backend, checkpoint, cli, distributed, optim, train,
-                     translate)
-from minitfm.bleu import BleuScore, corpus_bleu
+from minitfm import backend, checkpoint, cli, distributed, train, translate
 from minitfm.cli import UsageError, integer, number, positive_int
-from minitfm.data import (BatchPlan, CleanOptions, DataError, EncodedCorpus, ParallelText,
-                          SubwordDropout, Vocab, cached_joint_vocab, clean_parallel,
-                          encode_corpus, epoch_batches, eval_arrays, prepare_wmt14,
-                          read_parallel, read_parallel_files, require_pairs, token_batches)
+from minitfm.data import epoch_batches, eval_arrays, read_parallel, token_batches
 from minitfm.models import translator as model
 from minitfm.models.translator import Config
+from minitfm.wmt import (bleu_metric, describe_run, final_summary, lr_schedule, model_to_test,
+                         prepare_data, read_test_set, resolve_corpora, say, score_test,
+                         subword_dropout)
 
 PRESET_DEFAULTS = {
     # a CPU: Multi30k-sized corpora
@@ -82,7 +76,6 @@ RUN_OPTIONS = ("source_lang", "target_lang", "vocab_size", "no_clean", "preset",
                "d_model", "d_ff", "heads", "dropout", "attention_dropout", "relu_dropout",
                "label_smoothing", "max_tokens", "seed", "schedule", "lr", "min_lr", "cooldown",
                "dropout_start", "subword_dropout")
-VOCAB_SEED = 0          # the vocabulary does not depend on --seed, so runs can share it
 EXIT_ERROR = 2
 FRACTION = number(0, 1, high_open=True)
 POSITIVE = number(0, low_open=True)
@@ -224,68 +217,7 @@ def check_schedule(p: argparse.ArgumentParser, args: argparse.Namespace) -> None
         p.error(f"--min-lr {args.min_lr:g} is above --lr {args.lr:g}")
 
 
-def peak_lr(args: argparse.Namespace, cfg: Config) -> float:
-    """The peak of a decay: ``--lr``, by default the paper's rate at the end of the warmup."""
-    return args.lr or args.lr_factor * (cfg.d_model * args.warmup) ** -0.5
-
-
-def lr_schedule(args: argparse.Namespace, cfg: Config):
-    """The learning rate of each step: ``--schedule``, then ``--cooldown``."""
-    try:
-        schedule = cli.lr_schedule(args.schedule, d_model=cfg.d_model, warmup=args.warmup,
-                                   steps=args.max_steps,
-                                   lr=args.lr_factor if args.schedule == "paper"
-                                   else peak_lr(args, cfg), min_lr=args.min_lr)
-        return optim.Cooldown(schedule, args.max_steps, args.cooldown) if args.cooldown \
-            else schedule
-    except ValueError as exc:
-        raise UsageError(f"learning-rate options: {exc}") from exc
-
-
-def say(text: str) -> None:
-    """Print above any progress bar (as one of several workers: rank 0 alone)."""
-    if distributed.world().is_root:
-        tqdm.write(text)
-
-
-def write_text(path: str, text: str, what: str, advice: str) -> None:
-    try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as exc:
-        raise UsageError(f"cannot write {what} {path}: {exc.strerror or exc}; {advice}") from exc
-
-
 # ---- data -------------------------------------------------------------------------------------
-
-def resolve_corpora(args: argparse.Namespace) -> None:
-    """With ``--prepare DIR``, fill in the prefixes DIR/train, DIR/valid and DIR/test."""
-    if not args.prepare:
-        return
-    say(f"preparing WMT14 {args.source_lang}-{args.target_lang} in {args.prepare}")
-    prepare_wmt14(args.prepare, src_lang=args.source_lang, tgt_lang=args.target_lang,
-                  progress=not args.quiet)
-    args.trainpref = args.trainpref or os.path.join(args.prepare, "train")
-    args.validpref = args.validpref or os.path.join(args.prepare, "valid")
-    if not (args.testpref or args.test_src):
-        args.testpref = os.path.join(args.prepare, "test")
-
-
-def read_test_set(args: argparse.Namespace) -> ParallelText | None:
-    """The raw test pairs: ``--test-src``/``--test-ref`` (any format), else ``--testpref``."""
-    if args.test_src:
-        text = read_parallel_files(args.test_src, args.test_ref)
-    elif args.testpref:
-        text = read_parallel(args.testpref, args.source_lang, args.target_lang)
-    else:
-        return None
-    if not len(text):
-        raise DataError(f"no sentence pairs in {text.src_path} / {text.tgt_path}: nothing to "
-                        f"score; check the test set's files")
-    if args.test_max_sentences:
-        text.src, text.tgt = text.src[:args.test_max_sentences], text.tgt[:args.test_max_sentences]
-    return text
 
 
 def train_positions(args: argparse.Namespace, cfg: Config) -> int:
@@ -297,148 +229,8 @@ def train_positions(args: argparse.Namespace, cfg: Config) -> int:
 
 # ---- decoding and BLEU ------------------------------------------------------------------------
 
-def bleu_metric(vocab: Vocab, valid: ParallelText, args: argparse.Namespace):
-    """The ``valid_metric`` callback: greedy BLEU on the first validation pairs."""
-    sources = valid.src[:args.valid_bleu_sentences]
-    references = valid.tgt[:args.valid_bleu_sentences]
-
-    def valid_bleu(params: dict, cfg: Config) -> dict:
-        hypotheses = translate.translate_texts(params, cfg, vocab, sources, beam=1,
-                                               batch_size=args.eval_batch_size,
-                                               warn=lambda message: None)
-        return {"valid_bleu": corpus_bleu(hypotheses, references,
-                                          tokenize=args.bleu_tokenize).bleu}
-    return valid_bleu
-
-
-def score_test(params: dict, cfg: Config, vocab: Vocab, test: ParallelText, stem: str,
-               args: argparse.Namespace, out_dir: str, info: dict) -> BleuScore:
-    """Translate the test set with beam search, score it, write hypotheses and scores."""
-    started = time.perf_counter()
-    hypotheses = translate.translate_texts(params, cfg, vocab, test.src, beam=args.beam,
-                                           alpha=args.lenpen, batch_size=args.eval_batch_size,
-                                           progress=not args.quiet)
-    seconds = time.perf_counter() - started
-    score = corpus_bleu(hypotheses, test.tgt, tokenize=args.bleu_tokenize)
-    hyp_path = os.path.join(out_dir, f"{stem}.test.hyp.{args.target_lang}")
-    record = {**score.to_dict(), **info, "test_src": str(test.src_path),
-              "test_ref": str(test.tgt_path), "hypotheses": hyp_path, "beam": args.beam,
-              "lenpen": args.lenpen, "decode_seconds": round(seconds, 1)}
-    advice = f"BLEU {score.bleu:.2f}; free space or pass another --out, and score again"
-    write_text(hyp_path, "".join(line + "\n" for line in hypotheses), "hypotheses", advice)
-    write_text(os.path.join(out_dir, f"{stem}.test.bleu.json"),
-               json.dumps(record, indent=1) + "\n", "scores", advice)
-    say(f"test: {score}\n  {len(hypotheses)} sentences decoded in {seconds:.1f} s; "
-        f"hypotheses in {hyp_path}")
-    return score
-
-
-def model_to_test(args: argparse.Namespace, state: train.TrainState) -> tuple[dict, str, dict]:
-    """``(params, stem, info)`` of the model to test: the average of the last checkpoints, saved
-    as ``averaged.npz``, or the final parameters when there is only one to average."""
-    paths = [path for _, path in checkpoint.list_checkpoints(args.out)][-args.average_last:]
-    if args.average_last == 1 or len(paths) <= 1:
-        stem = Path(state.last_checkpoint or "final").stem
-        return state.params, stem, {"checkpoint": state.last_checkpoint, "step": state.step}
-    path = os.path.join(args.out, "averaged.npz")
-    try:
-        params, last = average.save_average(paths, path)
-    except OSError as exc:
-        raise UsageError(f"cannot write the averaged model {path}: {exc.strerror or exc}; the "
-                         f"checkpoints are intact: free space and average them with python -m "
-                         f"minitfm.average --inputs {args.out} --output {path}") from exc
-    names = [os.path.basename(p) for p in paths]
-    say(f"averaged {len(paths)} checkpoints ({', '.join(names)}) into {path}")
-    return (checkpoint.params_to_device(params), "averaged",
-            {"checkpoint": path, "step": last.step, "averaged_from": names})
-
 
 # ---- training ---------------------------------------------------------------------------------
-
-def describe_run(args: argparse.Namespace, corpora: dict, vocab: Vocab, cfg: Config,
-                 test: ParallelText | None, plan: BatchPlan) -> str:
-    """The summary printed before training; ``plan`` is the first epoch's batches."""
-    train_corpus, manifest = corpora["train"], corpora["train"].manifest
-    world = distributed.world()
-    per_update = (int(train_corpus.tgt_lengths.sum()) + len(train_corpus)) / len(plan) \
-        * args.update_freq * world.size                                 # targets, EOS included
-    kept = "not cleaned"
-    if manifest.get("clean"):
-        dropped = ", ".join(f"{reason} {n}" for reason, n in manifest["clean"]["dropped"].items()
-                            if n)
-        kept = (f"{manifest.get('pairs')} of {manifest.get('read')} kept after cleaning"
-                + (f"; dropped: {dropped}" if dropped else ""))
-    params = sum(math.prod(shape) for shape in model.parameter_shapes(cfg).values())
-    lines = [f"train  {args.trainpref}: {len(train_corpus)} pairs ({kept}), "
-             f"{len(train_corpus.src_tokens)} + {len(train_corpus.tgt_tokens)} tokens"]
-    if "valid" in corpora:
-        lines.append(f"valid  {args.validpref}: {len(corpora['valid'])} pairs")
-    lines.append(f"test   {test.src_path} / {test.tgt_path}: {len(test)} pairs"
-                 if test is not None else "test   none (no --testpref / --test-src)")
-    lines += [
-        f"vocab  {vocab.size} joint BPE pieces ({vocab.identifier})",
-        f"model  {args.preset}: {cfg.n_layers} layers, d_model {cfg.d_model}, d_ff {cfg.d_ff}, "
-        f"{cfg.n_heads} heads, dropout {cfg.dropout}"
-        + (f" (attention {cfg.attention_dropout}, ReLU {cfg.relu_dropout})"
-           if cfg.attention_dropout or cfg.relu_dropout else "")
-        + (f", BPE-dropout {args.subword_dropout}" if args.subword_dropout else "")
-        + (f" after the first {args.dropout_start:.0%} of the run" if args.dropout_start else "")
-        + f", label smoothing {cfg.label_smoothing}; "
-        f"{params:,} parameters; backend {backend.describe()}",
-        f"batch  {plan.summary()} per epoch; <= {args.max_tokens} tokens x {args.update_freq} "
-        + (f"x {world.size} workers " if world.distributed else "")
-        + f"= ~{per_update:.0f} target tokens per update",
-        f"train  {args.max_steps} steps"
-        + (f" or {args.time_limit:g} min" if args.time_limit else "")
-        + f", warmup {args.warmup}, {describe_schedule(args, cfg)}; run {args.out}"]
-    if world.distributed:
-        lines.append(f"workers  {world.describe()}")
-    return "\n".join(lines)
-
-
-def describe_schedule(args: argparse.Namespace, cfg: Config) -> str:
-    """The learning rate in words, for the line that already says when training ends."""
-    cooldown = f", cool-down over the last {args.cooldown:.0%}" if args.cooldown else ""
-    if args.schedule == "paper":
-        return f"the paper's schedule, lr factor {args.lr_factor:g}{cooldown}"
-    return (f"peak lr {peak_lr(args, cfg):.3g}, {args.schedule} decay to {args.min_lr:g} at the "
-            f"end{cooldown}")
-
-
-def prepare_data(args: argparse.Namespace) -> tuple[Vocab, dict, ParallelText | None]:
-    """The vocabulary, the encoded corpora (train, and valid if given) and the raw test pairs,
-    made once and cached in the data directory (default OUT/data)."""
-    resolve_corpora(args)
-    langs = (args.source_lang, args.target_lang)
-    for prefix in (args.trainpref, args.validpref):
-        if prefix:
-            require_pairs(prefix, *langs)
-    test = read_test_set(args)
-    data_dir = Path(args.data_dir or os.path.join(args.out, "data"))
-    vocab = cached_joint_vocab(args.trainpref, *langs, args.vocab_size, data_dir,
-                               seed=VOCAB_SEED, announce=say)
-    cache = data_dir / f"encoded-{vocab.identifier}"
-    corpora = {"train": encode_corpus(args.trainpref, *langs, vocab, cache / "train",
-                                      clean=None if args.no_clean else CleanOptions(),
-                                      progress=not args.quiet)}
-    if args.validpref:
-        corpora["valid"] = encode_corpus(args.validpref, *langs, vocab, cache / "valid",
-                                         progress=not args.quiet)
-    return vocab, corpora, test
-
-
-def subword_dropout(args: argparse.Namespace, vocab: Vocab,
-                    train_corpus: EncodedCorpus) -> SubwordDropout | None:
-    """``--subword-dropout``'s sampler, over the training text cleaned as the encoded corpus was."""
-    if not args.subword_dropout:
-        return None
-    text = read_parallel(args.trainpref, args.source_lang, args.target_lang)
-    src, tgt = text.src, text.tgt
-    if not args.no_clean:
-        src, tgt, _ = clean_parallel(src, tgt, CleanOptions())
-    sampler = SubwordDropout(vocab, args.subword_dropout, src, tgt)
-    sampler.check_matches(train_corpus)
-    return sampler
 
 
 def run_training(args: argparse.Namespace) -> int:
@@ -499,18 +291,6 @@ def run_training(args: argparse.Namespace) -> int:
         score = score_test(params, cfg, vocab, test, stem, args, args.out, info)
     say(final_summary(state, score, time.perf_counter() - started))
     return 0
-
-
-def final_summary(state: train.TrainState, score: BleuScore | None, seconds: float) -> str:
-    parts = [f"done: step {state.step}, {state.elapsed / 60:.1f} min of training, "
-             f"{seconds / 60:.1f} min in all"]
-    if "valid_ppl" in state.valid:
-        parts.append(f"valid ppl {state.valid['valid_ppl']:.2f}")
-    if "valid_bleu" in state.valid:
-        parts.append(f"valid BLEU (greedy) {state.valid['valid_bleu']:.2f}")
-    if score is not None:
-        parts.append(f"test BLEU {score.bleu:.2f} ({score.signature})")
-    return "; ".join(parts)
 
 
 # ---- evaluation only --------------------------------------------------------------------------
