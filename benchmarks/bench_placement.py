@@ -43,20 +43,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_distributed import mpiexec     # the mpiexec of this Python's MPI (benchmarks/)
+
 ROOT = Path(__file__).resolve().parents[1]
 THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
 README_OPTIONS = ["--source-lang", "en", "--target-lang", "de", "--preset", "small",
                   "--max-tokens", "1536", "--warmup", "400", "--cooldown", "0.2",
                   "--time-limit", "60", "--valid-every", "500", "--valid-bleu-sentences", "1014",
                   "--save-every", "50", "--keep-last", "10"]
-
-
-def mpiexec() -> str:
-    beside = Path(sys.executable).parent / "mpiexec"
-    found = str(beside) if os.access(beside, os.X_OK) else shutil.which("mpiexec")
-    if not found:
-        raise SystemExit("no mpiexec beside this Python or on PATH: pip install -e '.[mpi]'")
-    return found
 
 
 def environment(checkout: Path, pinned: bool) -> dict:

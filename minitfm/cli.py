@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from minitfm import backend, checkpoint, distributed, optim, placement, train
+from minitfm import backend, checkpoint, distributed, optim, placement, stops, train
 from minitfm.data import DataError
 from minitfm.models.translator import Config
 
@@ -317,8 +317,7 @@ def lr_schedule(kind: str, *, d_model: int, warmup: int, steps: int, lr: float,
 def stopped(state: train.TrainState, out: str) -> int:
     """Say how to continue a run stopped by a signal; return its exit status, 128 + signal."""
     signum = state.stop_signal or signal.SIGINT
-    how = ("interrupted" if signum == signal.SIGINT
-           else f"stopped by {signal.Signals(signum).name}")
+    how = stops.describe_signal(signum)
     saved = (f"checkpoint {state.last_checkpoint} saved" if state.last_checkpoint
              else "no checkpoint saved")
     if distributed.world().is_root:
