@@ -170,12 +170,8 @@ def filter_logits(logits, *, temperature: float = 1.0, top_k: int | None = None,
 
 
 def _filter(logits, temperature, top_k, top_p):
-    temperature = _check_temperature(temperature)
-    if top_k is not None:
-        _check_top_k(top_k, logits.shape[1])
-    if top_p is not None:
-        _check_top_p(top_p)
-    scaled = logits.astype(backend.xp.float64) / temperature   # float64: small T must not overflow
+    check_settings(logits.shape[1], temperature=temperature, top_k=top_k, top_p=top_p)
+    scaled = logits.astype(backend.xp.float64) / float(temperature)   # float64: no overflow at small T
     if top_k is not None and top_k < logits.shape[1]:
         scaled = _top_k(scaled, top_k)
     if top_p is not None:
