@@ -31,17 +31,15 @@ files named ``checkpoint_{step:08d}.npz``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import uuid
 import zipfile
 from dataclasses import dataclass, field
 
 import numpy
 
-from minitfm import backend, flat, models
+from minitfm import backend, files, flat, models
 
 __all__ = [
     "NonFiniteError",
@@ -133,20 +131,6 @@ def _arrays_to_write(params: dict, optimizer_state: dict | None, vocab_model: by
     return arrays
 
 
-def _fsync_directory(directory: str) -> None:
-    """Make the rename itself durable (POSIX); a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def save(path: str | os.PathLike, params: dict, *, optimizer_state: dict | None = None,
          step: int, config: dict, vocab_id: str | None, vocab_model: bytes | None = None,
          extra: dict | None = None, kind: str = FIRST_KIND) -> str:
@@ -179,21 +163,9 @@ def save(path: str | os.PathLike, params: dict, *, optimizer_state: dict | None 
     arrays = _arrays_to_write(params, optimizer_state, vocab_model, meta)
 
     path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
     # a hidden name ending in .tmp: never mistaken for a checkpoint by latest() or keep_last()
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "xb") as f:
-            numpy.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
-    _fsync_directory(directory)
+    with files.replacing(path) as tmp, open(tmp, "xb") as f:
+        numpy.savez(f, **arrays)
     return path
 
 

@@ -19,13 +19,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy
 
-from minitfm import checkpoint, models
+from minitfm import checkpoint, files, models
 # The formats' own layouts are written for the two built-in models (ctranslate2.py)
 from minitfm.models import lm, translator as model   # noqa: F401  (imported by the mappings)
 
@@ -96,11 +95,6 @@ def read_checkpoint(path: str) -> Loaded:
     return check_loadable(ckpt)
 
 
-def _temporary_beside(path: str) -> str:
-    directory, name = os.path.split(os.path.abspath(path))
-    return os.path.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
-
-
 def _refuse_existing(path: str, force: bool) -> None:
     if os.path.lexists(path) and not force:
         raise ExportError(f"{path} exists already: choose another output or pass --force to "
@@ -113,12 +107,12 @@ def output_directory(path: str, force: bool = False) -> Iterator[str]:
     ``force`` when ``path`` exists); on any error it is removed and ``path`` is untouched."""
     _refuse_existing(path, force)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = _temporary_beside(path)
+    tmp = files.temporary_beside(path)
     os.mkdir(tmp)
     try:
         yield tmp
         if os.path.lexists(path):                 # --force: move the old one aside first
-            old = _temporary_beside(path)
+            old = files.temporary_beside(path)
             os.rename(path, old)
             os.rename(tmp, path)
             shutil.rmtree(old) if os.path.isdir(old) else os.remove(old)
@@ -136,14 +130,5 @@ def output_file(path: str, force: bool = False) -> Iterator[str]:
     _refuse_existing(path, force)
     if os.path.isdir(path):
         raise ExportError(f"{path} is a directory: name the output file")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = _temporary_beside(path)
-    try:
+    with files.replacing(path) as tmp:
         yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
