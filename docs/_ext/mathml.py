@@ -6,6 +6,8 @@ pure-Python package), and the page carries MathML, which browsers draw natively:
 font download, nothing fetched. A formula the converter cannot read fails the build.
 """
 
+import re
+
 from docutils import nodes
 from sphinx.errors import ExtensionError
 from latex2mathml.converter import convert
@@ -13,10 +15,15 @@ from latex2mathml.converter import convert
 
 def _mathml(self, node, latex: str, display: str) -> str:
     try:
-        return convert(latex.strip(), display=display)
+        mathml = convert(latex.strip(), display=display)
     except Exception as error:      # any parse error: name the formula and where it is
         raise ExtensionError(f"{node.source}:{node.line}: cannot convert {latex!r} to MathML: "
                              f"{error}") from error
+    unknown = re.findall(r">(\\[A-Za-z]+)<", mathml)    # a command the converter passed through
+    if unknown:
+        raise ExtensionError(f"{node.source}:{node.line}: {', '.join(unknown)} in {latex!r} is "
+                             "not TeX that latex2mathml knows")
+    return mathml
 
 
 def visit_inline(self, node):
