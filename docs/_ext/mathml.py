@@ -14,12 +14,17 @@ from latex2mathml.converter import convert
 
 
 def _mathml(self, node, latex: str, display: str) -> str:
+    # latex2mathml reads "array" but not "aligned": an aligned block is an array of alternating
+    # right- and left-aligned columns, as in amsmath
+    latex = latex.strip().replace(r"\begin{aligned}", r"\begin{array}{rlrlrlrl}")
+    latex = latex.replace(r"\end{aligned}", r"\end{array}")
     try:
-        mathml = convert(latex.strip(), display=display)
+        mathml = convert(latex, display=display)
     except Exception as error:      # any parse error: name the formula and where it is
         raise ExtensionError(f"{node.source}:{node.line}: cannot convert {latex!r} to MathML: "
                              f"{error}") from error
-    unknown = re.findall(r">(\\[A-Za-z]+)<", mathml)    # a command the converter passed through
+    # a command the converter passed through, or an alignment mark it did not understand
+    unknown = re.findall(r">(\\[A-Za-z]+|&amp;|&)<", mathml)
     if unknown:
         raise ExtensionError(f"{node.source}:{node.line}: {', '.join(unknown)} in {latex!r} is "
                              "not TeX that latex2mathml knows")
