@@ -279,8 +279,9 @@ def test_parameter_names_and_order_are_those_of_saved_checkpoints(share, pre_ln,
 
 
 def readme_parameter_table(cfg) -> dict:
-    """The README's parameter table, expanded for ``cfg``: {name: shape}."""
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    """The parameter table of the documentation (docs/layout.md), expanded for ``cfg``:
+    {name: shape}."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "layout.md").read_text(encoding="utf-8")
     section = text.split("## Parameters", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     symbols = {"V": cfg.src_vocab, "V_src": cfg.src_vocab, "V_tgt": cfg.tgt_vocab,
