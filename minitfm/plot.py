@@ -308,13 +308,14 @@ def run(args: argparse.Namespace) -> list[str]:
     if args.command == "curves":
         return [plot_curves({Path(p).parent.name or p: read_log(p) for p in args.logs}, args.out,
                             args.x)]
+    from minitfm.checkpoint import CheckpointError
     from minitfm.translate import TranslateError, load_translator
     if args.backend is not None:
         backend.use(args.backend)
     _pyplot()                                       # fail before loading a model
     try:
         params, cfg, vocab = load_translator(args.checkpoint)
-    except TranslateError as exc:
+    except (TranslateError, CheckpointError) as exc:
         raise PlotError(str(exc)) from exc
     return attention_figures(params, cfg, vocab, args.source, args.target, args.layer,
                              args.out_dir, args.beam)
