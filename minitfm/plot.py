@@ -31,7 +31,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from minitfm import backend
+from minitfm import backend, files
 from minitfm.cli import number, positive_int
 from minitfm.layers import positional
 from minitfm.models import translator as model
@@ -62,10 +62,17 @@ def _pyplot():
 
 
 def _save(fig, path) -> str:
+    """Write the figure whole or not at all (``files.replacing``), in the format its name's
+    suffix says (none: matplotlib's default format, whose suffix is added, as savefig does)."""
+    plt = _pyplot()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    _pyplot().close(fig)
+    if not path.suffix:
+        path = path.with_suffix("." + plt.rcParams["savefig.format"])
+    try:
+        with files.replacing(path) as tmp:
+            fig.savefig(tmp, format=path.suffix[1:], dpi=110, bbox_inches="tight")
+    finally:
+        plt.close(fig)
     return str(path)
 
 
