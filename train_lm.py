@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import numpy                                                        # host bytes
 
-from minitfm import checkpoint, cli, distributed, generation, train
+from minitfm import checkpoint, cli, distributed, generation, train, usable
 from minitfm.cli import UsageError, integer, number, positive_int
 from minitfm.data import text as textdata
 from minitfm.models import lm
@@ -270,15 +270,9 @@ def run_training(args: argparse.Namespace) -> int:
 def run_sampling(args: argparse.Namespace) -> int:
     cli.select_backend(args.backend, "numpy")
     cli.place(args.threads, THREADS, announce=False)     # the output is the sampled text alone
-    ckpt = checkpoint.load(args.checkpoint, with_optimizer=False)
-    checkpoint.check_kind(ckpt, lm.KIND)
-    tokenizer = stored_tokenizer(ckpt)
-    try:
-        cfg = lm.LMConfig.from_dict(ckpt.config)
-        params = checkpoint.params_to_device(ckpt.params)
-        lm.check_params(params, cfg)
-    except (ValueError, TypeError) as exc:
-        raise checkpoint.CheckpointError(f"checkpoint {args.checkpoint} is not usable: {exc}")
+    checked = usable.load(args.checkpoint, lm.KIND, with_optimizer=False)
+    tokenizer = stored_tokenizer(checked.ckpt)
+    params, cfg = checkpoint.params_to_device(checked.ckpt.params), checked.config
     stream_sample(params, cfg, tokenizer, encode_prompt(tokenizer, args.prompt), args,
                   seed=args.seed)
     return 0

@@ -6,7 +6,9 @@ the last 20 checkpoints."
 
 Averaging is host-side work on checkpoint files, so it uses numpy directly. Sums accumulate in
 float64 and the mean is cast back to each parameter's stored dtype. Only checkpoints of one model
-can be averaged: the same config, vocabulary and parameter names, shapes and dtypes.
+can be averaged: the same config, vocabulary and parameter names, shapes and dtypes; and each
+input must pass the check of :mod:`minitfm.usable` (float32 or float64, every value finite), so
+the average never holds NaN or Inf. A refused input exits with status 2.
 
 Command line::
 
@@ -26,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy
 
-from minitfm import checkpoint
+from minitfm import checkpoint, usable
 from minitfm.checkpoint import Checkpoint, CheckpointError
 from minitfm.cli import positive_int
 
@@ -43,11 +45,7 @@ def _check_same_model(reference: Checkpoint, other: Checkpoint) -> None:
         problems.append(f"vocabulary: {reference.vocab_id!r} vs {other.vocab_id!r}"
                         + (" (same id, different model bytes)"
                            if reference.vocab_id == other.vocab_id else ""))
-    if list(reference.params) != list(other.params):
-        missing = sorted(reference.params.keys() - other.params.keys())
-        extra = sorted(other.params.keys() - reference.params.keys())
-        problems.append(f"parameter names: {missing} only in the first, {extra} only in the other"
-                        if missing or extra else "parameter order differs")
+    # both passed the check: the same kind and config give the same names and shapes
     problems += [f"parameter {name!r}: {array.shape} {array.dtype} vs "
                  f"{other.params[name].shape} {other.params[name].dtype}"
                  for name, array in reference.params.items()
@@ -64,15 +62,11 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> tuple[dict[str, n
     """The averaged parameters of ``paths`` and the last checkpoint read (for its metadata)."""
     if not paths:
         raise ValueError("no checkpoints to average: give at least one path")
-    first = last = checkpoint.load(paths[0], with_optimizer=False)
-    not_float = [name for name, a in first.params.items()
-                 if not numpy.issubdtype(a.dtype, numpy.floating)]
-    if not_float:
-        raise CheckpointError(f"{first.path}: parameters {not_float} are not floating point "
-                              f"and cannot be averaged")
+    # every input passes the check (minitfm.usable: sound, finite parameters) before it is added
+    first = last = usable.load(paths[0], with_optimizer=False).ckpt
     sums = {name: a.astype(numpy.float64) for name, a in first.params.items()}
     for path in paths[1:]:
-        last = checkpoint.load(path, with_optimizer=False)    # one checkpoint in memory at a time
+        last = usable.load(path, with_optimizer=False).ckpt    # one checkpoint in memory at a time
         _check_same_model(first, last)
         for name, total in sums.items():
             total += last.params[name]
@@ -130,7 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         paths = _collect_inputs(args.inputs)[-args.last:]
         save_average(paths, args.output)
-    except (FileNotFoundError, CheckpointError) as exc:
+    except CheckpointError as exc:           # a damaged, non-finite or mismatched input
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:          # disk full, file too large, read-only, a directory

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from minitfm import backend, checkpoint, distributed, optim, placement, stops, train
+from minitfm import backend, checkpoint, distributed, optim, placement, stops, train, usable
 from minitfm.data import DataError
 from minitfm.models.translator import Config
 
@@ -263,7 +263,8 @@ def check_resumable(args: argparse.Namespace, run_options: Sequence[str],
                     kind: str) -> checkpoint.Checkpoint | None:
     """Before anything is written to ``args.out``: its latest checkpoint, read back whole, or
     None for a new run. A run directory that holds checkpoints needs ``--resume``; the checkpoint
-    must hold a model of ``kind`` (a kind of the registry, minitfm.models); the options that
+    must hold a model of ``kind`` (a kind of the registry, minitfm.models) and pass the check of
+    :mod:`minitfm.usable` (parameters, dtypes, finite values, Adam's moments); the options that
     define the run (``run_options``, names of ``args``) must be those it was started with (its
     ``run.json``)."""
     latest = checkpoint.latest(args.out)
@@ -272,8 +273,7 @@ def check_resumable(args: argparse.Namespace, run_options: Sequence[str],
     if not args.resume:
         raise UsageError(f"{args.out} already holds checkpoints of a run: continue it with "
                          f"--resume, or choose another --out")
-    ckpt = checkpoint.load(latest)
-    checkpoint.check_kind(ckpt, kind)
+    ckpt = usable.load(latest, kind).ckpt       # the model is sound before anything is read
     try:
         started = json.loads(Path(args.out, train.RUN_INFO_NAME).read_text())["args"]
     except (OSError, ValueError, KeyError):

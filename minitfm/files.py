@@ -4,16 +4,56 @@ only once complete and on disk.
 A reader (a resumed run, ``latest()``, another command) sees the old file or the new one, never
 half of one: the temporary's name starts with "." and ends with ".tmp", so nothing mistakes it for
 a result, and an error or interrupt on the way removes it and leaves the destination as it was.
+
+Every whole file the project writes goes through :func:`replacing`: checkpoints and averaged
+models, the vocabulary model and its metadata, the token caches and their manifests, ``run.json``,
+the export's outputs, prepared corpora, test hypotheses and scores, plots. A write that fails for
+lack of room or rights (a full disk, a file too large, a read-only file system) raises
+:class:`WriteError`, an ``OSError`` whose ``filename`` is the destination (not the temporary) and
+whose ``strerror`` adds the folder and the space free there, so that every message built from
+them says which file, and where to make room.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 
-__all__ = ["temporary_beside", "replacing", "fsync_directory"]
+__all__ = ["WriteError", "write_error", "temporary_beside", "replacing", "fsync_directory"]
+
+# the errors that say the destination has no room or cannot be written, whichever file raised them
+_NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+
+
+class WriteError(OSError):
+    """A whole file could not be written: ``filename`` the destination, ``strerror`` the reason
+    with the folder and the space free there."""
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} bytes" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def write_error(path: str | os.PathLike, exc: OSError) -> WriteError:
+    """``exc``, raised while writing ``path``, as a :class:`WriteError` naming ``path``, its
+    folder and the free space there (``exc`` itself if it is one already)."""
+    if isinstance(exc, WriteError):
+        return exc
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        free = f"{_size(shutil.disk_usage(folder).free)} free in {folder}"
+    except OSError:
+        free = f"in {folder}, whose free space cannot be read"
+    reason = exc.strerror or str(exc)
+    return WriteError(exc.errno, f"{reason} ({free})", os.fspath(path))
 
 
 def temporary_beside(path: str | os.PathLike) -> str:
@@ -40,15 +80,24 @@ def fsync_directory(directory: str) -> None:
 def replacing(path: str | os.PathLike) -> Iterator[str]:
     """Yield a temporary file name beside ``path`` (its folder is made) for the caller to write;
     when the block ends, the file is fsync'ed and renamed to ``path``, and the rename made
-    durable; on any error or interrupt it is removed and ``path`` is untouched."""
+    durable; on any error or interrupt it is removed and ``path`` is untouched. A failed write
+    raises :class:`WriteError` (see the module's docstring)."""
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
     tmp = temporary_beside(path)
     try:
-        yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            os.makedirs(directory, exist_ok=True)
+            yield tmp
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            # an error of this write (not, say, of a file the caller reads meanwhile)
+            name = exc.filename
+            name = os.fspath(name) if isinstance(name, os.PathLike) else name
+            if exc.errno in _NO_ROOM or name in (None, tmp, os.fspath(path), directory):
+                raise write_error(path, exc) from exc
+            raise
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)

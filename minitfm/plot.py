@@ -31,7 +31,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from minitfm import backend
+from minitfm import backend, files
 from minitfm.cli import number, positive_int
 from minitfm.layers import positional
 from minitfm.models import translator as model
@@ -62,10 +62,17 @@ def _pyplot():
 
 
 def _save(fig, path) -> str:
+    """Write the figure whole or not at all (``files.replacing``), in the format its name's
+    suffix says (none: matplotlib's default format, whose suffix is added, as savefig does)."""
+    plt = _pyplot()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    _pyplot().close(fig)
+    if not path.suffix:
+        path = path.with_suffix("." + plt.rcParams["savefig.format"])
+    try:
+        with files.replacing(path) as tmp:
+            fig.savefig(tmp, format=path.suffix[1:], dpi=110, bbox_inches="tight")
+    finally:
+        plt.close(fig)
     return str(path)
 
 
@@ -308,13 +315,14 @@ def run(args: argparse.Namespace) -> list[str]:
     if args.command == "curves":
         return [plot_curves({Path(p).parent.name or p: read_log(p) for p in args.logs}, args.out,
                             args.x)]
+    from minitfm.checkpoint import CheckpointError
     from minitfm.translate import TranslateError, load_translator
     if args.backend is not None:
         backend.use(args.backend)
     _pyplot()                                       # fail before loading a model
     try:
         params, cfg, vocab = load_translator(args.checkpoint)
-    except TranslateError as exc:
+    except (TranslateError, CheckpointError) as exc:
         raise PlotError(str(exc)) from exc
     return attention_figures(params, cfg, vocab, args.source, args.target, args.layer,
                              args.out_dir, args.beam)

@@ -5,13 +5,16 @@ Layout of ``out_dir``:
 - ``checkpoint_{step:08d}.npz``: the last ``keep_last`` checkpoints (:mod:`minitfm.checkpoint`
   names, writes and rotates them; a save leaves the previous one intact);
 - ``log.jsonl`` (``LOG_NAME``): one JSON object per line, a logged step or a validation, each
-  with its ``step``; a resumed run first cuts the lines after its checkpoint's step (those of
-  the steps it will redo, and a line a crash cut short);
+  with its ``step``, appended; a resumed run first cuts it back (rewritten whole, atomically) to
+  its complete lines up to its checkpoint's step (dropping those of the steps it will redo, and a
+  line a crash cut short);
 - ``run.json`` (``RUN_INFO_NAME``): what the caller says about the run (its command line), written
   once the checks of a new or resumed run have passed.
 
-A file that cannot be written (disk full, file too large, read-only file system) raises
-:class:`WriteFailed` naming the file, the reason and the latest checkpoint, which is left intact.
+Whole files (checkpoints, ``run.json``, the cut log) are written by ``files.replacing``. A file
+that cannot be written (disk full, file too large, read-only file system) raises
+:class:`WriteFailed` naming the file, the reason, its folder with the space free there, and the
+latest checkpoint, which is left intact.
 
 A run takes its directory with :meth:`RunDirectory.open` before anything in it is read or written:
 the one place where a run-directory lock (one run per directory) is to be taken.
@@ -23,7 +26,7 @@ import json
 import os
 from collections.abc import Callable
 
-from minitfm import checkpoint
+from minitfm import checkpoint, files
 
 __all__ = ["LOG_NAME", "RUN_INFO_NAME", "WriteFailed", "RunDirectory", "write_failed"]
 
@@ -36,7 +39,10 @@ class WriteFailed(RuntimeError):
 
 
 def write_failed(what: str, exc: OSError, last_checkpoint: str | None) -> WriteFailed:
-    """The error for ``what`` (e.g. "the log PATH") that failed with ``exc``."""
+    """The error for ``what`` (e.g. "the log PATH") that failed with ``exc``; the reason names
+    the folder and its free space (``files.write_error``) when ``exc`` names its file."""
+    if exc.filename is not None:
+        exc = files.write_error(exc.filename, exc)
     reason = exc.strerror or str(exc)
     kept = (f"the previous checkpoint {last_checkpoint} is intact" if last_checkpoint
             else "no checkpoint of this run was written yet")
@@ -87,7 +93,8 @@ class RunDirectory:
             with open(self.log_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
         except OSError as exc:
-            raise write_failed(f"the log {self.log_path}", exc, last_checkpoint) from exc
+            raise write_failed(f"the log {self.log_path}", files.write_error(self.log_path, exc),
+                               last_checkpoint) from exc
 
     def save_checkpoint(self, step: int, write: Callable[[str], None],
                         last_checkpoint: str | None = None) -> str:
@@ -118,19 +125,19 @@ def logged_step(line: str) -> int | None:
 
 
 def cut_log(path: str, step: int) -> None:
-    """Drop log lines after ``step``: a resumed run rewrites the steps lost since its checkpoint."""
+    """Keep the complete log lines up to ``step``: a resumed run rewrites the steps lost since its
+    checkpoint, and a line a crash cut short (no newline, or not JSON) is dropped, so the next
+    line appended starts a line of its own."""
     if not os.path.exists(path):
         return
-    with open(path, encoding="utf-8") as f:
-        lines = [line for line in f
-                 if (logged := logged_step(line)) is not None and logged <= step]
-    with open(path, "w", encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = [line for line in f if line.endswith("\n")
+                 and (logged := logged_step(line)) is not None and logged <= step]
+    with files.replacing(path) as tmp, open(tmp, "x", encoding="utf-8") as f:
         f.writelines(lines)
 
 
 def _write_json(path: str, info: dict) -> None:
-    """Write ``info`` whole or not at all (a temporary file, then a rename)."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    """Write ``info`` whole or not at all (files.replacing)."""
+    with files.replacing(path) as tmp, open(tmp, "x", encoding="utf-8") as f:
         f.write(json.dumps(info, indent=1) + "\n")
-    os.replace(tmp, path)

@@ -6,7 +6,8 @@ checkpoint stores (the parameters, Adam's moments, the step, the seed and the da
 
 A run starts fresh (:func:`start`: parameters from the model's ``init_params``), or, with
 ``resume=True``, from the latest checkpoint of its run directory after checking that it fits:
-the model kind, the config, the vocabulary, the seed and ``run_meta`` must match
+it must pass :mod:`minitfm.usable`'s check (kind, parameters, dtypes, finite values, Adam's
+moments), and the config, the vocabulary, the seed and ``run_meta`` must match
 (``checkpoint.CheckpointError`` says which does not); nothing in the run directory is written
 before those checks pass. Started as several workers, every worker continues from rank 0's
 state (:func:`share`), and only rank 0 reads and writes the run directory (:func:`for_this_worker`).
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from minitfm import checkpoint, distributed, flat, models
+from minitfm import checkpoint, distributed, flat, models, usable
 from minitfm.divergence import diverged
 from minitfm.models import ModelConfig as Config      # the config of any registered model
 from minitfm.optim import Adam
@@ -140,12 +141,10 @@ def _check_same_run(ckpt: checkpoint.Checkpoint, options: TrainOptions) -> None:
 
 def _resume(cfg: Config, options: TrainOptions, path: str) -> TrainState:
     """The state saved at ``path``, after checking that the checkpoint fits this run."""
-    ckpt = checkpoint.load(path)
-    checkpoint.check_kind(ckpt, models.of(cfg).KIND)
+    ckpt = usable.load(path, models.of(cfg).KIND).ckpt    # kind, names, shapes, dtypes, finite
     checkpoint.check_compatible(ckpt, cfg.to_dict(), options.vocab_id)
     _check_same_run(ckpt, options)
     params = flat.flatten(checkpoint.params_to_device(ckpt.params))
-    models.of(cfg).check_params(params, cfg)
     optimizer = Adam(params, weight_decay=options.weight_decay)
     optimizer.load_state_dict(ckpt.optimizer_state)
     extra = ckpt.extra

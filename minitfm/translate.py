@@ -33,7 +33,7 @@ from typing import BinaryIO, TextIO
 
 from tqdm import tqdm
 
-from minitfm import backend, checkpoint, decode
+from minitfm import backend, checkpoint, decode, usable
 from minitfm.cli import add_backend_option, number, positive_int, select_backend
 from minitfm.data.corpus import DataError, raw_lines
 from minitfm.data.vocab import Vocab
@@ -52,35 +52,31 @@ class TranslateError(RuntimeError):
 
 
 def load_translator(path: str) -> tuple[dict, model.Config, Vocab]:
-    """``(params, cfg, vocab)`` of a checkpoint, parameters on the active backend."""
+    """``(params, cfg, vocab)`` of a checkpoint, parameters on the active backend.
+
+    The checkpoint must pass :mod:`minitfm.usable`'s check (a translator, sound parameters):
+    :class:`usable.UnusableCheckpoint` otherwise, naming the newest one of its directory that
+    does."""
     try:
-        ckpt = checkpoint.load(path, with_optimizer=False)
-        checkpoint.check_kind(ckpt, model.KIND)
+        checked = usable.load(path, model.KIND, with_optimizer=False)
     except FileNotFoundError:
         raise TranslateError(f"checkpoint {path} does not exist") from None
-    except checkpoint.CheckpointError as exc:
-        raise TranslateError(str(exc)) from exc
+    ckpt, cfg = checked.ckpt, checked.config
     if ckpt.vocab_model is None:
         raise TranslateError(
             f"checkpoint {path} has no vocabulary: translation needs the sentencepiece model the "
             f"model was trained with to encode the input and detokenize the output. Use a "
             f"checkpoint written with vocab_model (training on text stores it in every checkpoint)")
     try:
-        cfg = model.Config.from_dict(ckpt.config)
         vocab = Vocab.from_bytes(ckpt.vocab_model)
-    except (ValueError, TypeError, DataError) as exc:
+    except DataError as exc:
         raise TranslateError(f"checkpoint {path} is not usable: {exc}") from exc
     if vocab.size > min(cfg.src_vocab, cfg.tgt_vocab):
         raise TranslateError(
             f"checkpoint {path}: its vocabulary has {vocab.size} pieces but the model only "
             f"{min(cfg.src_vocab, cfg.tgt_vocab)} embeddings: the vocabulary is not the one the "
             f"model was trained with")
-    params = checkpoint.params_to_device(ckpt.params)
-    try:
-        model.check_params(params, cfg)
-    except (ValueError, TypeError) as exc:
-        raise TranslateError(f"checkpoint {path} is not usable: {exc}") from exc
-    return params, cfg, vocab
+    return checkpoint.params_to_device(ckpt.params), cfg, vocab
 
 
 def _warn(message: str) -> None:
@@ -241,7 +237,7 @@ def main(argv: list[str] | None = None, stdin: BinaryIO | None = None,
     try:
         run(args, stdin if stdin is not None else sys.stdin.buffer,
             stdout if stdout is not None else sys.stdout)
-    except (TranslateError, backend.BackendError, DataError) as exc:
+    except (TranslateError, checkpoint.CheckpointError, backend.BackendError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from minitfm import average, backend, checkpoint, cli, distributed, optim, train, translate
+from minitfm import (average, backend, checkpoint, cli, distributed, files, optim, train,
+                     translate)
 from minitfm.bleu import BleuScore, corpus_bleu
 from minitfm.cli import UsageError
 from minitfm.data import (BatchPlan, CleanOptions, DataError, EncodedCorpus, ParallelText,
@@ -54,8 +55,7 @@ def say(text: str) -> None:
 
 def write_text(path: str, text: str, what: str, advice: str) -> None:
     try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
+        with files.replacing(path) as tmp, open(tmp, "x", encoding="utf-8") as f:
             f.write(text)
     except OSError as exc:
         raise UsageError(f"cannot write {what} {path}: {exc.strerror or exc}; {advice}") from exc

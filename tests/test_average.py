@@ -1,4 +1,5 @@
-"""Tests of minitfm.average on tiny fake checkpoints: the mean, dtypes, refusals, and the CLI."""
+"""Tests of minitfm.average on tiny checkpoints of a 1-layer language model whose parameters are
+filled with constants: the mean, dtypes, refusals, and the CLI."""
 
 import os
 import subprocess
@@ -10,36 +11,49 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitfm import checkpoint
+from minitfm import checkpoint, models
 from minitfm.average import average, average_checkpoints, main
 from minitfm.checkpoint import CheckpointError
+from minitfm.models import lm, translator
+from minitfm.usable import UnusableCheckpoint
 
-CONFIG = {"d_model": 4, "n_layers": 1}
+CONFIG = lm.LMConfig(vocab=5, n_layers=1, d_model=4, n_heads=2, d_ff=8, max_len=8).to_dict()
+W, B = "layers.0.ff.w1", "layers.0.ff.b1"      # two of its parameters: (4, 8) and (8,)
 
 
-def fake_params(value: float) -> dict:
-    return {"w": np.full((2, 3), value, dtype=np.float32), "b": np.full(3, 2 * value)}
+def fake_params(value: float, config: dict = CONFIG, dtype=np.float32, kind: str = lm.KIND
+                ) -> dict:
+    """Every parameter of the model ``config`` describes, filled with ``value`` (biases with
+    twice that)."""
+    model = models.get(kind)
+    shapes = model.parameter_shapes(model.Config.from_dict(config))
+    return {name: np.full(shape, 2 * value if len(shape) == 1 else value, dtype)
+            for name, shape in shapes.items()}
 
 
-def write(directory, step, value, *, config=CONFIG, vocab_id="vocab-a", params=None):
+def write(directory, step, value, *, config=CONFIG, vocab_id="vocab-a", params=None,
+          dtype=np.float32, kind=lm.KIND):
     path = checkpoint.checkpoint_path(directory, step)
-    params = fake_params(value) if params is None else params
+    params = fake_params(value, config, dtype, kind) if params is None else params
     checkpoint.save(path, params, step=step, config=config, vocab_id=vocab_id,
-                    vocab_model=b"model-bytes", extra={"seed": 7},
+                    vocab_model=b"model-bytes", extra={"seed": 7}, kind=kind,
                     optimizer_state={"step": step, "m": params, "v": params})
     return path
 
 
-def test_average_is_the_mean_in_stored_dtypes(tmp_path):
-    paths = [write(tmp_path, step, value) for step, value in [(1, 1.0), (2, 2.0), (3, 6.0)]]
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_average_is_the_mean_in_stored_dtypes(tmp_path, dtype):
+    paths = [write(tmp_path, step, value, dtype=dtype)
+             for step, value in [(1, 1.0), (2, 2.0), (3, 6.0)]]
     params = average(paths)
-    assert params["w"].dtype == np.float32 and params["b"].dtype == np.float64
-    np.testing.assert_array_equal(params["w"], np.full((2, 3), 3.0, dtype=np.float32))
-    np.testing.assert_array_equal(params["b"], np.full(3, 6.0))
+    assert params[W].dtype == dtype and params[B].dtype == dtype
+    np.testing.assert_array_equal(params[W], np.full((4, 8), 3.0, dtype=dtype))
+    np.testing.assert_array_equal(params[B], np.full(8, 6.0, dtype=dtype))
 
 
 @settings(max_examples=20, deadline=None)
-@given(values=st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False),
+@given(values=st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False,
+                                  min_value=-2.0 ** 126, max_value=2.0 ** 126),
                        min_size=1, max_size=6))
 def test_average_accumulates_in_float64(values):
     # near float32's maximum a float32 sum would overflow to inf; the float64 one does not
@@ -47,15 +61,18 @@ def test_average_accumulates_in_float64(values):
         paths = [write(directory, i, v) for i, v in enumerate(values)]
         params = average(paths)
     expected = np.float32(np.mean(np.array(values, dtype=np.float64)))
-    assert params["w"].dtype == np.float32
-    np.testing.assert_allclose(params["w"], np.full((2, 3), expected), rtol=1e-6, atol=1e-38)
+    assert params[W].dtype == np.float32
+    np.testing.assert_allclose(params[W], np.full((4, 8), expected), rtol=1e-6, atol=1e-38)
 
 
 def test_average_of_one_copy_is_exact(tmp_path):
     rng = np.random.default_rng(0)
-    params = {"w": rng.standard_normal((4, 4)).astype(np.float32)}
+    params = {name: rng.standard_normal(a.shape).astype(np.float32)
+              for name, a in fake_params(0.0).items()}
     paths = [write(tmp_path, step, 0.0, params=params) for step in (1, 2, 3)]
-    np.testing.assert_array_equal(average(paths)["w"], params["w"])
+    averaged = average(paths)
+    for name, value in params.items():
+        np.testing.assert_array_equal(averaged[name], value)
 
 
 def test_average_checkpoints_returns_the_last_for_metadata(tmp_path):
@@ -66,21 +83,20 @@ def test_average_checkpoints_returns_the_last_for_metadata(tmp_path):
 
 def test_refuses_different_configs(tmp_path):
     a = write(tmp_path, 1, 1.0)
-    b = write(tmp_path, 2, 1.0, config={**CONFIG, "d_model": 8})
-    with pytest.raises(CheckpointError, match=r"(?s)different models.*'d_model': 4 vs 8"):
+    b = write(tmp_path, 2, 1.0, config={**CONFIG, "d_ff": 6})
+    with pytest.raises(CheckpointError, match=r"(?s)different models.*'d_ff': 8 vs 6"):
         average([a, b])
 
 
 def test_refuses_different_model_kinds_and_keeps_the_kind(tmp_path):
     a = write(tmp_path, 1, 1.0)
-    b = checkpoint.checkpoint_path(tmp_path, 2)
-    checkpoint.save(b, fake_params(1.0), step=2, config=CONFIG, vocab_id="vocab-a",
-                    vocab_model=b"model-bytes", kind="lm")
+    b = write(tmp_path, 2, 1.0, kind=translator.KIND,
+              config=translator.Config.preset("tiny", src_vocab=5, tgt_vocab=5).to_dict())
     with pytest.raises(CheckpointError, match=r"(?s)different models.*model kind: "
-                                              r"'transformer' vs 'lm'"):
+                                              r"'lm' vs 'transformer'"):
         average([a, b])
     _, last = average_checkpoints([b, b])
-    assert last.kind == "lm"
+    assert last.kind == "transformer"
 
 
 def test_refuses_different_vocabularies(tmp_path):
@@ -90,24 +106,36 @@ def test_refuses_different_vocabularies(tmp_path):
         average([a, b])
 
 
-def test_refuses_different_parameter_names_and_shapes(tmp_path):
+def test_refuses_renamed_reshaped_and_integer_parameters(tmp_path):
+    """Each input passes the check of minitfm.usable: every parameter of its config, by name,
+    with its shape, in float32 or float64."""
     a = write(tmp_path, 1, 1.0)
-    b = write(tmp_path, 2, 1.0, params={"w": np.zeros((2, 3), np.float32), "c": np.zeros(3)})
-    with pytest.raises(CheckpointError,
-                       match=r"\['b'\] only in the first, \['c'\] only in the other"):
+    params = fake_params(1.0)
+    renamed = {("layers.0.ff.w_in" if name == W else name): value for name, value in params.items()}
+    b = write(tmp_path, 2, 1.0, params=renamed)
+    with pytest.raises(UnusableCheckpoint, match=rf"{b}.*parameter '{W}' is missing \(it has "
+                                                 r"'layers.0.ff.w_in' instead"):
         average([a, b])
-    c = write(tmp_path, 3, 1.0, params={"w": np.zeros((3, 2), np.float32), "b": np.zeros(3)})
-    with pytest.raises(CheckpointError,
-                       match=r"parameter 'w': \(2, 3\) float32 vs \(3, 2\) float32"):
+    c = write(tmp_path, 3, 1.0, params={**params, W: np.zeros((8, 4), np.float32)})
+    with pytest.raises(UnusableCheckpoint, match=rf"parameter '{W}' has shape \(8, 4\), its "
+                                                 r"config needs \(4, 8\)"):
         average([a, c])
+    d = write(tmp_path, 4, 0.0, params={**params, B: np.arange(8)})
+    with pytest.raises(UnusableCheckpoint, match=rf"parameter '{B}' is int64; parameters are "
+                                                 r"float32 or float64"):
+        average([d])
 
 
-def test_refuses_nothing_and_integers(tmp_path):
+def test_refuses_nothing(tmp_path):
     with pytest.raises(ValueError, match="no checkpoints"):
         average([])
-    path = write(tmp_path, 1, 0.0, params={"ids": np.arange(3)})
-    with pytest.raises(CheckpointError, match="not floating point"):
-        average([path])
+
+
+def test_refuses_different_dtypes(tmp_path):
+    a, b = write(tmp_path, 1, 1.0), write(tmp_path, 2, 1.0, dtype=np.float64)
+    with pytest.raises(CheckpointError, match=rf"parameter '{W}': \(4, 8\) float32 vs "
+                                              r"\(4, 8\) float64"):
+        average([a, b])
 
 
 def test_cli_averages_the_last_k_of_a_directory(tmp_path, capsys):
@@ -117,7 +145,7 @@ def test_cli_averages_the_last_k_of_a_directory(tmp_path, capsys):
     assert main(["--inputs", str(tmp_path), "--last", "3", "--output", str(out)]) == 0
     assert "averaged 3 checkpoint(s)" in capsys.readouterr().out
     ckpt = checkpoint.load(out)
-    np.testing.assert_array_equal(ckpt.params["w"], np.full((2, 3), 2.0, dtype=np.float32))
+    np.testing.assert_array_equal(ckpt.params[W], np.full((4, 8), 2.0, dtype=np.float32))
     assert ckpt.step == 400 and ckpt.config == CONFIG and ckpt.optimizer_state is None
     assert ckpt.vocab_id == "vocab-a" and ckpt.vocab_model == b"model-bytes"
     assert ckpt.extra == {"seed": 7, "averaged_from": [
@@ -132,7 +160,7 @@ def test_cli_takes_files_in_order_given_and_notes_fewer_than_last(tmp_path, caps
     assert "only 2 checkpoint(s)" in capsys.readouterr().err
     ckpt = checkpoint.load(out)
     assert ckpt.step == 1                                 # metadata of the last input given
-    np.testing.assert_array_equal(ckpt.params["b"], np.full(3, 4.0))
+    np.testing.assert_array_equal(ckpt.params[B], np.full(8, 4.0, dtype=np.float32))
 
 
 def test_cli_errors(tmp_path, capsys):

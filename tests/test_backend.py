@@ -26,7 +26,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "minitfm"
 # Host-side modules that may import NumPy directly (file I/O, data preparation, synthetic
 # tasks, plotting), the workers' devices and NCCL (CuPy) and their placement (NumPy's BLAS
 # threads): they never do the model's array math.
-HOST_SIDE = {"backend.py", "checkpoint.py", "average.py", "plot.py", "tasks.py", "devices.py",
+HOST_SIDE = {"backend.py", "checkpoint.py", "usable.py", "average.py", "plot.py", "tasks.py",
+             "devices.py",
              "placement.py"}
 
 

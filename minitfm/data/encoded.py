@@ -6,10 +6,14 @@ gigabytes. So a corpus is encoded once, streaming, and stored per side as two pl
     NAME.LANG.tokens.npy    int32 (n_tokens,)   every sentence's ids, concatenated, no BOS/EOS
     NAME.LANG.offsets.npy   int64 (n_pairs + 1,) sentence i is tokens[offsets[i]:offsets[i + 1]]
 
-plus ``NAME.json``, a manifest written last (its presence means the cache is complete) recording
+plus ``NAME.json``, a manifest written last (its presence means the cache is complete; it is
+removed before the arrays are written, and each file is written whole by ``files.replacing``)
+recording
 the vocabulary identifier, each source file's resolved path, size and modification time, the
 cleaning options and the counts of what was kept and dropped. :func:`encode_corpus` reuses the
-cache only if all of those still match, and re-encodes otherwise. Arrays are opened with
+cache only if all of those still match, and re-encodes otherwise; a cache whose manifest is
+missing, empty or cut short (a full disk, a crash) is re-encoded, saying so (a warning on the
+log, which Python prints on standard error). Arrays are opened with
 ``np.load(..., mmap_mode="r")``: the operating system pages in what batches touch.
 
 ``NAME`` is ``BASENAME.SRC-TGT`` for corpus prefix ``.../BASENAME``, e.g. ``train.en-de``.
@@ -19,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
@@ -31,7 +34,9 @@ from tqdm import tqdm
 
 from .clean import CleanOptions, CleanReport, filter_pairs
 from .corpus import DataError, ParallelReader, file_stamp, parallel_files
-from .vocab import Vocab
+from minitfm import files as whole_files
+
+from .vocab import Vocab, read_metadata
 
 __all__ = ["EncodedCorpus", "encode_corpus", "cache_name"]
 
@@ -72,7 +77,7 @@ class EncodedCorpus:
     def load(cls, cache_dir: str | Path, name: str, *, mmap: bool = True) -> EncodedCorpus:
         """Open the cached corpus ``NAME`` in ``cache_dir`` (see :func:`encode_corpus`)."""
         cache_dir = Path(cache_dir)
-        manifest = _read_manifest(cache_dir / f"{name}.json")
+        manifest, _ = read_metadata(cache_dir / f"{name}.json")
         if manifest is None:
             raise DataError(f"{cache_dir / (name + '.json')}: no complete encoded corpus there; "
                             "build it with encode_corpus")
@@ -144,11 +149,16 @@ def encode_corpus(prefix: str | Path, src_lang: str, tgt_lang: str, vocab: Vocab
     src_path, tgt_path = parallel_files(prefix, src_lang, tgt_lang)
     name = cache_name(prefix, src_lang, tgt_lang)
     key = _cache_key(src_path, tgt_path, src_lang, tgt_lang, vocab, clean, skip_invalid)
-    manifest = _read_manifest(cache_dir / f"{name}.json")
+    names = _file_names(name, src_lang, tgt_lang)
+    manifest, broken = read_metadata(cache_dir / f"{name}.json",
+                                     [cache_dir / file for file in names.values()])
     if (manifest is not None and all(manifest.get(k) == v for k, v in key.items())
             and all((cache_dir / file).is_file() for file in manifest["files"].values())):
         return EncodedCorpus.load(cache_dir, name)
-    if manifest is not None:
+    if broken:
+        _log.warning("the token cache %s in %s is incomplete: %s; encoding it again", name,
+                     cache_dir, broken)
+    elif manifest is not None:
         _log.info("re-encoding %s: its source files, vocabulary or options changed", name)
     cache_dir.mkdir(parents=True, exist_ok=True)
     _build(cache_dir, name, key, ParallelReader(src_path, tgt_path, skip_invalid=skip_invalid),
@@ -170,16 +180,6 @@ def _cache_key(src_path: Path, tgt_path: Path, src_lang: str, tgt_lang: str, voc
     }
 
 
-def _read_manifest(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        _log.warning("ignoring unreadable cache manifest %s (%s)", path, exc)
-        return None
-
-
 @dataclass
 class _Side:
     """One side being written: tokens appended to an ``.npy`` file, lengths kept in memory."""
@@ -198,37 +198,34 @@ class _Side:
         return offsets
 
 
+def _file_names(name: str, src_lang: str, tgt_lang: str) -> dict[str, str]:
+    return {"src_tokens": f"{name}.{src_lang}.tokens.npy",
+            "src_offsets": f"{name}.{src_lang}.offsets.npy",
+            "tgt_tokens": f"{name}.{tgt_lang}.tokens.npy",
+            "tgt_offsets": f"{name}.{tgt_lang}.offsets.npy"}
+
+
 def _build(cache_dir: Path, name: str, key: dict, reader: ParallelReader, vocab: Vocab,
            clean: CleanOptions | None, progress: bool) -> None:
-    src_lang, tgt_lang = key["src_lang"], key["tgt_lang"]
-    files = {"src_tokens": f"{name}.{src_lang}.tokens.npy",
-             "src_offsets": f"{name}.{src_lang}.offsets.npy",
-             "tgt_tokens": f"{name}.{tgt_lang}.tokens.npy",
-             "tgt_offsets": f"{name}.{tgt_lang}.offsets.npy"}
+    names = _file_names(name, key["src_lang"], key["tgt_lang"])
     manifest_path = cache_dir / f"{name}.json"
     manifest_path.unlink(missing_ok=True)  # the cache is incomplete from here on
-    temporary = {k: cache_dir / (v + ".tmp") for k, v in files.items()}
     report = CleanReport()
-    try:
-        with _NpyAppender(temporary["src_tokens"]) as src_out, \
-                _NpyAppender(temporary["tgt_tokens"]) as tgt_out:
+    with whole_files.replacing(cache_dir / names["src_tokens"]) as src_tmp, \
+            whole_files.replacing(cache_dir / names["tgt_tokens"]) as tgt_tmp:
+        with _NpyAppender(Path(src_tmp)) as src_out, _NpyAppender(Path(tgt_tmp)) as tgt_out:
             src, tgt = _Side(src_out, []), _Side(tgt_out, [])
             for chunk in _chunks(filter_pairs(reader, clean, report), progress, name):
                 src.add(vocab.encode([s for s, _ in chunk]))
                 tgt.add(vocab.encode([t for _, t in chunk]))
-        _save_npy(temporary["src_offsets"], src.offsets())
-        _save_npy(temporary["tgt_offsets"], tgt.offsets())
-        for k, v in files.items():
-            os.replace(temporary[k], cache_dir / v)
-    finally:
-        for path in temporary.values():
-            path.unlink(missing_ok=True)
-    manifest = dict(key, files=files, read=reader.lines, pairs=report.kept,
+    for side, offsets in (("src", src.offsets()), ("tgt", tgt.offsets())):
+        with whole_files.replacing(cache_dir / names[f"{side}_offsets"]) as tmp:
+            _save_npy(Path(tmp), offsets)
+    manifest = dict(key, files=names, read=reader.lines, pairs=report.kept,
                     skipped_invalid=reader.skipped_invalid,
                     clean=report.to_dict() if clean is not None else None)
-    tmp_manifest = manifest_path.with_suffix(".json.tmp")
-    tmp_manifest.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp_manifest, manifest_path)
+    with whole_files.replacing(manifest_path) as tmp:     # written last: the cache is complete
+        Path(tmp).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
 
 
 def _chunks(pairs: Iterator[tuple[str, str]], progress: bool, name: str) -> Iterator[list]:
@@ -239,7 +236,7 @@ def _chunks(pairs: Iterator[tuple[str, str]], progress: bool, name: str) -> Iter
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
-    with open(path, "wb") as f:  # a file object: np.save would append ".npy" to a name
+    with open(path, "xb") as f:  # a file object: np.save would append ".npy" to a name
         np.save(f, array, allow_pickle=False)
 
 
@@ -252,7 +249,7 @@ class _NpyAppender:
 
     def __init__(self, path: Path):
         self.path, self.count = path, 0
-        self.file: BinaryIO = open(path, "wb")
+        self.file: BinaryIO = open(path, "xb")
         self._write_header(0)
         self.data_start = self.file.tell()
 

@@ -28,6 +28,7 @@ fetched as ``BASE_URL/FILENAME``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -45,6 +46,8 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from tqdm import tqdm
+
+from minitfm import files
 
 from .clean import CleanOptions, CleanReport, filter_pairs
 from .corpus import DataError, ParallelReader, read_parallel_files
@@ -184,26 +187,22 @@ class _AtomicPair:
 
     def __init__(self, prefix: Path, langs: tuple[str, str]):
         self.final = [Path(f"{prefix}.{lang}") for lang in langs]
-        self.temporary = [path.with_name(path.name + ".tmp") for path in self.final]
+        self.stack = contextlib.ExitStack()
 
     def __enter__(self) -> tuple[BinaryIO, BinaryIO]:
-        self.files = [open(path, "wb") for path in self.temporary]
-        return self.files[0], self.files[1]
+        with self.stack as stack:          # each written whole by files.replacing
+            opened = [stack.enter_context(open(stack.enter_context(files.replacing(path)), "xb"))
+                      for path in self.final]
+            self.stack = stack.pop_all()
+        return opened[0], opened[1]
 
-    def __exit__(self, exc_type, *_) -> None:
-        for f in self.files:
-            f.close()
-        for tmp, final in zip(self.temporary, self.final):
-            if exc_type is None:
-                os.replace(tmp, final)
-            else:
-                tmp.unlink(missing_ok=True)
+    def __exit__(self, *exc_info) -> None:
+        self.stack.__exit__(*exc_info)
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    with files.replacing(path) as tmp:
+        Path(tmp).write_text(text, encoding="utf-8")
 
 
 # ----------------------------------------------------------------------------- downloading
@@ -368,12 +367,7 @@ def _extract_one(archive: Path, tar: tarfile.TarFile, member: tarfile.TarInfo, o
         raise DataError(f"{archive}: member {member.name!r} is not a regular file (a link?); "
                         "refusing to extract it")
     target = out_dir / base
-    tmp = target.with_name(base + ".tmp")
-    try:
-        with tar.extractfile(member) as source, open(tmp, "wb") as out:
-            shutil.copyfileobj(source, out, _BLOCK)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, target)
+    with files.replacing(target) as tmp, tar.extractfile(member) as source, \
+            open(tmp, "xb") as out:
+        shutil.copyfileobj(source, out, _BLOCK)
     return target

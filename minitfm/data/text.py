@@ -24,7 +24,9 @@ resumed run sees exactly the batches an uninterrupted one would.
 
 The cache follows :mod:`minitfm.data.encoded`: a JSON manifest, written last, records the text
 file's resolved path, size and modification time and the tokenizer's identifier; the cached tokens
-are reused only while all of those match, and re-encoded otherwise.
+are reused only while all of those match, and re-encoded otherwise. Each file is written whole
+(``files.replacing``); tokens without a manifest, or with an empty or cut-short one, are
+re-encoded with a warning saying so.
 
 Host-side code: it uses NumPy deliberately (tokens are gathered on the CPU from a memory-mapped
 file; the training loop moves each batch to the device).
@@ -33,17 +35,18 @@ file; the training loop moves each batch to the device).
 from __future__ import annotations
 
 import json
-import os
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from minitfm import backend
+from minitfm import backend, files
 
 from .corpus import DataError, file_stamp
-from .encoded import TOKEN_DTYPE, _load_array, _NpyAppender, _read_manifest
+from .encoded import TOKEN_DTYPE, _load_array, _NpyAppender
+from .vocab import read_metadata
 from .tokenizers import (BPETokenizer, CharTokenizer, Tokenizer, _text_chunks, load_tokenizer,
                          read_text, tokenizer_from_array)
 
@@ -53,6 +56,7 @@ __all__ = ["CharTokenizer", "BPETokenizer", "Tokenizer", "load_tokenizer", "toke
 
 FORMAT = "minitfm-text-tokens/1"
 BLOCKS_STREAM = 2            # the second part of a batch generator's seed: (seed, stream, step)
+_log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- encoded tokens
@@ -80,25 +84,23 @@ def encode_text_file(path: str | Path, tokenizer: Tokenizer,
     tokens_path, manifest_path = cache_dir / f"{name}.tokens.npy", cache_dir / f"{name}.json"
     key = {"format": FORMAT, "tokenizer": f"{tokenizer.kind}:{tokenizer.identifier}",
            "source": file_stamp(path)}
-    manifest = _read_manifest(manifest_path)
+    manifest, broken = read_metadata(manifest_path, [tokens_path])
     if (manifest is not None and all(manifest.get(k) == v for k, v in key.items())
             and tokens_path.is_file()):
         return _load_array(tokens_path, mmap=True)
+    if broken:
+        _log.warning("the token cache %s is incomplete: %s; encoding %s again", tokens_path,
+                     broken, path)
     cache_dir.mkdir(parents=True, exist_ok=True)
     manifest_path.unlink(missing_ok=True)     # the cache is incomplete from here on
-    temporary = tokens_path.with_name(tokens_path.name + ".tmp")
-    try:
-        with _NpyAppender(temporary) as out:
+    with files.replacing(tokens_path) as temporary:
+        with _NpyAppender(Path(temporary)) as out:
             for chunk in _text_chunks(path):
                 out.append(tokenizer.encode(chunk))
         _check_not_empty(path, out.count)
-        os.replace(temporary, tokens_path)
-    finally:
-        temporary.unlink(missing_ok=True)
     document = dict(key, tokens=tokens_path.name, count=out.count)
-    temporary_manifest = manifest_path.with_name(manifest_path.name + ".tmp")
-    temporary_manifest.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
-    os.replace(temporary_manifest, manifest_path)
+    with files.replacing(manifest_path) as temporary:     # written last: the cache is complete
+        Path(temporary).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
     return _load_array(tokens_path, mmap=True)
 
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from minitfm import files
+
 from .corpus import DataError, _open_bytes
 from .encoded import TOKEN_DTYPE
 from .vocab import EOS_ID, Vocab, train_vocab
@@ -156,7 +158,8 @@ class CharTokenizer:
 
     def save(self, path: str | Path) -> None:
         document = {"format": CHAR_FORMAT, "chars": self.chars}
-        Path(path).write_text(json.dumps(document) + "\n", encoding="utf-8")
+        with files.replacing(path) as tmp:
+            Path(tmp).write_text(json.dumps(document) + "\n", encoding="utf-8")
 
 
 class BPETokenizer:

@@ -30,12 +30,13 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
+from minitfm import files
 from minitfm.ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 from .corpus import DataError, ParallelReader, file_stamp, parallel_files
 
 __all__ = ["PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "Vocab", "train_vocab", "train_joint_vocab",
-           "cached_joint_vocab", "sample_sentences"]
+           "cached_joint_vocab", "read_metadata", "sample_sentences"]
 
 _SPECIAL_PIECES = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>"}
 
@@ -76,7 +77,9 @@ class Vocab:
                             f"({exc.strerror or exc})") from exc
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_bytes(self._model)
+        """Write the ``.model`` file whole or not at all (``files.replacing``)."""
+        with files.replacing(path) as tmp:
+            Path(tmp).write_bytes(self._model)
 
     def serialized_model(self) -> bytes:
         return self._model
@@ -223,19 +226,52 @@ def cached_joint_vocab(prefix: str | Path, src_lang: str, tgt_lang: str, vocab_s
     training files (path, size, modification time), size and seed; otherwise the vocabulary is
     trained again (``announce`` is told) with ``hard_vocab_limit=False``, so a small corpus ends
     with fewer pieces than asked rather than failing.
+
+    The JSON metadata is what makes the cache count: it is removed before the model is written
+    and written last, each file whole (``files.replacing``). A model without it, or with one that
+    is empty or cut short (a full disk, a crash), is trained again, and ``announce`` says why.
     """
     directory = Path(directory)
     name = f"spm.{src_lang}-{tgt_lang}.{vocab_size}"
     model_path, key_path = directory / f"{name}.model", directory / f"{name}.json"
     key = {"sources": [file_stamp(p) for p in parallel_files(prefix, src_lang, tgt_lang)],
            "vocab_size": vocab_size, "seed": seed}
-    if model_path.is_file() and key_path.is_file() and \
-            json.loads(key_path.read_text(encoding="utf-8")) == key:
-        return Vocab.load(model_path)
+    stored, broken = read_metadata(key_path, [model_path])
+    if stored == key and model_path.is_file():
+        try:
+            return Vocab.load(model_path)
+        except DataError as exc:
+            broken = f"{model_path} cannot be used ({exc})"
+    if broken:
+        announce(f"the vocabulary cache is incomplete: {broken}; training it again")
     announce(f"training a {vocab_size}-piece joint BPE vocabulary on {prefix}")
     vocab = train_joint_vocab(prefix, src_lang, tgt_lang, vocab_size, seed=seed,
                               hard_vocab_limit=False)
     directory.mkdir(parents=True, exist_ok=True)
+    key_path.unlink(missing_ok=True)             # the cache is incomplete from here on
     vocab.save(model_path)
-    key_path.write_text(json.dumps(key, indent=1) + "\n", encoding="utf-8")
+    with files.replacing(key_path) as tmp:       # written last: the cache is complete
+        Path(tmp).write_text(json.dumps(key, indent=1) + "\n", encoding="utf-8")
     return vocab
+
+
+def read_metadata(path: Path, data_files: Sequence[Path] = ()) -> tuple[dict | None, str | None]:
+    """The JSON object a cache keeps at ``path`` (written last: the cache is complete), or None
+    with the reason the cache is broken, in words: the metadata is empty, cut short or unreadable,
+    or missing beside the cache's ``data_files``. ``(None, None)``: there is no cache at all."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        left = [p for p in data_files if p.exists()]
+        return None, (f"{left[0]} has no metadata {path.name} beside it (its writing was cut "
+                      f"short)" if left else None)
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, f"its metadata {path} cannot be read ({exc})"
+    try:
+        document = json.loads(text)
+    except ValueError:
+        document = None
+    if not isinstance(document, dict):
+        return None, (f"its metadata {path} is empty" if not text.strip()
+                      else f"its metadata {path} is cut short or damaged")
+    return document, None

@@ -7,10 +7,12 @@ import os
 import sys
 from collections.abc import Sequence
 
+from minitfm.checkpoint import CheckpointError
 from minitfm.export import source
 from minitfm.export.source import ExportError
 
 EXIT_ERROR = 1
+EXIT_BAD_INPUT = 2
 EXAMPLES = """examples:
   python -m minitfm.export run/checkpoint_00010000.npz --to ctranslate2 --out model-ct2
   python -m minitfm.export model.npz --to ctranslate2 --quantization int8 --out model-ct2-int8
@@ -99,6 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         return run(args)
+    except CheckpointError as exc:          # a damaged, non-finite or unknown model: bad input
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except ExportError as exc:
         print(f"error: {exc}", file=sys.stderr)
     except OSError as exc:

@@ -1,10 +1,11 @@
 """What every export reads and writes: a checked model from a checkpoint, and whole outputs.
 
 Reading. A checkpoint records the kind of model it holds, which names its model in the registry
-(:mod:`minitfm.models`: config class, parameter names and shapes). :func:`check_loadable` is the
-check every model read goes through before anything is written: the kind is known, the config
-parses, every parameter the config needs is there (and nothing else) with its shape, in float32
-or float64, and every value is finite.
+(:mod:`minitfm.models`: config class, parameter names and shapes). Every model read goes through
+the check every command uses, :mod:`minitfm.usable` (:func:`check_loadable`), before anything is
+written: the kind is known, the config parses, every parameter the config needs is there (and
+nothing else) with its shape, in float32 or float64, and every value is finite. A model that
+fails it raises ``usable.UnusableCheckpoint`` (a ``checkpoint.CheckpointError``).
 
 Writing. An export is never left half-written: a directory is built under a temporary name
 beside its destination and renamed into place when complete (:func:`output_directory`); a single
@@ -24,12 +25,9 @@ from dataclasses import dataclass
 
 import numpy
 
-from minitfm import checkpoint, files, models
+from minitfm import checkpoint, files, usable
 # The formats' own layouts are written for the two built-in models (ctranslate2.py)
 from minitfm.models import lm, translator as model   # noqa: F401  (imported by the mappings)
-
-FLOAT_DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float64))
-
 
 class ExportError(RuntimeError):
     """The model cannot be exported (or imported) as asked; the message says why and what to do."""
@@ -50,49 +48,25 @@ class Loaded:
 
 
 def check_loadable(ckpt: checkpoint.Checkpoint) -> Loaded:
-    """Check a checkpoint's model before it is used: kind, config, names, shapes, dtypes, finite
-    values. Raise :class:`ExportError` naming the first problem; return the checked model."""
-    where = f"checkpoint {ckpt.path}"
-    if ckpt.kind not in models.kinds():
-        raise ExportError(f"{where} holds a model of unknown kind {ckpt.kind!r}; this minitfm "
-                          f"knows {', '.join(map(repr, models.kinds()))}: use the version that "
-                          f"wrote it")
-    trained = models.get(ckpt.kind)
-    try:
-        cfg = trained.Config.from_dict(ckpt.config)
-    except (TypeError, ValueError) as exc:
-        raise ExportError(f"{where} has an unusable config: {exc}") from exc
-    shapes = trained.parameter_shapes(cfg)
-    missing = [n for n in shapes if n not in ckpt.params]
-    extra = [n for n in ckpt.params if n not in shapes]
-    if missing or extra:
-        raise ExportError(f"{where} does not match its config: missing parameters {missing[:5]}, "
-                          f"unexpected {extra[:5]}; the file is damaged or not of this model")
-    params = {}
-    for name, shape in shapes.items():
-        value = numpy.asarray(ckpt.params[name])
-        if value.shape != shape:
-            raise ExportError(f"{where}: parameter {name!r} has shape {value.shape}, its config "
-                              f"needs {shape}")
-        if value.dtype not in FLOAT_DTYPES:
-            raise ExportError(f"{where}: parameter {name!r} is {value.dtype}; parameters are "
-                              f"float32 or float64")
-        if not numpy.isfinite(value).all():
-            raise ExportError(f"{where}: parameter {name!r} holds NaN or Inf; export a "
-                              f"checkpoint from before the run diverged")
-        params[name] = value
-    return Loaded(ckpt.kind, cfg, params, ckpt.vocab_id, ckpt.vocab_model, ckpt.step, ckpt.extra)
+    """The checked model of ``ckpt`` (kind, config, names, shapes, dtypes, finite values; see
+    :mod:`minitfm.usable`), or ``usable.UnusableCheckpoint`` naming the first problem."""
+    return _loaded(usable.check(ckpt))
 
 
 def read_checkpoint(path: str) -> Loaded:
     """The checked model of a checkpoint file (without its optimizer state)."""
     try:
-        ckpt = checkpoint.load(path, with_optimizer=False)
+        return _loaded(usable.load(path, with_optimizer=False))
     except FileNotFoundError:
         raise ExportError(f"checkpoint {path} does not exist") from None
-    except checkpoint.CheckpointError as exc:
-        raise ExportError(str(exc)) from exc
-    return check_loadable(ckpt)
+
+
+def _loaded(checked: usable.Usable) -> Loaded:
+    ckpt = checked.ckpt
+    shapes = checked.model.parameter_shapes(checked.config)
+    params = {name: numpy.asarray(ckpt.params[name]) for name in shapes}
+    return Loaded(ckpt.kind, checked.config, params, ckpt.vocab_id, ckpt.vocab_model, ckpt.step,
+                  ckpt.extra)
 
 
 def _refuse_existing(path: str, force: bool) -> None:
