@@ -262,7 +262,8 @@ def run_training(args: argparse.Namespace) -> int:
         f"{cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads, d_ff {cfg.d_ff}, "
         f"{'learned' if cfg.learned_positions else 'sinusoidal'} positions, "
         f"{'pre' if cfg.pre_ln else 'post'}-LN; {steps} steps"
-        + (f" ({args.max_epochs:g} epochs)" if args.max_epochs else "") + f" of {args.batch_size} x "
+        + (f" ({args.max_epochs:g} epochs)" if args.max_epochs else "")
+        + f" of {args.batch_size} x "
         f"{args.block_size} tokens; backend {chosen}; run {args.out}")
     state = train.train(cfg, train_batches(data.train, args), options, valid_batches=valid)
     if state.interrupted:

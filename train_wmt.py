@@ -165,7 +165,8 @@ def add_training_options(opt) -> None:
     opt.add_argument("--update-freq", type=positive_int, help="batches summed into one update "
                                                               "(default: preset)")
     opt.add_argument("--max-steps", type=positive_int, help="training updates (default: preset)")
-    cli.add_max_epochs_option(opt, "an epoch: its batches over --update-freq, rounded up")
+    cli.add_max_epochs_option(opt, "an epoch: its batches over --update-freq; N epochs end "
+                                   "with the update that reads the last batch of the N-th")
     opt.add_argument("--time-limit", type=POSITIVE, metavar="MINUTES",
                      help="stop, with a checkpoint, after this much training time")
     cli.add_optimiser_options(opt, warmup="default: preset", lr_factor=(1.0, "default 1"))

@@ -112,10 +112,11 @@ def save_average(paths: Sequence[str | os.PathLike], output: str | os.PathLike
 
 def best_checkpoints(inputs: Sequence[str], n: int) -> list[Checkpoint]:
     """The ``n`` best checkpoints of ``inputs`` by the validation metric each records, best
-    first, as metadata (their ``params`` left out: :func:`average_checkpoints` reads them). Directories give their ``checkpoint_*.npz`` and ``checkpoint_best.npz``
-    (one checkpoint counted once), and those without a metric (saved between validations) are
-    passed over; a file named without one is refused, as is finding none
-    (:class:`validation.NoRecordedMetric`)."""
+    first, as metadata (their ``params`` left out: :func:`average_checkpoints` reads them).
+    Directories give their ``checkpoint_*.npz`` and ``checkpoint_best.npz`` (one checkpoint
+    counted once), and those without a metric (saved between validations) are passed over; a
+    file named without one is refused, as is finding none (:class:`validation.NoRecordedMetric`).
+    """
     candidates: list[tuple[str, bool]] = []            # (path, named by the user)
     for item in inputs:
         if os.path.isdir(item):

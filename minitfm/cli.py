@@ -239,8 +239,8 @@ def add_validation_options(group, metrics: Sequence[str],
     words = {"loss": "loss (lower is better)", "bleu": "bleu (greedy BLEU, higher is better)",
              "acc": "acc (exact match, higher is better)"}
     group.add_argument("--best-metric", choices=tuple(metrics),
-                       help=f"choose by this validation result: {', '.join(words[m] for m in metrics)}."
-                            f" Every validation then saves a checkpoint that records it, its log "
+                       help=f"choose by this validation result: "
+                            f"{', '.join(words[m] for m in metrics)}. Every validation then saves a checkpoint that records it, its log "
                             f"line and run.json show the best so far and its step, and "
                             f"checkpoint_best.npz names the best checkpoint (default: none)")
     group.add_argument("--keep-best", type=integer(0), default=0, metavar="N",
@@ -249,8 +249,8 @@ def add_validation_options(group, metrics: Sequence[str],
                             "default 0)")
     group.add_argument("--patience", type=integer(0), default=0, metavar="N",
                        help=f"stop after N validations (every {valid_option}) without a better "
-                            f"--best-metric; the run ends as done, exit status 0 (default 0: "
-                            f"never)")
+                            f"--best-metric (a tie is no improvement); the run ends as done, "
+                            f"exit status 0 (default 0: never)")
 
 
 def check_validation_options(parser: argparse.ArgumentParser, args: argparse.Namespace,

@@ -166,7 +166,7 @@ def ranked(ckpts: list[Checkpoint]) -> list[Checkpoint]:
         scored.append((found, ckpt))
     metrics = sorted({metric for (metric, _), _ in scored})
     if len(metrics) > 1:
-        raise NoRecordedMetric(f"the checkpoints were chosen by different metrics ({', '.join(metrics)}): "
-                               f"rank checkpoints of one run only")
+        raise NoRecordedMetric(f"the checkpoints were chosen by different metrics "
+                               f"({', '.join(metrics)}): rank checkpoints of one run only")
     return [ckpt for (metric, value), ckpt in
             sorted(scored, key=lambda item: _rank_key(item[0][0], item[0][1], item[1].step))]

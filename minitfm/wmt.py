@@ -241,8 +241,8 @@ def describe_run(args: argparse.Namespace, corpora: dict, vocab: Vocab, cfg: Con
 
 def describe_schedule(args: argparse.Namespace, cfg: Config) -> str:
     """The learning rate in words, for the line that already says when training ends."""
-    cooldown = (f", cool-down over the last {phases.describe(args.cooldown).removesuffix(' of the run')}"
-                if args.cooldown else "")
+    length = phases.describe(args.cooldown).removesuffix(" of the run") if args.cooldown else ""
+    cooldown = f", cool-down over the last {length}" if args.cooldown else ""
     if args.schedule == "paper":
         return f"the paper's schedule, lr factor {args.lr_factor:g}{cooldown}"
     return (f"peak lr {peak_lr(args, cfg):.3g}, {args.schedule} decay to {args.min_lr:g} at the "
