@@ -312,7 +312,8 @@ def keep_last(directory: str | os.PathLike, k: int, *, spare=()) -> list[str]:
     """
     if k < 1:
         raise ValueError(f"keep_last needs k >= 1 (keep at least the newest checkpoint), got {k}")
-    doomed = [path for step, path in list_checkpoints(directory)[:-k] if step not in set(spare)]
+    spare = set(spare)
+    doomed = [path for step, path in list_checkpoints(directory)[:-k] if step not in spare]
     for path in doomed:
         os.remove(path)
     return doomed

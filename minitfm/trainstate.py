@@ -75,9 +75,13 @@ class TrainOptions:
         for name in ("steps", "warmup", "update_freq", "log_every", "keep_last"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainOptions.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("valid_every", "save_every", "keep_best", "patience", "dropout_start_step"):
+        for name in ("valid_every", "save_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainOptions.{name} must be >= 0 (0: only at the end), "
+                                 f"got {getattr(self, name)}")
+        for name in ("keep_best", "patience", "dropout_start_step"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"TrainOptions.{name} must be >= 0 (0: none), "
                                  f"got {getattr(self, name)}")
         if not 0.0 <= self.dropout_start < 1.0:
             raise ValueError(f"TrainOptions.dropout_start must be in [0, 1), got "

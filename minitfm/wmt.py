@@ -292,6 +292,8 @@ def final_summary(state: train.TrainState, score: BleuScore | None, seconds: flo
         parts.append(f"valid ppl {state.valid['valid_ppl']:.2f}")
     if "valid_bleu" in state.valid:
         parts.append(f"valid BLEU (greedy) {state.valid['valid_bleu']:.2f}")
+    if state.record.dropout_from is not None:
+        parts.append(f"dropout from step {state.record.dropout_from} (auto)")
     if state.record.best is not None:
         parts.append(state.record.describe_best())
     if score is not None:
