@@ -13,7 +13,9 @@ for validation, and trains on ``--batch-size`` random blocks of ``--block-size``
 learning-rate schedule, on the shared training loop (minitfm/train.py): progress bar,
 ``log.jsonl``, checkpoints, ``--time-limit``, Ctrl-C / SIGTERM save a checkpoint and exit with
 128 + the signal, ``--resume`` continues from the latest one bit for bit. At the end it prints the
-validation loss (nats per token) and a few samples.
+validation loss (nats per token) and a few samples. ``--best-metric loss`` keeps the checkpoint
+of the best validation as ``checkpoint_best.npz`` (``--keep-best``, ``--patience``: as for
+``train_wmt.py``); ``--max-epochs`` sets the budget in passes over the training tokens.
 
 ``--sample`` streams text from a checkpoint as it is generated, over the model's key/value cache.
 A user error (a bad option value, a missing or empty file, a checkpoint of another kind or run)
@@ -29,7 +31,7 @@ from collections.abc import Sequence
 
 import numpy                                                        # host bytes
 
-from minitfm import checkpoint, cli, distributed, generation, train, usable
+from minitfm import checkpoint, cli, distributed, generation, phases, train, usable
 from minitfm.cli import UsageError, integer, number, positive_int
 from minitfm.data import text as textdata
 from minitfm.models import lm
@@ -45,7 +47,7 @@ DEFAULTS = dict(tokenizer="char", vocab_size=1000, block_size=_CPU.max_len, batc
 # the options that define a run: --resume refuses to change them
 RUN_OPTIONS = ("tokenizer", "vocab_size", "block_size", "batch_size", "layers", "d_model",
                "heads", "d_ff", "dropout", "learned_positions", "post_ln", "lr", "min_lr",
-               "warmup", "schedule", "weight_decay", "seed")
+               "warmup", "schedule", "weight_decay", "seed", "best_metric")
 EVAL_BATCH = 64          # validation blocks per forward pass
 THREADS = 1              # BLAS threads at most by default: the matrices are too small for more
 EXIT_ERROR = 2
@@ -69,6 +71,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     opt.add_argument("--batch-size", type=positive_int,
                      help=f"blocks per step (default {DEFAULTS['batch_size']})")
     opt.add_argument("--steps", type=positive_int, help=f"default {DEFAULTS['steps']}")
+    cli.add_max_epochs_option(opt, "an epoch: as many tokens as the training split holds, "
+                                   "--batch-size x --block-size of them per step")
     cli.add_schedule_options(opt, choices=("cosine", "linear", "paper"),
                              default=f"default {DEFAULTS['schedule']}",
                              lr_help=f"peak learning rate (default {DEFAULTS['lr']:g}; with "
@@ -83,6 +87,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     opt.add_argument("--eval-blocks", type=integer(0), default=0,
                      help="validation blocks, evenly spaced (default 0: the whole split)")
     cli.add_checkpoint_options(opt, save_every=(0, "default 0: at the end and on a signal"))
+    cli.add_validation_options(opt, ("loss",), "--eval-every")
     cli.add_seed_option(opt)
     cli.add_placement_options(p, "numpy", THREADS)
     cli.add_run_options(p, "lm")
@@ -109,6 +114,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error(f"--warmup {args.warmup} must be below --steps {args.steps}")
     if args.schedule == "paper" and args.warmup < 1:
         p.error("--schedule paper needs --warmup >= 1")
+    cli.check_validation_options(p, args, args.eval_every, "--eval-every")
     return args
 
 
@@ -230,12 +236,18 @@ def run_training(args: argparse.Namespace) -> int:
         data = textdata.load_text(args.data, tokenizer, block_size=args.block_size,
                                   cache_dir=args.cache_dir)
     cfg = model_config(args, tokenizer.size)
+    steps = phases.budget_steps(args.steps, args.max_epochs,
+                                len(data.train) / (args.batch_size * args.block_size))
+    if args.schedule != "paper" and args.warmup >= steps:
+        raise UsageError(f"--max-epochs {args.max_epochs:g} is {steps} steps, not more than "
+                         f"--warmup {args.warmup}: the {args.schedule} decay ends at the last step")
     valid = list(textdata.validation_blocks(data.valid, EVAL_BATCH, args.block_size,
                                             args.eval_blocks or None))
     options = train.TrainOptions(
-        steps=args.steps, out_dir=args.out, seed=args.seed, warmup=max(args.warmup, 1),
+        steps=steps, out_dir=args.out, seed=args.seed, warmup=max(args.warmup, 1),
         schedule=cli.lr_schedule(args.schedule, d_model=cfg.d_model, warmup=args.warmup,
-                                 steps=args.steps, lr=args.lr, min_lr=args.min_lr),
+                                 steps=steps, lr=args.lr, min_lr=args.min_lr),
+        **cli.validation_options(args),
         weight_decay=args.weight_decay,
         clip_norm=args.clip_norm, log_every=10, valid_every=args.eval_every,
         save_every=args.save_every, keep_last=2, resume=args.resume,
@@ -249,20 +261,27 @@ def run_training(args: argparse.Namespace) -> int:
         f"({tokenizer.kind}, {tokenizer.size} in the vocabulary; validating on {n_valid:,}); "
         f"{cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads, d_ff {cfg.d_ff}, "
         f"{'learned' if cfg.learned_positions else 'sinusoidal'} positions, "
-        f"{'pre' if cfg.pre_ln else 'post'}-LN; {args.steps} steps of {args.batch_size} x "
+        f"{'pre' if cfg.pre_ln else 'post'}-LN; {steps} steps"
+        + (f" ({args.max_epochs:g} epochs)" if args.max_epochs else "")
+        + f" of {args.batch_size} x "
         f"{args.block_size} tokens; backend {chosen}; run {args.out}")
     state = train.train(cfg, train_batches(data.train, args), options, valid_batches=valid)
     if state.interrupted:
         return cli.stopped(state, args.out)
     if state.out_of_time:
         say(f"time limit of {args.time_limit:g} s reached at step {state.step}")
+    if state.out_of_patience:
+        say(f"stopped at step {state.step}: no better validation loss in {args.patience} "
+            f"validations ({state.record.describe_best()})")
     if "valid_loss" not in state.valid:          # the run was complete already
         state.valid = train.evaluate(state.params, cfg, valid)
     for k in range(args.samples):
         say(f"--- sample {k + 1} (temperature {args.temperature:g}, seed {args.seed + k})")
         stream_sample(state.params, cfg, tokenizer, prompt, args, seed=args.seed + k)
     say(f"validation loss {state.valid['valid_loss']:.4f} nats per token (perplexity "
-        f"{state.valid['valid_ppl']:.2f}) at step {state.step}; {state.elapsed:.1f} s of "
+        f"{state.valid['valid_ppl']:.2f}) at step {state.step}"
+        + (f" ({state.record.describe_best()})" if state.record.best is not None else "")
+        + f"; {state.elapsed:.1f} s of "
         f"training, {time.perf_counter() - started:.1f} s in all")
     return 0
 

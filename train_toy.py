@@ -68,11 +68,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="held-out sequences (default 500)")
     cli.add_logging_options(p, valid_every=(0, "default 0: only at the end"))
     cli.add_checkpoint_options(p, save_every=(0, "default 0: at the end and on a signal"))
+    cli.add_validation_options(p, ("acc",))
     p.add_argument("--examples", type=integer(0), default=5, help="examples to print (default 5)")
     args = p.parse_args(argv)
     for name, value in TASK_DEFAULTS[args.task].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    cli.check_validation_options(p, args, args.valid_every)
     return args
 
 
@@ -116,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         warmup=args.warmup, clip_norm=args.clip_norm, log_every=10,
         valid_every=args.valid_every,
         save_every=args.save_every, keep_last=2, resume=args.resume,
-        vocab_id=f"toy-{args.vocab}-symbols",
+        **cli.validation_options(args), vocab_id=f"toy-{args.vocab}-symbols",
         run_meta={"task": args.task, "length": args.length, "batch_size": args.batch_size},
         progress=not args.quiet)
     batches = tasks.train_batches(args.task, vocab=args.vocab, length=args.length,
@@ -132,6 +134,9 @@ def run(args: argparse.Namespace) -> int:
         return cli.stopped(state, args.out)
     if not world.is_root:
         return 0
+    if state.out_of_patience:
+        print(f"stopped at step {state.step}: no better exact match in {args.patience} "
+              f"validations ({state.record.describe_best()})", flush=True)
     accuracy = state.valid.get("valid_acc")
     if accuracy is None:      # the run was already complete: nothing was validated
         accuracy = exact_match(state.params, cfg)["valid_acc"]

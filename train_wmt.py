@@ -20,9 +20,19 @@ the corpora (``PREFIX.LANG``, plain or gzipped) and check each is not empty; tra
 joint sentencepiece BPE vocabulary; encode every corpus once into memory-mapped arrays (training
 pairs cleaned by Moses' rules unless ``--no-clean``); train with Adam, the warmup schedule, label
 smoothing and token-count batches, validating (loss, greedy BLEU) and saving checkpoints on the
-way, until ``--max-steps`` or ``--time-limit``; average the last ``--average-last`` checkpoints
-into ``averaged.npz``; translate the test set with beam search and score it with sacreBLEU
+way, until ``--max-steps``, ``--max-epochs``, ``--time-limit`` or ``--patience``; average the last
+``--average-last`` checkpoints (or the ``--average-best`` best by validation) into
+``averaged.npz``; translate the test set with beam search and score it with sacreBLEU
 (``STEM.test.hyp.LANG``, ``STEM.test.bleu.json``).
+
+Choosing by validation: ``--best-metric bleu`` (or ``loss``) judges every validation, saves a
+checkpoint at each, names the best ``checkpoint_best.npz``, keeps the ``--keep-best`` best beside
+the ``--keep-last`` last, and with ``--patience N`` stops after N validations without
+improvement (exit status 0; averaging and the test still run). ``--dropout-start`` and
+``--cooldown`` take a fraction of the run, a number of updates (``1200steps``) or epochs
+(``8epochs``), and ``--dropout-start auto`` starts dropout once the validation perplexity
+improves by less than ``--dropout-start-margin``; counts of updates or epochs, ``--max-epochs``
+and ``--patience`` end or shape a run the same way on any machine.
 
 Defaults per preset (``PRESET_DEFAULTS``; any option given wins): ``small`` suits a CPU (8k
 vocabulary, 3072-token batches, warmup 1000); ``base`` and ``big`` follow the paper (37k
@@ -57,9 +67,9 @@ from minitfm.cli import UsageError, integer, number, positive_int
 from minitfm.data import epoch_batches, eval_arrays, read_parallel, token_batches
 from minitfm.models import translator as model
 from minitfm.models.translator import Config
-from minitfm.wmt import (bleu_metric, describe_run, final_summary, lr_schedule, model_to_test,
-                         prepare_data, read_test_set, resolve_corpora, say, score_test,
-                         subword_dropout)
+from minitfm.wmt import (bleu_metric, describe_run, dropout_start, epoch_updates, final_summary,
+                         lr_schedule, model_to_test, prepare_data, read_test_set, resolve_corpora,
+                         run_steps, say, score_test, subword_dropout)
 
 PRESET_DEFAULTS = {
     # a CPU: Multi30k-sized corpora
@@ -75,7 +85,7 @@ PRESET_DEFAULTS = {
 RUN_OPTIONS = ("source_lang", "target_lang", "vocab_size", "no_clean", "preset", "layers",
                "d_model", "d_ff", "heads", "dropout", "attention_dropout", "relu_dropout",
                "label_smoothing", "max_tokens", "seed", "schedule", "lr", "min_lr", "cooldown",
-               "dropout_start", "subword_dropout")
+               "dropout_start", "dropout_start_margin", "subword_dropout", "best_metric")
 EXIT_ERROR = 2
 FRACTION = number(0, 1, high_open=True)
 POSITIVE = number(0, low_open=True)
@@ -96,6 +106,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, value)
     check_schedule(p, args)
+    cli.check_validation_options(p, args, args.valid_every)
+    if args.dropout_start == "auto" and not args.valid_every:
+        p.error("--dropout-start auto decides at validations: give --valid-every N (> 0)")
     return args
 
 
@@ -132,10 +145,17 @@ def add_model_options(arch) -> None:
                       help="BPE-dropout: each training pair segmented anew every time it is "
                            "batched, each merge skipped with this probability (default 0; keeps "
                            "the training text in memory, for small corpora; not repeatable)")
-    arch.add_argument("--dropout-start", type=FRACTION, default=0.0, metavar="FRACTION",
-                      help="late dropout: none for this first part of the run (of --max-steps, "
-                           "or of --time-limit if that comes first), then the dropouts above "
-                           "(default 0)")
+    arch.add_argument("--dropout-start", type=cli.phase(auto=True), default=0.0, metavar="PHASE",
+                      help="late dropout: none for this first part of the run, then the "
+                           "dropouts above: a fraction (of --max-steps, or of --time-limit if "
+                           "that comes first), a number of updates (1200steps) or epochs "
+                           "(8epochs), or auto: from the first validation whose perplexity "
+                           "improved by less than --dropout-start-margin on the previous one "
+                           "(default 0: from the start)")
+    arch.add_argument("--dropout-start-margin", type=FRACTION, default=0.02,
+                      metavar="FRACTION",
+                      help="with --dropout-start auto: the relative improvement of the "
+                           "validation perplexity below which dropout starts (default 0.02)")
     arch.add_argument("--label-smoothing", type=FRACTION, help="label smoothing")
 
 
@@ -145,6 +165,8 @@ def add_training_options(opt) -> None:
     opt.add_argument("--update-freq", type=positive_int, help="batches summed into one update "
                                                               "(default: preset)")
     opt.add_argument("--max-steps", type=positive_int, help="training updates (default: preset)")
+    cli.add_max_epochs_option(opt, "an epoch: its batches over --update-freq; N epochs end "
+                                   "with the update that reads the last batch of the N-th")
     opt.add_argument("--time-limit", type=POSITIVE, metavar="MINUTES",
                      help="stop, with a checkpoint, after this much training time")
     cli.add_optimiser_options(opt, warmup="default: preset", lr_factor=(1.0, "default 1"))
@@ -159,8 +181,12 @@ def add_training_options(opt) -> None:
                      help="validation pairs decoded greedily for BLEU (default 200; 0: none)")
     cli.add_checkpoint_options(opt, save_every=(None, "default: preset; 0: at the end"),
                                keep_last=True)
+    cli.add_validation_options(opt, ("bleu", "loss"))
     opt.add_argument("--average-last", type=positive_int, default=5,
                      help="checkpoints averaged for the test (default 5, as the paper)")
+    opt.add_argument("--average-best", type=positive_int, metavar="N",
+                     help="average the N best checkpoints by --best-metric for the test instead "
+                          "(needs --keep-best >= N)")
     cli.add_placement_options(opt, "auto", None)
     cli.add_run_options(opt, "wmt-<preset>")
 
@@ -198,9 +224,22 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--checkpoint is for --eval-only; to continue training use --out DIR --resume")
     if not args.eval_only and not (args.trainpref or args.prepare):
         p.error("give the training data: --trainpref PREFIX, or --prepare DIR for WMT14")
-    if args.average_last > args.keep_last:
+    if args.average_best:
+        if not args.best_metric:
+            p.error("--average-best ranks checkpoints by --best-metric: give that too")
+        if args.average_best > args.keep_best:
+            p.error(f"--average-best {args.average_best} needs --keep-best >= "
+                    f"{args.average_best}: only the --keep-best best checkpoints are kept on disk")
+    elif args.average_last > args.keep_last:
         p.error(f"--average-last {args.average_last} needs --keep-last >= {args.average_last}: "
                 f"only the last --keep-last checkpoints are kept on disk")
+    if not args.eval_only:
+        if args.best_metric and not args.validpref:
+            p.error(f"--best-metric {args.best_metric} needs the validation corpus: --validpref")
+        if args.best_metric == "bleu" and not args.valid_bleu_sentences:
+            p.error("--best-metric bleu needs --valid-bleu-sentences N (> 0)")
+        if args.dropout_start == "auto" and not args.validpref:
+            p.error("--dropout-start auto watches the validation perplexity: give --validpref")
 
 
 def check_schedule(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -264,9 +303,11 @@ def run_training(args: argparse.Namespace) -> int:
         if args.valid_bleu_sentences:
             metric = bleu_metric(vocab, read_parallel(args.validpref, *langs), args)
     subwords = subword_dropout(args, vocab, train_corpus)
+    steps, one_epoch = run_steps(args, plan), epoch_updates(args, plan)
     options = train.TrainOptions(
-        steps=args.max_steps, out_dir=args.out, seed=args.seed, warmup=args.warmup,
-        schedule=lr_schedule(args, cfg), dropout_start=args.dropout_start,
+        steps=steps, out_dir=args.out, seed=args.seed, warmup=args.warmup,
+        schedule=lr_schedule(args, cfg, steps, one_epoch),
+        **dropout_start(args, steps, one_epoch), **cli.validation_options(args),
         on_dropout_start=subwords.start if subwords is not None else None,
         clip_norm=args.clip_norm, update_freq=args.update_freq,
         log_every=args.log_every, valid_every=args.valid_every, save_every=args.save_every,
@@ -285,6 +326,11 @@ def run_training(args: argparse.Namespace) -> int:
         return 0
     if state.out_of_time:
         say(f"time limit of {args.time_limit:g} min reached at step {state.step}")
+    if state.out_of_patience:
+        say(f"stopped at step {state.step}: no better validation {args.best_metric} in "
+            f"{args.patience} validations ({state.record.describe_best()})")
+    elif args.max_epochs and state.step == steps < args.max_steps:
+        say(f"{args.max_epochs:g} epochs done at step {state.step}")
     score = None
     if test is not None:
         params, stem, info = model_to_test(args, state)

@@ -14,25 +14,34 @@ Command line::
 
     python -m minitfm.average --inputs runs/base/ --last 5 --output runs/base/averaged.npz
 
+    python -m minitfm.average --inputs runs/base/ --best 5 --output runs/base/best5.npz
+
 ``--inputs`` takes directories (their ``checkpoint_*.npz`` files, in step order) and files (in
-the order given); the last ``--last`` of them are averaged. The output is a checkpoint with the
-config and vocabulary of the inputs, the step of the last one, and no optimizer state.
+the order given); the last ``--last`` of them are averaged. ``--best N`` averages instead the N
+best by the validation metric each checkpoint records (a run with ``--best-metric`` records it
+in the checkpoints saved at its validations; a directory's ``checkpoint_best.npz`` counts too):
+a directory's checkpoints without one are passed over, a file named without one is refused
+(exit status 2). The output is a checkpoint with the config and vocabulary of the inputs, the
+step of the last (newest) one, and no optimizer state.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
 
 import numpy
 
-from minitfm import checkpoint, usable
+from minitfm import checkpoint, usable, validation
 from minitfm.checkpoint import Checkpoint, CheckpointError
 from minitfm.cli import positive_int
+from minitfm.rundir import BEST_NAME
 
-__all__ = ["average", "average_checkpoints", "save_average", "main"]
+__all__ = ["average", "average_checkpoints", "save_average", "best_checkpoints", "main"]
+
 
 
 def _check_same_model(reference: Checkpoint, other: Checkpoint) -> None:
@@ -86,10 +95,47 @@ def save_average(paths: Sequence[str | os.PathLike], output: str | os.PathLike
     inputs, the step of the last one, no optimizer state, and ``extra["averaged_from"]`` naming
     the inputs. Returns the averaged parameters (host arrays) and the last input read."""
     params, last = average_checkpoints(paths)
+    extra = {key: value for key, value in last.extra.items()
+             if key not in ("valid", "validation")}      # an average was never validated
     checkpoint.save(output, params, step=last.step, config=last.config, vocab_id=last.vocab_id,
                     vocab_model=last.vocab_model, kind=last.kind,
-                    extra={**last.extra, "averaged_from": [os.path.basename(p) for p in paths]})
+                    extra={**extra, "averaged_from": [os.path.basename(p) for p in paths]})
     return params, last
+
+
+def best_checkpoints(inputs: Sequence[str], n: int) -> list[Checkpoint]:
+    """The ``n`` best checkpoints of ``inputs`` by the validation metric each records, best
+    first, as metadata (their ``params`` left out: :func:`average_checkpoints` reads them).
+    Directories give their ``checkpoint_*.npz`` and ``checkpoint_best.npz`` (one checkpoint
+    counted once), and those without a metric (saved between validations) are passed over; a
+    file named without one is refused, as is finding none (:class:`validation.NoRecordedMetric`).
+    """
+    candidates: list[tuple[str, bool]] = []            # (path, named by the user)
+    for item in inputs:
+        if os.path.isdir(item):
+            candidates += [(path, False) for _, path in checkpoint.list_checkpoints(item)]
+            if os.path.isfile(os.path.join(item, BEST_NAME)):
+                candidates.append((os.path.join(item, BEST_NAME), False))
+        elif os.path.isfile(item):
+            candidates.append((item, True))
+        else:
+            raise FileNotFoundError(f"input {item} is neither a checkpoint file nor a directory")
+    found, seen = [], set()
+    for path, named in candidates:
+        ckpt = checkpoint.load(path, with_optimizer=False)
+        ckpt = dataclasses.replace(ckpt, params={})    # only its metadata is needed here
+        if validation.recorded_metric(ckpt) is None and not named:
+            continue
+        place = (os.path.dirname(os.path.abspath(path)), ckpt.step)
+        if place not in seen:
+            seen.add(place)
+            found.append(ckpt)
+    if not found:
+        raise validation.NoRecordedMetric(
+            f"no checkpoint of {', '.join(inputs)} records a validation metric: train with "
+            f"--best-metric (every validation then saves a checkpoint that records it), or "
+            f"average with --last N")
+    return validation.ranked(found)[:n]
 
 
 def _collect_inputs(inputs: Sequence[str]) -> list[str]:
@@ -114,18 +160,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Average the parameters of the last checkpoints of a run into one checkpoint.")
     parser.add_argument("--inputs", nargs="+", required=True, metavar="DIR_OR_FILE",
                         help="directories (their checkpoint_*.npz, in step order) and/or files")
-    parser.add_argument("--last", type=positive_int, default=5,
+    chosen = parser.add_mutually_exclusive_group()
+    chosen.add_argument("--last", type=positive_int,
                         help="average the last N inputs (default 5, as for the paper's base model)")
+    chosen.add_argument("--best", type=positive_int, metavar="N",
+                        help="average the N best inputs by the validation metric their run "
+                             "recorded (--best-metric); checkpoints without one are passed over "
+                             "in directories and refused when named")
     parser.add_argument("--output", required=True, help="the averaged checkpoint to write")
     args = parser.parse_args(argv)
     if checkpoint.ROTATED_NAME.fullmatch(os.path.basename(args.output)):
         parser.error(f"--output {args.output}: checkpoint_*.npz names are rotated and resumed "
                      f"from by training; choose another name, e.g. averaged.npz")
+    wanted = args.best or args.last or 5
     try:
-        paths = _collect_inputs(args.inputs)[-args.last:]
+        if args.best:
+            best = best_checkpoints(args.inputs, args.best)
+            metric = validation.recorded_metric(best[0])[0]
+            print(f"the {len(best)} best by {metric}: " + ", ".join(
+                f"{os.path.basename(c.path)} ({validation.recorded_metric(c)[1]:.4g})"
+                for c in best))
+            paths = [c.path for c in sorted(best, key=lambda c: c.step)]
+        else:
+            paths = _collect_inputs(args.inputs)[-wanted:]
         save_average(paths, args.output)
-    except CheckpointError as exc:           # a damaged, non-finite or mismatched input
-        print(f"error: {exc}", file=sys.stderr)
+    except CheckpointError as exc:           # a damaged, non-finite or mismatched input, or
+        print(f"error: {exc}", file=sys.stderr)   # one without a recorded metric (--best)
         return 2
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -135,9 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{exc.strerror or exc}; the input checkpoints, and any earlier {args.output}, are "
               f"unchanged", file=sys.stderr)
         return 1
-    if len(paths) < args.last:
-        print(f"note: only {len(paths)} checkpoint(s) found, fewer than --last {args.last}",
-              file=sys.stderr)
+    if len(paths) < wanted:
+        print(f"note: only {len(paths)} checkpoint(s) found, fewer than "
+              f"--{'best' if args.best else 'last'} {wanted}", file=sys.stderr)
     names = [os.path.basename(p) for p in paths]
     print(f"averaged {len(paths)} checkpoint(s) ({', '.join(names)}) into {args.output}")
     return 0

@@ -304,14 +304,16 @@ def latest(directory: str | os.PathLike) -> str | None:
     return found[-1][1] if found else None
 
 
-def keep_last(directory: str | os.PathLike, k: int) -> list[str]:
-    """Delete all but the ``k`` newest ``checkpoint_*.npz`` files; return the deleted paths.
+def keep_last(directory: str | os.PathLike, k: int, *, spare=()) -> list[str]:
+    """Delete all but the ``k`` newest ``checkpoint_*.npz`` files and those of the steps in
+    ``spare``; return the deleted paths.
 
     Other files in the directory (an averaged model, temporary files) are left alone.
     """
     if k < 1:
         raise ValueError(f"keep_last needs k >= 1 (keep at least the newest checkpoint), got {k}")
-    doomed = [path for _, path in list_checkpoints(directory)[:-k]]
+    spare = set(spare)
+    doomed = [path for step, path in list_checkpoints(directory)[:-k] if step not in spare]
     for path in doomed:
         os.remove(path)
     return doomed

@@ -32,7 +32,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from minitfm import backend, checkpoint, distributed, optim, placement, stops, train, usable
+from minitfm import (backend, checkpoint, distributed, optim, phases, placement, stops, train,
+                     usable)
 from minitfm.data import DataError
 from minitfm.models.translator import Config
 
@@ -40,7 +41,8 @@ __all__ = ["EXIT_INTERRUPTED", "UsageError", "USER_ERRORS", "integer", "number",
            "reuse_freed_memory", "add_backend_option", "select_backend", "add_threads_option",
            "place", "add_run_options", "add_optimiser_options", "add_schedule_options",
            "add_checkpoint_options", "add_logging_options", "add_seed_option",
-           "add_placement_options",
+           "add_placement_options", "phase", "add_validation_options",
+           "check_validation_options", "validation_options", "add_max_epochs_option",
            "default_run_dir", "check_resumable", "model_config", "stopped", "report_errors"]
 
 EXIT_INTERRUPTED = 130   # the shell's code for a process stopped by Ctrl-C
@@ -101,6 +103,17 @@ def number(low: float | None = None, high: float | None = None, *, low_open: boo
                 or (high is not None and (value > high or (high_open and value == high)))):
             raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
         return value
+    return parse
+
+
+def phase(*, auto: bool = False) -> Callable[[str], float | str]:
+    """An argparse ``type=`` for a point or length of a run (minitfm.phases): a fraction in
+    [0, 1), ``<N>steps``, ``<x>epochs`` or, with ``auto``, ``auto``."""
+    def parse(text: str) -> float | str:
+        try:
+            return phases.parse(text, auto=auto)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
     return parse
 
 
@@ -200,9 +213,11 @@ def add_schedule_options(group, *, choices: Sequence[str], default: str, lr_help
                        help=f"rate at {steps} with --schedule linear or cosine "
                             f"({min_lr[1]})")
     if cooldown:
-        group.add_argument("--cooldown", type=number(0, 1, low_open=True), metavar="FRACTION",
+        group.add_argument("--cooldown", type=phase(), metavar="PHASE",
                            help=f"bring the rate down linearly to 0 over this last part of the "
-                                f"run (of {steps}, or of --time-limit if that comes first)")
+                                f"run: a fraction (of {steps}, or of --time-limit if that comes "
+                                f"first), or a number of updates (1200steps) or epochs (8epochs) "
+                                f"before the end of {steps} or --max-epochs, whatever the clock")
 
 
 def add_checkpoint_options(group, *, save_every: tuple[int | None, str],
@@ -213,6 +228,56 @@ def add_checkpoint_options(group, *, save_every: tuple[int | None, str],
     if keep_last:
         group.add_argument("--keep-last", type=positive_int, default=5,
                            help="checkpoints kept (default 5)")
+
+
+BEST_METRICS = {"loss": "valid_loss", "bleu": "valid_bleu", "acc": "valid_acc"}
+
+
+def add_validation_options(group, metrics: Sequence[str],
+                           valid_option: str = "--valid-every") -> None:
+    """``--best-metric`` (one of ``metrics``, keys of BEST_METRICS), ``--keep-best`` and
+    ``--patience``: choosing checkpoints by validation (minitfm.validation)."""
+    words = {"loss": "loss (lower is better)", "bleu": "bleu (greedy BLEU, higher is better)",
+             "acc": "acc (exact match, higher is better)"}
+    group.add_argument("--best-metric", choices=tuple(metrics),
+                       help=f"choose by this validation result: "
+                            f"{', '.join(words[m] for m in metrics)}. Every validation then saves a checkpoint that records it, its log "
+                            f"line and run.json show the best so far and its step, and "
+                            f"checkpoint_best.npz names the best checkpoint (default: none)")
+    group.add_argument("--keep-best", type=integer(0), default=0, metavar="N",
+                       help="also keep the checkpoints of the N best validations, which the "
+                            "rotation of the last ones never deletes (needs --best-metric; "
+                            "default 0)")
+    group.add_argument("--patience", type=integer(0), default=0, metavar="N",
+                       help=f"stop after N validations (every {valid_option}) without a better "
+                            f"--best-metric (a tie is no improvement); the run ends as done, "
+                            f"exit status 0 (default 0: never)")
+
+
+def check_validation_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                             valid_every: int, valid_option: str = "--valid-every") -> None:
+    """The choosing options fit together; ``valid_every``: the steps between validations."""
+    if args.best_metric is None:
+        for name in ("keep_best", "patience"):
+            if getattr(args, name):
+                parser.error(f"--{name.replace('_', '-')} ranks validations by --best-metric: "
+                             f"give that too (e.g. --best-metric loss)")
+    if args.patience and not valid_every:
+        parser.error(f"--patience counts validations: give {valid_option} N (> 0)")
+
+
+def validation_options(args: argparse.Namespace) -> dict:
+    """The TrainOptions fields of ``--best-metric``, ``--keep-best`` and ``--patience``."""
+    return dict(best_metric=BEST_METRICS.get(args.best_metric), keep_best=args.keep_best,
+                patience=args.patience)
+
+
+def add_max_epochs_option(group, epoch: str) -> None:
+    """``--max-epochs``: a budget in passes over the data; ``epoch``: what one pass is, in
+    updates."""
+    group.add_argument("--max-epochs", type=number(0, low_open=True), metavar="N",
+                       help=f"stop after N passes over the training data ({epoch}), or at the "
+                            f"step or time limit if that comes first")
 
 
 def add_logging_options(group, *, valid_every: tuple[int | None, str],

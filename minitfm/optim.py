@@ -161,12 +161,14 @@ class Cooldown:
     peak or more. A cool-down of the last 10-20 % keeps it for most of the run and ends it
     near 0, where the parameters settle into the minimum the noisy updates circled around. As
     for :class:`WarmupDecaySchedule`, a run that ends on a clock passes ``time_fraction``, and it
-    is passed on to ``schedule``.
+    is passed on to ``schedule``. ``follow_clock=False`` measures the run by its steps alone
+    (p = (step - 1) / total_steps): a cool-down over a number of updates, the same on any machine.
     """
 
     schedule: Callable[[int, float], float]
     total_steps: int
     fraction: float
+    follow_clock: bool = True
 
     def __post_init__(self) -> None:
         if not 0 < self.fraction <= 1 or self.total_steps < 1:
@@ -174,7 +176,8 @@ class Cooldown:
                              f"fraction={self.fraction}, total_steps={self.total_steps}")
 
     def __call__(self, step: int, time_fraction: float = 0.0) -> float:
-        progress = run_progress(step, self.total_steps, time_fraction)
+        progress = run_progress(step, self.total_steps,
+                                time_fraction if self.follow_clock else 0.0)
         return self.schedule(step, time_fraction) * min(1.0, max(0.0, (1.0 - progress)
                                                                   / self.fraction))
 

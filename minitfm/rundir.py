@@ -3,13 +3,19 @@
 Layout of ``out_dir``:
 
 - ``checkpoint_{step:08d}.npz``: the last ``keep_last`` checkpoints (:mod:`minitfm.checkpoint`
-  names, writes and rotates them; a save leaves the previous one intact);
+  names, writes and rotates them; a save leaves the previous one intact), and those rotation is
+  told to spare (the best few, :mod:`minitfm.validation`);
+- ``checkpoint_best.npz`` (``BEST_NAME``): a second name (a hard link, else a copy) of the
+  checkpoint of the best validation so far, swapped in atomically; a checkpoint like any other
+  (``--checkpoint``, averaging, translating), which resuming and rotation never take for one of
+  theirs;
 - ``log.jsonl`` (``LOG_NAME``): one JSON object per line, a logged step or a validation, each
   with its ``step``, appended; a resumed run first cuts it back (rewritten whole, atomically) to
   its complete lines up to its checkpoint's step (dropping those of the steps it will redo, and a
   line a crash cut short);
 - ``run.json`` (``RUN_INFO_NAME``): what the caller says about the run (its command line), written
-  once the checks of a new or resumed run have passed.
+  once the checks of a new or resumed run have passed; with a best metric, also ``"best"``: the
+  metric, its best value so far and the step of that validation.
 
 Whole files (checkpoints, ``run.json``, the cut log) are written by ``files.replacing``. A file
 that cannot be written (disk full, file too large, read-only file system) raises
@@ -24,14 +30,17 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Collection
 
 from minitfm import checkpoint, files
 
-__all__ = ["LOG_NAME", "RUN_INFO_NAME", "WriteFailed", "RunDirectory", "write_failed"]
+__all__ = ["LOG_NAME", "RUN_INFO_NAME", "BEST_NAME", "WriteFailed", "RunDirectory",
+           "write_failed"]
 
 LOG_NAME = "log.jsonl"
 RUN_INFO_NAME = "run.json"
+BEST_NAME = "checkpoint_best.npz"
 
 
 class WriteFailed(RuntimeError):
@@ -108,12 +117,47 @@ class RunDirectory:
             raise write_failed(f"checkpoint {path}", exc, last_checkpoint) from exc
         return path
 
-    def rotate(self, last_checkpoint: str | None = None) -> None:
-        """Delete all but the newest ``keep_last`` checkpoints."""
+    def rotate(self, last_checkpoint: str | None = None, spare: Collection[int] = ()) -> None:
+        """Delete all but the newest ``keep_last`` checkpoints and those of the steps ``spare``."""
         try:
-            checkpoint.keep_last(self.path, self.keep_last)
+            checkpoint.keep_last(self.path, self.keep_last, spare=spare)
         except OSError as exc:
             raise write_failed(f"checkpoint {exc.filename}", exc, last_checkpoint) from exc
+
+    @property
+    def best_path(self) -> str:
+        return os.path.join(self.path, BEST_NAME)
+
+    def name_best(self, path: str, last_checkpoint: str | None = None) -> None:
+        """Make ``checkpoint_best.npz`` name the checkpoint at ``path``: a hard link (no second
+        copy on disk), else a copy, swapped in whole (files.replacing)."""
+        if os.path.exists(self.best_path) and os.path.samefile(path, self.best_path):
+            return
+        try:
+            with files.replacing(self.best_path) as tmp:
+                try:
+                    os.link(path, tmp)
+                except OSError:                 # a file system without hard links
+                    shutil.copyfile(path, tmp)
+        except OSError as exc:
+            raise write_failed(f"{self.best_path}", exc, last_checkpoint) from exc
+
+    def record_best(self, record, last_checkpoint: str | None = None) -> None:
+        """Set ``run.json``'s ``"best"`` to the metric, best value and step of ``record`` (a
+        ``validation.Record``), keeping the rest of the file."""
+        try:
+            with open(self.run_info_path, encoding="utf-8") as f:
+                info = json.load(f)
+        except (OSError, ValueError):
+            info = {}
+        if not isinstance(info, dict):
+            info = {}
+        info["best"] = {"metric": record.metric, "value": record.best, "step": record.best_step,
+                        "checkpoint": BEST_NAME}
+        try:
+            _write_json(self.run_info_path, info)
+        except OSError as exc:
+            raise write_failed(f"{self.run_info_path}", exc, last_checkpoint) from exc
 
 
 def logged_step(line: str) -> int | None:

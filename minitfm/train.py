@@ -39,10 +39,22 @@ The schedule is called as ``schedule(step, time_fraction)``, the fraction of the
 follows the clock, so a resumed run is not bit-identical to an uninterrupted one.
 ``dropout_start`` (late dropout: none early on, while the model underfits) measures the run the
 same way: every dropout (``models.DROPOUTS``) is off until that fraction of the steps, or of the
-time limit, has passed; ``on_dropout_start``, if given, is called once, before the batches of the
+time limit, has passed; ``dropout_start_step`` counts updates instead, the same on any machine;
+``dropout_start_auto`` (a margin) starts dropout after the first validation whose perplexity
+improved by less than that margin on the previous one (the step is logged and kept in the
+checkpoints). ``on_dropout_start``, if given, is called once, before the batches of the
 first update with dropout are read (it can start dropout in the data, e.g. BPE-dropout).
 Either way the run ends, by the step count or the time limit, the last step is validated (when
 there is anything to validate) and ``state.valid`` holds the results.
+
+Choosing by validation (:mod:`minitfm.validation`). With ``best_metric`` (a key of the
+validation results, its direction implied: ``valid_loss`` lower, ``valid_bleu`` higher), every
+validation is judged against the best so far, saves a checkpoint (which records its results),
+and its log line carries the best value and its step; ``checkpoint_best.npz`` names the best
+checkpoint, ``keep_best`` spares the best few from rotation, ``run.json`` holds the best, and
+``patience`` ends the run, as a success (``state.out_of_patience``), after that many validations
+without improvement. The record of all this is in every checkpoint: a resumed run judges, keeps
+and stops exactly as an uninterrupted one (a validation a signal cut short is made on resume).
 
 Failures. A signal (Ctrl-C, SIGTERM, SIGHUP) lets the update under way finish, a checkpoint of
 the last completed step is saved, and ``train`` returns with ``state.interrupted`` set and
@@ -177,9 +189,16 @@ def _time_fraction(state: TrainState, options: TrainOptions) -> float:
     return min(1.0, state.elapsed / options.time_limit)
 
 
-def _dropout_off(step: int, time_fraction: float, options: TrainOptions) -> bool:
+def _dropout_off(step: int, time_fraction: float, options: TrainOptions,
+                 started: int | None = None) -> bool:
     """Late dropout: no dropout for the first ``options.dropout_start`` of the run, measured as
-    the cool-down measures it (optim.run_progress)."""
+    the cool-down measures it (optim.run_progress); or for the first ``dropout_start_step``
+    updates; or, with ``dropout_start_auto``, before update ``started`` (the validation record's
+    ``dropout_from``; None: not yet)."""
+    if options.dropout_start_auto is not None:
+        return started is None or step < started
+    if options.dropout_start_step:
+        return step <= options.dropout_start_step
     return run_progress(step, options.steps, time_fraction) < options.dropout_start
 
 
@@ -196,7 +215,7 @@ def _update(state: TrainState, cfg: Config, options: TrainOptions, schedule: Cal
     if world.distributed:
         tokens = int(world.allreduce_numbers([tokens])[0])
     time_fraction = _time_fraction(state, options)
-    if _dropout_off(step, time_fraction, options):
+    if _dropout_off(step, time_fraction, options, state.record.dropout_from):
         cfg = dataclasses.replace(cfg, **{name: 0.0 for name in DROPOUTS})
     stats, grads = _accumulate(state, cfg, micro_batches, step, state.seed, first=first,
                                tokens=tokens)
@@ -233,14 +252,26 @@ def train(cfg: Config, batches: Batches, options: TrainOptions, *, params: dict 
     """
     world = distributed.world()
     options = for_this_worker(options, world)
+    if world.is_root:
+        _check_validation(options, valid_batches, valid_metric)
     run_dir = RunDirectory.open(options.out_dir, options.keep_last) if options.out_dir else None
     state = start(cfg, options, params, run_dir)
     share(state, world)
+    validating = world.is_root and (valid_batches is not None or valid_metric is not None)
+    if (validating or not world.is_root) and _validation_cut_short(state, options):
+        # a signal came before the validation of the checkpoint's step: make it now, as an
+        # uninterrupted run did, and record it in that checkpoint
+        _validate_and_save(state, cfg, options, run_dir, world, validating, valid_batches,
+                           valid_metric, save_now=run_dir is not None
+                           and options.best_metric is not None)
+    if state.out_of_patience:
+        say(options, f"nothing to do: the run stopped at step {state.step}, "
+                     f"{options.patience} validations without improvement")
+        return state
     if state.step >= options.steps:
         say(options, f"nothing to do: the run is at step {state.step} of {options.steps}")
         return state
     schedule = options.schedule or LRSchedule(cfg.d_model, options.warmup, options.lr_factor)
-    validating = world.is_root and (valid_batches is not None or valid_metric is not None)
     stream = _batch_stream(batches, state.epoch, state.batches_done)
     dropout_waits = options.on_dropout_start is not None
     per_update = options.update_freq * world.size        # batches of the global order per update
@@ -254,7 +285,8 @@ def train(cfg: Config, batches: Batches, options: TrainOptions, *, params: dict 
             while state.step < options.steps:
                 started = time.perf_counter()
                 if dropout_waits and not _dropout_off(state.step + 1,
-                                                      _time_fraction(state, options), options):
+                                                      _time_fraction(state, options), options,
+                                                      state.record.dropout_from):
                     options.on_dropout_start()      # before this update's batches are read
                     dropout_waits = False
                 taken = list(itertools.islice(stream, per_update))
@@ -272,16 +304,23 @@ def train(cfg: Config, batches: Batches, options: TrainOptions, *, params: dict 
                     watch.check(_log_step(state, stats, window, run_dir, bar, world))
                     window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "seconds": 0.0, "steps": 0}
                 out_of_time = options.time_limit is not None and state.elapsed >= options.time_limit
-                if validating and (out_of_time
-                                   or _due(state.step, options.valid_every, options.steps)):
-                    _validate(state, cfg, options, run_dir, valid_batches, valid_metric)
-                if run_dir and (out_of_time or _due(state.step, options.save_every, options.steps)):
+                validate_now = out_of_time or _due(state.step, options.valid_every, options.steps)
+                save_now = run_dir is not None and (
+                    out_of_time or _due(state.step, options.save_every, options.steps)
+                    or (validate_now and validating and options.best_metric is not None))
+                if validate_now:
+                    _validate_and_save(state, cfg, options, run_dir, world, validating,
+                                       valid_batches, valid_metric, save_now)
+                elif save_now:
                     save(state, cfg, options, run_dir)
+                if save_now:
                     watch.saved()
                 if world.distributed:
                     stop_if_any_worker_asks(world, stops)
                 if out_of_time:
                     state.out_of_time = True
+                    break
+                if state.out_of_patience:
                     break
         except KeyboardInterrupt as interrupt:
             agreed = interrupt.requests if isinstance(interrupt, AgreedStop) else {}
@@ -324,6 +363,46 @@ def _log_step(state: TrainState, stats: dict, window: dict, run_dir: RunDirector
     return record["loss"]
 
 
+def _check_validation(options: TrainOptions, valid_batches, valid_metric) -> None:
+    """What chooses by validation needs something to validate: refuse it before any work."""
+    if valid_batches is None and valid_metric is None:
+        wanted = [name for name, value in (("best_metric", options.best_metric),
+                                           ("dropout_start_auto", options.dropout_start_auto))
+                  if value is not None]
+        if wanted:
+            raise ValueError(f"TrainOptions.{wanted[0]} judges validations, but there is "
+                             f"nothing to validate: pass valid_batches or valid_metric")
+    if options.dropout_start_auto is not None and valid_batches is None:
+        raise ValueError("TrainOptions.dropout_start_auto watches the validation perplexity: "
+                         "pass valid_batches")
+
+
+def _validation_cut_short(state: TrainState, options: TrainOptions) -> bool:
+    """Whether the validation due at a resumed run's step was never made (a signal came during
+    that step's update or validation, and the checkpoint was saved without it). The same on
+    every worker (the step and ``last_validated`` are shared)."""
+    return (state.step > 0 and state.record.last_validated != state.step
+            and _due(state.step, options.valid_every, options.steps))
+
+
+def _validate_and_save(state: TrainState, cfg: Config, options: TrainOptions,
+                       run_dir: RunDirectory | None, world: distributed.World, validating: bool,
+                       valid_batches: Iterable[Batch] | None, valid_metric: ValidMetric | None,
+                       save_now: bool) -> None:
+    """The validation due at this step (rank 0), what every worker must know of it (a stop for
+    patience, the automatic dropout start), and the checkpoint due with it."""
+    if validating:
+        _validate(state, cfg, options, run_dir, valid_batches, valid_metric)
+    if world.distributed and (options.patience or options.dropout_start_auto is not None):
+        agreed = world.broadcast_numbers([float(state.out_of_patience),
+                                          -1 if state.record.dropout_from is None
+                                          else state.record.dropout_from])
+        state.out_of_patience = bool(agreed[0])
+        state.record.dropout_from = None if agreed[1] < 0 else int(agreed[1])
+    if save_now:
+        save(state, cfg, options, run_dir)
+
+
 def _validate(state: TrainState, cfg: Config, options: TrainOptions,
               run_dir: RunDirectory | None, valid_batches: Iterable[Batch] | None, valid_metric: ValidMetric | None) -> None:
     results = {}
@@ -331,9 +410,28 @@ def _validate(state: TrainState, cfg: Config, options: TrainOptions,
         results.update(evaluate(state.params, cfg, valid_batches))
     if valid_metric is not None:
         results.update(valid_metric(state.params, cfg))
-    state.valid = {"step": state.step, **results}
-    if run_dir:
-        run_dir.append_log(state.valid, state.last_checkpoint)
+    record = state.record
+    with interrupts_deferred():             # the record, the log and run.json agree
+        improved, dropout_starts = record.judge(state.step, results, options.keep_best,
+                                                options.dropout_start_auto)
+        state.valid = {"step": state.step, **results}
+        line = dict(state.valid)
+        if record.metric is not None and record.best is not None:
+            line.update({f"best_{record.metric}": record.best, "best_step": record.best_step})
+        if record.dropout_from is not None:
+            line["dropout_from"] = record.dropout_from
+        if options.patience and record.since_best >= options.patience:
+            state.out_of_patience = True
+        if run_dir:
+            run_dir.append_log(line, state.last_checkpoint)
+            if improved:
+                run_dir.record_best(record, state.last_checkpoint)
     say(options, f"step {state.step}: " + ", ".join(
         f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
-        for key, value in results.items()))
+        for key, value in results.items())
+        + (f"; {record.describe_best()}" if record.best is not None else ""))
+    if dropout_starts:
+        say(options, dropout_starts)
+    if state.out_of_patience:
+        say(options, f"no better {record.metric} in {options.patience} validations "
+                     f"({record.describe_best()}): stopping at step {state.step}")

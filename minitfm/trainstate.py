@@ -11,17 +11,25 @@ moments), and the config, the vocabulary, the seed and ``run_meta`` must match
 (``checkpoint.CheckpointError`` says which does not); nothing in the run directory is written
 before those checks pass. Started as several workers, every worker continues from rank 0's
 state (:func:`share`), and only rank 0 reads and writes the run directory (:func:`for_this_worker`).
+
+Choosing by validation (:mod:`minitfm.validation`): every checkpoint stores the run's validation
+record (the best so far, the patience count, the kept-best set, the automatic dropout start), and
+a checkpoint saved at a validation also that validation's results. With ``best_metric``, every
+validation saves a checkpoint (so that each validated model is on disk, ranked by its metric);
+``checkpoint_best.npz`` is a second name for the best one (:meth:`RunDirectory.name_best`), and
+rotation spares the ``keep_best`` best.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from minitfm import checkpoint, distributed, flat, models, usable
+from minitfm import checkpoint, distributed, flat, models, usable, validation
 from minitfm.divergence import diverged
 from minitfm.models import ModelConfig as Config      # the config of any registered model
 from minitfm.optim import Adam
@@ -43,6 +51,9 @@ class TrainOptions:
     schedule: Callable[[int, float], float] | None = None   # lr(step, time_fraction); None: paper
     weight_decay: float = 0.0           # AdamW's decoupled weight decay (optim.Adam)
     dropout_start: float = 0.0          # dropout off before this fraction of the run ("late")
+    dropout_start_step: int = 0         # ... or for this many updates
+    dropout_start_auto: float | None = None   # ... or until a validation perplexity improves by
+                                        # less than this margin (relative) on the one before
     on_dropout_start: Callable[[], None] | None = None   # called once, when dropout starts
     clip_norm: float | None = None      # global gradient-norm clipping; None: no clipping
     update_freq: int = 1                # batches summed into one update
@@ -50,6 +61,9 @@ class TrainOptions:
     valid_every: int = 0                # steps between validations; 0: only at the end
     save_every: int = 0                 # steps between checkpoints; 0: only at the end
     keep_last: int = 5                  # checkpoints kept in out_dir
+    best_metric: str | None = None      # choose by this validation result (validation.py)
+    keep_best: int = 0                  # the checkpoints of the best validations, also kept
+    patience: int = 0                   # stop after this many validations without improvement
     resume: bool = False                # continue from the latest checkpoint in out_dir
     time_limit: float | None = None     # seconds of training (over all sessions of the run)
     vocab_id: str | None = None         # identifies the vocabulary; must match on resume
@@ -66,9 +80,25 @@ class TrainOptions:
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainOptions.{name} must be >= 0 (0: only at the end), "
                                  f"got {getattr(self, name)}")
+        for name in ("keep_best", "patience", "dropout_start_step"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"TrainOptions.{name} must be >= 0 (0: none), "
+                                 f"got {getattr(self, name)}")
         if not 0.0 <= self.dropout_start < 1.0:
             raise ValueError(f"TrainOptions.dropout_start must be in [0, 1), got "
                              f"{self.dropout_start}")
+        if self.best_metric is not None:
+            validation.check_metric(self.best_metric)
+        elif self.keep_best or self.patience:
+            raise ValueError("TrainOptions.keep_best and patience judge validations by "
+                             "best_metric: set it (e.g. 'valid_loss')")
+        if self.dropout_start_auto is not None and not 0.0 <= self.dropout_start_auto < 1.0:
+            raise ValueError(f"TrainOptions.dropout_start_auto (a margin) must be in [0, 1), "
+                             f"got {self.dropout_start_auto}")
+        if sum((self.dropout_start > 0, self.dropout_start_step > 0,
+                self.dropout_start_auto is not None)) > 1:
+            raise ValueError("give one of TrainOptions.dropout_start, dropout_start_step and "
+                             "dropout_start_auto")
         if self.time_limit is not None and self.time_limit <= 0:
             raise ValueError(f"TrainOptions.time_limit must be > 0 seconds, got {self.time_limit}")
         if self.resume and not self.out_dir:
@@ -93,13 +123,18 @@ class TrainState:
     stop_signal: int | None = None   # which: SIGINT (also a KeyboardInterrupt raised in code),
                                      # SIGTERM or SIGHUP
     out_of_time: bool = False     # stopped by options.time_limit (likewise)
+    out_of_patience: bool = False   # stopped by options.patience (likewise)
+    record: validation.Record = field(default_factory=validation.Record)   # judged so far
     grads: dict | None = field(default=None, repr=False)     # flat gradient buffers, reused by
     scratch: dict | None = field(default=None, repr=False)   # every update (see _accumulate)
 
 
 
 def save(state: TrainState, cfg: Config, options: TrainOptions, run_dir: RunDirectory) -> None:
-    """Write a checkpoint of ``state`` (refusing non-finite parameters) and rotate old ones."""
+    """Write a checkpoint of ``state`` (refusing non-finite parameters), name it
+    ``checkpoint_best.npz`` when it holds the best validation, and rotate old ones."""
+    validated = state.valid if state.valid.get("step") == state.step else None
+
     def write(path: str) -> None:
         checkpoint.save(
             path, state.params, optimizer_state=state.optimizer.state_dict(),
@@ -107,13 +142,18 @@ def save(state: TrainState, cfg: Config, options: TrainOptions, run_dir: RunDire
             vocab_model=options.vocab_model, kind=models.of(cfg).KIND,
             extra={"seed": state.seed, "epoch": state.epoch,
                    "batches_done": state.batches_done, "tokens": state.tokens,
-                   "elapsed": state.elapsed, "run_meta": options.run_meta})
+                   "elapsed": state.elapsed, "run_meta": options.run_meta,
+                   "validation": state.record.to_dict(),
+                   **({"valid": validated} if validated else {})})
 
     try:
         with interrupts_deferred():
             state.last_checkpoint = run_dir.save_checkpoint(state.step, write,
                                                             state.last_checkpoint)
-            run_dir.rotate(state.last_checkpoint)
+            if state.record.best_step == state.step:
+                run_dir.name_best(state.last_checkpoint)
+            run_dir.rotate(state.last_checkpoint,
+                           spare=state.record.kept_steps(options.keep_best))
     except checkpoint.NonFiniteError as exc:
         raise diverged(f"{exc.what} holds NaN or Inf", state.step, state) from exc
 
@@ -148,9 +188,19 @@ def _resume(cfg: Config, options: TrainOptions, path: str) -> TrainState:
     optimizer = Adam(params, weight_decay=options.weight_decay)
     optimizer.load_state_dict(ckpt.optimizer_state)
     extra = ckpt.extra
+    record = validation.Record.from_dict(extra.get("validation"))
+    if record.best is not None and record.metric != options.best_metric:
+        raise checkpoint.CheckpointError(
+            f"checkpoint {path} belongs to a run that chooses by {record.metric}, not "
+            f"{options.best_metric or 'no metric'}: resume with the metric it was started with")
+    record.metric = options.best_metric
+    valid = extra.get("valid", {}) if record.last_validated == ckpt.step else {}
     return TrainState(params=params, optimizer=optimizer, seed=extra["seed"], step=ckpt.step,
                       epoch=extra["epoch"], batches_done=extra["batches_done"],
-                      tokens=extra["tokens"], elapsed=extra["elapsed"], last_checkpoint=path)
+                      tokens=extra["tokens"], elapsed=extra["elapsed"], last_checkpoint=path,
+                      valid=dict(valid), record=record,
+                      out_of_patience=bool(options.patience)
+                      and record.since_best >= options.patience)
 
 
 def start(cfg: Config, options: TrainOptions, params: dict | None,
@@ -172,9 +222,15 @@ def start(cfg: Config, options: TrainOptions, params: dict | None,
         params = trained.init_params(cfg, options.seed) if params is None else params
         trained.check_params(params, cfg)
         optimizer = Adam(params, weight_decay=options.weight_decay)
-        state = TrainState(params=params, optimizer=optimizer, seed=options.seed)
+        state = TrainState(params=params, optimizer=optimizer, seed=options.seed,
+                           record=validation.Record(metric=options.best_metric))
     if run_dir:
         run_dir.prepare(state.step, options.run_info, state.last_checkpoint)
+        if state.record.best is not None:       # as it was: run.json and checkpoint_best.npz
+            run_dir.record_best(state.record, state.last_checkpoint)
+            best = run_dir.checkpoint_path(state.record.best_step)
+            if os.path.exists(best):            # a crash may have come before its naming
+                run_dir.name_best(best, state.last_checkpoint)
     return state
 
 
@@ -188,7 +244,9 @@ def for_this_worker(options: TrainOptions, world: distributed.World) -> TrainOpt
 
 def share(state: TrainState, world: distributed.World) -> None:
     """Every worker continues from rank 0's state, fresh or resumed: its parameters, Adam's
-    moments and step, the data position, the token count and the clock."""
+    moments and step, the data position, the token count, the clock, and what the validation
+    record decides for every worker (the step of the latest validation, the automatic dropout
+    start)."""
     if not world.distributed:
         return
     world.broadcast_params(state.params)
@@ -199,6 +257,12 @@ def share(state: TrainState, world: distributed.World) -> None:
     (state.step, state.optimizer.step, state.epoch, state.batches_done,
      state.tokens) = (int(n) for n in numbers[:5])
     state.elapsed = numbers[5]
+    decided = world.broadcast_numbers([-1 if n is None else n for n in
+                                       (state.record.last_validated, state.record.dropout_from)]
+                                      + [float(state.out_of_patience)])
+    state.record.last_validated, state.record.dropout_from = (None if n < 0 else int(n)
+                                                              for n in decided[:2])
+    state.out_of_patience = bool(decided[2])
 
 
 def say(options: TrainOptions, text: str) -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from minitfm import (average, backend, checkpoint, cli, distributed, files, optim, train,
-                     translate)
+from minitfm import (average, backend, checkpoint, cli, distributed, files, optim, phases,
+                     train, translate, validation)
 from minitfm.bleu import BleuScore, corpus_bleu
 from minitfm.cli import UsageError
 from minitfm.data import (BatchPlan, CleanOptions, DataError, EncodedCorpus, ParallelText,
@@ -34,17 +34,50 @@ def peak_lr(args: argparse.Namespace, cfg: Config) -> float:
     return args.lr or args.lr_factor * (cfg.d_model * args.warmup) ** -0.5
 
 
-def lr_schedule(args: argparse.Namespace, cfg: Config):
-    """The learning rate of each step: ``--schedule``, then ``--cooldown``."""
+def lr_schedule(args: argparse.Namespace, cfg: Config, steps: int, epoch_updates: float):
+    """The learning rate of each of the run's ``steps`` updates: ``--schedule``, then
+    ``--cooldown`` (a fraction of the run, or a count of updates or epochs of
+    ``epoch_updates`` updates each, before the last update)."""
     try:
         schedule = cli.lr_schedule(args.schedule, d_model=cfg.d_model, warmup=args.warmup,
-                                   steps=args.max_steps,
+                                   steps=steps,
                                    lr=args.lr_factor if args.schedule == "paper"
                                    else peak_lr(args, cfg), min_lr=args.min_lr)
-        return optim.Cooldown(schedule, args.max_steps, args.cooldown) if args.cooldown \
-            else schedule
+        if not args.cooldown:
+            return schedule
+        if phases.is_fraction(args.cooldown):
+            return optim.Cooldown(schedule, steps, args.cooldown)
+        length = phases.in_steps(args.cooldown, epoch_updates)
+        if length > steps:
+            raise ValueError(f"--cooldown {args.cooldown} is {length} updates, more than the "
+                             f"run's {steps}")
+        return optim.Cooldown(schedule, steps, length / steps, follow_clock=False)
     except ValueError as exc:
         raise UsageError(f"learning-rate options: {exc}") from exc
+
+
+def epoch_updates(args: argparse.Namespace, plan: BatchPlan) -> float:
+    """The updates of one pass over the training data: the batches of an epoch (the same
+    number every epoch) over the batches of an update, of all workers."""
+    return len(plan) / (args.update_freq * distributed.world().size)
+
+
+def run_steps(args: argparse.Namespace, plan: BatchPlan) -> int:
+    """The updates of the run: ``--max-steps``, or fewer where ``--max-epochs`` ends it first."""
+    return phases.budget_steps(args.max_steps, args.max_epochs, epoch_updates(args, plan))
+
+
+def dropout_start(args: argparse.Namespace, steps: int, epoch_updates: float) -> dict:
+    """The TrainOptions fields of ``--dropout-start`` (and ``--dropout-start-margin``)."""
+    if args.dropout_start == phases.AUTO:
+        return {"dropout_start_auto": args.dropout_start_margin}
+    if phases.is_fraction(args.dropout_start):
+        return {"dropout_start": args.dropout_start}
+    first = phases.in_steps(args.dropout_start, epoch_updates)
+    if first >= steps:
+        raise UsageError(f"--dropout-start {args.dropout_start} is {first} updates, but the run "
+                         f"has {steps}: dropout would never start")
+    return {"dropout_start_step": first}
 
 
 def say(text: str) -> None:
@@ -127,19 +160,32 @@ def score_test(params: dict, cfg: Config, vocab: Vocab, test: ParallelText, stem
 
 
 def model_to_test(args: argparse.Namespace, state: train.TrainState) -> tuple[dict, str, dict]:
-    """``(params, stem, info)`` of the model to test: the average of the last checkpoints, saved
-    as ``averaged.npz``, or the final parameters when there is only one to average."""
-    paths = [path for _, path in checkpoint.list_checkpoints(args.out)][-args.average_last:]
-    if args.average_last == 1 or len(paths) <= 1:
-        stem = Path(state.last_checkpoint or "final").stem
-        return state.params, stem, {"checkpoint": state.last_checkpoint, "step": state.step}
+    """``(params, stem, info)`` of the model to test: the average of the last ``--average-last``
+    checkpoints, or of the ``--average-best`` best by validation, saved as ``averaged.npz``; when
+    there is only one to average, the final parameters (with ``--average-best``, the best)."""
+    if args.average_best:
+        best = average.best_checkpoints([args.out], args.average_best)
+        say(f"the {len(best)} best by {state.record.metric}: " + ", ".join(
+            f"step {c.step} ({validation.recorded_metric(c)[1]:.4g})" for c in best))
+        if len(best) == 1:
+            ckpt = checkpoint.load(best[0].path, with_optimizer=False)
+            return (checkpoint.params_to_device(ckpt.params), Path(ckpt.path).stem,
+                    {"checkpoint": ckpt.path, "step": ckpt.step})
+        paths, chosen = [c.path for c in sorted(best, key=lambda c: c.step)], \
+            f"--best {args.average_best}"
+    else:
+        paths = [path for _, path in checkpoint.list_checkpoints(args.out)][-args.average_last:]
+        if args.average_last == 1 or len(paths) <= 1:
+            stem = Path(state.last_checkpoint or "final").stem
+            return state.params, stem, {"checkpoint": state.last_checkpoint, "step": state.step}
+        chosen = f"--last {args.average_last}"
     path = os.path.join(args.out, "averaged.npz")
     try:
         params, last = average.save_average(paths, path)
     except OSError as exc:
         raise UsageError(f"cannot write the averaged model {path}: {exc.strerror or exc}; the "
                          f"checkpoints are intact: free space and average them with python -m "
-                         f"minitfm.average --inputs {args.out} --output {path}") from exc
+                         f"minitfm.average --inputs {args.out} {chosen} --output {path}") from exc
     names = [os.path.basename(p) for p in paths]
     say(f"averaged {len(paths)} checkpoints ({', '.join(names)}) into {path}")
     return (checkpoint.params_to_device(params), "averaged",
@@ -173,13 +219,18 @@ def describe_run(args: argparse.Namespace, corpora: dict, vocab: Vocab, cfg: Con
         + (f" (attention {cfg.attention_dropout}, ReLU {cfg.relu_dropout})"
            if cfg.attention_dropout or cfg.relu_dropout else "")
         + (f", BPE-dropout {args.subword_dropout}" if args.subword_dropout else "")
-        + (f" after the first {args.dropout_start:.0%} of the run" if args.dropout_start else "")
+        + (f" after the first {phases.describe(args.dropout_start)}"
+           if args.dropout_start and args.dropout_start != phases.AUTO else "")
+        + (f" once the validation perplexity improves by less than "
+           f"{args.dropout_start_margin:.0%}" if args.dropout_start == phases.AUTO else "")
         + f", label smoothing {cfg.label_smoothing}; "
         f"{params:,} parameters; backend {backend.describe()}",
         f"batch  {plan.summary()} per epoch; <= {args.max_tokens} tokens x {args.update_freq} "
         + (f"x {world.size} workers " if world.distributed else "")
         + f"= ~{per_update:.0f} target tokens per update",
-        f"train  {args.max_steps} steps"
+        f"train  {run_steps(args, plan)} steps"
+        + (f" ({args.max_epochs:g} epochs of {epoch_updates(args, plan):.4g} updates)"
+           if args.max_epochs else "")
         + (f" or {args.time_limit:g} min" if args.time_limit else "")
         + f", warmup {args.warmup}, {describe_schedule(args, cfg)}; run {args.out}"]
     if world.distributed:
@@ -189,7 +240,8 @@ def describe_run(args: argparse.Namespace, corpora: dict, vocab: Vocab, cfg: Con
 
 def describe_schedule(args: argparse.Namespace, cfg: Config) -> str:
     """The learning rate in words, for the line that already says when training ends."""
-    cooldown = f", cool-down over the last {args.cooldown:.0%}" if args.cooldown else ""
+    length = phases.describe(args.cooldown).removesuffix(" of the run") if args.cooldown else ""
+    cooldown = f", cool-down over the last {length}" if args.cooldown else ""
     if args.schedule == "paper":
         return f"the paper's schedule, lr factor {args.lr_factor:g}{cooldown}"
     return (f"peak lr {peak_lr(args, cfg):.3g}, {args.schedule} decay to {args.min_lr:g} at the "
@@ -239,6 +291,10 @@ def final_summary(state: train.TrainState, score: BleuScore | None, seconds: flo
         parts.append(f"valid ppl {state.valid['valid_ppl']:.2f}")
     if "valid_bleu" in state.valid:
         parts.append(f"valid BLEU (greedy) {state.valid['valid_bleu']:.2f}")
+    if state.record.dropout_from is not None:
+        parts.append(f"dropout from step {state.record.dropout_from} (auto)")
+    if state.record.best is not None:
+        parts.append(state.record.describe_best())
     if score is not None:
         parts.append(f"test BLEU {score.bleu:.2f} ({score.signature})")
     return "; ".join(parts)
