@@ -28,7 +28,8 @@ import numpy
 
 from minitfm import checkpoint
 from minitfm.checkpoint import Checkpoint, CheckpointError
-from minitfm.cli import positive_int
+from minitfm.cli import positive_int, report_errors
+from minitfm.rundir import WriteFailed
 
 __all__ = ["average", "average_checkpoints", "save_average", "main"]
 
@@ -127,17 +128,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if checkpoint.ROTATED_NAME.fullmatch(os.path.basename(args.output)):
         parser.error(f"--output {args.output}: checkpoint_*.npz names are rotated and resumed "
                      f"from by training; choose another name, e.g. averaged.npz")
+    return report_errors(lambda: run(args))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Average as ``args`` say; a signal on the way leaves no output (nor a part of one)."""
+    paths = _collect_inputs(args.inputs)[-args.last:]
     try:
-        paths = _collect_inputs(args.inputs)[-args.last:]
         save_average(paths, args.output)
-    except (FileNotFoundError, CheckpointError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except (FileNotFoundError, CheckpointError):
+        raise
     except OSError as exc:          # disk full, file too large, read-only, a directory
-        print(f"error: cannot write the averaged checkpoint {args.output}: "
-              f"{exc.strerror or exc}; the input checkpoints, and any earlier {args.output}, are "
-              f"unchanged", file=sys.stderr)
-        return 1
+        raise WriteFailed(f"cannot write the averaged checkpoint {args.output}: "
+                          f"{exc.strerror or exc}; the input checkpoints, and any earlier "
+                          f"{args.output}, are unchanged") from exc
     if len(paths) < args.last:
         print(f"note: only {len(paths)} checkpoint(s) found, fewer than --last {args.last}",
               file=sys.stderr)

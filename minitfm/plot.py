@@ -31,8 +31,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from minitfm import backend
-from minitfm.cli import number, positive_int
+from minitfm import backend, files
+from minitfm.cli import UsageError, number, positive_int, report_errors
 from minitfm.layers import positional
 from minitfm.models import translator as model
 from minitfm.optim import LRSchedule
@@ -45,7 +45,7 @@ __all__ = [
 ATTENTION_KINDS = ("encoder", "decoder_self", "cross")
 
 
-class PlotError(RuntimeError):
+class PlotError(UsageError):
     """A picture cannot be drawn (no matplotlib, an unusable log or checkpoint); says why."""
 
 
@@ -63,8 +63,9 @@ def _pyplot():
 
 def _save(fig, path) -> str:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    with files.replacing(path) as tmp:        # whole or not at all, even on Ctrl-C
+        fig.savefig(tmp, dpi=110, bbox_inches="tight",
+                    format=path.suffix[1:] or "png")
     _pyplot().close(fig)
     return str(path)
 
@@ -322,14 +323,12 @@ def run(args: argparse.Namespace) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        paths = run(args)
-    except (PlotError, ValueError, backend.BackendError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    for path in paths:
-        print(path)
-    return 0
+
+    def draw() -> int:
+        for path in run(args):
+            print(path)
+        return 0
+    return report_errors(draw)
 
 
 if __name__ == "__main__":
