@@ -24,7 +24,8 @@ refused at once with :class:`RunDirectoryBusy`, naming the holder from ``run.loc
 after the lock is taken: ``filelock`` owns the lock file's contents). On a file system without
 file locks, :class:`LockUnsupported` says so; ``lock=False`` (``--no-lock``) opens without one.
 Within one process the directory is taken once: opening it again (the command line, then the
-training loop) shares that hold, and the last :meth:`RunDirectory.close` releases it.
+training loop) shares that hold, and the last :meth:`RunDirectory.close` releases it. A directory
+the open created and the run left empty (a run refused on bad input) is removed again.
 """
 
 from __future__ import annotations
@@ -161,17 +162,22 @@ class RunDirectory:
 # ---- one run per directory -------------------------------------------------------------------
 
 class _Hold:
-    """This process's hold of a run directory: its lock (None: taken without one) and the opens
-    not yet closed."""
+    """This process's hold of a run directory: its lock (None: taken without one), the opens
+    not yet closed, and the first folder the open created (None: it existed)."""
 
-    def __init__(self, path: str, lock: filelock.BaseFileLock | None) -> None:
-        self.path, self.lock, self.count = path, lock, 1
+    def __init__(self, path: str, lock: filelock.BaseFileLock | None,
+                 created: str | None) -> None:
+        self.path, self.lock, self.count, self.created = path, lock, 1, created
 
 
 _holds: dict[str, _Hold] = {}        # the run directories this process holds, by real path
 
 
 def _take(path: str, lock: bool) -> str:
+    created = None
+    missing = os.path.abspath(path)
+    while not os.path.exists(missing) and os.path.dirname(missing) != missing:
+        created, missing = missing, os.path.dirname(missing)
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
@@ -180,7 +186,11 @@ def _take(path: str, lock: bool) -> str:
     if key in _holds:
         _holds[key].count += 1
         return key
-    _holds[key] = _Hold(path, _lock(path) if lock else None)
+    try:
+        _holds[key] = _Hold(path, _lock(path) if lock else None, created)
+    except BaseException:
+        _remove_if_unused(path, created)
+        raise
     return key
 
 
@@ -195,7 +205,29 @@ def _give_back(key: str) -> None:
             os.remove(os.path.join(hold.path, HOLDER_NAME))   # while still holding the lock
         except OSError:
             pass
+        if hold.created and os.listdir(hold.path) == [LOCK_NAME]:
+            # A peer that opened the file before this unlink sees it unlinked and is refused.
+            try:
+                os.remove(os.path.join(hold.path, LOCK_NAME))
+            except OSError:
+                pass
         hold.lock.release()
+    _remove_if_unused(hold.path, hold.created)
+
+
+def _remove_if_unused(path: str, created: str | None) -> None:
+    """Remove the folders from ``path`` up to ``created`` that are empty (nothing was written)."""
+    if created is None:
+        return
+    path = os.path.abspath(path)
+    while True:
+        try:
+            os.rmdir(path)
+        except OSError:
+            return
+        if path == created:
+            return
+        path = os.path.dirname(path)
 
 
 def _lock(path: str) -> filelock.BaseFileLock:
