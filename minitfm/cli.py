@@ -44,8 +44,8 @@ __all__ = ["EXIT_INTERRUPTED", "UsageError", "integer", "number", "positive_int"
            "reuse_freed_memory", "add_backend_option", "select_backend", "add_threads_option",
            "place", "add_run_options", "add_optimiser_options", "add_schedule_options",
            "add_checkpoint_options", "add_logging_options", "add_seed_option",
-           "add_placement_options",
-           "default_run_dir", "run_in_directory", "check_resumable", "model_config", "stopped", "report_errors"]
+           "add_placement_options", "default_run_dir", "run_in_directory", "check_resumable",
+           "model_config", "stopped", "report_errors"]
 
 EXIT_INTERRUPTED = exits.for_signal(signal.SIGINT)   # 130, the shell's code for Ctrl-C
 

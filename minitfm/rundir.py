@@ -245,9 +245,11 @@ def _lock(path: str) -> filelock.BaseFileLock:
                 f"locks ({exc.strerror or exc}), so a second run on it could not be refused. Use "
                 f"a run directory on a local file system, or, if no other run can use this one, "
                 f"pass --no-lock") from exc
-        raise write_failed(f"the lock file {os.path.join(path, LOCK_NAME)}", exc, None) from exc
+        raise write_failed(f"the lock file {os.path.join(path, LOCK_NAME)}", exc,
+                           None) from exc
+    started = datetime.datetime.now().astimezone()
     holder = {"pid": os.getpid(), "host": socket.gethostname(),
-              "started": datetime.datetime.now().astimezone().isoformat(sep=" ", timespec="seconds"),
+              "started": started.isoformat(sep=" ", timespec="seconds"),
               "command": shlex.join([os.path.basename(sys.executable), *sys.argv])}
     try:
         with files.replacing(os.path.join(path, HOLDER_NAME)) as tmp, \
