@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import numpy                                                        # host bytes
 
-from minitfm import checkpoint, cli, distributed, generation, phases, train, usable
+from minitfm import checkpoint, cli, distributed, exits, generation, phases, train, usable
 from minitfm.cli import UsageError, integer, number, positive_int
 from minitfm.data import text as textdata
 from minitfm.models import lm
@@ -50,7 +50,7 @@ RUN_OPTIONS = ("tokenizer", "vocab_size", "block_size", "batch_size", "layers", 
                "warmup", "schedule", "weight_decay", "seed", "best_metric")
 EVAL_BATCH = 64          # validation blocks per forward pass
 THREADS = 1              # BLAS threads at most by default: the matrices are too small for more
-EXIT_ERROR = 2
+EXIT_ERROR = exits.BAD_INPUT     # a user error (the statuses of every command: minitfm.exits)
 POSITIVE = number(0, low_open=True)
 
 
@@ -226,7 +226,6 @@ def stream_sample(params: dict, cfg: lm.LMConfig, tokenizer, prompt, args: argpa
 def run_training(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     cli.reuse_freed_memory()
-    args.out = args.out or cli.default_run_dir("lm", args.resume)
     chosen = cli.select_backend(args.backend, "numpy")
     cli.place(args.threads, THREADS)     # each worker's GPU or BLAS threads; the first line
     resumed = cli.check_resumable(args, RUN_OPTIONS, lm.KIND)
@@ -299,8 +298,9 @@ def run_sampling(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    return cli.report_errors(lambda: run_sampling(args) if args.sample else run_training(args),
-                             EXIT_ERROR)
+    if args.sample:
+        return cli.report_errors(lambda: run_sampling(args))
+    return cli.report_errors(lambda: cli.run_in_directory(args, "lm", lambda: run_training(args)))
 
 
 if __name__ == "__main__":

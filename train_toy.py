@@ -19,7 +19,7 @@ import argparse
 import sys
 import time
 
-from minitfm import backend, cli, distributed, tasks, train
+from minitfm import backend, cli, distributed, exits, tasks, train
 from minitfm.cli import integer, number, positive_int
 from minitfm.decode import greedy
 from minitfm.models.translator import PRESETS, Config
@@ -38,7 +38,7 @@ TASK_DEFAULTS = {
 }
 # The toy model's matrices are too small for a second BLAS thread to pay off (--threads wins).
 THREADS = 1
-EXIT_ERROR = 1
+EXIT_ERROR = exits.BAD_INPUT     # a user error (the statuses of every command: minitfm.exits)
 EXIT_INTERRUPTED = cli.EXIT_INTERRUPTED
 
 
@@ -96,9 +96,6 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     cli.reuse_freed_memory()
     world = distributed.world()      # several workers (mpiexec): rank 0 writes and reports
-    if world.is_root:
-        args.out = args.out or cli.default_run_dir(f"toy-{args.task}", args.resume)
-    args.out = world.broadcast_text(args.out or "")
     chosen = cli.select_backend(args.backend, "numpy")
     cli.place(args.threads, THREADS)     # each worker's GPU or BLAS threads; the first line
     cfg = model_config(args)
@@ -152,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    return cli.report_errors(lambda: run(args), EXIT_ERROR)
+    return cli.report_errors(
+        lambda: cli.run_in_directory(args, f"toy-{args.task}", lambda: run(args)))
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from minitfm import backend, checkpoint, cli, distributed, train, translate
+from minitfm import backend, checkpoint, cli, distributed, exits, train, translate
 from minitfm.cli import UsageError, integer, number, positive_int
 from minitfm.data import epoch_batches, eval_arrays, read_parallel, token_batches
 from minitfm.models import translator as model
@@ -86,7 +86,7 @@ RUN_OPTIONS = ("source_lang", "target_lang", "vocab_size", "no_clean", "preset",
                "d_model", "d_ff", "heads", "dropout", "attention_dropout", "relu_dropout",
                "label_smoothing", "max_tokens", "seed", "schedule", "lr", "min_lr", "cooldown",
                "dropout_start", "dropout_start_margin", "subword_dropout", "best_metric")
-EXIT_ERROR = 2
+EXIT_ERROR = exits.BAD_INPUT     # a user error (the statuses of every command: minitfm.exits)
 FRACTION = number(0, 1, high_open=True)
 POSITIVE = number(0, low_open=True)
 
@@ -276,12 +276,10 @@ def run_training(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     cli.reuse_freed_memory()
     world = distributed.world()
-    if world.is_root:                # the run directory and its checks are rank 0's
-        args.out = args.out or cli.default_run_dir(f"wmt-{args.preset}", args.resume)
+    if world.is_root:                # the run directory (held: cli.run_in_directory) is rank 0's
         cli.check_resumable(args, RUN_OPTIONS, model.KIND)
     else:
         args.quiet = True
-    args.out = world.broadcast_text(args.out or "")
     with world.root_first():         # rank 0 prepares and caches the data, the others read it
         vocab, corpora, test = prepare_data(args)
     langs = (args.source_lang, args.target_lang)
@@ -372,8 +370,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   file=sys.stderr)
         if args.eval_only:
             return run_eval_only(args) if world.is_root else 0
-        return run_training(args)
-    return cli.report_errors(run, EXIT_ERROR)
+        return cli.run_in_directory(args, f"wmt-{args.preset}", lambda: run_training(args))
+    return cli.report_errors(run)
 
 
 if __name__ == "__main__":

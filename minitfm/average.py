@@ -37,8 +37,8 @@ import numpy
 
 from minitfm import checkpoint, usable, validation
 from minitfm.checkpoint import Checkpoint, CheckpointError
-from minitfm.cli import positive_int
-from minitfm.rundir import BEST_NAME
+from minitfm.cli import positive_int, report_errors
+from minitfm.rundir import BEST_NAME, WriteFailed
 
 __all__ = ["average", "average_checkpoints", "save_average", "best_checkpoints", "main"]
 
@@ -172,29 +172,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if checkpoint.ROTATED_NAME.fullmatch(os.path.basename(args.output)):
         parser.error(f"--output {args.output}: checkpoint_*.npz names are rotated and resumed "
                      f"from by training; choose another name, e.g. averaged.npz")
+    return report_errors(lambda: run(args))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Average as ``args`` say; a signal on the way leaves no output (nor a part of one)."""
     wanted = args.best or args.last or 5
+    if args.best:           # a checkpoint without a recorded metric: CheckpointError, status 2
+        best = best_checkpoints(args.inputs, args.best)
+        metric = validation.recorded_metric(best[0])[0]
+        print(f"the {len(best)} best by {metric}: " + ", ".join(
+            f"{os.path.basename(c.path)} ({validation.recorded_metric(c)[1]:.4g})"
+            for c in best))
+        paths = [c.path for c in sorted(best, key=lambda c: c.step)]
+    else:
+        paths = _collect_inputs(args.inputs)[-wanted:]
     try:
-        if args.best:
-            best = best_checkpoints(args.inputs, args.best)
-            metric = validation.recorded_metric(best[0])[0]
-            print(f"the {len(best)} best by {metric}: " + ", ".join(
-                f"{os.path.basename(c.path)} ({validation.recorded_metric(c)[1]:.4g})"
-                for c in best))
-            paths = [c.path for c in sorted(best, key=lambda c: c.step)]
-        else:
-            paths = _collect_inputs(args.inputs)[-wanted:]
         save_average(paths, args.output)
-    except CheckpointError as exc:           # a damaged, non-finite or mismatched input, or
-        print(f"error: {exc}", file=sys.stderr)   # one without a recorded metric (--best)
-        return 2
-    except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except (FileNotFoundError, CheckpointError):
+        raise
     except OSError as exc:          # disk full, file too large, read-only, a directory
-        print(f"error: cannot write the averaged checkpoint {args.output}: "
-              f"{exc.strerror or exc}; the input checkpoints, and any earlier {args.output}, are "
-              f"unchanged", file=sys.stderr)
-        return 1
+        raise WriteFailed(f"cannot write the averaged checkpoint {args.output}: "
+                          f"{exc.strerror or exc}; the input checkpoints, and any earlier "
+                          f"{args.output}, are unchanged") from exc
     if len(paths) < wanted:
         print(f"note: only {len(paths)} checkpoint(s) found, fewer than "
               f"--{'best' if args.best else 'last'} {wanted}", file=sys.stderr)

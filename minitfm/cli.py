@@ -9,11 +9,14 @@ alike:
 - every numeric option is checked by argparse with a ``type=`` from here (:func:`integer`,
   :func:`number`): a bad value is a usage error naming the option and its allowed range, before
   any work; NaN and infinity are refused wherever a finite number is meant;
-- a user error prints one ``error:`` line and exits with the command's error status; a file that
-  cannot be written names the file and the reason;
-- Ctrl-C outside training prints ``interrupted`` and exits with 130, the shell's code for it;
-  a training run stopped by a signal exits with 128 + the signal's number (SIGINT 130,
-  SIGTERM 143, SIGHUP 129) after saving its checkpoint;
+- an error prints one ``error:`` line and exits with the status of :mod:`minitfm.exits`, the
+  one table for every command (2 bad usage or input, 1 a run-time failure); a file that cannot
+  be written names the file and the reason;
+- Ctrl-C, SIGTERM or SIGHUP outside training ends the command at once with one line
+  (``interrupted``, ``stopped by SIGTERM``) and 128 + the signal's number (130, 143, 129); a
+  training run stopped by a signal exits with the same status after saving its checkpoint;
+- a training run holds its run directory (``--out``) for its whole length: a second run on it is
+  refused at once (:func:`run_in_directory`, :class:`minitfm.rundir.RunDirectory`);
 - started as several workers (``mpiexec -n N``), a signal to any of them stops all with that
   status, and an error or a Ctrl-C in one worker ends all of them (:func:`report_errors`).
 """
@@ -32,30 +35,22 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from minitfm import (backend, checkpoint, distributed, optim, phases, placement, stops, train,
-                     usable)
-from minitfm.data import DataError
+from minitfm import (backend, checkpoint, distributed, exits, optim, phases, placement, stops,
+                     train, usable)
+from minitfm.exits import UsageError
 from minitfm.models.translator import Config
+from minitfm.rundir import RunDirectory
 
-__all__ = ["EXIT_INTERRUPTED", "UsageError", "USER_ERRORS", "integer", "number", "positive_int",
+__all__ = ["EXIT_INTERRUPTED", "UsageError", "integer", "number", "positive_int",
            "reuse_freed_memory", "add_backend_option", "select_backend", "add_threads_option",
            "place", "add_run_options", "add_optimiser_options", "add_schedule_options",
            "add_checkpoint_options", "add_logging_options", "add_seed_option",
            "add_placement_options", "phase", "add_validation_options",
            "check_validation_options", "validation_options", "add_max_epochs_option",
-           "default_run_dir", "check_resumable", "model_config", "stopped", "report_errors"]
+           "default_run_dir", "run_in_directory", "check_resumable", "model_config", "stopped",
+           "report_errors"]
 
-EXIT_INTERRUPTED = 130   # the shell's code for a process stopped by Ctrl-C
-
-
-class UsageError(Exception):
-    """Options that do not fit together; the message says what to change."""
-
-
-# what a user can cause: reported as one line, without a traceback
-USER_ERRORS = (UsageError, DataError, checkpoint.CheckpointError, backend.BackendError,
-               placement.PlacementError, train.TrainingDiverged, train.WriteFailed,
-               FileExistsError, FileNotFoundError)
+EXIT_INTERRUPTED = exits.for_signal(signal.SIGINT)   # 130, the shell's code for Ctrl-C
 
 
 # ---- option values ---------------------------------------------------------------------------
@@ -312,6 +307,9 @@ def add_run_options(parser, kind: str) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest checkpoint")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--no-lock", action="store_true",
+                        help="do not lock the run directory (for a file system without file "
+                             "locks; then make sure no other run uses --out)")
 
 
 def default_run_dir(kind: str, resume: bool) -> str:
@@ -322,6 +320,23 @@ def default_run_dir(kind: str, resume: bool) -> str:
             raise UsageError(f"--resume: no run directory runs/{kind}-* to resume; pass --out DIR")
         return existing[-1]
     return os.path.join("runs", f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def run_in_directory(args: argparse.Namespace, kind: str, run: Callable[[], int]) -> int:
+    """``run()`` holding the run directory ``args.out`` (default :func:`default_run_dir`) from
+    before anything in it is read or written to the end: one run per directory. Rank 0 takes it
+    (and decides ``args.out``); the other workers go on once it has."""
+    world = distributed.world()
+    held = None
+    if world.is_root:
+        args.out = args.out or default_run_dir(kind, args.resume)
+        held = RunDirectory.open(args.out, lock=not args.no_lock)
+    try:
+        args.out = world.broadcast_text(args.out or "")
+        return run()
+    finally:
+        if held is not None:
+            held.close()
 
 
 def check_resumable(args: argparse.Namespace, run_options: Sequence[str],
@@ -391,26 +406,34 @@ def stopped(state: train.TrainState, out: str) -> int:
     return 128 + signum
 
 
-def report_errors(run: Callable[[], int], exit_error: int) -> int:
-    """``run()``'s exit status; a user error prints ``error: ...`` and gives ``exit_error``.
+def report_errors(run: Callable[[], int]) -> int:
+    """``run()``'s exit status; an error in the table of :mod:`minitfm.exits` prints one
+    ``error: ...`` line and gives its status there (2 bad usage or input, 1 a run-time failure).
+
+    Signals: while ``run()`` runs, SIGINT, SIGTERM and SIGHUP end it at once where they arrive
+    (as a KeyboardInterrupt; a block under :func:`minitfm.stops.interrupts_deferred`, such as a
+    save, finishes first), with one line (``interrupted``, ``stopped by SIGTERM``) and status
+    128 + the signal's number; later signals are ignored while it ends. A training loop inside
+    takes its signals itself (it saves a checkpoint), and so does any code that catches them.
 
     As one of several workers, ``run()`` returns on all of them together (done, or stopped by a
     signal they agreed on; see :mod:`minitfm.train`), and they finish together. An error or a
-    Ctrl-C in one worker, where the others may be waiting for it in a collective, ends every
+    signal in one worker, where the others may be waiting for it in a collective, ends every
     worker with this status (``World.fail_together``), after the message."""
     world = distributed.world()
-    with world.fail_together():
+    with world.fail_together(), stops.StopRequests() as requests:
         try:
             status = run()
-        except USER_ERRORS as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return _failed(world, exit_error)
-        except OSError as exc:          # a file the command could not read or write
-            print(f"error: {exc.filename or 'a file'}: {exc.strerror or exc}", file=sys.stderr)
-            return _failed(world, exit_error)
         except KeyboardInterrupt:
-            print("interrupted", file=sys.stderr)
-            return _failed(world, EXIT_INTERRUPTED)
+            signum = requests.signum or signal.SIGINT
+            print(stops.describe_signal(signum), file=sys.stderr, flush=True)
+            return _failed(world, exits.for_signal(signum))
+        except Exception as exc:
+            status = exits.status_of(exc)
+            if status is None:
+                raise                   # not a user's error: a bug, shown with its traceback
+            print(exits.message(exc), file=sys.stderr, flush=True)
+            return _failed(world, status)
         world.finish()
         return status
 

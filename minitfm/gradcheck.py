@@ -41,7 +41,8 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from minitfm import backend
+from minitfm import backend, exits
+from minitfm.cli import UsageError, report_errors
 from minitfm.layers import (attention, decoder, decoder_only, dropout, embedding, encoder,
                             feedforward, inputs, layernorm, linear, loss, output, positional,
                             residual)
@@ -365,20 +366,28 @@ MODEL_CASES = [
 # ---- command line ---------------------------------------------------------------------------
 
 def main(argv=None) -> int:
+    args = parse_args(argv)
+    return report_errors(lambda: run(args))
+
+
+def parse_args(argv) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m minitfm.gradcheck", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("only", nargs="?", default="", help="check only cases whose name contains this")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tolerance", type=float, default=TOLERANCE)
     parser.add_argument("--backend", default=None, help="numpy, cupy or auto (default: MINITFM_BACKEND)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The checks as ``args`` say: 0 when all pass, 1 (a run-time failure) when one fails."""
     if args.backend:
         backend.use(args.backend)
 
     rows = [c for c in CASES + MODEL_CASES if args.only.lower() in c.name.lower()]
     if not rows:
-        print(f"no check matches {args.only!r}", file=sys.stderr)
-        return 2
+        raise UsageError(f"no check matches {args.only!r}")
     width = max(len(c.name) for c in rows)
     print(f"backend {backend.name}, float64 five-point central differences (h={STEP:g}), "
           f"tolerance {args.tolerance:g}\n")
@@ -392,7 +401,7 @@ def main(argv=None) -> int:
         result = "pass" if ok else "FAIL"
         print(f"{case.name:<{width}}  {errors[worst]:>20.2e}  {worst:<14} {result}")
     print(f"\n{len(rows) - failed} passed, {failed} failed")
-    return 1 if failed else 0
+    return exits.FAILED if failed else exits.DONE
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from minitfm import backend, files
-from minitfm.cli import number, positive_int
+from minitfm.cli import UsageError, number, positive_int, report_errors
 from minitfm.layers import positional
 from minitfm.models import translator as model
 from minitfm.optim import LRSchedule
@@ -45,7 +45,7 @@ __all__ = [
 ATTENTION_KINDS = ("encoder", "decoder_self", "cross")
 
 
-class PlotError(RuntimeError):
+class PlotError(UsageError):
     """A picture cannot be drawn (no matplotlib, an unusable log or checkpoint); says why."""
 
 
@@ -69,7 +69,7 @@ def _save(fig, path) -> str:
     if not path.suffix:
         path = path.with_suffix("." + plt.rcParams["savefig.format"])
     try:
-        with files.replacing(path) as tmp:
+        with files.replacing(path) as tmp:        # whole or not at all, even on Ctrl-C
             fig.savefig(tmp, format=path.suffix[1:], dpi=110, bbox_inches="tight")
     finally:
         plt.close(fig)
@@ -330,14 +330,12 @@ def run(args: argparse.Namespace) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        paths = run(args)
-    except (PlotError, ValueError, backend.BackendError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    for path in paths:
-        print(path)
-    return 0
+
+    def draw() -> int:
+        for path in run(args):
+            print(path)
+        return 0
+    return report_errors(draw)
 
 
 if __name__ == "__main__":

@@ -22,29 +22,59 @@ that cannot be written (disk full, file too large, read-only file system) raises
 :class:`WriteFailed` naming the file, the reason, its folder with the space free there, and the
 latest checkpoint, which is left intact.
 
-A run takes its directory with :meth:`RunDirectory.open` before anything in it is read or written:
-the one place where a run-directory lock (one run per directory) is to be taken.
+- ``run.lock`` (``LOCK_NAME``): the lock file of one run per directory, and ``run.lock.json``
+  (``HOLDER_NAME``): who holds it (pid, host, start time, command).
+
+One run per directory. A run takes its directory with :meth:`RunDirectory.open` before anything
+in it is read or written: that takes an OS lock (``flock``, through ``filelock``) on
+``run.lock``, which the OS releases when the process ends, however it ends (``kill -9``
+included), so no stale lock outlives a run. A second process opening the directory meanwhile is
+refused at once with :class:`RunDirectoryBusy`, naming the holder from ``run.lock.json`` (written
+after the lock is taken: ``filelock`` owns the lock file's contents). On a file system without
+file locks, :class:`LockUnsupported` says so; ``lock=False`` (``--no-lock``) opens without one.
+Within one process the directory is taken once: opening it again (the command line, then the
+training loop) shares that hold, and the last :meth:`RunDirectory.close` releases it. A directory
+the open created and the run left empty (a run refused on bad input) is removed again.
 """
 
 from __future__ import annotations
 
+import datetime
+import errno
 import json
 import os
+import shlex
 import shutil
+import socket
+import sys
 from collections.abc import Callable, Collection
+
+import filelock
 
 from minitfm import checkpoint, files
 
-__all__ = ["LOG_NAME", "RUN_INFO_NAME", "BEST_NAME", "WriteFailed", "RunDirectory",
-           "write_failed"]
+__all__ = ["LOG_NAME", "RUN_INFO_NAME", "BEST_NAME", "LOCK_NAME", "HOLDER_NAME", "WriteFailed",
+           "RunDirectoryBusy", "LockUnsupported", "RunDirectory", "write_failed"]
 
 LOG_NAME = "log.jsonl"
 RUN_INFO_NAME = "run.json"
 BEST_NAME = "checkpoint_best.npz"
+LOCK_NAME = "run.lock"
+HOLDER_NAME = "run.lock.json"
+# what flock says on a file system that cannot lock (NFS without a lock daemon, some FUSE mounts)
+_NO_LOCKS = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL}
 
 
 class WriteFailed(RuntimeError):
     """A checkpoint or log line could not be written; the message names the intact checkpoint."""
+
+
+class RunDirectoryBusy(RuntimeError):
+    """Another process holds the run directory; the message names it and what to do."""
+
+
+class LockUnsupported(RuntimeError):
+    """The run directory's file system cannot lock files."""
 
 
 def write_failed(what: str, exc: OSError, last_checkpoint: str | None) -> WriteFailed:
@@ -70,12 +100,31 @@ class RunDirectory:
         self.keep_last = keep_last
         self.log_path = os.path.join(self.path, LOG_NAME)
         self.run_info_path = os.path.join(self.path, RUN_INFO_NAME)
+        self._taken: str | None = None          # the key of this process's hold, while open
 
     @classmethod
-    def open(cls, path: str | os.PathLike, keep_last: int = 5) -> RunDirectory:
-        """Take ``path`` for this run, before anything in it is read or written: the place for
-        the run-directory lock (one process per directory), when it is added."""
-        return cls(path, keep_last)
+    def open(cls, path: str | os.PathLike, keep_last: int = 5, *,
+             lock: bool = True) -> RunDirectory:
+        """Take ``path`` for this run, before anything in it is read or written: create it and
+        lock it (one process per directory); :meth:`close` (or leaving a ``with`` block) gives
+        it back. Raises :class:`RunDirectoryBusy` while another process holds it,
+        :class:`LockUnsupported` on a file system without locks (``lock=False``: no lock, for
+        such a file system), :class:`WriteFailed` if the directory cannot be made."""
+        run_dir = cls(path, keep_last)
+        run_dir._taken = _take(run_dir.path, lock)
+        return run_dir
+
+    def close(self) -> None:
+        """Give the directory back (the last hold of this process releases the lock)."""
+        if self._taken is not None:
+            _give_back(self._taken)
+            self._taken = None
+
+    def __enter__(self) -> RunDirectory:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
     def latest_checkpoint(self) -> str | None:
         return checkpoint.latest(self.path)
@@ -159,6 +208,128 @@ class RunDirectory:
         except OSError as exc:
             raise write_failed(f"{self.run_info_path}", exc, last_checkpoint) from exc
 
+
+# ---- one run per directory -------------------------------------------------------------------
+
+class _Hold:
+    """This process's hold of a run directory: its lock (None: taken without one), the opens
+    not yet closed, and the first folder the open created (None: it existed)."""
+
+    def __init__(self, path: str, lock: filelock.BaseFileLock | None,
+                 created: str | None) -> None:
+        self.path, self.lock, self.count, self.created = path, lock, 1, created
+
+
+_holds: dict[str, _Hold] = {}        # the run directories this process holds, by real path
+
+
+def _take(path: str, lock: bool) -> str:
+    created = None
+    missing = os.path.abspath(path)
+    while not os.path.exists(missing) and os.path.dirname(missing) != missing:
+        created, missing = missing, os.path.dirname(missing)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise write_failed(f"the run directory {path} ({exc.filename})", exc, None) from exc
+    key = os.path.realpath(path)
+    if key in _holds:
+        _holds[key].count += 1
+        return key
+    try:
+        _holds[key] = _Hold(path, _lock(path) if lock else None, created)
+    except BaseException:
+        _remove_if_unused(path, created)
+        raise
+    return key
+
+
+def _give_back(key: str) -> None:
+    hold = _holds[key]
+    hold.count -= 1
+    if hold.count:
+        return
+    del _holds[key]
+    if hold.lock is not None:
+        try:
+            os.remove(os.path.join(hold.path, HOLDER_NAME))   # while still holding the lock
+        except OSError:
+            pass
+        if hold.created and os.listdir(hold.path) == [LOCK_NAME]:
+            # A peer that opened the file before this unlink sees it unlinked and is refused.
+            try:
+                os.remove(os.path.join(hold.path, LOCK_NAME))
+            except OSError:
+                pass
+        hold.lock.release()
+    _remove_if_unused(hold.path, hold.created)
+
+
+def _remove_if_unused(path: str, created: str | None) -> None:
+    """Remove the folders from ``path`` up to ``created`` that are empty (nothing was written)."""
+    if created is None:
+        return
+    path = os.path.abspath(path)
+    while True:
+        try:
+            os.rmdir(path)
+        except OSError:
+            return
+        if path == created:
+            return
+        path = os.path.dirname(path)
+
+
+def _lock(path: str) -> filelock.BaseFileLock:
+    """The lock of ``path``, taken without waiting; the holder's details written beside it."""
+    lock = filelock.UnixFileLock(os.path.join(path, LOCK_NAME), timeout=0, blocking=False,
+                                 thread_local=False, fallback_to_soft=False)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        raise RunDirectoryBusy(_busy(path)) from None
+    except OSError as exc:
+        if exc.errno in _NO_LOCKS:
+            raise LockUnsupported(
+                f"cannot lock the run directory {path}: its file system does not support file "
+                f"locks ({exc.strerror or exc}), so a second run on it could not be refused. Use "
+                f"a run directory on a local file system, or, if no other run can use this one, "
+                f"pass --no-lock") from exc
+        raise write_failed(f"the lock file {os.path.join(path, LOCK_NAME)}", exc,
+                           None) from exc
+    started = datetime.datetime.now().astimezone()
+    holder = {"pid": os.getpid(), "host": socket.gethostname(),
+              "started": started.isoformat(sep=" ", timespec="seconds"),
+              "command": shlex.join([os.path.basename(sys.executable), *sys.argv])}
+    try:
+        with files.replacing(os.path.join(path, HOLDER_NAME)) as tmp, \
+                open(tmp, "w", encoding="utf-8") as f:
+            f.write(json.dumps(holder) + "\n")
+    except OSError as exc:
+        lock.release()
+        raise write_failed(f"the run directory {path} ({exc.filename})", exc, None) from exc
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _busy(path: str) -> str:
+    """Why ``path`` cannot be taken: its holder (from its details file) and what to do."""
+    try:
+        with open(os.path.join(path, HOLDER_NAME), encoding="utf-8") as f:
+            holder = json.load(f)
+        who = (f"pid {holder['pid']} on {holder['host']}, started {holder['started']}: "
+               f"{holder['command']}")
+        stop = f"stop it (kill {holder['pid']} on {holder['host']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        who = "a process that has not written its details yet"
+        stop = "stop it"
+    return (f"the run directory {path} is in use by another run ({who}). Wait for that run to "
+            f"finish, {stop}, or choose another --out")
+
+
+# ---- the log ----------------------------------------------------------------------------------
 
 def logged_step(line: str) -> int | None:
     """The step of a log line, or None for a line a crash cut short."""

@@ -249,12 +249,25 @@ def train(cfg: Config, batches: Batches, options: TrainOptions, *, params: dict 
     valid_batches: a list of batches for the validation loss and perplexity.
     valid_metric: ``valid_metric(params, cfg) -> {"valid_acc": ...}`` or ``{"valid_bleu": ...}``,
         called at each validation.
+
+    ``options.out_dir`` is taken (locked: one run per directory) for the call, unless this process
+    holds it already (``RunDirectory.open``, e.g. with ``lock=False`` where files cannot be locked).
     """
     world = distributed.world()
     options = for_this_worker(options, world)
     if world.is_root:
         _check_validation(options, valid_batches, valid_metric)
     run_dir = RunDirectory.open(options.out_dir, options.keep_last) if options.out_dir else None
+    try:
+        return _train(cfg, batches, options, world, run_dir, params, valid_batches, valid_metric)
+    finally:
+        if run_dir:
+            run_dir.close()         # the lock: released here unless the caller holds it too
+
+
+def _train(cfg: Config, batches: Batches, options: TrainOptions, world: distributed.World,
+           run_dir: RunDirectory | None, params: dict | None,
+           valid_batches: Iterable[Batch] | None, valid_metric: ValidMetric | None) -> TrainState:
     state = start(cfg, options, params, run_dir)
     share(state, world)
     validating = world.is_root and (valid_batches is not None or valid_metric is not None)

@@ -33,11 +33,13 @@ from typing import BinaryIO, TextIO
 
 from tqdm import tqdm
 
-from minitfm import backend, checkpoint, decode, usable
-from minitfm.cli import add_backend_option, number, positive_int, select_backend
+from minitfm import checkpoint, decode, usable
+from minitfm.cli import (UsageError, add_backend_option, number, positive_int, report_errors,
+                         select_backend)
 from minitfm.data.corpus import DataError, raw_lines
 from minitfm.data.vocab import Vocab
 from minitfm.models import translator as model
+from minitfm.stops import interrupts_deferred
 
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -47,7 +49,7 @@ __all__ = ["TranslateError", "load_translator", "encode_lines", "translate_lines
 Translation = tuple[str, float]   # (detokenized text, length-normalised log-probability)
 
 
-class TranslateError(RuntimeError):
+class TranslateError(UsageError):
     """The checkpoint or the options cannot be used for translation; the message says why."""
 
 
@@ -210,7 +212,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run(args: argparse.Namespace, stdin: BinaryIO, stdout: TextIO) -> None:
+def run(args: argparse.Namespace, stdin: BinaryIO, stdout: TextIO) -> int:
+    """Translate the input to ``stdout`` as it goes, a block of lines at a time: a signal stops
+    it between blocks' lines, and what was printed stays (whole lines, whole n-best groups)."""
     select_backend(args.backend, "numpy")
     params, cfg, vocab = load_translator(args.checkpoint)
     if args.max_len is not None and not 1 <= args.max_len <= cfg.max_len:
@@ -223,27 +227,21 @@ def run(args: argparse.Namespace, stdin: BinaryIO, stdout: TextIO) -> None:
                                   alpha=args.lenpen, nbest=args.nbest or 1,
                                   batch_size=args.batch_size, max_len=args.max_len,
                                   first_line=done + 1)
-        for out in format_translations(results, done, args.nbest is not None):
-            stdout.write(out + "\n")
-        stdout.flush()
+        with interrupts_deferred():
+            for out in format_translations(results, done, args.nbest is not None):
+                stdout.write(out + "\n")
+            stdout.flush()
         done += len(lines)
     if source.warning():
         _warn(source.warning())
+    return 0
 
 
 def main(argv: list[str] | None = None, stdin: BinaryIO | None = None,
          stdout: TextIO | None = None) -> int:
     args = parse_args(argv)
-    try:
-        run(args, stdin if stdin is not None else sys.stdin.buffer,
-            stdout if stdout is not None else sys.stdout)
-    except (TranslateError, checkpoint.CheckpointError, backend.BackendError, DataError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"error: {exc.filename or 'a file'}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    return 0
+    return report_errors(lambda: run(args, stdin if stdin is not None else sys.stdin.buffer,
+                                     stdout if stdout is not None else sys.stdout))
 
 
 if __name__ == "__main__":

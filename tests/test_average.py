@@ -165,10 +165,10 @@ def test_cli_takes_files_in_order_given_and_notes_fewer_than_last(tmp_path, caps
 
 def test_cli_errors(tmp_path, capsys):
     write(tmp_path, 1, 1.0)
-    assert main(["--inputs", str(tmp_path / "missing"), "--output", str(tmp_path / "o.npz")]) == 1
+    assert main(["--inputs", str(tmp_path / "missing"), "--output", str(tmp_path / "o.npz")]) == 2
     assert "neither a checkpoint file nor a directory" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
-    assert main(["--inputs", str(tmp_path / "empty"), "--output", str(tmp_path / "o.npz")]) == 1
+    assert main(["--inputs", str(tmp_path / "empty"), "--output", str(tmp_path / "o.npz")]) == 2
     assert "no checkpoint_*.npz" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--inputs", str(tmp_path), "--output", str(tmp_path / "checkpoint_00000009.npz")])

@@ -327,7 +327,7 @@ def test_a_foreign_safetensors_file_is_refused(tmp_path, capsys):
     from safetensors.numpy import save_file
     save_file({"weight": np.zeros((2, 2), np.float32)}, str(tmp_path / "other.safetensors"))
     assert main([str(tmp_path / "other.safetensors"), "--from", "safetensors",
-                 "--out", str(tmp_path / "m.npz")]) == 1
+                 "--out", str(tmp_path / "m.npz")]) == 2
     assert "holds no minitfm model" in capsys.readouterr().err
     assert not (tmp_path / "m.npz").exists()
 
@@ -369,7 +369,7 @@ def test_a_model_without_vocabulary_is_refused(tmp_path, capsys):
     cfg = model.Config.preset("tiny")
     path = str(tmp_path / "toy.npz")
     checkpoint.save(path, model.init_params(cfg), step=1, config=cfg.to_dict(), vocab_id="toy-7")
-    assert main([path, "--to", "ctranslate2", "--out", str(tmp_path / "ct2")]) == 1
+    assert main([path, "--to", "ctranslate2", "--out", str(tmp_path / "ct2")]) == 2
     err = capsys.readouterr().err
     assert "synthetic tasks" in err and "--to safetensors" in err
     assert os.listdir(tmp_path) == ["toy.npz"]           # nothing written, not even a temporary
@@ -379,7 +379,7 @@ def test_a_model_without_vocabulary_is_refused(tmp_path, capsys):
 def test_an_unknown_quantization_is_refused(translator, tmp_path, capsys):
     path, _ = translator
     assert main([path, "--to", "ctranslate2", "--quantization", "int3",
-                 "--out", str(tmp_path / "ct2")]) == 1
+                 "--out", str(tmp_path / "ct2")]) == 2
     assert "unknown quantization 'int3'" in capsys.readouterr().err
     assert os.listdir(tmp_path) == []
 
@@ -392,7 +392,7 @@ def test_existing_output_needs_force_and_a_failure_leaves_it_as_it_was(translato
     out = tmp_path / "ct2"
     out.mkdir()
     (out / "mine.txt").write_text("keep me")
-    assert main([path, "--to", "ctranslate2", "--out", str(out)]) == 1
+    assert main([path, "--to", "ctranslate2", "--out", str(out)]) == 2
     assert "exists already" in capsys.readouterr().err
 
     def broken(*args, **kwargs):

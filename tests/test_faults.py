@@ -85,7 +85,8 @@ def test_disk_full_at_a_checkpoint_keeps_the_previous_one(tmp_path):
     assert "File too large" in err and f"previous checkpoint {previous} is intact" in err
     assert "--resume" in err
     assert previous.read_bytes() == before and checkpoint.load(previous).step == 4
-    assert sorted(p.name for p in tmp_path.iterdir()) == [previous.name, "log.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [previous.name, "log.jsonl",
+                                                          rundir.LOCK_NAME]
 
 
 def test_unwritable_log_names_the_log_and_the_checkpoint(tmp_path, monkeypatch, capsys):
@@ -358,7 +359,7 @@ def test_bad_option_values_are_usage_errors_naming_the_option(command, option, v
 
 
 def test_length_too_long_for_the_preset(tmp_path, capsys):
-    assert load_toy().main(TOY + ["--length", "70", "--out", str(tmp_path)]) == 1
+    assert load_toy().main(TOY + ["--length", "70", "--out", str(tmp_path)]) == 2
     assert "--length 70 is too long for the tiny preset's 64 positions" in capsys.readouterr().err
 
 

@@ -163,7 +163,7 @@ def test_train_toy_prints_its_placement_first(tmp_path):
     assert done.stdout.splitlines()[0].startswith("placement: 2 BLAS threads (--threads")
     done = run_command(TOY + ["--out", str(tmp_path / "c")],
                        {**CLEAN_ENV, "OPENBLAS_NUM_THREADS": "lots"})
-    assert done.returncode == 1 and done.stdout == ""
+    assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("error: OPENBLAS_NUM_THREADS='lots' is not a number")
 
 

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from minitfm import checkpoint, rundir
-from minitfm.rundir import LOG_NAME, RUN_INFO_NAME, RunDirectory, WriteFailed
+from minitfm.rundir import (HOLDER_NAME, LOCK_NAME, LOG_NAME, RUN_INFO_NAME, RunDirectory,
+                            WriteFailed)
 
 
 def test_prepare_creates_the_directory_and_writes_run_info(tmp_path):
@@ -16,10 +17,15 @@ def test_prepare_creates_the_directory_and_writes_run_info(tmp_path):
     run.prepare(0, {"args": {"steps": 3}})
     assert json.loads((tmp_path / "a" / "run" / RUN_INFO_NAME).read_text()) == {
         "args": {"steps": 3}}
-    assert sorted(p.name for p in (tmp_path / "a" / "run").iterdir()) == [RUN_INFO_NAME]
-    other = RunDirectory.open(tmp_path / "b")
-    other.prepare(0, None)
-    assert list((tmp_path / "b").iterdir()) == []
+    assert sorted(p.name for p in (tmp_path / "a" / "run").iterdir()) == [
+        RUN_INFO_NAME, LOCK_NAME, HOLDER_NAME]
+    run.close()                                                 # the holder's details go
+    assert sorted(p.name for p in (tmp_path / "a" / "run").iterdir()) == [RUN_INFO_NAME,
+                                                                          LOCK_NAME]
+    with RunDirectory.open(tmp_path / "b") as other:
+        other.prepare(0, None)
+        assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [LOCK_NAME, HOLDER_NAME]
+    assert not (tmp_path / "b").exists()       # made by the open and left empty: removed again
 
 
 def test_the_log_is_cut_back_to_the_resumed_step(tmp_path):

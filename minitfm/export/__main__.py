@@ -7,12 +7,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from minitfm.checkpoint import CheckpointError
+from minitfm.cli import report_errors
 from minitfm.export import source
 from minitfm.export.source import ExportError
-
-EXIT_ERROR = 1
-EXIT_BAD_INPUT = 2
 EXAMPLES = """examples:
   python -m minitfm.export run/checkpoint_00010000.npz --to ctranslate2 --out model-ct2
   python -m minitfm.export model.npz --to ctranslate2 --quantization int8 --out model-ct2-int8
@@ -99,16 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        return run(args)
-    except CheckpointError as exc:          # a damaged, non-finite or unknown model: bad input
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except ExportError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-    except OSError as exc:
-        print(f"error: {exc.filename or 'a file'}: {exc.strerror or exc}", file=sys.stderr)
-    return EXIT_ERROR
+    return report_errors(lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,82 @@
+"""The exit statuses of every command, and which error gives which: one table, here.
+
+====================  ==========================================================================
+status                meaning
+====================  ==========================================================================
+0                     done
+1                     a run-time failure: the input was fine, the run was not (a loss that ran
+                      off, a file that could not be written: disk full, I/O error; out of memory;
+                      a gradient check that failed)
+2                     bad usage or bad input: an option, a file that is missing, unreadable,
+                      empty, damaged or of another kind, a backend this machine cannot run, a
+                      run directory in use by another run; nothing was changed
+128 + N               stopped by signal N: 130 for Ctrl-C (SIGINT), 143 for SIGTERM, 129 for
+                      SIGHUP; a training run saves a checkpoint first
+====================  ==========================================================================
+
+Every command (``train_toy.py``, ``train_lm.py``, ``train_wmt.py``, ``python -m minitfm.translate``,
+``average``, ``plot``, ``gradcheck``, ``export``) reports through :func:`minitfm.cli.report_errors`,
+which prints one ``error:`` line (no traceback) and exits with :func:`status_of` the error. A new
+error class lands in a row by subclassing one named here (a bad option: :class:`UsageError`).
+argparse's own usage errors exit with 2 as well.
+"""
+
+from __future__ import annotations
+
+from minitfm.backend import BackendError
+from minitfm.checkpoint import CheckpointError
+from minitfm.data import DataError
+from minitfm.divergence import TrainingDiverged
+from minitfm.export.source import ExportError
+from minitfm.placement import PlacementError
+from minitfm.rundir import LockUnsupported, RunDirectoryBusy, WriteFailed
+
+__all__ = ["DONE", "FAILED", "BAD_INPUT", "UsageError", "BAD_INPUT_ERRORS", "FAILURES",
+           "status_of", "for_signal", "message"]
+
+DONE = 0
+FAILED = 1          # a run-time failure
+BAD_INPUT = 2       # bad usage or bad input (argparse's status for a bad option, too)
+
+
+class UsageError(Exception):
+    """Options that do not fit together; the message says what to change."""
+
+
+# Checked in this order: the first row whose classes include the error's class gives the status.
+FAILURES = (TrainingDiverged, WriteFailed, MemoryError)
+BAD_INPUT_ERRORS = (
+    UsageError, DataError, CheckpointError, BackendError, PlacementError, ExportError,
+    RunDirectoryBusy, LockUnsupported,
+    # a path the user named that cannot be used as asked
+    FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError,
+    # a value that does not fit: a bad number in a file, a checkpoint whose arrays do not fit the
+    # model (a renamed or reshaped parameter), text that is not UTF-8, JSON that does not parse
+    ValueError,
+)
+
+
+def status_of(exc: BaseException) -> int | None:
+    """The exit status for ``exc``; None for an error that is not in the table (a bug: it is
+    shown with its traceback)."""
+    if isinstance(exc, FAILURES):
+        return FAILED
+    if isinstance(exc, BAD_INPUT_ERRORS):
+        return BAD_INPUT
+    if isinstance(exc, OSError):        # disk full, I/O error, file too large: the run failed
+        return FAILED
+    return None
+
+
+def for_signal(signum: int) -> int:
+    """128 + the signal's number: the shell's status for a process a signal ended."""
+    return 128 + int(signum)
+
+
+def message(exc: BaseException) -> str:
+    """The one ``error:`` line for ``exc``."""
+    if isinstance(exc, MemoryError):
+        return f"error: out of memory{': ' + str(exc) if str(exc) else ''}; use smaller sizes"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"error: {exc.filename or 'a file'}: {exc.strerror}"
+    return f"error: {exc}"
