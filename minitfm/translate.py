@@ -33,7 +33,7 @@ from typing import BinaryIO, TextIO
 
 from tqdm import tqdm
 
-from minitfm import backend, checkpoint, decode
+from minitfm import backend, checkpoint, decode, limits
 from minitfm.cli import add_backend_option, number, positive_int, select_backend
 from minitfm.data.corpus import DataError, raw_lines
 from minitfm.data.vocab import Vocab
@@ -214,12 +214,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def check_sizes(args: argparse.Namespace, cfg: model.Config) -> None:
+    """``--beam`` x ``--batch-size`` rows of beam search fit in the memory left once the model is
+    loaded, before any input is read (minitfm.limits); ``--nbest`` is at most ``--beam`` and
+    costs nothing more."""
+    limits.check_fits("beam search", {
+        "--beam": (args.beam, range(1, args.beam + 1)),
+        "--batch-size": (args.batch_size, range(1, args.batch_size + 1))},
+        lambda v: limits.decoding_estimate(cfg, rows=v["--beam"] * v["--batch-size"],
+                                           out_len=args.max_len, params=False))
+
+
 def run(args: argparse.Namespace, stdin: BinaryIO, stdout: TextIO) -> None:
     select_backend(args.backend, "numpy")
     params, cfg, vocab = load_translator(args.checkpoint)
     if args.max_len is not None and not 1 <= args.max_len <= cfg.max_len:
         raise TranslateError(f"--max-len must be between 1 and the model's max_len "
                              f"({cfg.max_len}), got {args.max_len}")
+    check_sizes(args, cfg)
     source = InputLines(args.input, stdin)
     done = 0
     for lines in chunks(source, 16 * args.batch_size):
@@ -241,7 +253,7 @@ def main(argv: list[str] | None = None, stdin: BinaryIO | None = None,
     try:
         run(args, stdin if stdin is not None else sys.stdin.buffer,
             stdout if stdout is not None else sys.stdout)
-    except (TranslateError, backend.BackendError, DataError) as exc:
+    except (TranslateError, backend.BackendError, DataError, limits.TooLarge) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 FLOORS = [      # top to bottom: (name, the modules and packages on it)
     ("front ends", ["train_toy", "train_wmt", "train_lm", "minitfm.cli", "minitfm.translate",
-                    "minitfm.average", "minitfm.plot", "minitfm.gradcheck", "minitfm.wmt"]),
+                    "minitfm.average", "minitfm.plot", "minitfm.gradcheck", "minitfm.wmt",
+                    "minitfm.limits"]),
     ("training, decoding, sampling, export",
      ["minitfm.train", "minitfm.trainstate", "minitfm.rundir", "minitfm.stops",
       "minitfm.divergence", "minitfm.decode", "minitfm.beam", "minitfm.sampling", "minitfm.generation",
