@@ -73,9 +73,9 @@ PRESET_DEFAULTS = {
 }
 # the options that define a run: --resume refuses to change them
 RUN_OPTIONS = ("source_lang", "target_lang", "vocab_size", "no_clean", "preset", "layers",
-               "d_model", "d_ff", "heads", "max_len", "dropout", "attention_dropout", "relu_dropout",
-               "label_smoothing", "max_tokens", "seed", "schedule", "lr", "min_lr", "cooldown",
-               "dropout_start", "subword_dropout")
+               "d_model", "d_ff", "heads", "max_len", "dropout", "attention_dropout",
+               "relu_dropout", "label_smoothing", "max_tokens", "seed", "schedule", "lr",
+               "min_lr", "cooldown", "dropout_start", "subword_dropout")
 EXIT_ERROR = 2
 FRACTION = number(0, 1, high_open=True)
 POSITIVE = number(0, low_open=True)

@@ -52,9 +52,11 @@ Parameters already loaded (``translate``, ``--sample``) are not counted: the mem
 no longer available. The estimates aim to be right within a small factor and to err low: a size
 is refused only when its estimate is above the available memory (:func:`check_fits`): what
 clearly cannot fit. (Against the peak of one step measured with tracemalloc on NumPy, the
-training and beam-search estimates came to 0.8 to 1.3 times it on six shapes.) Available memory (:func:`minitfm.backend.available_memory`): on NumPy
-``MemAvailable`` of ``/proc/meminfo``, on CuPy the device's free memory (the host's for host
-parts); where the system does not say, only the library limits are checked.
+training and beam-search estimates came to 0.8 to 1.3 times it on six shapes.)
+
+Available memory (:func:`minitfm.backend.available_memory`): on NumPy ``MemAvailable`` of
+``/proc/meminfo``, on CuPy the device's free memory (the host's for host parts); where the
+system does not say, only the library limits are checked.
 """
 
 from __future__ import annotations

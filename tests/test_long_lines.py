@@ -19,14 +19,17 @@ def numpy_only(numpy_backend):
 
 
 def lengthen(prefix: Path, line: int, words: int) -> None:
-    """Make pair ``line`` (from 1) of split ``prefix`` ``words`` words long on both sides."""
-    src, tgt = sentence_pairs(30 if prefix.name == "val" else 20, 1 if prefix.name == "val" else 2)
+    """Make pair ``line`` (from 1) of split ``prefix`` ``words`` words long on both sides (the
+    splits of the ``corpus`` fixture: val 30 pairs from seed 1, test 20 from seed 2)."""
+    n, seed = (30, 1) if prefix.name == "val" else (20, 2)
+    src, tgt = sentence_pairs(n, seed)
     src[line - 1] = " ".join(WORDS[i % len(WORDS)] for i in range(words))
     tgt[line - 1] = " ".join(w[::-1] + "en" for w in src[line - 1].split())
     write_split(prefix, src, tgt)
 
 
-def test_an_over_long_validation_pair_is_refused_with_the_fix(corpus, tmp_path, capsys):  # noqa: F811
+def test_an_over_long_validation_pair_is_refused_with_the_fix(
+        corpus, tmp_path, capsys):  # noqa: F811
     lengthen(corpus / "val", 5, 60)
     out = tmp_path / "run"
     assert run(*corpus_args(corpus), *TINY, "--max-len", 32, "--max-steps", 2, "--out", out) == 2
@@ -46,7 +49,8 @@ def test_an_over_long_validation_pair_is_refused_with_the_fix(corpus, tmp_path, 
                "--out", tmp_path / "fixed") == 0
 
 
-def test_an_over_long_test_source_is_refused_before_training(corpus, tmp_path, capsys):  # noqa: F811
+def test_an_over_long_test_source_is_refused_before_training(
+        corpus, tmp_path, capsys):  # noqa: F811
     lengthen(corpus / "test", 3, 60)
     out = tmp_path / "run"
     assert run(*corpus_args(corpus), *TINY, "--max-len", 32, "--max-steps", 2, "--out", out) == 2
@@ -58,7 +62,8 @@ def test_an_over_long_test_source_is_refused_before_training(corpus, tmp_path, c
     assert checkpoint.latest(out) is None
 
 
-def test_eval_only_refuses_a_test_source_its_model_cannot_read(corpus, tmp_path, capsys):  # noqa: F811
+def test_eval_only_refuses_a_test_source_its_model_cannot_read(
+        corpus, tmp_path, capsys):  # noqa: F811
     out = tmp_path / "run"
     assert run(*corpus_args(corpus), *TINY, "--max-len", 32, "--max-steps", 1, "--out", out) == 0
     lengthen(corpus / "test", 2, 60)
