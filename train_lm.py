@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import numpy                                                        # host bytes
 
-from minitfm import checkpoint, cli, distributed, exits, generation, phases, train, usable
+from minitfm import checkpoint, cli, distributed, exits, generation, limits, phases, train, usable
 from minitfm.cli import UsageError, integer, number, positive_int
 from minitfm.data import text as textdata
 from minitfm.models import lm
@@ -49,6 +49,7 @@ RUN_OPTIONS = ("tokenizer", "vocab_size", "block_size", "batch_size", "layers", 
                "heads", "d_ff", "dropout", "learned_positions", "post_ln", "lr", "min_lr",
                "warmup", "schedule", "weight_decay", "seed", "best_metric")
 EVAL_BATCH = 64          # validation blocks per forward pass
+CHAR_VOCAB_AT_LEAST = 8  # the characters are known only once the text is read: a lower bound
 THREADS = 1              # BLAS threads at most by default: the matrices are too small for more
 EXIT_ERROR = exits.BAD_INPUT     # a user error (the statuses of every command: minitfm.exits)
 POSITIVE = number(0, low_open=True)
@@ -62,7 +63,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                                   "gzipped)")
     p.add_argument("--tokenizer", choices=("char", "bpe"),
                    help=f"characters or sentencepiece BPE (default {DEFAULTS['tokenizer']})")
-    p.add_argument("--vocab-size", type=integer(8),
+    p.add_argument("--vocab-size", type=limits.vocab_size_option(8),
                    help=f"BPE vocabulary size (default {DEFAULTS['vocab_size']})")
     p.add_argument("--cache-dir", help="keep the encoded tokens here, memory-mapped (for large "
                                        "files; default: encode in memory)")
@@ -164,6 +165,33 @@ def model_config(args: argparse.Namespace, vocab: int) -> lm.LMConfig:
         raise UsageError(f"model options: {exc}") from exc
 
 
+def check_sizes(args: argparse.Namespace) -> None:
+    """Every size option against sentencepiece's limits and the memory there is, before any data
+    is read (minitfm.limits): training, then sampling with the model state kept."""
+    bpe = args.tokenizer == "bpe"
+    if bpe:
+        limits.check_vocab_for_corpus(args.vocab_size, [args.data])
+    base = model_config(args, args.vocab_size if bpe else CHAR_VOCAB_AT_LEAST)
+    sizes = {"--batch-size": (args.batch_size, range(1, args.batch_size + 1)),
+             "--block-size": (args.block_size, range(1, args.block_size + 1)),
+             **limits.model_sizes(base)}
+    if bpe:
+        sizes["--vocab-size"] = (args.vocab_size, range(8, args.vocab_size + 1))
+
+    def config(values: dict) -> lm.LMConfig:
+        return limits.with_model_sizes(base, values, max_len=values["--block-size"],
+                                       vocab=values.get("--vocab-size", base.vocab))
+
+    limits.check_fits("training", sizes, lambda v: limits.training_estimate(
+        config(v), rows=v["--batch-size"], src_len=0, tgt_len=v["--block-size"]))
+    if args.samples:
+        sizes["--max-new-tokens"] = (args.max_new_tokens, range(0, args.max_new_tokens + 1))
+        del sizes["--batch-size"]
+        limits.check_fits("sampling", sizes, lambda v: limits.state_estimate(config(v))
+                          + limits.sampling_estimate(config(v), new_tokens=v["--max-new-tokens"],
+                                                     params=False))
+
+
 def tokenizer_id(tokenizer: textdata.Tokenizer) -> str:
     return f"{tokenizer.kind}:{tokenizer.identifier}"
 
@@ -228,6 +256,7 @@ def run_training(args: argparse.Namespace) -> int:
     cli.reuse_freed_memory()
     chosen = cli.select_backend(args.backend, "numpy")
     cli.place(args.threads, THREADS)     # each worker's GPU or BLAS threads; the first line
+    check_sizes(args)
     resumed = cli.check_resumable(args, RUN_OPTIONS, lm.KIND)
     tokenizer = make_tokenizer(args) if resumed is None else stored_tokenizer(resumed)
     prompt = encode_prompt(tokenizer, args.prompt) if args.samples else None
@@ -291,6 +320,10 @@ def run_sampling(args: argparse.Namespace) -> int:
     checked = usable.load(args.checkpoint, lm.KIND, with_optimizer=False)
     tokenizer = stored_tokenizer(checked.ckpt)
     params, cfg = checkpoint.params_to_device(checked.ckpt.params), checked.config
+    limits.check_fits("sampling", {"--max-new-tokens": (args.max_new_tokens,
+                                                        range(0, args.max_new_tokens + 1))},
+                      lambda v: limits.sampling_estimate(cfg, new_tokens=v["--max-new-tokens"],
+                                                         params=False))
     stream_sample(params, cfg, tokenizer, encode_prompt(tokenizer, args.prompt), args,
                   seed=args.seed)
     return 0

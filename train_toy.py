@@ -19,7 +19,7 @@ import argparse
 import sys
 import time
 
-from minitfm import backend, cli, distributed, exits, tasks, train
+from minitfm import backend, cli, distributed, exits, limits, tasks, train
 from minitfm.cli import integer, number, positive_int
 from minitfm.decode import greedy
 from minitfm.models.translator import PRESETS, Config
@@ -82,6 +82,27 @@ def model_config(args: argparse.Namespace) -> Config:
     return cli.model_config(args.preset, tasks.model_vocab(args.vocab), args)
 
 
+def check_sizes(args: argparse.Namespace, cfg: Config) -> None:
+    """The size options against the memory there is, before any work (minitfm.limits): the
+    training batches, then the greedy decoding of the held-out set, the model state kept."""
+    sizes = {"--batch-size": (args.batch_size, range(1, args.batch_size + 1)),
+             "--length": (args.length, range(1, args.length + 1)),
+             "--vocab": (args.vocab, range(2, args.vocab + 1)), **limits.model_sizes(cfg)}
+
+    def config(values: dict) -> Config:
+        vocab = tasks.model_vocab(values["--vocab"])
+        return limits.with_model_sizes(cfg, values, src_vocab=vocab, tgt_vocab=vocab)
+
+    limits.check_fits("training", sizes, lambda v: limits.training_estimate(
+        config(v), rows=v["--batch-size"], src_len=v["--length"] + 1, tgt_len=v["--length"] + 1))
+    del sizes["--batch-size"]
+    sizes["--eval-size"] = (args.eval_size, range(1, args.eval_size + 1))
+    limits.check_fits("decoding the held-out set", sizes, lambda v: limits.state_estimate(
+        config(v)) + limits.decoding_estimate(config(v), rows=v["--eval-size"],
+                                              src_len=v["--length"] + 1,
+                                              out_len=v["--length"] + 1, params=False))
+
+
 def decode_symbols(params: dict, cfg: Config, inputs, length: int) -> list[list[int]]:
     """Greedy outputs for rows of input symbols; room for one token more than the answer."""
     src, _ = tasks.to_batch(inputs, inputs)
@@ -103,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         raise cli.UsageError(f"--length {args.length} is too long for the {args.preset} "
                              f"preset's {cfg.max_len} positions: use --length "
                              f"{cfg.max_len - 2} or less")
+    check_sizes(args, cfg)
     inputs, outputs = tasks.held_out(args.task, args.eval_size, vocab=args.vocab,
                                      length=args.length, seed=args.seed)
 

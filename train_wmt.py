@@ -62,14 +62,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from minitfm import backend, checkpoint, cli, distributed, exits, train, translate
+from minitfm import backend, checkpoint, cli, distributed, exits, limits, train, translate
 from minitfm.cli import UsageError, integer, number, positive_int
 from minitfm.data import epoch_batches, eval_arrays, read_parallel, token_batches
 from minitfm.models import translator as model
 from minitfm.models.translator import Config
-from minitfm.wmt import (bleu_metric, describe_run, dropout_start, epoch_updates, final_summary,
-                         lr_schedule, model_to_test, prepare_data, read_test_set, resolve_corpora,
-                         run_steps, say, score_test, subword_dropout)
+from minitfm.wmt import (bleu_metric, check_test_lengths, check_valid_lengths, describe_run,
+                         dropout_start, epoch_updates, final_summary, lr_schedule, model_to_test,
+                         prepare_data, read_test_set, resolve_corpora, run_steps, say, score_test,
+                         subword_dropout)
 
 PRESET_DEFAULTS = {
     # a CPU: Multi30k-sized corpora
@@ -83,9 +84,10 @@ PRESET_DEFAULTS = {
 }
 # the options that define a run: --resume refuses to change them
 RUN_OPTIONS = ("source_lang", "target_lang", "vocab_size", "no_clean", "preset", "layers",
-               "d_model", "d_ff", "heads", "dropout", "attention_dropout", "relu_dropout",
-               "label_smoothing", "max_tokens", "seed", "schedule", "lr", "min_lr", "cooldown",
-               "dropout_start", "dropout_start_margin", "subword_dropout", "best_metric")
+               "d_model", "d_ff", "heads", "max_len", "dropout", "attention_dropout",
+               "relu_dropout", "label_smoothing", "max_tokens", "seed", "schedule", "lr",
+               "min_lr", "cooldown", "dropout_start", "dropout_start_margin", "subword_dropout",
+               "best_metric")
 EXIT_ERROR = exits.BAD_INPUT     # a user error (the statuses of every command: minitfm.exits)
 FRACTION = number(0, 1, high_open=True)
 POSITIVE = number(0, low_open=True)
@@ -124,7 +126,8 @@ def add_data_options(data) -> None:
                       help="download and prepare WMT14 into DIR, then use DIR/train, DIR/valid "
                            "and DIR/test (explicit prefixes win)")
     data.add_argument("--data-dir", help="vocabulary and encoded-corpus cache (default OUT/data)")
-    data.add_argument("--vocab-size", type=integer(8), help="joint BPE pieces (default: preset)")
+    data.add_argument("--vocab-size", type=limits.vocab_size_option(8),
+                      help="joint BPE pieces (default: preset)")
     data.add_argument("--no-clean", action="store_true",
                       help="do not drop empty, overlong or badly proportioned training pairs")
 
@@ -135,6 +138,10 @@ def add_model_options(arch) -> None:
     arch.add_argument("--d-model", type=positive_int, help="model width")
     arch.add_argument("--d-ff", type=positive_int, help="feed-forward width")
     arch.add_argument("--heads", type=positive_int, help="attention heads")
+    arch.add_argument("--max-len", type=integer(3),
+                      help="the longest sentence the model reads, in positions: a sentence of at "
+                           "most MAX_LEN - 2 tokens with BOS or EOS (default: preset, 1024); "
+                           "validation and test lines must fit")
     arch.add_argument("--dropout", type=FRACTION,
                       help="dropout on the embeddings and every sub-layer's output")
     arch.add_argument("--attention-dropout", type=FRACTION,
@@ -266,6 +273,35 @@ def train_positions(args: argparse.Namespace, cfg: Config) -> int:
     return min(cfg.max_len - 1, args.max_tokens - 1)
 
 
+def check_sizes(args: argparse.Namespace) -> None:
+    """The size options against the memory there is, before any data is read (minitfm.limits):
+    training on token-count batches, then the test's beam search with the model state kept."""
+    cfg = cli.model_config(args.preset, args.vocab_size, args)
+    sizes = {"--vocab-size": (args.vocab_size, range(8, args.vocab_size + 1)),
+             "--max-tokens": (args.max_tokens, range(3, args.max_tokens + 1)),
+             **limits.model_sizes(cfg)}
+
+    def config(values: dict) -> Config:
+        vocab = values["--vocab-size"]
+        return limits.with_model_sizes(cfg, values, src_vocab=vocab, tgt_vocab=vocab)
+
+    limits.check_fits("training", sizes, lambda v: limits.training_estimate(
+        config(v), rows=1, src_len=v["--max-tokens"], tgt_len=v["--max-tokens"],
+        update_freq=args.update_freq, attention=False))
+    del sizes["--max-tokens"]
+    check_decoding(args, sizes, lambda v: limits.state_estimate(config(v), args.update_freq),
+                   config)
+
+
+def check_decoding(args: argparse.Namespace, sizes: dict, kept, config) -> None:
+    """The test's beam search (``--beam`` x ``--eval-batch-size`` rows) fits, with ``kept(values)``
+    (the model state) in memory too."""
+    sizes = {**sizes, "--beam": (args.beam, range(1, args.beam + 1)),
+             "--eval-batch-size": (args.eval_batch_size, range(1, args.eval_batch_size + 1))}
+    limits.check_fits("beam search", sizes, lambda v: kept(v) + limits.decoding_estimate(
+        config(v), rows=v["--beam"] * v["--eval-batch-size"], params=False))
+
+
 # ---- decoding and BLEU ------------------------------------------------------------------------
 
 
@@ -278,12 +314,17 @@ def run_training(args: argparse.Namespace) -> int:
     world = distributed.world()
     if world.is_root:                # the run directory (held: cli.run_in_directory) is rank 0's
         cli.check_resumable(args, RUN_OPTIONS, model.KIND)
+        check_sizes(args)
     else:
         args.quiet = True
     with world.root_first():         # rank 0 prepares and caches the data, the others read it
         vocab, corpora, test = prepare_data(args)
     langs = (args.source_lang, args.target_lang)
     cfg = cli.model_config(args.preset, vocab.size, args)
+    if "valid" in corpora:
+        check_valid_lengths(corpora["valid"], cfg, args.validpref)
+    if test is not None:
+        check_test_lengths(test, vocab, cfg, "the model")
     train_corpus = corpora["train"]
     plan = token_batches(train_corpus.src_lengths, train_corpus.tgt_lengths, args.max_tokens,
                          seed=args.seed, epoch=0, max_positions=train_positions(args, cfg))
@@ -349,6 +390,10 @@ def run_eval_only(args: argparse.Namespace) -> int:
         params, cfg, vocab = translate.load_translator(args.checkpoint)
     except translate.TranslateError as exc:
         raise UsageError(str(exc)) from exc
+    check_decoding(args, {}, lambda v: limits.Estimate(), lambda v: cfg)
+    check_test_lengths(test, vocab, cfg, f"the model of {args.checkpoint}",
+                       fix="Score a model trained with a larger --max-len, or a test set without "
+                           "those lines")
     step = checkpoint.load(args.checkpoint, with_optimizer=False).step
     out_dir = args.out or os.path.dirname(os.path.abspath(args.checkpoint))
     say(f"scoring {args.checkpoint} (step {step}) on {len(test)} test pairs; "

@@ -370,11 +370,11 @@ def check_resumable(args: argparse.Namespace, run_options: Sequence[str],
 
 def model_config(preset: str, vocab_size: int, args: argparse.Namespace) -> Config:
     """The preset's config for a joint vocabulary of ``vocab_size``, with the model options given
-    on the command line (``--layers``, ``--d-model``, ``--d-ff``, ``--heads``, ``--dropout``,
-    ``--attention-dropout``, ``--relu-dropout``, ``--label-smoothing``; absent or None: the
-    preset's value)."""
+    on the command line (``--layers``, ``--d-model``, ``--d-ff``, ``--heads``, ``--max-len``,
+    ``--dropout``, ``--attention-dropout``, ``--relu-dropout``, ``--label-smoothing``; absent or
+    None: the preset's value)."""
     options = {"n_layers": "layers", "d_model": "d_model", "d_ff": "d_ff", "n_heads": "heads",
-               "dropout": "dropout", "attention_dropout": "attention_dropout",
+               "max_len": "max_len", "dropout": "dropout", "attention_dropout": "attention_dropout",
                "relu_dropout": "relu_dropout", "label_smoothing": "label_smoothing"}
     overrides = {field: getattr(args, option) for field, option in options.items()
                  if getattr(args, option, None) is not None}

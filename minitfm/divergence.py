@@ -5,9 +5,13 @@ Three things raise :class:`TrainingDiverged`, naming the step and the last good 
 - a NaN or Inf loss or gradient norm in a logged window (:func:`check_finite`);
 - parameters that are no longer finite when a checkpoint is due (the training loop turns
   ``checkpoint.NonFiniteError`` into :func:`diverged`);
-- a loss that stays above twice chance, 2 ln V (a model that guesses uniformly scores ln V), for
-  ``DIVERGED_WINDOWS`` logged windows in a row after the warmup (:class:`DivergenceWatch`): the
-  finite blow-ups.
+- a finite blow-up (:class:`DivergenceWatch`): a logged window's loss above four times chance,
+  4 ln V (a model that guesses uniformly scores ln V, where every fresh model starts), at once;
+  or above twice chance, 2 ln V, for ``DIVERGED_WINDOWS`` logged windows in a row.
+
+Every check reads the numbers the log line reads already (no further wait for the device), and
+runs at every log line, the warmup included: a learning rate far too high shows in the first
+windows, long before a warmup of thousands of steps ends.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-__all__ = ["TrainingDiverged", "DIVERGED_WINDOWS", "DivergenceWatch", "diverged", "check_finite"]
+__all__ = ["TrainingDiverged", "DIVERGED_WINDOWS", "FAR_ABOVE_CHANCE", "DivergenceWatch",
+           "diverged", "check_finite"]
 
-DIVERGED_WINDOWS = 3     # logged windows above 2 ln V, after the warmup, that stop a run
+DIVERGED_WINDOWS = 3     # logged windows in a row above 2 ln V that stop a run
+FAR_ABOVE_CHANCE = 4.0   # one logged window above this many times ln V stops a run at once
 
 
 class TrainingDiverged(RuntimeError):
@@ -62,30 +68,43 @@ def check_finite(loss: float, nll: float, grad_norm: float | None, window_steps:
 
 
 class DivergenceWatch:
-    """Stops a run whose loss stays far above chance: above 2 ln V for ``DIVERGED_WINDOWS``
-    logged windows in a row after ``warmup`` steps. Call :meth:`check` with each logged window's
-    loss per token and :meth:`saved` after each checkpoint: the last checkpoint saved while the
-    loss was below the limit is the one the error names as good."""
+    """Stops a run whose loss runs far above chance, warmup included: one logged window above
+    ``FAR_ABOVE_CHANCE`` ln V, or ``DIVERGED_WINDOWS`` in a row above 2 ln V. Call :meth:`check`
+    with each logged window's loss per token and :meth:`saved` after each checkpoint: the last
+    checkpoint saved while the loss was below 2 ln V is the one the error names as good.
+
+    ``warmup`` only words the message ("during the warmup"): the watch runs at every step."""
 
     def __init__(self, vocab: int, warmup: int, state: Progress) -> None:
         if vocab < 2:
             raise ValueError(f"DivergenceWatch needs an output vocabulary of at least 2 tokens "
                              f"(chance is ln V), got {vocab}")
         self.limit = 2.0 * math.log(vocab)
+        self.far_limit = FAR_ABOVE_CHANCE * math.log(vocab)
         self.warmup, self.state = warmup, state
         self.high = 0                             # windows in a row above the limit
         self.good_checkpoint = state.last_checkpoint
 
     def check(self, loss: float) -> None:
-        if self.state.step <= self.warmup or loss <= self.limit:
+        when = " during the warmup" if self.state.step <= self.warmup else ""
+        if loss > self.far_limit:
+            raise diverged(
+                f"the training loss ran off{when}: {loss:.4g} per token, above "
+                f"{FAR_ABOVE_CHANCE:g} ln V = {self.far_limit:.2f} ({FAR_ABOVE_CHANCE:g} times "
+                f"chance)", self.state.step, self.state, good=self._good())
+        if loss <= self.limit:
             self.high = 0
             return
         self.high += 1
         if self.high >= DIVERGED_WINDOWS:
             raise diverged(
                 f"the training loss has stayed above 2 ln V = {self.limit:.2f} (twice chance) "
-                f"for {self.high} logged windows after the warmup, at {loss:.4g} per token",
-                self.state.step, self.state, good=self.good_checkpoint or "")
+                f"for {self.high} logged windows{when}, at {loss:.4g} per token",
+                self.state.step, self.state, good=self._good())
+
+    def _good(self) -> str:
+        """The last checkpoint saved below the limit; "" when none was."""
+        return self.good_checkpoint or ""
 
     def saved(self) -> None:
         if self.high == 0:

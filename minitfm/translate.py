@@ -33,7 +33,7 @@ from typing import BinaryIO, TextIO
 
 from tqdm import tqdm
 
-from minitfm import checkpoint, decode, usable
+from minitfm import checkpoint, decode, limits, usable
 from minitfm.cli import (UsageError, add_backend_option, number, positive_int, report_errors,
                          select_backend)
 from minitfm.data.corpus import DataError, raw_lines
@@ -212,6 +212,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def check_sizes(args: argparse.Namespace, cfg: model.Config) -> None:
+    """``--beam`` x ``--batch-size`` rows of beam search fit in the memory left once the model is
+    loaded, before any input is read (minitfm.limits); ``--nbest`` is at most ``--beam`` and
+    costs nothing more."""
+    limits.check_fits("beam search", {
+        "--beam": (args.beam, range(1, args.beam + 1)),
+        "--batch-size": (args.batch_size, range(1, args.batch_size + 1))},
+        lambda v: limits.decoding_estimate(cfg, rows=v["--beam"] * v["--batch-size"],
+                                           out_len=args.max_len, params=False))
+
+
 def run(args: argparse.Namespace, stdin: BinaryIO, stdout: TextIO) -> int:
     """Translate the input to ``stdout`` as it goes, a block of lines at a time: a signal stops
     it between blocks' lines, and what was printed stays (whole lines, whole n-best groups)."""
@@ -220,6 +231,7 @@ def run(args: argparse.Namespace, stdin: BinaryIO, stdout: TextIO) -> int:
     if args.max_len is not None and not 1 <= args.max_len <= cfg.max_len:
         raise TranslateError(f"--max-len must be between 1 and the model's max_len "
                              f"({cfg.max_len}), got {args.max_len}")
+    check_sizes(args, cfg)
     source = InputLines(args.input, stdin)
     done = 0
     for lines in chunks(source, 16 * args.batch_size):

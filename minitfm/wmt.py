@@ -123,6 +123,52 @@ def read_test_set(args: argparse.Namespace) -> ParallelText | None:
     return text
 
 
+# ---- lines longer than the model reads ---------------------------------------------------------
+# Validation and test sets are scored whole or not at all: a line the model cannot read whole
+# would be cut (the loss of a cut pair, the translation of a cut source), and the score would no
+# longer be that of the set named. So such lines are refused before training, with the fix. BLEU
+# always compares against the references as written: they are never cut.
+
+def _longest(lengths) -> tuple[int, int]:
+    """``(index, length)`` of the longest entry of a 1-D array of lengths."""
+    index = int(lengths.argmax())
+    return index, int(lengths[index])
+
+
+def check_valid_lengths(corpus: EncodedCorpus, cfg: Config, prefix: str) -> None:
+    """Refuse validation pairs longer than the model reads: ``max_len - 2`` tokens a side (with
+    EOS, or BOS, in the ``max_len - 1`` positions the training batches use)."""
+    most = cfg.max_len - 2
+    lengths = corpus.src_lengths.clip(min=corpus.tgt_lengths)           # (n,) the longer side
+    over = int((lengths > most).sum())
+    if over:
+        index, longest = _longest(lengths)
+        raise DataError(
+            f"{over} of {len(corpus)} validation pairs of {prefix} are longer than the model "
+            f"reads ({most} tokens a side with --max-len {cfg.max_len}): the longest, pair "
+            f"{index + 1}, has {longest} tokens; their loss and BLEU would be of sentences cut "
+            f"short. Train with --max-len {longest + 2} or more, or remove those pairs from the "
+            f"validation set")
+
+
+def check_test_lengths(test: ParallelText, vocab: Vocab, cfg: Config, model_name: str,
+                       fix: str | None = None) -> None:
+    """Refuse test sources longer than the model reads (``max_len - 1`` tokens with EOS, as
+    translation encodes them): their translations would be of sentences cut short."""
+    most = cfg.max_len - 1
+    lengths = [len(ids) for ids in vocab.encode(test.src)]
+    over = sum(n > most for n in lengths)
+    if over:
+        longest = max(lengths)
+        line = lengths.index(longest) + 1
+        fix = fix or (f"Train with --max-len {longest + 1} or more, or score on a test set "
+                      f"without those lines")
+        raise DataError(
+            f"{over} of {len(lengths)} test sources of {test.src_path} are longer than "
+            f"{model_name} reads ({most} tokens with --max-len {cfg.max_len}): the longest, line "
+            f"{line}, has {longest} tokens; they would be translated cut short. {fix}")
+
+
 def bleu_metric(vocab: Vocab, valid: ParallelText, args: argparse.Namespace):
     """The ``valid_metric`` callback: greedy BLEU on the first validation pairs."""
     sources = valid.src[:args.valid_bleu_sentences]
