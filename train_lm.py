@@ -1,6 +1,6 @@
 """Train a decoder-only language model on a text file, and sample from it.
 
-    python train_lm.py --data input.txt                  # characters, the defaults: see the README
+    python train_lm.py --data input.txt                  # characters, the defaults: docs/results.md
     python train_lm.py --data input.txt --tokenizer bpe --vocab-size 2000 --steps 3000
     python train_lm.py --data input.txt --out runs/lm --resume           # continue that run
     python train_lm.py --sample --checkpoint runs/lm/checkpoint_00001000.npz --prompt "ROMEO:" \\
@@ -37,8 +37,8 @@ from minitfm.data import text as textdata
 from minitfm.models import lm
 
 # The defaults: character-level tiny Shakespeare to a validation loss below 1.88 nats per
-# character in under a minute on a two-core CPU (README, "Language model"): the model of the
-# "cpu" preset, and this recipe.
+# character in under a minute on a two-core CPU (docs/results.md, "Language model"): the model
+# of the "cpu" preset, and this recipe.
 _CPU = lm.PRESETS["cpu"]
 DEFAULTS = dict(tokenizer="char", vocab_size=1000, block_size=_CPU.max_len, batch_size=22,
                 layers=_CPU.n_layers, d_model=_CPU.d_model, heads=_CPU.n_heads, d_ff=_CPU.d_ff,

@@ -15,7 +15,7 @@
     python train_wmt.py --eval-only --checkpoint runs/base/averaged.npz \\
         --test-src newstest2014-deen-src.en.sgm --test-ref newstest2014-deen-ref.de.sgm
 
-What it does, in order (paper, sections 5 and 6.1; the README has the details): prepare or read
+What it does, in order (paper, sections 5 and 6.1; docs/results.md has the details): prepare or read
 the corpora (``PREFIX.LANG``, plain or gzipped) and check each is not empty; train or reuse one
 joint sentencepiece BPE vocabulary; encode every corpus once into memory-mapped arrays (training
 pairs cleaned by Moses' rules unless ``--no-clean``); train with Adam, the warmup schedule, label

@@ -1,10 +1,11 @@
-"""The README's two-worker Multi30k command as written, against the same command pinned by hand.
+"""The two-worker Multi30k command of docs/results.md as written, against the same command
+pinned by hand.
 
     python benchmarks/bench_placement.py --data DATA              # DATA/train.en(.gz), DATA/val...
     python benchmarks/bench_placement.py --data DATA --max-steps 100 --rounds 3
     python benchmarks/bench_placement.py --data DATA --compare-with OTHER_CHECKOUT
 
-The command is the README's hour with a cool-down ("The same hour on both cores"):
+The command is the hour with a cool-down of docs/results.md ("The same hour on both cores"):
 
     mpiexec -n 2 python train_wmt.py --trainpref DATA/train --validpref DATA/val \\
         --source-lang en --target-lang de --preset small --max-tokens 1536 --warmup 400 \\
@@ -17,7 +18,7 @@ runs). Each round runs it twice, one after the other (the first of a round alter
 
     as written   the environment without OPENBLAS_NUM_THREADS / MKL_NUM_THREADS / OMP_NUM_THREADS:
                  each worker takes the BLAS threads minitfm.placement gives it
-    pinned       the same with all three set to 1, as the README's figures were measured
+    pinned       the same with all three set to 1, as the figures of docs/results.md were measured
 
 (``--compare-with CHECKOUT``: a third, the same command as written with another checkout's
 train_wmt.py, e.g. the code before a change.) Speed is read from each run's ``log.jsonl``: target
@@ -47,10 +48,10 @@ from bench_distributed import mpiexec     # the mpiexec of this Python's MPI (be
 
 ROOT = Path(__file__).resolve().parents[1]
 THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
-README_OPTIONS = ["--source-lang", "en", "--target-lang", "de", "--preset", "small",
-                  "--max-tokens", "1536", "--warmup", "400", "--cooldown", "0.2",
-                  "--time-limit", "60", "--valid-every", "500", "--valid-bleu-sentences", "1014",
-                  "--save-every", "50", "--keep-last", "10"]
+RESULTS_OPTIONS = ["--source-lang", "en", "--target-lang", "de", "--preset", "small",
+                   "--max-tokens", "1536", "--warmup", "400", "--cooldown", "0.2",
+                   "--time-limit", "60", "--valid-every", "500", "--valid-bleu-sentences", "1014",
+                   "--save-every", "50", "--keep-last", "10"]
 
 
 def environment(checkout: Path, pinned: bool) -> dict:
@@ -68,7 +69,7 @@ def train(checkout: Path, data: Path, work: Path, name: str, steps: int, pinned:
     out = work / "runs" / name
     command = [mpiexec(), "-n", str(workers), sys.executable, str(checkout / "train_wmt.py"),
                "--trainpref", str(data / "train"), "--validpref", str(data / "val"),
-               *README_OPTIONS, "--max-steps", str(steps), "--data-dir", str(work / "data"),
+               *RESULTS_OPTIONS, "--max-steps", str(steps), "--data-dir", str(work / "data"),
                "--out", str(out), "--quiet", *extra]
     started, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(command, capture_output=True, text=True,
@@ -96,7 +97,7 @@ def main(argv=None) -> int:
                                      epilog=__doc__.split("\n", 1)[1])
     parser.add_argument("--data", type=Path, required=True,
                         help="directory of the Multi30k corpora: train.en/.de, val.en/.de, "
-                             "plain or gzipped (README: Translation)")
+                             "plain or gzipped (docs/results.md: Translation)")
     parser.add_argument("--work", type=Path,
                         help="scratch directory for the data cache and the runs (default: a new "
                              "temporary directory, removed at the end)")
@@ -113,7 +114,7 @@ def main(argv=None) -> int:
         if not any((args.data / f"{prefix}.{lang}{gz}").exists()
                    for lang in ("en",) for gz in ("", ".gz")):
             raise SystemExit(f"{args.data}/{prefix}.en(.gz) not found: --data is the directory "
-                             f"of the Multi30k corpora (README: Translation)")
+                             f"of the Multi30k corpora (docs/results.md: Translation)")
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_placement-"))
     configs = [("as written", ROOT, False), ("pinned", ROOT, True)]
     if args.compare_with:
@@ -138,8 +139,8 @@ def main(argv=None) -> int:
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"\nmpiexec -n 2 train_wmt.py, the README's options, {args.max_steps} updates; medians "
-          f"over {args.rounds} round(s), on {os.cpu_count()} cores")
+    print(f"\nmpiexec -n 2 train_wmt.py, the options of docs/results.md, {args.max_steps} updates; "
+          f"medians over {args.rounds} round(s), on {os.cpu_count()} cores")
     median = {name: statistics.median(r["tokens_per_s"] for r in rows if r["name"] == name)
               for name, _, _ in configs}
     for name, _, _ in configs:

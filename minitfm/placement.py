@@ -8,7 +8,8 @@ device would share it, and NCCL refuses a communicator with a device twice).
 On the CPU (NumPy), the matrix products run in the BLAS library's threads. Workers that start
 one thread per core each, several workers on one machine, put two threads on every core; a
 thread that spins waiting for its partner while the core is taken makes every step several times
-slower (the README's two-worker Multi30k command: 2.6x). How many threads, first rule that applies:
+slower (the two-worker Multi30k command of docs/results.md: 2.6x). How many threads, first rule
+that applies:
 
 1. ``--threads N`` on the command line;
 2. ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS`` or ``OMP_NUM_THREADS`` set in the environment

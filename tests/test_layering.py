@@ -2,7 +2,7 @@
 
 A module may import modules of its own floor or of the floors below it, never of a floor above.
 Within the models' floor each model imports only the models' shared base: neither model imports
-the other. The floors are listed here, once (the README's architecture section shows them).
+the other. The floors are listed here, once (docs/layout.md, "The code", shows them).
 """
 
 import ast

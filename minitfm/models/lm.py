@@ -95,7 +95,7 @@ PRESETS = {
     # for gradient checks: every code path, a few hundred parameters
     "tiny": LMConfig(vocab=11, n_layers=2, d_model=8, d_ff=12, n_heads=2, max_len=16),
     # train_lm.py's defaults: character-level tiny Shakespeare below 1.88 nats per character in
-    # under a minute on a 2-core CPU (README, "Language model"); vocab is the tokenizer's
+    # under a minute on a 2-core CPU (docs/results.md, "Language model"); vocab is the tokenizer's
     "cpu": LMConfig(vocab=65, n_layers=2, d_model=128, d_ff=512, n_heads=4, max_len=48),
     # nanoGPT's documented CPU recipe (4 layers, 4 heads, d 128, context 64)
     "nanogpt-cpu": LMConfig(vocab=65, n_layers=4, d_model=128, d_ff=512, n_heads=4, max_len=64),
