@@ -1,6 +1,7 @@
-"""Ctrl-C and SIGTERM outside training, through the real command lines: ``translate`` and
-``average`` stop at once with 130 / 143 and one line, no traceback; what translate printed stays
-(whole lines), and average leaves no output file, nor a part of one."""
+"""Ctrl-C and SIGTERM outside training, through the real command lines: ``translate``,
+``train_lm.py --sample`` and ``average`` stop at once with 130 / 143 and one line, no traceback;
+what translate and sampling printed stays, and average leaves no output file, nor a part of
+one."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 
 from minitfm import checkpoint
 from minitfm.models import translator
+from tests.test_exit_statuses import LM, TEXT
 from tests.test_translate import vocab, write_checkpoint  # noqa: F401  (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,6 +86,36 @@ def test_translate_stops_at_once_and_what_it_printed_stays(translator_ckpt, sign
     assert printed.endswith(b"\n")                              # whole lines only
     assert 1 <= printed.count(b"\n") < lines                    # the rest was not started
     assert printed.count(b"\n") % 16 == 0                       # whole blocks of 16 lines
+
+
+@pytest.fixture(scope="module")
+def lm_ckpt(tmp_path_factory):
+    """A tiny language model's last checkpoint, trained through the command line."""
+    directory = tmp_path_factory.mktemp("lm")
+    (directory / "input.txt").write_text(TEXT)
+    done = subprocess.run([sys.executable, str(ROOT / "train_lm.py"), "--data",
+                           str(directory / "input.txt"), *LM, "--out", str(directory / "run")],
+                          capture_output=True, text=True, env=ENV, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return checkpoint.latest(directory / "run")
+
+
+@pytest.mark.parametrize("signum, status, words", SIGNALS)
+def test_sampling_stops_at_once_and_what_it_printed_stays(lm_ckpt, signum, status, words):
+    wanted = 200000                       # minutes of streaming, were it not stopped
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "train_lm.py"), "--sample", "--checkpoint", str(lm_ckpt),
+         "--max-new-tokens", str(wanted)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=ENV)
+    first = process.stdout.read(1)                              # streaming now
+    process.send_signal(signum)
+    started = time.monotonic()
+    rest = process.stdout.read()
+    err = process.stderr.read()
+    process.wait(timeout=60)
+    assert time.monotonic() - started < 10                      # at once, not at the end
+    assert_stopped(process, err.decode(), status, words)
+    assert 1 <= len(first + rest) < wanted                      # what it printed stays
 
 
 @pytest.fixture(scope="module")
