@@ -19,6 +19,7 @@ import pytest
 
 from minitfm import checkpoint
 from minitfm.rundir import HOLDER_NAME, LOCK_NAME, RunDirectory, RunDirectoryBusy
+from tests.test_distributed import _mpiexec, mpi  # noqa: F401  (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "MINITFM_BACKEND": "numpy"}
@@ -192,3 +193,25 @@ def test_a_file_system_without_locks_is_refused_unless_no_lock(tmp_path):
     done = toy("--no-lock")
     assert done.returncode == 0, done.stderr
     assert checkpoint.load(checkpoint.latest(out)).step == 3
+
+
+@pytest.mark.mpi
+def test_two_workers_are_refused_together_on_a_directory_in_use(tmp_path, mpi):
+    """Under mpiexec, rank 0 takes the lock for all workers: on a directory in use, both end
+    with status 2 and one message naming the holder."""
+    out = tmp_path / "run"
+    first = start("train_toy.py", *TOY, "--steps", 1500, "--save-every", 100, "--out", out)
+    try:
+        holder = wait_for_holder(out, first, lambda: checkpoint.latest(out) is not None)
+        started = time.monotonic()
+        done = subprocess.run([_mpiexec(), "-n", "2", *command("train_toy.py", *TOY, "--steps",
+                                                               20, "--out", out)],
+                              capture_output=True, text=True, env=ENV, timeout=120)
+        seconds = time.monotonic() - started
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr and done.stderr.count("in use by another run") == 1
+        assert f"pid {holder['pid']} on {socket.gethostname()}" in done.stderr
+        assert seconds < 30, f"two workers took {seconds:.1f} s to be refused"   # MPI start-up
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=120)
