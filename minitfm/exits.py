@@ -23,6 +23,8 @@ argparse's own usage errors exit with 2 as well.
 
 from __future__ import annotations
 
+import json
+
 from minitfm.backend import BackendError
 from minitfm.checkpoint import CheckpointError
 from minitfm.data import DataError
@@ -50,9 +52,8 @@ BAD_INPUT_ERRORS = (
     RunDirectoryBusy, LockUnsupported,
     # a path the user named that cannot be used as asked
     FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError,
-    # a value that does not fit: a bad number in a file, a checkpoint whose arrays do not fit the
-    # model (a renamed or reshaped parameter), text that is not UTF-8, JSON that does not parse
-    ValueError,
+    # a file whose text is not UTF-8, or whose JSON does not parse
+    UnicodeDecodeError, json.JSONDecodeError,
 )
 
 

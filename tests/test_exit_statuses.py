@@ -88,12 +88,14 @@ def test_the_table():
     from minitfm.rundir import RunDirectoryBusy, WriteFailed
     from minitfm.train import TrainingDiverged
     for error in (UsageError("x"), CheckpointError("x"), FileNotFoundError("x"),
-                  RunDirectoryBusy("x"), ValueError("x"), PermissionError(13, "x")):
+                  RunDirectoryBusy("x"), PermissionError(13, "x"),
+                  json.JSONDecodeError("x", "{", 1), UnicodeDecodeError("utf-8", b"\xff", 0, 1, "x")):
         assert exits.status_of(error) == exits.BAD_INPUT, error
     for error in (TrainingDiverged("x"), WriteFailed("x"), OSError(28, "No space left"),
                   MemoryError()):
         assert exits.status_of(error) == exits.FAILED, error
-    assert exits.status_of(KeyError("a bug")) is None      # shown with its traceback
+    for bug in (KeyError("a bug"), ValueError("a bug")):     # shown with its traceback
+        assert exits.status_of(bug) is None
 
 
 # ---- train_toy.py ---------------------------------------------------------------------------
