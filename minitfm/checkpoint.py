@@ -164,7 +164,7 @@ def save(path: str | os.PathLike, params: dict, *, optimizer_state: dict | None 
 
     path = os.fspath(path)
     # a hidden name ending in .tmp: never mistaken for a checkpoint by latest() or keep_last()
-    with files.replacing(path) as tmp, open(tmp, "xb") as f:
+    with files.replacing(path) as tmp, open(tmp, "wb") as f:
         numpy.savez(f, **arrays)
     return path
 

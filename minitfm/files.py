@@ -20,6 +20,7 @@ import contextlib
 import errno
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Iterator
 
@@ -76,12 +77,31 @@ def fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
+def _special(path: str | os.PathLike) -> bool:
+    """Whether ``path`` exists and is something other than a regular file or a folder."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 @contextlib.contextmanager
 def replacing(path: str | os.PathLike) -> Iterator[str]:
     """Yield a temporary file name beside ``path`` (its folder is made) for the caller to write;
     when the block ends, the file is fsync'ed and renamed to ``path``, and the rename made
     durable; on any error or interrupt it is removed and ``path`` is untouched. A failed write
-    raises :class:`WriteError` (see the module's docstring)."""
+    raises :class:`WriteError` (see the module's docstring).
+
+    A destination that exists and is not a regular file (``/dev/null``, ``/dev/stdout``, a named
+    pipe) is yielded as it is, to be written in place: a rename would replace the device or pipe
+    itself with a regular file."""
+    if _special(path):
+        try:
+            yield os.fspath(path)
+        except OSError as exc:
+            raise write_error(path, exc) from exc
+        return
     directory = os.path.dirname(os.path.abspath(path))
     tmp = temporary_beside(path)
     try:

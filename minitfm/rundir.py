@@ -348,11 +348,11 @@ def cut_log(path: str, step: int) -> None:
     with open(path, encoding="utf-8", errors="replace") as f:
         lines = [line for line in f if line.endswith("\n")
                  and (logged := logged_step(line)) is not None and logged <= step]
-    with files.replacing(path) as tmp, open(tmp, "x", encoding="utf-8") as f:
+    with files.replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.writelines(lines)
 
 
 def _write_json(path: str, info: dict) -> None:
     """Write ``info`` whole or not at all (files.replacing)."""
-    with files.replacing(path) as tmp, open(tmp, "x", encoding="utf-8") as f:
+    with files.replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write(json.dumps(info, indent=1) + "\n")

@@ -88,7 +88,7 @@ def say(text: str) -> None:
 
 def write_text(path: str, text: str, what: str, advice: str) -> None:
     try:
-        with files.replacing(path) as tmp, open(tmp, "x", encoding="utf-8") as f:
+        with files.replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
     except OSError as exc:
         raise UsageError(f"cannot write {what} {path}: {exc.strerror or exc}; {advice}") from exc

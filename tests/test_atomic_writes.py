@@ -11,10 +11,13 @@ exit 0.
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
+import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +72,33 @@ def test_an_error_of_another_file_read_meanwhile_is_not_called_a_write_failure(t
             open(tmp_path / "missing.txt")
     assert not isinstance(caught.value, files.WriteError)
     assert os.listdir(tmp_path) == []
+
+
+def test_a_device_or_a_pipe_is_written_in_place_not_replaced(tmp_path):
+    """``--output /dev/null`` or a named pipe: a rename would put a regular file in its place."""
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+
+    def through_the_pipe(write) -> bytes:
+        received = []
+        reader = threading.Thread(target=lambda: received.append(pipe.read_bytes()), daemon=True)
+        reader.start()
+        write()
+        reader.join(timeout=10)
+        assert stat.S_ISFIFO(os.stat(pipe).st_mode)                      # still the pipe
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]     # no temporary
+        return received[0]
+
+    def write_text():
+        with files.replacing(pipe) as tmp, open(tmp, "wb") as f:
+            f.write(b"through the pipe")
+    assert through_the_pipe(write_text) == b"through the pipe"
+    cfg = lm.LMConfig(vocab=5, n_layers=1, d_model=4, n_heads=2, d_ff=8, max_len=8)
+    params = {name: np.asarray(a) for name, a in lm.init_params(cfg).items()}
+    saved = through_the_pipe(lambda: checkpoint.save(pipe, params, step=1, config=cfg.to_dict(),
+                                                     vocab_id=None, kind=lm.KIND))
+    with np.load(io.BytesIO(saved)) as arrays:                        # a whole checkpoint
+        assert set(params) <= {name.split("/", 1)[-1] for name in arrays.files}
 
 
 def test_run_json_and_the_log_name_the_free_space(tmp_path, disk_full):

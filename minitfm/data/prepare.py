@@ -191,7 +191,7 @@ class _AtomicPair:
 
     def __enter__(self) -> tuple[BinaryIO, BinaryIO]:
         with self.stack as stack:          # each written whole by files.replacing
-            opened = [stack.enter_context(open(stack.enter_context(files.replacing(path)), "xb"))
+            opened = [stack.enter_context(open(stack.enter_context(files.replacing(path)), "wb"))
                       for path in self.final]
             self.stack = stack.pop_all()
         return opened[0], opened[1]
