@@ -95,6 +95,7 @@ def test_every_array_function_used_exists_in_numpy():
     assert not missing
 
 
+@pytest.mark.cupy
 def test_every_array_function_used_exists_in_cupy():
     cupy = pytest.importorskip("cupy")
     missing = [f"{c} ({f})" for c, f in used_xp_names().items() if not _has(cupy, c)]

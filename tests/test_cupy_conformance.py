@@ -7,8 +7,8 @@ say. The double follows the rules of the installed CuPy's major release (13 or 1
 needed: CuPy imports without one, checks keywords before touching the device, and the rest is
 read from signatures, docstrings (Cython functions embed theirs) and source.
 
-Runs where ``cupy`` (the real package) is importable: CI installs ``cupy-cuda12x`` in a second
-environment for it. When CuPy changes, this test says where the double no longer matches.
+Runs where ``cupy`` (the real package) is importable, under ``-m cupy`` (collected only then): CI
+installs ``cupy-cuda12x`` in a second environment for it. When CuPy changes, this test says where the double no longer matches.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def _import_real_cupy():
     return cupy
 
 
+pytestmark = pytest.mark.cupy
 real = _import_real_cupy()
 RULES = real.__version__.split(".")[0]
 NO_DEFAULT = "<required>"
