@@ -52,6 +52,19 @@ def assert_stopped(process: subprocess.Popen, err: str, status: int, words: str)
     assert err.strip().splitlines()[-1] == words and err.count(words) == 1, err
 
 
+def signalled(process: subprocess.Popen, signum: int, status: int, words: str) -> bytes:
+    """Send ``signum`` to a command that is printing; it stops at once, as it should: the rest
+    of what it printed."""
+    process.send_signal(signum)
+    started = time.monotonic()
+    rest = process.stdout.read()
+    err = process.stderr.read()
+    process.wait(timeout=60)
+    assert time.monotonic() - started < 10                      # at once, not at the end
+    assert_stopped(process, err.decode(), status, words)
+    return rest
+
+
 @pytest.fixture(scope="module")
 def translator_ckpt(tmp_path_factory, vocab):  # noqa: F811
     return write_checkpoint(tmp_path_factory.mktemp("tr") / "tiny.npz", vocab)
@@ -75,14 +88,7 @@ def test_translate_stops_at_once_and_what_it_printed_stays(translator_ckpt, sign
     threading.Thread(target=feed, daemon=True).start()
     first = process.stdout.readline()                           # translating now
     assert first.endswith(b"\n")
-    process.send_signal(signum)
-    started = time.monotonic()
-    rest = process.stdout.read()
-    err = process.stderr.read()
-    process.wait(timeout=60)
-    assert time.monotonic() - started < 10                      # at once, not at the end
-    assert_stopped(process, err.decode(), status, words)
-    printed = first + rest
+    printed = first + signalled(process, signum, status, words)
     assert printed.endswith(b"\n")                              # whole lines only
     assert 1 <= printed.count(b"\n") < lines                    # the rest was not started
     assert printed.count(b"\n") % 16 == 0                       # whole blocks of 16 lines
@@ -108,13 +114,7 @@ def test_sampling_stops_at_once_and_what_it_printed_stays(lm_ckpt, signum, statu
          "--max-new-tokens", str(wanted)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=ENV)
     first = process.stdout.read(1)                              # streaming now
-    process.send_signal(signum)
-    started = time.monotonic()
-    rest = process.stdout.read()
-    err = process.stderr.read()
-    process.wait(timeout=60)
-    assert time.monotonic() - started < 10                      # at once, not at the end
-    assert_stopped(process, err.decode(), status, words)
+    rest = signalled(process, signum, status, words)
     assert 1 <= len(first + rest) < wanted                      # what it printed stays
 
 
