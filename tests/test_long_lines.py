@@ -28,20 +28,26 @@ def lengthen(prefix: Path, line: int, words: int) -> None:
     write_split(prefix, src, tgt)
 
 
-def test_an_over_long_validation_pair_is_refused_with_the_fix(
-        corpus, tmp_path, capsys):  # noqa: F811
-    lengthen(corpus / "val", 5, 60)
-    out = tmp_path / "run"
+def refused(corpus: Path, out: Path, capsys) -> str:
+    """Train on ``corpus`` with --max-len 32: refused with status 2, one error line and no
+    traceback, before any training. Its standard error."""
     assert run(*corpus_args(corpus), *TINY, "--max-len", 32, "--max-steps", 2, "--out", out) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("error:") == 1, err
+    assert checkpoint.latest(out) is None
+    return err
+
+
+def test_an_over_long_validation_pair_is_refused_with_the_fix(
+        corpus, tmp_path, capsys):  # noqa: F811
+    lengthen(corpus / "val", 5, 60)
+    err = refused(corpus, tmp_path / "run", capsys)
     assert "error: 1 of 30 validation pairs of " in err
     assert "are longer than the model reads (30 tokens a side with --max-len 32): the longest, " \
            "pair 5, has " in err
     assert "Train with --max-len " in err and "or remove those pairs" in err
     longest = int(err.split("pair 5, has ")[1].split()[0])
     assert longest > 30
-    assert checkpoint.latest(out) is None                     # refused before any training
     # the fix it gives works
     fix = int(err.split("Train with --max-len ")[1].split()[0])
     assert fix == longest + 2
@@ -52,14 +58,10 @@ def test_an_over_long_validation_pair_is_refused_with_the_fix(
 def test_an_over_long_test_source_is_refused_before_training(
         corpus, tmp_path, capsys):  # noqa: F811
     lengthen(corpus / "test", 3, 60)
-    out = tmp_path / "run"
-    assert run(*corpus_args(corpus), *TINY, "--max-len", 32, "--max-steps", 2, "--out", out) == 2
-    err = capsys.readouterr().err
-    assert err.count("error:") == 1 and "Traceback" not in err, err
+    err = refused(corpus, tmp_path / "run", capsys)
     assert "error: 1 of 20 test sources of " in err and "test.en are longer than the model " \
            "reads (31 tokens with --max-len 32): the longest, line 3, has " in err
     assert "they would be translated cut short. Train with --max-len" in err
-    assert checkpoint.latest(out) is None
 
 
 def test_eval_only_refuses_a_test_source_its_model_cannot_read(
