@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import numpy                                                        # host bytes
 
-from minitfm import checkpoint, cli, distributed, exits, generation, limits, phases, train, usable
+from minitfm import checkpoint, cli, distributed, generation, limits, phases, train, usable
 from minitfm.cli import UsageError, integer, number, positive_int
 from minitfm.data import text as textdata
 from minitfm.models import lm
@@ -51,7 +51,6 @@ RUN_OPTIONS = ("tokenizer", "vocab_size", "block_size", "batch_size", "layers", 
 EVAL_BATCH = 64          # validation blocks per forward pass
 CHAR_VOCAB_AT_LEAST = 8  # the characters are known only once the text is read: a lower bound
 THREADS = 1              # BLAS threads at most by default: the matrices are too small for more
-EXIT_ERROR = exits.BAD_INPUT     # a user error (the statuses of every command: minitfm.exits)
 POSITIVE = number(0, low_open=True)
 
 

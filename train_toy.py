@@ -19,7 +19,7 @@ import argparse
 import sys
 import time
 
-from minitfm import backend, cli, distributed, exits, limits, tasks, train
+from minitfm import backend, cli, distributed, limits, tasks, train
 from minitfm.cli import integer, number, positive_int
 from minitfm.decode import greedy
 from minitfm.models.translator import PRESETS, Config
@@ -38,8 +38,6 @@ TASK_DEFAULTS = {
 }
 # The toy model's matrices are too small for a second BLAS thread to pay off (--threads wins).
 THREADS = 1
-EXIT_ERROR = exits.BAD_INPUT     # a user error (the statuses of every command: minitfm.exits)
-EXIT_INTERRUPTED = cli.EXIT_INTERRUPTED
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

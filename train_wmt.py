@@ -62,7 +62,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from minitfm import backend, checkpoint, cli, distributed, exits, limits, train, translate
+from minitfm import backend, checkpoint, cli, distributed, limits, train, translate
 from minitfm.cli import UsageError, integer, number, positive_int
 from minitfm.data import epoch_batches, eval_arrays, read_parallel, token_batches
 from minitfm.models import translator as model
@@ -88,7 +88,6 @@ RUN_OPTIONS = ("source_lang", "target_lang", "vocab_size", "no_clean", "preset",
                "relu_dropout", "label_smoothing", "max_tokens", "seed", "schedule", "lr",
                "min_lr", "cooldown", "dropout_start", "dropout_start_margin", "subword_dropout",
                "best_metric")
-EXIT_ERROR = exits.BAD_INPUT     # a user error (the statuses of every command: minitfm.exits)
 FRACTION = number(0, 1, high_open=True)
 POSITIVE = number(0, low_open=True)
 

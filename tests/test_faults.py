@@ -25,7 +25,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from minitfm import backend, checkpoint, decode, rundir, train, translate
+from minitfm import backend, checkpoint, decode, exits, rundir, train, translate
 from minitfm.models import translator
 from minitfm.data import EncodedCorpus, epoch_batches, eval_arrays
 from tests.test_train_wmt import TINY, corpus, corpus_args, run, sentence_pairs, train_wmt  # noqa: F401
@@ -141,7 +141,7 @@ def test_eval_only_hypotheses_that_cannot_be_written(corpus, tmp_path, capsys): 
     capsys.readouterr()
     assert run("--eval-only", "--checkpoint", out / "checkpoint_00000002.npz", "--testpref",
                corpus / "test", "--beam", 1, "--backend", "numpy", "--quiet", "--out",
-               blocker / "scores") == train_wmt.EXIT_ERROR
+               blocker / "scores") == exits.BAD_INPUT
     err = capsys.readouterr().err
     assert_clean_error(err)
     assert f"cannot write hypotheses {blocker / 'scores'}" in err and "Not a directory" in err
@@ -225,14 +225,14 @@ def test_refused_resume_leaves_the_run_directory_byte_identical(corpus, tmp_path
     for changed, word in ((["--d-model", 32], "--d-model: the run has 16, now 32"),
                           (["--vocab-size", 48], "--vocab-size: the run has")):
         capsys.readouterr()
-        assert run(*common, "--max-steps", 6, "--resume", *changed) == train_wmt.EXIT_ERROR
+        assert run(*common, "--max-steps", 6, "--resume", *changed) == exits.BAD_INPUT
         assert word in capsys.readouterr().err
         assert snapshot(out) == before
     latest = Path(checkpoint.latest(out))
     latest.write_bytes(latest.read_bytes()[:1000])
     before = snapshot(out)
     capsys.readouterr()
-    assert run(*common, "--max-steps", 6, "--resume") == train_wmt.EXIT_ERROR
+    assert run(*common, "--max-steps", 6, "--resume") == exits.BAD_INPUT
     err = capsys.readouterr().err
     assert "damaged" in err and "list_checkpoints" not in err and "rename it" in err
     assert snapshot(out) == before
@@ -246,7 +246,7 @@ def test_an_empty_corpus_is_refused_before_any_work(corpus, tmp_path, capsys, sp
     (corpus / f"{split}.en").write_text("")
     (corpus / f"{split}.de.gz").write_bytes(gzip.compress(b""))
     out = tmp_path / "run"
-    assert run(*corpus_args(corpus), *TINY, "--max-steps", 2, "--out", out) == train_wmt.EXIT_ERROR
+    assert run(*corpus_args(corpus), *TINY, "--max-steps", 2, "--out", out) == exits.BAD_INPUT
     err = capsys.readouterr().err
     assert f"no sentence pairs in {corpus / split}.en / {corpus / split}.de.gz" in err
     assert "Traceback" not in err and not out.exists()

@@ -9,7 +9,7 @@ from unittest import mock
 
 import pytest
 
-from minitfm import checkpoint, train
+from minitfm import checkpoint, cli, exits, train
 
 SCRIPT = Path(__file__).resolve().parents[1] / "train_toy.py"
 SHORT_COPY = ["--task", "copy", "--length", "5", "--vocab", "5", "--batch-size", "32",
@@ -60,7 +60,7 @@ def test_interrupt_and_resume_from_the_command_line(train_toy, tmp_path, capsys,
 
     original = train_toy.tasks.train_batches
     monkeypatch.setattr(train_toy.tasks, "train_batches", interrupted_batches)
-    assert train_toy.main(SHORT_COPY + run) == train_toy.EXIT_INTERRUPTED
+    assert train_toy.main(SHORT_COPY + run) == cli.EXIT_INTERRUPTED
     assert "interrupted at step 12" in capsys.readouterr().out
     assert [step for step, _ in checkpoint.list_checkpoints(tmp_path)] == [12]
 
@@ -70,9 +70,9 @@ def test_interrupt_and_resume_from_the_command_line(train_toy, tmp_path, capsys,
     assert [r["step"] for r in read_log(tmp_path) if "nll" in r] == [10, 20]
     capsys.readouterr()
 
-    assert train_toy.main(SHORT_COPY + run) == train_toy.EXIT_ERROR
+    assert train_toy.main(SHORT_COPY + run) == exits.BAD_INPUT
     assert "already holds checkpoints" in capsys.readouterr().err
-    assert train_toy.main(SHORT_COPY + run + ["--resume", "--length", "6"]) == train_toy.EXIT_ERROR
+    assert train_toy.main(SHORT_COPY + run + ["--resume", "--length", "6"]) == exits.BAD_INPUT
     assert "'length': checkpoint has 5, current run has 6" in capsys.readouterr().err
 
 

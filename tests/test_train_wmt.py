@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from minitfm import checkpoint, optim
+from minitfm import checkpoint, exits, optim
 from minitfm.bleu import corpus_bleu
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,7 +127,7 @@ def test_subword_dropout_reaches_the_batches_and_the_run_record(corpus, tmp_path
     assert run_json["args"]["subword_dropout"] == 0.3
     capsys.readouterr()
     assert run(*common, "--max-steps", 14, "--resume", "--out", tmp_path / "bpe") == \
-        train_wmt.EXIT_ERROR
+        exits.BAD_INPUT
     assert "--subword-dropout: the run has 0.3, now 0.0" in capsys.readouterr().err
 
 
@@ -135,20 +135,20 @@ def test_resume_continues_and_refuses_a_run_that_does_not_fit(corpus, tmp_path, 
     out = tmp_path / "run"
     common = [*corpus_args(corpus), *TINY, "--save-every", 2, "--out", out]
     assert run(*common, "--max-steps", 4) == 0
-    assert run(*common, "--max-steps", 6) == train_wmt.EXIT_ERROR
+    assert run(*common, "--max-steps", 6) == exits.BAD_INPUT
     assert "--resume" in capsys.readouterr().err
     assert run(*common, "--max-steps", 6, "--resume") == 0
     assert steps_on_disk(out) == [2, 4, 6]
     logged = [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines()]
     assert logged == sorted(logged) and logged[-1] == 6
     capsys.readouterr()
-    assert run(*common, "--max-steps", 8, "--resume", "--d-model", 32) == train_wmt.EXIT_ERROR
+    assert run(*common, "--max-steps", 8, "--resume", "--d-model", 32) == exits.BAD_INPUT
     assert "--d-model: the run has 16, now 32" in capsys.readouterr().err
     assert run(*common, "--max-steps", 8, "--resume", "--dropout-start", 0.5) == \
-        train_wmt.EXIT_ERROR
+        exits.BAD_INPUT
     assert "--dropout-start: the run has 0.0, now 0.5" in capsys.readouterr().err
     assert run(*common, "--max-steps", 8, "--resume", "--attention-dropout", 0.1) == \
-        train_wmt.EXIT_ERROR
+        exits.BAD_INPUT
     assert "--attention-dropout: the run has None, now 0.1" in capsys.readouterr().err
 
 
@@ -161,7 +161,7 @@ def test_vocabulary_is_reused_and_a_changed_one_is_refused_on_resume(corpus, tmp
     assert run(*common, "--max-steps", 3, "--resume") == 0
     assert model_file.stat().st_mtime_ns == stamp
     capsys.readouterr()
-    assert run(*common, "--max-steps", 4, "--resume", "--vocab-size", 48) == train_wmt.EXIT_ERROR
+    assert run(*common, "--max-steps", 4, "--resume", "--vocab-size", 48) == exits.BAD_INPUT
     assert "vocab" in capsys.readouterr().err
 
 
@@ -250,7 +250,7 @@ def test_mismatched_line_counts_are_one_clear_error(corpus, tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "train_wmt.py"), *corpus_args(corpus),
                            *TINY, "--max-steps", "2", "--out", str(tmp_path / "run")],
                           capture_output=True, text=True, cwd=tmp_path)
-    assert done.returncode == train_wmt.EXIT_ERROR
+    assert done.returncode == exits.BAD_INPUT
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "misaligned corpus" in errors[0] and "300" in errors[0]
     assert "Traceback" not in done.stderr
@@ -258,10 +258,10 @@ def test_mismatched_line_counts_are_one_clear_error(corpus, tmp_path):
 
 def test_missing_files_and_bad_options_are_errors(corpus, tmp_path, capsys):
     assert run("--trainpref", tmp_path / "nowhere", *TINY, "--out", tmp_path / "run") == \
-        train_wmt.EXIT_ERROR
+        exits.BAD_INPUT
     assert "no 'en' side found" in capsys.readouterr().err
     assert run(*corpus_args(corpus), *TINY, "--d-model", 15, "--out", tmp_path / "run") == \
-        train_wmt.EXIT_ERROR
+        exits.BAD_INPUT
     assert "divisible" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         run(*corpus_args(corpus), "--keep-last", 2)

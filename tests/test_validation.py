@@ -19,7 +19,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from minitfm import average, checkpoint, optim, phases, train, validation
+from minitfm import average, checkpoint, exits, optim, phases, train, validation
 from minitfm.rundir import BEST_NAME
 from tests.test_train_wmt import TINY, corpus, train_wmt    # noqa: F401 (corpus: a fixture)
 
@@ -379,10 +379,10 @@ def test_choosing_options_that_do_not_fit_are_usage_errors(corpus, tmp_path, cap
 
 def test_a_phase_longer_than_the_run_is_refused_before_training(corpus, tmp_path, capsys):
     assert wmt(*wmt_args(corpus), *TINY, "--max-steps", 5, "--dropout-start", "5steps",
-               "--out", tmp_path / "a") == train_wmt.EXIT_ERROR
+               "--out", tmp_path / "a") == exits.BAD_INPUT
     assert "dropout would never start" in capsys.readouterr().err
     assert wmt(*wmt_args(corpus), *TINY, "--max-steps", 5, "--cooldown", "6steps",
-               "--out", tmp_path / "b") == train_wmt.EXIT_ERROR
+               "--out", tmp_path / "b") == exits.BAD_INPUT
     assert "more than the run's 5" in capsys.readouterr().err
 
 
