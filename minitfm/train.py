@@ -78,7 +78,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import time
 from collections.abc import Callable, Iterable, Iterator
 
@@ -93,32 +92,13 @@ from minitfm.rundir import LOG_NAME, RUN_INFO_NAME, RunDirectory, WriteFailed
 from minitfm.stops import (AgreedStop, StopRequests, describe_signal, interrupts_deferred,
                            stop_if_any_worker_asks)
 from minitfm.trainstate import TrainOptions, TrainState, for_this_worker, save, say, share, start
+from minitfm.validating import (Batch, ValidMetric, check_options, cut_short, due, evaluate,
+                                validate_and_save)
 
 __all__ = ["TrainOptions", "TrainState", "TrainingDiverged", "WriteFailed", "train", "evaluate",
            "LOG_NAME", "RUN_INFO_NAME", "DIVERGED_WINDOWS"]
 
-Batch = tuple            # (src (B, S), tgt (B, T+1)), or (x (B, T), y (B, T)) for lm: token ids
 Batches = Callable[[int], Iterable[Batch]] | Iterable[Batch]
-ValidMetric = Callable[[dict, Config], dict]
-
-
-# ---- validation ---------------------------------------------------------------------------
-
-def evaluate(params: dict, cfg: Config, batches: Iterable[Batch]) -> dict:
-    """Loss, NLL and perplexity per target token over ``batches``, without dropout."""
-    loss_sum = nll_sum = 0.0
-    tokens = 0
-    for src, tgt in batches:
-        stats, _ = models.of(cfg).loss_and_grads(params, cfg, src, tgt, grads=False,
-                                                normalizer=1.0)
-        loss_sum += stats["loss"]
-        nll_sum += stats["nll"]
-        tokens += stats["tokens"]
-    if tokens == 0:
-        raise ValueError("the validation batches hold no target tokens")
-    nll = float(nll_sum) / tokens
-    return {"valid_loss": float(loss_sum) / tokens, "valid_nll": nll,
-            "valid_ppl": math.exp(min(nll, 700.0))}
 
 
 # ---- data ---------------------------------------------------------------------------------
@@ -231,10 +211,6 @@ def _update(state: TrainState, cfg: Config, options: TrainOptions, schedule: Cal
     return stats
 
 
-def _due(step: int, every: int, last: int) -> bool:
-    return step == last or (every > 0 and step % every == 0)
-
-
 # ---- the loop -----------------------------------------------------------------------------
 
 def train(cfg: Config, batches: Batches, options: TrainOptions, *, params: dict | None = None,
@@ -256,7 +232,7 @@ def train(cfg: Config, batches: Batches, options: TrainOptions, *, params: dict 
     world = distributed.world()
     options = for_this_worker(options, world)
     if world.is_root:
-        _check_validation(options, valid_batches, valid_metric)
+        check_options(options, valid_batches, valid_metric)
     run_dir = RunDirectory.open(options.out_dir, options.keep_last) if options.out_dir else None
     try:
         return _train(cfg, batches, options, world, run_dir, params, valid_batches, valid_metric)
@@ -271,10 +247,10 @@ def _train(cfg: Config, batches: Batches, options: TrainOptions, world: distribu
     state = start(cfg, options, params, run_dir)
     share(state, world)
     validating = world.is_root and (valid_batches is not None or valid_metric is not None)
-    if (validating or not world.is_root) and _validation_cut_short(state, options):
+    if (validating or not world.is_root) and cut_short(state, options):
         # a signal came before the validation of the checkpoint's step: make it now, as an
         # uninterrupted run did, and record it in that checkpoint
-        _validate_and_save(state, cfg, options, run_dir, world, validating, valid_batches,
+        validate_and_save(state, cfg, options, run_dir, world, validating, valid_batches,
                            valid_metric, save_now=run_dir is not None
                            and options.best_metric is not None)
     if state.out_of_patience:
@@ -313,16 +289,16 @@ def _train(cfg: Config, batches: Batches, options: TrainOptions, world: distribu
                 window["tokens"] += stats["tokens"]
                 window["steps"] += 1
                 bar.update(1)
-                if _due(state.step, options.log_every, options.steps):
+                if due(state.step, options.log_every, options.steps):
                     watch.check(_log_step(state, stats, window, run_dir, bar, world))
                     window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "seconds": 0.0, "steps": 0}
                 out_of_time = options.time_limit is not None and state.elapsed >= options.time_limit
-                validate_now = out_of_time or _due(state.step, options.valid_every, options.steps)
+                validate_now = out_of_time or due(state.step, options.valid_every, options.steps)
                 save_now = run_dir is not None and (
-                    out_of_time or _due(state.step, options.save_every, options.steps)
+                    out_of_time or due(state.step, options.save_every, options.steps)
                     or (validate_now and validating and options.best_metric is not None))
                 if validate_now:
-                    _validate_and_save(state, cfg, options, run_dir, world, validating,
+                    validate_and_save(state, cfg, options, run_dir, world, validating,
                                        valid_batches, valid_metric, save_now)
                 elif save_now:
                     save(state, cfg, options, run_dir)
@@ -374,77 +350,3 @@ def _log_step(state: TrainState, stats: dict, window: dict, run_dir: RunDirector
     bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
                     tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
     return record["loss"]
-
-
-def _check_validation(options: TrainOptions, valid_batches, valid_metric) -> None:
-    """What chooses by validation needs something to validate: refuse it before any work."""
-    if valid_batches is None and valid_metric is None:
-        wanted = [name for name, value in (("best_metric", options.best_metric),
-                                           ("dropout_start_auto", options.dropout_start_auto))
-                  if value is not None]
-        if wanted:
-            raise ValueError(f"TrainOptions.{wanted[0]} judges validations, but there is "
-                             f"nothing to validate: pass valid_batches or valid_metric")
-    if options.dropout_start_auto is not None and valid_batches is None:
-        raise ValueError("TrainOptions.dropout_start_auto watches the validation perplexity: "
-                         "pass valid_batches")
-
-
-def _validation_cut_short(state: TrainState, options: TrainOptions) -> bool:
-    """Whether the validation due at a resumed run's step was never made (a signal came during
-    that step's update or validation, and the checkpoint was saved without it). The same on
-    every worker (the step and ``last_validated`` are shared)."""
-    return (state.step > 0 and state.record.last_validated != state.step
-            and _due(state.step, options.valid_every, options.steps))
-
-
-def _validate_and_save(state: TrainState, cfg: Config, options: TrainOptions,
-                       run_dir: RunDirectory | None, world: distributed.World, validating: bool,
-                       valid_batches: Iterable[Batch] | None, valid_metric: ValidMetric | None,
-                       save_now: bool) -> None:
-    """The validation due at this step (rank 0), what every worker must know of it (a stop for
-    patience, the automatic dropout start), and the checkpoint due with it."""
-    if validating:
-        _validate(state, cfg, options, run_dir, valid_batches, valid_metric)
-    if world.distributed and (options.patience or options.dropout_start_auto is not None):
-        agreed = world.broadcast_numbers([float(state.out_of_patience),
-                                          -1 if state.record.dropout_from is None
-                                          else state.record.dropout_from])
-        state.out_of_patience = bool(agreed[0])
-        state.record.dropout_from = None if agreed[1] < 0 else int(agreed[1])
-    if save_now:
-        save(state, cfg, options, run_dir)
-
-
-def _validate(state: TrainState, cfg: Config, options: TrainOptions,
-              run_dir: RunDirectory | None, valid_batches: Iterable[Batch] | None, valid_metric: ValidMetric | None) -> None:
-    results = {}
-    if valid_batches is not None:
-        results.update(evaluate(state.params, cfg, valid_batches))
-    if valid_metric is not None:
-        results.update(valid_metric(state.params, cfg))
-    record = state.record
-    with interrupts_deferred():             # the record, the log and run.json agree
-        improved, dropout_starts = record.judge(state.step, results, options.keep_best,
-                                                options.dropout_start_auto)
-        state.valid = {"step": state.step, **results}
-        line = dict(state.valid)
-        if record.metric is not None and record.best is not None:
-            line.update({f"best_{record.metric}": record.best, "best_step": record.best_step})
-        if record.dropout_from is not None:
-            line["dropout_from"] = record.dropout_from
-        if options.patience and record.since_best >= options.patience:
-            state.out_of_patience = True
-        if run_dir:
-            run_dir.append_log(line, state.last_checkpoint)
-            if improved:
-                run_dir.record_best(record, state.last_checkpoint)
-    say(options, f"step {state.step}: " + ", ".join(
-        f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
-        for key, value in results.items())
-        + (f"; {record.describe_best()}" if record.best is not None else ""))
-    if dropout_starts:
-        say(options, dropout_starts)
-    if state.out_of_patience:
-        say(options, f"no better {record.metric} in {options.patience} validations "
-                     f"({record.describe_best()}): stopping at step {state.step}")

@@ -18,7 +18,7 @@ FLOORS = [      # top to bottom: (name, the modules and packages on it)
                     "minitfm.wmt", "minitfm.export.__main__", "minitfm.limits"]),
     ("training, decoding, sampling, export",
      ["minitfm.train", "minitfm.trainstate", "minitfm.rundir", "minitfm.stops",
-      "minitfm.validation", "minitfm.phases",
+      "minitfm.validating", "minitfm.validation", "minitfm.phases",
       "minitfm.divergence", "minitfm.decode", "minitfm.beam", "minitfm.sampling", "minitfm.generation",
       "minitfm.export", "minitfm.checkpoint", "minitfm.usable", "minitfm.optim",
       "minitfm.distributed",

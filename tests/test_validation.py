@@ -19,7 +19,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from minitfm import average, checkpoint, exits, optim, phases, train, validation
+from minitfm import average, checkpoint, exits, optim, phases, train, validating, validation
 from minitfm.rundir import BEST_NAME
 from tests.test_train_wmt import TINY, corpus, train_wmt    # noqa: F401 (corpus: a fixture)
 
@@ -198,7 +198,7 @@ def test_resume_keeps_the_best_the_kept_set_and_the_patience_count(train_lm, pea
            "--keep-best", "2", "--patience", "20"]
     assert train_lm.main(run + ["--out", str(tmp_path / "straight")]) == 0
     target, name, at = ((train_lm.textdata, "random_blocks", 13) if cut == "batches"
-                        else (train, "evaluate", 3))
+                        else (validating, "evaluate", 3))
     original, calls = getattr(target, name), []
 
     def interrupted(*args, **kwargs):
