@@ -18,7 +18,7 @@ File layout (a plain, uncompressed ``numpy.savez`` archive, read with ``allow_pi
 ``kind`` names the model a file holds, a kind of the model registry (:mod:`minitfm.models`):
 the encoder-decoder Transformer ("transformer") or the decoder-only language model ("lm"). Files
 written before kinds existed hold a Transformer (``FIRST_KIND``). A command that needs one kind
-refuses the others with :func:`check_kind`.
+refuses the others through :mod:`minitfm.usable`, the one check of a loaded checkpoint.
 
 Random state needs no arrays: dropout masks derive from ``(seed, step)``, so a run stores its seed
 as an int in ``extra`` and ``step`` completes it.
@@ -44,7 +44,6 @@ from minitfm import backend, files, flat, models
 __all__ = [
     "NonFiniteError",
     "FORMAT_VERSION", "ROTATED_NAME", "FIRST_KIND", "CheckpointError", "Checkpoint", "save", "load",
-    "check_kind",
     "params_to_device", "config_differences", "check_compatible",
     "checkpoint_path", "list_checkpoints", "latest", "keep_last",
 ]
@@ -80,15 +79,6 @@ class Checkpoint:
     optimizer_state: dict | None = None   # {"step": int, "m": {name: array}, "v": {...}}
     extra: dict = field(default_factory=dict)
     kind: str = FIRST_KIND                # which model: a kind of the registry (models.get)
-
-
-def check_kind(ckpt: Checkpoint, kind: str) -> None:
-    """Raise a CheckpointError unless ``ckpt`` holds a model of ``kind`` (a registered kind)."""
-    if ckpt.kind != kind:
-        raise CheckpointError(
-            f"checkpoint {ckpt.path} holds {models.describe(ckpt.kind)}, but this needs "
-            f"{models.describe(kind)}: use a "
-            f"checkpoint of that kind (or the command that trains and reads this one)")
 
 
 def _json_bytes(meta: dict) -> numpy.ndarray:
