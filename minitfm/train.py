@@ -251,8 +251,8 @@ def _train(cfg: Config, batches: Batches, options: TrainOptions, world: distribu
         # a signal came before the validation of the checkpoint's step: make it now, as an
         # uninterrupted run did, and record it in that checkpoint
         validate_and_save(state, cfg, options, run_dir, world, validating, valid_batches,
-                           valid_metric, save_now=run_dir is not None
-                           and options.best_metric is not None)
+                          valid_metric, save_now=run_dir is not None
+                          and options.best_metric is not None)
     if state.out_of_patience:
         say(options, f"nothing to do: the run stopped at step {state.step}, "
                      f"{options.patience} validations without improvement")
@@ -299,7 +299,7 @@ def _train(cfg: Config, batches: Batches, options: TrainOptions, world: distribu
                     or (validate_now and validating and options.best_metric is not None))
                 if validate_now:
                     validate_and_save(state, cfg, options, run_dir, world, validating,
-                                       valid_batches, valid_metric, save_now)
+                                      valid_batches, valid_metric, save_now)
                 elif save_now:
                     save(state, cfg, options, run_dir)
                 if save_now:

@@ -71,9 +71,9 @@ def cut_short(state: TrainState, options: TrainOptions) -> bool:
 
 
 def validate_and_save(state: TrainState, cfg: Config, options: TrainOptions,
-                       run_dir: RunDirectory | None, world: distributed.World, validating: bool,
-                       valid_batches: Iterable[Batch] | None, valid_metric: ValidMetric | None,
-                       save_now: bool) -> None:
+                      run_dir: RunDirectory | None, world: distributed.World, validating: bool,
+                      valid_batches: Iterable[Batch] | None, valid_metric: ValidMetric | None,
+                      save_now: bool) -> None:
     """The validation due at this step (rank 0), what every worker must know of it (a stop for
     patience, the automatic dropout start), and the checkpoint due with it."""
     if validating:

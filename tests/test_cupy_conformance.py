@@ -8,7 +8,8 @@ needed: CuPy imports without one, checks keywords before touching the device, an
 read from signatures, docstrings (Cython functions embed theirs) and source.
 
 Runs where ``cupy`` (the real package) is importable, under ``-m cupy`` (collected only then): CI
-installs ``cupy-cuda12x`` in a second environment for it. When CuPy changes, this test says where the double no longer matches.
+installs ``cupy-cuda12x`` in a second environment for it. When CuPy changes, this test says
+where the double no longer matches.
 """
 
 from __future__ import annotations

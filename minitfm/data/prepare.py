@@ -368,6 +368,6 @@ def _extract_one(archive: Path, tar: tarfile.TarFile, member: tarfile.TarInfo, o
                         "refusing to extract it")
     target = out_dir / base
     with files.replacing(target) as tmp, tar.extractfile(member) as source, \
-            open(tmp, "xb") as out:
+            open(tmp, "wb") as out:
         shutil.copyfileobj(source, out, _BLOCK)
     return target
