@@ -31,8 +31,10 @@ from collections.abc import Sequence
 
 import numpy                                                        # host bytes
 
-from minitfm import checkpoint, cli, distributed, generation, limits, phases, train, usable
-from minitfm.cli import UsageError, integer, number, positive_int
+from minitfm import (checkpoint, cli, distributed, generation, limits, options, phases, train,
+                     usable)
+from minitfm.exits import UsageError
+from minitfm.options import integer, number, positive_int
 from minitfm.data import text as textdata
 from minitfm.models import lm
 
@@ -71,24 +73,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     opt.add_argument("--batch-size", type=positive_int,
                      help=f"blocks per step (default {DEFAULTS['batch_size']})")
     opt.add_argument("--steps", type=positive_int, help=f"default {DEFAULTS['steps']}")
-    cli.add_max_epochs_option(opt, "an epoch: as many tokens as the training split holds, "
+    options.add_max_epochs_option(opt, "an epoch: as many tokens as the training split holds, "
                                    "--batch-size x --block-size of them per step")
-    cli.add_schedule_options(opt, choices=("cosine", "linear", "paper"),
+    options.add_schedule_options(opt, choices=("cosine", "linear", "paper"),
                              default=f"default {DEFAULTS['schedule']}",
                              lr_help=f"peak learning rate (default {DEFAULTS['lr']:g}; with "
                                      f"--schedule paper, the factor of the paper's rate)",
                              min_lr=(None, f"default {DEFAULTS['min_lr']:g}"), steps="--steps")
-    cli.add_optimiser_options(opt, warmup=f"default {DEFAULTS['warmup']}", warmup_type=integer(0),
+    options.add_optimiser_options(opt, warmup=f"default {DEFAULTS['warmup']}", warmup_type=integer(0),
                               weight_decay=f"default {DEFAULTS['weight_decay']:g}")
     opt.add_argument("--time-limit", type=POSITIVE, help="seconds of training, over all "
                                                          "sessions of the run")
-    cli.add_logging_options(opt, valid_every=(0, "default 0: only at the end"),
+    options.add_logging_options(opt, valid_every=(0, "default 0: only at the end"),
                             valid_option="--eval-every")
     opt.add_argument("--eval-blocks", type=integer(0), default=0,
                      help="validation blocks, evenly spaced (default 0: the whole split)")
-    cli.add_checkpoint_options(opt, save_every=(0, "default 0: at the end and on a signal"))
-    cli.add_validation_options(opt, ("loss",), "--eval-every")
-    cli.add_seed_option(opt)
+    options.add_checkpoint_options(opt, save_every=(0, "default 0: at the end and on a signal"))
+    options.add_validation_options(opt, ("loss",), "--eval-every")
+    options.add_seed_option(opt)
     cli.add_placement_options(p, "numpy", THREADS)
     cli.add_run_options(p, "lm")
     add_sampling_options(p.add_argument_group(
@@ -114,7 +116,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error(f"--warmup {args.warmup} must be below --steps {args.steps}")
     if args.schedule == "paper" and args.warmup < 1:
         p.error("--schedule paper needs --warmup >= 1")
-    cli.check_validation_options(p, args, args.eval_every, "--eval-every")
+    options.check_validation_options(p, args, args.eval_every, "--eval-every")
     return args
 
 
@@ -270,11 +272,11 @@ def run_training(args: argparse.Namespace) -> int:
                          f"--warmup {args.warmup}: the {args.schedule} decay ends at the last step")
     valid = list(textdata.validation_blocks(data.valid, EVAL_BATCH, args.block_size,
                                             args.eval_blocks or None))
-    options = train.TrainOptions(
+    train_options = train.TrainOptions(
         steps=steps, out_dir=args.out, seed=args.seed, warmup=max(args.warmup, 1),
         schedule=cli.lr_schedule(args.schedule, d_model=cfg.d_model, warmup=args.warmup,
                                  steps=steps, lr=args.lr, min_lr=args.min_lr),
-        **cli.validation_options(args),
+        **options.validation_options(args),
         weight_decay=args.weight_decay,
         clip_norm=args.clip_norm, log_every=10, valid_every=args.eval_every,
         save_every=args.save_every, keep_last=2, resume=args.resume,
@@ -292,7 +294,7 @@ def run_training(args: argparse.Namespace) -> int:
         + (f" ({args.max_epochs:g} epochs)" if args.max_epochs else "")
         + f" of {args.batch_size} x "
         f"{args.block_size} tokens; backend {chosen}; run {args.out}")
-    state = train.train(cfg, train_batches(data.train, args), options, valid_batches=valid)
+    state = train.train(cfg, train_batches(data.train, args), train_options, valid_batches=valid)
     if state.interrupted:
         return cli.stopped(state, args.out)
     if state.out_of_time:

@@ -19,8 +19,8 @@ import argparse
 import sys
 import time
 
-from minitfm import backend, cli, distributed, limits, tasks, train
-from minitfm.cli import integer, number, positive_int
+from minitfm import backend, cli, distributed, limits, options, tasks, train
+from minitfm.options import integer, number, positive_int
 from minitfm.decode import greedy
 from minitfm.models.translator import PRESETS, Config
 
@@ -58,21 +58,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--heads", type=positive_int, help="attention heads (default: preset)")
     p.add_argument("--d-ff", type=positive_int, help="feed-forward width (default: preset)")
     p.add_argument("--label-smoothing", type=fraction, help="eps_ls (default: per task)")
-    cli.add_optimiser_options(p, warmup="default: per task", lr_factor=(None, "default: per task"))
-    cli.add_seed_option(p)
+    options.add_optimiser_options(p, warmup="default: per task", lr_factor=(None, "default: per task"))
+    options.add_seed_option(p)
     cli.add_placement_options(p, "numpy", THREADS)
     cli.add_run_options(p, "toy-<task>")
     p.add_argument("--eval-size", type=positive_int, default=500,
                    help="held-out sequences (default 500)")
-    cli.add_logging_options(p, valid_every=(0, "default 0: only at the end"))
-    cli.add_checkpoint_options(p, save_every=(0, "default 0: at the end and on a signal"))
-    cli.add_validation_options(p, ("acc",))
+    options.add_logging_options(p, valid_every=(0, "default 0: only at the end"))
+    options.add_checkpoint_options(p, save_every=(0, "default 0: at the end and on a signal"))
+    options.add_validation_options(p, ("acc",))
     p.add_argument("--examples", type=integer(0), default=5, help="examples to print (default 5)")
     args = p.parse_args(argv)
     for name, value in TASK_DEFAULTS[args.task].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    cli.check_validation_options(p, args, args.valid_every)
+    options.check_validation_options(p, args, args.valid_every)
     return args
 
 
@@ -130,12 +130,12 @@ def run(args: argparse.Namespace) -> int:
         hyps = decode_symbols(params, cfg, inputs, args.length)
         return {"valid_acc": tasks.exact_match(hyps, outputs)}
 
-    options = train.TrainOptions(
+    train_options = train.TrainOptions(
         steps=args.steps, out_dir=args.out, seed=args.seed, lr_factor=args.lr_factor,
         warmup=args.warmup, clip_norm=args.clip_norm, log_every=10,
         valid_every=args.valid_every,
         save_every=args.save_every, keep_last=2, resume=args.resume,
-        **cli.validation_options(args), vocab_id=f"toy-{args.vocab}-symbols",
+        **options.validation_options(args), vocab_id=f"toy-{args.vocab}-symbols",
         run_meta={"task": args.task, "length": args.length, "batch_size": args.batch_size},
         progress=not args.quiet)
     batches = tasks.train_batches(args.task, vocab=args.vocab, length=args.length,
@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
               f"{cfg.n_heads} heads, d_ff {cfg.d_ff}, label smoothing {cfg.label_smoothing}; "
               f"backend {chosen}; run {args.out}"
               + (f"; {world.describe()}" if world.distributed else ""), flush=True)
-    state = train.train(cfg, batches, options, valid_metric=exact_match)
+    state = train.train(cfg, batches, train_options, valid_metric=exact_match)
     if state.interrupted:
         return cli.stopped(state, args.out)
     if not world.is_root:

@@ -62,8 +62,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from minitfm import backend, checkpoint, cli, distributed, limits, train, translate
-from minitfm.cli import UsageError, integer, number, positive_int
+from minitfm import backend, checkpoint, cli, distributed, limits, options, train, translate
+from minitfm.exits import UsageError
+from minitfm.options import integer, number, positive_int
 from minitfm.data import epoch_batches, eval_arrays, read_parallel, token_batches
 from minitfm.models import translator as model
 from minitfm.models.translator import Config
@@ -107,7 +108,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, value)
     check_schedule(p, args)
-    cli.check_validation_options(p, args, args.valid_every)
+    options.check_validation_options(p, args, args.valid_every)
     if args.dropout_start == "auto" and not args.valid_every:
         p.error("--dropout-start auto decides at validations: give --valid-every N (> 0)")
     return args
@@ -151,7 +152,7 @@ def add_model_options(arch) -> None:
                       help="BPE-dropout: each training pair segmented anew every time it is "
                            "batched, each merge skipped with this probability (default 0; keeps "
                            "the training text in memory, for small corpora; not repeatable)")
-    arch.add_argument("--dropout-start", type=cli.phase(auto=True), default=0.0, metavar="PHASE",
+    arch.add_argument("--dropout-start", type=options.phase(auto=True), default=0.0, metavar="PHASE",
                       help="late dropout: none for this first part of the run, then the "
                            "dropouts above: a fraction (of --max-steps, or of --time-limit if "
                            "that comes first), a number of updates (1200steps) or epochs "
@@ -171,23 +172,23 @@ def add_training_options(opt) -> None:
     opt.add_argument("--update-freq", type=positive_int, help="batches summed into one update "
                                                               "(default: preset)")
     opt.add_argument("--max-steps", type=positive_int, help="training updates (default: preset)")
-    cli.add_max_epochs_option(opt, "an epoch: its batches over --update-freq; N epochs end "
+    options.add_max_epochs_option(opt, "an epoch: its batches over --update-freq; N epochs end "
                                    "with the update that reads the last batch of the N-th")
     opt.add_argument("--time-limit", type=POSITIVE, metavar="MINUTES",
                      help="stop, with a checkpoint, after this much training time")
-    cli.add_optimiser_options(opt, warmup="default: preset", lr_factor=(1.0, "default 1"))
-    cli.add_schedule_options(opt, choices=("paper", "linear", "cosine"), default="default: preset",
+    options.add_optimiser_options(opt, warmup="default: preset", lr_factor=(1.0, "default 1"))
+    options.add_schedule_options(opt, choices=("paper", "linear", "cosine"), default="default: preset",
                              lr_help="peak rate of --schedule linear or cosine (default: the "
                                      "paper's rate at the end of the warmup, times --lr-factor)",
                              min_lr=(0.0, "default 0"), steps="--max-steps", cooldown=True)
-    cli.add_seed_option(opt, "initialisation, dropout and batch order")
-    cli.add_logging_options(opt, valid_every=(None, "default: preset; 0: at the end"),
+    options.add_seed_option(opt, "initialisation, dropout and batch order")
+    options.add_logging_options(opt, valid_every=(None, "default: preset; 0: at the end"),
                             log_every=True)
     opt.add_argument("--valid-bleu-sentences", type=integer(0), default=200,
                      help="validation pairs decoded greedily for BLEU (default 200; 0: none)")
-    cli.add_checkpoint_options(opt, save_every=(None, "default: preset; 0: at the end"),
+    options.add_checkpoint_options(opt, save_every=(None, "default: preset; 0: at the end"),
                                keep_last=True)
-    cli.add_validation_options(opt, ("bleu", "loss"))
+    options.add_validation_options(opt, ("bleu", "loss"))
     opt.add_argument("--average-last", type=positive_int, default=5,
                      help="checkpoints averaged for the test (default 5, as the paper)")
     opt.add_argument("--average-best", type=positive_int, metavar="N",
@@ -342,10 +343,10 @@ def run_training(args: argparse.Namespace) -> int:
             metric = bleu_metric(vocab, read_parallel(args.validpref, *langs), args)
     subwords = subword_dropout(args, vocab, train_corpus)
     steps, one_epoch = run_steps(args, plan), epoch_updates(args, plan)
-    options = train.TrainOptions(
+    train_options = train.TrainOptions(
         steps=steps, out_dir=args.out, seed=args.seed, warmup=args.warmup,
         schedule=lr_schedule(args, cfg, steps, one_epoch),
-        **dropout_start(args, steps, one_epoch), **cli.validation_options(args),
+        **dropout_start(args, steps, one_epoch), **options.validation_options(args),
         on_dropout_start=subwords.start if subwords is not None else None,
         clip_norm=args.clip_norm, update_freq=args.update_freq,
         log_every=args.log_every, valid_every=args.valid_every, save_every=args.save_every,
@@ -357,7 +358,8 @@ def run_training(args: argparse.Namespace) -> int:
         run_info={"args": vars(args), "config": cfg.to_dict()}, progress=not args.quiet)
     batches = epoch_batches(train_corpus, args.max_tokens, seed=args.seed,
                             max_positions=train_positions(args, cfg), subword_dropout=subwords)
-    state = train.train(cfg, batches, options, valid_batches=valid_batches, valid_metric=metric)
+    state = train.train(cfg, batches, train_options, valid_batches=valid_batches,
+                        valid_metric=metric)
     if state.interrupted:
         return cli.stopped(state, args.out)
     if not world.is_root:            # the final evaluation is rank 0's

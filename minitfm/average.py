@@ -37,7 +37,8 @@ import numpy
 
 from minitfm import checkpoint, usable, validation
 from minitfm.checkpoint import Checkpoint, CheckpointError
-from minitfm.cli import positive_int, report_errors
+from minitfm.cli import report_errors
+from minitfm.options import positive_int
 from minitfm.rundir import BEST_NAME, WriteFailed
 
 __all__ = ["average", "average_checkpoints", "save_average", "best_checkpoints", "main"]

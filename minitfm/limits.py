@@ -69,9 +69,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from minitfm import backend, models
-from minitfm.cli import UsageError, integer
+from minitfm.exits import UsageError
 from minitfm.ids import EOS_ID
 from minitfm.models import lm
+from minitfm.options import integer
 
 __all__ = ["SENTENCEPIECE_MAX_VOCAB", "TooLarge", "Estimate", "vocab_size_option",
            "check_vocab_for_corpus", "parameter_count", "training_estimate",

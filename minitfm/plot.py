@@ -32,10 +32,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from minitfm import backend, files
-from minitfm.cli import UsageError, number, positive_int, report_errors
+from minitfm.cli import report_errors
+from minitfm.exits import UsageError
 from minitfm.layers import positional
 from minitfm.models import translator as model
 from minitfm.optim import LRSchedule
+from minitfm.options import number, positive_int
 
 __all__ = [
     "PlotError", "attention_maps", "plot_attention", "plot_positional", "plot_lr_schedule",

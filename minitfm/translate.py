@@ -34,11 +34,11 @@ from typing import BinaryIO, TextIO
 from tqdm import tqdm
 
 from minitfm import checkpoint, decode, limits, usable
-from minitfm.cli import (UsageError, add_backend_option, number, positive_int, report_errors,
-                         select_backend)
+from minitfm.cli import UsageError, add_backend_option, report_errors, select_backend
 from minitfm.data.corpus import DataError, raw_lines
 from minitfm.data.vocab import Vocab
 from minitfm.models import translator as model
+from minitfm.options import number, positive_int
 from minitfm.stops import interrupts_deferred
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -158,11 +158,11 @@ class InputLines:
                             f"or truncated") from exc
 
     def __iter__(self) -> Iterator[str]:
-        for number, raw in enumerate(self._raw(), start=1):
+        for line_number, raw in enumerate(self._raw(), start=1):
             try:
                 yield raw.decode("utf-8")
             except UnicodeDecodeError:
-                self.invalid.append(number)
+                self.invalid.append(line_number)
                 yield raw.decode("utf-8", errors="replace")
 
     def warning(self) -> str | None:
