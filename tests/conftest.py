@@ -1,6 +1,5 @@
 import contextlib
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -8,23 +7,6 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from minitfm import backend
-
-
-def _selects(markexpr: str, marker: str) -> bool:
-    """Whether ``-m markexpr`` selects a test that carries only ``marker``."""
-    if not markexpr.strip():
-        return True
-    words = re.sub(r"\b(?!(?:and|or|not)\b)[A-Za-z_]\w*\b",
-                   lambda m: str(m.group(0) == marker), markexpr)
-    return bool(eval(words, {"__builtins__": {}}))    # only True, False, and, or, not, ( )
-
-
-def pytest_ignore_collect(collection_path, config):
-    """The conformance test imports the real CuPy while it is collected (and skips where there
-    is none): it is collected only where ``-m`` selects its marker, ``cupy``."""
-    if collection_path.name == "test_cupy_conformance.py":
-        return not _selects(config.getoption("markexpr") or "", "cupy")
-    return None
 
 settings.register_profile("default", deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])

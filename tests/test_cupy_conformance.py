@@ -7,8 +7,9 @@ say. The double follows the rules of the installed CuPy's major release (13 or 1
 needed: CuPy imports without one, checks keywords before touching the device, and the rest is
 read from signatures, docstrings (Cython functions embed theirs) and source.
 
-Runs where ``cupy`` (the real package) is importable, under ``-m cupy`` (collected only then): CI
-installs ``cupy-cuda12x`` in a second environment for it. When CuPy changes, this test says
+Runs under ``-m cupy`` where ``cupy`` (the real package) is importable, which the ``real``
+fixture imports (nothing here imports it while the tests are collected): CI installs
+``cupy-cuda12x`` in a second environment for it. When CuPy changes, this test says
 where the double no longer matches.
 """
 
@@ -27,16 +28,22 @@ import pytest
 from .conftest import cupy_double
 
 
-def _import_real_cupy():
+pytestmark = pytest.mark.cupy
+NO_DEFAULT = "<required>"
+
+
+@pytest.fixture(scope="module")
+def real():
+    """The installed CuPy package; the test skips where there is none."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")    # "nccl library could not be loaded" and the like
         try:
             import cupy
         except ImportError as exc:
             pytest.skip(f"the real CuPy is not importable here ({exc}): install cupy-cuda12x "
-                        f"to check the double against it", allow_module_level=True)
+                        f"to check the double against it")
     if "cupy_double" in (getattr(cupy, "__file__", "") or ""):
-        pytest.skip("cupy here is the double itself, not the real package", allow_module_level=True)
+        pytest.skip("cupy here is the double itself, not the real package")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cupy.random.Generator          # its lazy imports, done before the double becomes `cupy`
@@ -44,19 +51,19 @@ def _import_real_cupy():
     return cupy
 
 
-pytestmark = pytest.mark.cupy
-real = _import_real_cupy()
-RULES = real.__version__.split(".")[0]
-NO_DEFAULT = "<required>"
+@pytest.fixture(scope="module")
+def rules(real) -> str:
+    """The installed CuPy's major release, whose rules the double follows."""
+    return real.__version__.split(".")[0]
 
 
 @pytest.fixture(scope="module")
-def double():
+def double(real, rules):
     """The double, following the installed CuPy's rules, imported beside the real one."""
-    if RULES not in ("13", "14"):
+    if rules not in ("13", "14"):
         pytest.fail(f"CuPy {real.__version__} is installed, the double knows the rules of CuPy 13 "
-                    f"and 14: read CuPy {RULES}'s source and add its rules to the double")
-    with cupy_double(RULES, devices=2) as module:
+                    f"and 14: read CuPy {rules}'s source and add its rules to the double")
+    with cupy_double(rules, devices=2) as module:
         assert module is not real
         yield module
 
@@ -136,7 +143,7 @@ def _parameters(function) -> list[tuple[str, str]]:
 
 def _same_parameters(mine, theirs, what: str) -> list[str]:
     a, b = _parameters(mine), _parameters(theirs)
-    return [] if a == b else [f"{what}: the double has {a}, CuPy {real.__version__} has {b}"]
+    return [] if a == b else [f"{what}: the double has {a}, CuPy has {b}"]
 
 
 def _public(namespace) -> dict:
@@ -153,12 +160,12 @@ def _is_real_ufunc(obj) -> bool:
 
 # ---- the tests -------------------------------------------------------------------------------
 
-def test_the_double_follows_the_installed_release(double):
-    assert double.__version__.split(".")[0] == RULES
-    assert double._double.RULES == int(RULES)
+def test_the_double_follows_the_installed_release(double, rules):
+    assert double.__version__.split(".")[0] == rules
+    assert double._double.RULES == int(rules)
 
 
-def test_every_routine_exists_in_cupy_with_the_same_parameters(double):
+def test_every_routine_exists_in_cupy_with_the_same_parameters(double, real):
     problems = []
     for name, mine in _public(double).items():
         if isinstance(mine, types.ModuleType):
@@ -192,7 +199,7 @@ def test_every_routine_exists_in_cupy_with_the_same_parameters(double):
     assert not problems, "\n".join(problems)
 
 
-def test_ndarray_methods_exist_in_cupy_with_the_same_parameters(double):
+def test_ndarray_methods_exist_in_cupy_with_the_same_parameters(double, real):
     problems = []
     for name in dir(double.ndarray):
         if name.startswith("_"):
@@ -216,7 +223,7 @@ DUNDERS = ("__array__", "__array_ufunc__", "__array_function__", "__cuda_array_i
            "__array_priority__")
 
 
-def test_conversions_and_protocols_match(double):
+def test_conversions_and_protocols_match(double, real):
     problems = [f"{d}: double {hasattr(double.ndarray, d)}, CuPy {hasattr(real.ndarray, d)}"
                 for d in DUNDERS if d != "__dlpack__"
                 and hasattr(double.ndarray, d) != hasattr(real.ndarray, d)]
@@ -245,7 +252,7 @@ def _accepts(function, args, keyword, value) -> bool:
     return True
 
 
-def test_ufuncs_refuse_the_keywords_cupy_refuses(double):
+def test_ufuncs_refuse_the_keywords_cupy_refuses(double, real):
     problems = []
     for name, mine in _public(double).items():
         if not _is_double_ufunc(mine, double):
@@ -267,7 +274,7 @@ def test_ufuncs_refuse_the_keywords_cupy_refuses(double):
         double.exp(1.0, order="C")
 
 
-def test_einsum_takes_only_dtype_and_optimize(double):
+def test_einsum_takes_only_dtype_and_optimize(double, real):
     source = "\n".join(line for line in inspect.getsource(real.einsum).splitlines()
                        if not line.strip().startswith("#"))
     popped = set(re.findall(r"kwargs\.pop\('(\w+)'", source))
@@ -281,7 +288,7 @@ def test_einsum_takes_only_dtype_and_optimize(double):
     double.einsum("ij->i", x, dtype=None, optimize=False)
 
 
-def test_matmul_keywords(double):
+def test_matmul_keywords(double, real, rules):
     call = type(real.matmul).__call__
     try:
         inspect.signature(call)
@@ -296,14 +303,14 @@ def test_matmul_keywords(double):
     for keyword in explicit:
         value = {"keepdims": False, "casting": "same_kind", "order": "K"}.get(keyword)
         double.matmul(x, x, **{keyword: value})
-    unknown = TypeError if RULES == "14" else RuntimeError
+    unknown = TypeError if rules == "14" else RuntimeError
     with pytest.raises(unknown):
         double.matmul(x, x, foo=1)
-    if RULES == "14":
+    if rules == "14":
         assert _parameters(type(double.matmul).__call__) == _parameters(call)
 
 
-def test_generator_has_cupys_methods_only(double):
+def test_generator_has_cupys_methods_only(double, real):
     mine = {n for n in dir(double.random.Generator) if not n.startswith("_")}
     theirs = {n for n in dir(real.random.Generator) if not n.startswith("_")}
     assert mine == theirs
@@ -316,7 +323,7 @@ def test_generator_has_cupys_methods_only(double):
     assert not problems, "\n".join(problems)
 
 
-def test_cuda_names_and_errors(double):
+def test_cuda_names_and_errors(double, real):
     problems = []
     for path in ("Device", "Stream", "get_current_stream", "runtime.getDeviceCount",
                  "runtime.getDevice", "runtime.setDevice", "runtime.getDeviceProperties",
