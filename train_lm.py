@@ -74,18 +74,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                      help=f"blocks per step (default {DEFAULTS['batch_size']})")
     opt.add_argument("--steps", type=positive_int, help=f"default {DEFAULTS['steps']}")
     options.add_max_epochs_option(opt, "an epoch: as many tokens as the training split holds, "
-                                   "--batch-size x --block-size of them per step")
+                                       "--batch-size x --block-size of them per step")
     options.add_schedule_options(opt, choices=("cosine", "linear", "paper"),
-                             default=f"default {DEFAULTS['schedule']}",
-                             lr_help=f"peak learning rate (default {DEFAULTS['lr']:g}; with "
-                                     f"--schedule paper, the factor of the paper's rate)",
-                             min_lr=(None, f"default {DEFAULTS['min_lr']:g}"), steps="--steps")
-    options.add_optimiser_options(opt, warmup=f"default {DEFAULTS['warmup']}", warmup_type=integer(0),
-                              weight_decay=f"default {DEFAULTS['weight_decay']:g}")
+                                 default=f"default {DEFAULTS['schedule']}",
+                                 lr_help=f"peak learning rate (default {DEFAULTS['lr']:g}; with "
+                                         f"--schedule paper, the factor of the paper's rate)",
+                                 min_lr=(None, f"default {DEFAULTS['min_lr']:g}"), steps="--steps")
+    options.add_optimiser_options(opt, warmup=f"default {DEFAULTS['warmup']}",
+                                  warmup_type=integer(0),
+                                  weight_decay=f"default {DEFAULTS['weight_decay']:g}")
     opt.add_argument("--time-limit", type=POSITIVE, help="seconds of training, over all "
                                                          "sessions of the run")
     options.add_logging_options(opt, valid_every=(0, "default 0: only at the end"),
-                            valid_option="--eval-every")
+                                valid_option="--eval-every")
     opt.add_argument("--eval-blocks", type=integer(0), default=0,
                      help="validation blocks, evenly spaced (default 0: the whole split)")
     options.add_checkpoint_options(opt, save_every=(0, "default 0: at the end and on a signal"))

@@ -58,7 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--heads", type=positive_int, help="attention heads (default: preset)")
     p.add_argument("--d-ff", type=positive_int, help="feed-forward width (default: preset)")
     p.add_argument("--label-smoothing", type=fraction, help="eps_ls (default: per task)")
-    options.add_optimiser_options(p, warmup="default: per task", lr_factor=(None, "default: per task"))
+    options.add_optimiser_options(p, warmup="default: per task",
+                                  lr_factor=(None, "default: per task"))
     options.add_seed_option(p)
     cli.add_placement_options(p, "numpy", THREADS)
     cli.add_run_options(p, "toy-<task>")

@@ -173,21 +173,23 @@ def add_training_options(opt) -> None:
                                                               "(default: preset)")
     opt.add_argument("--max-steps", type=positive_int, help="training updates (default: preset)")
     options.add_max_epochs_option(opt, "an epoch: its batches over --update-freq; N epochs end "
-                                   "with the update that reads the last batch of the N-th")
+                                       "with the update that reads the last batch of the N-th")
     opt.add_argument("--time-limit", type=POSITIVE, metavar="MINUTES",
                      help="stop, with a checkpoint, after this much training time")
     options.add_optimiser_options(opt, warmup="default: preset", lr_factor=(1.0, "default 1"))
-    options.add_schedule_options(opt, choices=("paper", "linear", "cosine"), default="default: preset",
-                             lr_help="peak rate of --schedule linear or cosine (default: the "
-                                     "paper's rate at the end of the warmup, times --lr-factor)",
-                             min_lr=(0.0, "default 0"), steps="--max-steps", cooldown=True)
+    options.add_schedule_options(opt, choices=("paper", "linear", "cosine"),
+                                 default="default: preset",
+                                 lr_help="peak rate of --schedule linear or cosine (default: "
+                                         "the paper's rate at the end of the warmup, times "
+                                         "--lr-factor)",
+                                 min_lr=(0.0, "default 0"), steps="--max-steps", cooldown=True)
     options.add_seed_option(opt, "initialisation, dropout and batch order")
     options.add_logging_options(opt, valid_every=(None, "default: preset; 0: at the end"),
-                            log_every=True)
+                                log_every=True)
     opt.add_argument("--valid-bleu-sentences", type=integer(0), default=200,
                      help="validation pairs decoded greedily for BLEU (default 200; 0: none)")
     options.add_checkpoint_options(opt, save_every=(None, "default: preset; 0: at the end"),
-                               keep_last=True)
+                                   keep_last=True)
     options.add_validation_options(opt, ("bleu", "loss"))
     opt.add_argument("--average-last", type=positive_int, default=5,
                      help="checkpoints averaged for the test (default 5, as the paper)")
