@@ -2,7 +2,7 @@
 through minitfm's beam search and through CTranslate2 called as the export records it.
 
     python benchmarks/bench_export.py CHECKPOINT SOURCE [--ref REFERENCE] [--threads 1]
-        [--beam 4] [--lenpen 0] [--lenpen-form gnmt|power] [--stopping exact|first-k]
+        [--beam 4] [--lenpen 0] [--lenpen-form gnmt|power] [--stopping auto|exact|first-k]
         [--rounds 3] [--int8] [--sentences 1000] [--batch-size 64]
 
 SOURCE (and REFERENCE, for BLEU) hold one sentence per line, plain or gzipped: e.g. Multi30k's
@@ -123,7 +123,8 @@ def main(argv=None) -> int:
                   flush=True)
 
     print(f"\n{len(lines)} sentences, beam {args.beam}, length penalty {args.lenpen:g} "
-          f"({args.lenpen_form}), stopping {args.stopping}, at most {limit} output tokens, "
+          f"({args.lenpen_form}), stopping {beam.stopping_rule(args.stopping, args.lenpen)}, "
+          f"at most {limit} output tokens, "
           f"batches of {args.batch_size}, {args.rounds} rounds")
     for quantization, (_, settings) in exported.items():
         print(f"CTranslate2 {quantization}: {export_ct2.call_example(settings)}")

@@ -216,8 +216,9 @@ def add_search_options(group) -> None:
                        help="lp: gnmt, ((5 + |Y|) / 6)^alpha, the paper's; power, |Y|^alpha, "
                             "as CTranslate2, fairseq and Marian (|Y| counts the EOS; default "
                             "gnmt)")
-    group.add_argument("--stopping", choices=beam.STOPPING_RULES, default=beam.DEFAULT_STOPPING,
+    group.add_argument("--stopping", choices=beam.STOPPING_RULES, default="auto",
                        help="when a sentence is done: exact, once no live hypothesis can beat "
                             "the best finished one (the N best with --nbest) within the length "
-                            "limit; first-k, once --beam hypotheses have finished (default "
-                            f"{beam.DEFAULT_STOPPING})")
+                            "limit; first-k, once --beam hypotheses have finished; auto, exact "
+                            "with --lenpen 0 and first-k otherwise, as chosen on validation "
+                            "(default auto)")

@@ -105,7 +105,7 @@ def encode_lines(vocab: Vocab, cfg: model.Config, lines: Sequence[str], first_li
 def translate_lines(params: dict, cfg: model.Config, vocab: Vocab, lines: Sequence[str], *,
                     beam: int = 4, alpha: float = 0.6, nbest: int = 1, batch_size: int = 64,
                     max_len: int | None = None, first_line: int = 1, lenpen_form: str = "gnmt",
-                    stopping: str = search.DEFAULT_STOPPING,
+                    stopping: str = "auto",
                     warn: Callable[[str], None] = _warn) -> list[list[Translation]]:
     """The ``nbest`` best translations of each line, best first; ``[("", 0.0)]`` for a blank.
     The search settings are ``beam.translate_ids``'s."""
@@ -124,7 +124,7 @@ def translate_lines(params: dict, cfg: model.Config, vocab: Vocab, lines: Sequen
 def translate_texts(params: dict, cfg: model.Config, vocab: Vocab, lines: Sequence[str], *,
                     beam: int = 4, alpha: float = 0.6, batch_size: int = 64,
                     progress: bool = False, lenpen_form: str = "gnmt",
-                    stopping: str = search.DEFAULT_STOPPING,
+                    stopping: str = "auto",
                     warn: Callable[[str], None] = _warn) -> list[str]:
     """The best translation of each line, with an optional progress bar."""
     outputs: list[str] = []

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from minitfm import (average, backend, checkpoint, cli, distributed, files, optim, phases,
-                     train, translate, validation)
+from minitfm import (average, backend, beam, checkpoint, cli, distributed, files, optim,
+                     phases, train, translate, validation)
 from minitfm.bleu import BleuScore, corpus_bleu
 from minitfm.cli import UsageError
 from minitfm.data import (BatchPlan, CleanOptions, DataError, EncodedCorpus, ParallelText,
@@ -196,7 +196,8 @@ def score_test(params: dict, cfg: Config, vocab: Vocab, test: ParallelText, stem
     hyp_path = os.path.join(out_dir, f"{stem}.test.hyp.{args.target_lang}")
     record = {**score.to_dict(), **info, "test_src": str(test.src_path),
               "test_ref": str(test.tgt_path), "hypotheses": hyp_path, "beam": args.beam,
-              "lenpen": args.lenpen, "lenpen_form": args.lenpen_form, "stopping": args.stopping,
+              "lenpen": args.lenpen, "lenpen_form": args.lenpen_form,
+              "stopping": beam.stopping_rule(args.stopping, args.lenpen),
               "decode_seconds": round(seconds, 1)}
     advice = f"BLEU {score.bleu:.2f}; free space or pass another --out, and score again"
     write_text(hyp_path, "".join(line + "\n" for line in hypotheses), "hypotheses", advice)

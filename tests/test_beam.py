@@ -16,6 +16,7 @@ import pytest
 from minitfm import beam as search
 from minitfm import decode
 from minitfm.export.__main__ import main as export_main
+from minitfm.export.ctranslate2 import UNIT_LENGTH_PENALTY
 from tests.test_decode import A, B, C, D, markov_step, sequence_log_prob, sources, tiny
 from tests.test_export import (MAX_OUT, check_equal, load_params, needs, test_sources,
                                translator, vocab)  # noqa: F401  (fixtures)
@@ -54,8 +55,9 @@ def plain_beam(next_log_probs, k, limit, alpha, form, nbest, stopping):
 
 # ---- against brute force and the plain search --------------------------------------------------
 
+@pytest.mark.parametrize("stopping", search.STOPPING_RULES)
 @pytest.mark.parametrize("alpha, form", PENALTIES)
-def test_a_beam_holding_every_candidate_finds_the_brute_force_best(alpha, form):
+def test_a_beam_holding_every_candidate_finds_the_brute_force_best(alpha, form, stopping):
     """Target vocabulary of 6 ids: 3 tokens besides EOS can be generated (PAD and BOS cannot).
     Up to 3 output tokens there are 4 + 12 + 36 candidates at the three steps: a beam of 36
     keeps every one, so beam search is exhaustive and must rank as brute force does."""
@@ -63,7 +65,7 @@ def test_a_beam_holding_every_candidate_finds_the_brute_force_best(alpha, form):
     src = sources([4, 2, 6], seed=5)
     limit, words = 3, [1, 4, 5]
     found = search.beam_search(params, cfg, src, beam=36, alpha=alpha, max_len=limit, nbest=5,
-                               lenpen_form=form)
+                               lenpen_form=form, stopping=stopping)
     lengths = set()
     for row, hyps in zip(src, found):
         every = []
@@ -94,7 +96,7 @@ def random_chain(seed):
     return fake_step, next_log_probs
 
 
-@pytest.mark.parametrize("stopping", search.STOPPING_RULES)
+@pytest.mark.parametrize("stopping", ["exact", "first-k"])
 @pytest.mark.parametrize("alpha, form", PENALTIES)
 @pytest.mark.parametrize("beam, nbest", [(1, 1), (4, 1), (4, 3), (5, 2)])
 def test_both_rules_search_as_the_plain_beam_search(monkeypatch, stopping, alpha, form, beam,
@@ -153,6 +155,18 @@ def test_the_exact_rule_keeps_searching_while_a_live_hypothesis_can_win(monkeypa
     assert [h[0] for h in exact[1:]] == [[D], [8], [9]]
 
 
+def test_auto_stops_exactly_without_a_penalty_and_after_k_with_one(monkeypatch):
+    params, cfg = tiny()
+    monkeypatch.setattr(decode, "step", markov_step(late_winner()[0]))
+    src = sources([3])
+    assert [search.stopping_rule("auto", a) for a in (0.0, 0.6)] == ["exact", "first-k"]
+    for alpha, rule in ((0.0, "exact"), (0.6, "first-k")):
+        assert search.beam_search(params, cfg, src, alpha=alpha, nbest=4) == \
+            search.beam_search(params, cfg, src, alpha=alpha, nbest=4, stopping=rule)
+    with pytest.raises(ValueError, match="stopping rule must be one of auto, exact, first-k"):
+        search.beam_search(params, cfg, src, stopping="never")
+
+
 # ---- CTranslate2, called as the export records --------------------------------------------------
 
 def penalised_score(params, cfg, src, tokens, alpha, form):
@@ -166,7 +180,8 @@ def penalised_score(params, cfg, src, tokens, alpha, form):
 
 @needs["ctranslate2"]
 @pytest.mark.parametrize("translator", ["post-LN, shared embeddings"], indirect=True)
-@pytest.mark.parametrize("alpha, stopping", [(0.0, "exact"), (1.0, "exact"), (1.0, "first-k")])
+@pytest.mark.parametrize("alpha, stopping", [(0.0, "exact"), (0.0, "first-k"), (1.0, "exact"),
+                                             (1.0, "first-k")])
 def test_ctranslate2_with_the_recorded_call_gives_minitfms_tokens(translator, tmp_path, capsys,
                                                                   alpha, stopping):
     import ctranslate2
@@ -202,23 +217,27 @@ def test_ctranslate2_with_the_recorded_call_gives_minitfms_tokens(translator, tm
 
 
 @pytest.mark.parametrize("translator", ["post-LN, shared embeddings"], indirect=True)
-@pytest.mark.parametrize("options, patience, warning", [
-    (["--lenpen", "0"], 1, None),
-    (["--lenpen-form", "power", "--lenpen", "1.2", "--stopping", "first-k"], 1, None),
-    (["--lenpen-form", "power", "--lenpen", "1.2"], MAX_OUT + 1, None),
-    (["--lenpen", "0", "--stopping", "first-k"], 1, "best candidate of a step"),
-    (["--lenpen", "1.2", "--beam", "1"], 1, "with beam 1 CTranslate2 decodes greedily"),
+@pytest.mark.parametrize("options, length_penalty, patience, warning", [
+    (["--lenpen", "0"], 0.0, 1, None),                                    # auto: exact
+    (["--lenpen", "0", "--stopping", "first-k"], UNIT_LENGTH_PENALTY, 1, None),
+    (["--lenpen-form", "power", "--lenpen", "1.2"], 1.2, 1, None),        # auto: first-k
+    (["--lenpen-form", "power", "--lenpen", "1.2", "--stopping", "exact"], 1.2, MAX_OUT + 1,
+     None),
+    (["--lenpen", "1.2"], 0.96, 1, "agree only at alpha = 0"),
+    (["--lenpen", "1.2", "--beam", "1", "--stopping", "exact"], 0.0, 1,
+     "with beam 1 CTranslate2 decodes greedily"),
 ])
 def test_the_export_records_the_rule_and_warns_only_without_an_exact_call(
-        translator, tmp_path, capsys, options, patience, warning):
+        translator, tmp_path, capsys, options, length_penalty, patience, warning):
     path, _ = translator
     out = tmp_path / "ct2"
     assert export_main([path, "--to", "ctranslate2", "--out", str(out), "--max-len",
                         str(MAX_OUT), *options]) == 0
     captured = capsys.readouterr()
     settings = json.loads((out / "decoding.json").read_text())
+    assert settings["kwargs"]["length_penalty"] == length_penalty
     assert settings["kwargs"]["patience"] == patience
-    assert f"patience={patience}" in captured.out
+    assert f"length_penalty={length_penalty!r}, patience={patience}" in captured.out
     assert settings["minitfm"]["exact"] == (warning is None)
     if warning:
         assert warning in captured.err

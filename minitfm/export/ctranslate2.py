@@ -36,10 +36,14 @@ model: they go to ``decoding.json`` beside it, chosen so that CTranslate2 search
 - when a sentence is done: at length_penalty 0 CTranslate2 stops once the best candidate of a
   step ends in EOS, which gives the outputs of minitfm's exact rule; with a penalty it stops once
   round(beam_size * patience) hypotheses have finished, which is minitfm's first-k rule at
-  patience 1. minitfm's exact rule with a penalty settles on what a search to the length limit
-  finds, so the call that reproduces it has a patience no count can reach (at most beam_size
-  hypotheses finish per step): CTranslate2 then decodes every batch to max_decoding_length.
-  The one case with no exact call besides GNMT's penalty, first-k at alpha 0, warns.
+  patience 1 (at alpha 0 through a length_penalty that changes no score,
+  ``UNIT_LENGTH_PENALTY``). minitfm's exact rule with a penalty settles on what a search to the
+  length limit finds, so the call that reproduces it has a patience no count can reach (at most
+  beam_size hypotheses finish per step): CTranslate2 then decodes every batch to
+  max_decoding_length. The cases with no exact call (GNMT's penalty; exact stopping with a
+  penalty at beam 1, where CTranslate2 decodes greedily) warn.
+- at the length limit both finish a sentence's K best candidates as they are, and both score
+  the one-row first step (BOS alone) before they expand it to K rows.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ import os
 import numpy
 
 from minitfm import backend
-from minitfm.beam import DEFAULT_STOPPING
+from minitfm.beam import stopping_rule
 from minitfm.export.source import ExportError, Loaded, model
 from minitfm.layers import positional
 
@@ -59,6 +63,10 @@ QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16
 DECODING_FILE = "decoding.json"
 SENTENCEPIECE_FILE = "sentencepiece.model"
 TYPICAL_LENGTH = 20        # output tokens, for the length-penalty translation
+# |Y|^1e-9 rounds to exactly 1 in float32 for every length (1 + 1e-9 ln |Y| is within half an
+# ulp of 1): a length_penalty that changes no score, yet is not 0, so that CTranslate2 stops by
+# counting finished hypotheses (first-k) rather than at the first best EOS
+UNIT_LENGTH_PENALTY = 1e-9
 
 
 def _import_ctranslate2():
@@ -179,8 +187,7 @@ def ctranslate2_alpha(alpha: float, length: int = TYPICAL_LENGTH) -> float:
 
 
 def decoding_settings(loaded: Loaded, beam: int, alpha: float, max_len: int | None,
-                      warn, lenpen_form: str = "gnmt",
-                      stopping: str = DEFAULT_STOPPING) -> dict:
+                      warn, lenpen_form: str = "gnmt", stopping: str = "auto") -> dict:
     """The JSON written beside the model, and the keyword arguments of the matching call: the
     call that gives minitfm's search exactly where one exists, a warning where none does."""
     cfg = loaded.config
@@ -190,7 +197,7 @@ def decoding_settings(loaded: Loaded, beam: int, alpha: float, max_len: int | No
             "note": f"the prompt plus max_length must stay within the model's context of "
                     f"{cfg.max_len} tokens: CTranslate2 does not slide the window as minitfm "
                     f"does"}}
-    exact, patience = True, 1
+    exact, patience, stopping = True, 1, stopping_rule(stopping, alpha)
     length_penalty = alpha if lenpen_form == "power" else 0.0
     if alpha and lenpen_form == "gnmt" and beam > 1:
         exact, length_penalty = False, round(ctranslate2_alpha(alpha), 3)
@@ -205,10 +212,7 @@ def decoding_settings(loaded: Loaded, beam: int, alpha: float, max_len: int | No
              "stopping with a length penalty may search past it: with --stopping first-k both "
              "decode greedily")
     elif beam > 1 and not alpha and stopping == "first-k":
-        exact = False
-        warn("at length_penalty 0 CTranslate2 ends a sentence once the best candidate of a step "
-             "ends in EOS (minitfm's --stopping exact), not once the beam's hypotheses have all "
-             "finished: translations may differ from minitfm's first-k search")
+        length_penalty = UNIT_LENGTH_PENALTY    # no score changes, but CTranslate2 counts
     elif beam > 1 and alpha and stopping == "exact":
         patience = limit + 1         # no count of finished hypotheses may stop CTranslate2 early
     call = translate_kwargs(beam, length_penalty, limit, cfg.max_len, patience)
@@ -293,7 +297,7 @@ def vocabulary(loaded: Loaded, size: int) -> tuple[list[str], bytes | None]:
 
 def export(loaded: Loaded, directory: str, *, quantization: str | None = None, beam: int = 4,
            alpha: float = 0.6, max_len: int | None = None, lenpen_form: str = "gnmt",
-           stopping: str = DEFAULT_STOPPING, warn=print) -> dict:
+           stopping: str = "auto", warn=print) -> dict:
     """Write the CTranslate2 model of ``loaded`` into the (new, empty) ``directory``: model.bin,
     config.json, the vocabulary, sentencepiece.model where there is one, and decoding.json.
     Returns the decoding settings."""

@@ -39,9 +39,7 @@ position t alone, writes its key and value into slot t of per-layer buffers (R, 
 lets its query attend to slots 0..t -- the row t of ``self_forward`` with a causal mask (no mask is
 needed: slots after t are never read). ``cross_step`` is the row t of ``cross_forward``; the keys
 and values of the encoder output do not change from step to step and are projected once, by
-``cross_kv``, and several query rows may share one source (the beams of a sentence): G
-consecutive rows of x attend to the same row of keys and values, as G query positions of one
-sequence would. Each step sits right below the forward pass it mirrors.
+``cross_kv``. Each step sits right below the forward pass it mirrors.
 """
 
 from __future__ import annotations
@@ -264,17 +262,13 @@ def cross_kv(memory, p, n_heads):
 def cross_step(x, p, k, v, mask, n_heads: int):
     """Cross-attention of one position over precomputed keys and values; return y (R, d).
 
-    x (R, d_model), R = n * G: rows g*G .. g*G + G - 1 attend to row g of k and v (n, H, S, d_k)
-    from ``cross_kv`` and of mask (n, 1, 1, S) (G = 1: one source per row). Each row equals one
-    row of ``cross_forward``; sharing a source makes one (G x S) score matrix per head of what
-    would be G rows of keys and values, each read G times.
+    x (R, d_model); k and v (R, H, S, d_k) from ``cross_kv``; mask (R, 1, 1, S). Equals one row
+    of ``cross_forward``.
     """
-    n = k.shape[0]
     qp, _ = linear.forward(x, {"w": p["w_q"], "b": p["b_q"]})                       # (R, d)
-    (q,) = split_heads(qp.reshape(n, -1, qp.shape[1]), 1, n_heads)       # (n, H, G, d_k)
-    o, _ = sdpa_forward(q, k, v, mask)                                   # (n, H, G, d_k)
-    merged = merge_heads(o).reshape(x.shape[0], -1)                      # (R, d)
-    y, _ = linear.forward(merged, {"w": p["w_o"], "b": p["b_o"]})
+    (q,) = split_heads(qp[:, None], 1, n_heads)                          # (R, H, 1, d_k)
+    o, _ = sdpa_forward(q, k, v, mask)                                   # (R, H, 1, d_k)
+    y, _ = linear.forward(merge_heads(o)[:, 0], {"w": p["w_o"], "b": p["b_o"]})     # (R, d)
     return y
 
 
