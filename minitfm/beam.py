@@ -31,9 +31,10 @@ The cache rows are hypotheses: sentence i's K beams are rows i*K .. i*K + K - 1.
 A finished hypothesis leaves the beam and is never extended. At its maximum length a sentence's
 K best candidates all finish, with EOS or without. The first step runs on one row per sentence
 (all K rows would hold the same BOS) and then copies its keys and values to the sentence's
-other rows. Done sentences leave the batch, so the work shrinks as the batch finishes. Beams
-move only within their sentence, so the cross-attention keys and values -- the same for all
-beams of a sentence -- are gathered only when sentences leave.
+other rows. Done sentences leave the batch, so the work shrinks as the batch finishes. The
+cross-attention keys and values are the same for all beams of a sentence: the cache holds them
+once per sentence, and as beams move only within their sentence, they are gathered only when
+sentences leave.
 
 When a sentence is done
 -----------------------
@@ -171,10 +172,35 @@ def _select(values, ids, k: int):
 
 
 def first_rows(kv: KVCache, beam: int) -> KVCache:
-    """Views of the rows 0, K, 2K, ... of ``kv``: one row per sentence, for the first step."""
+    """``kv`` with the views of its rows 0, K, 2K, ... alone: one per sentence, for the first
+    step (the cross-attention arrays have one row per sentence already)."""
     return KVCache(self_k=[b[::beam] for b in kv.self_k], self_v=[b[::beam] for b in kv.self_v],
-                   cross_k=[k[::beam] for k in kv.cross_k],
-                   cross_v=[v[::beam] for v in kv.cross_v], src_mask=kv.src_mask[::beam])
+                   cross_k=kv.cross_k, cross_v=kv.cross_v, src_mask=kv.src_mask)
+
+
+def groups_in_place(groups: list[int]) -> list[int]:
+    """The groups of K rows that go on (their indices, ascending), in their order in the smaller
+    batch: a group that lies within it keeps its place, those beyond fill the places that ended
+    sentences left -- the cache then moves the fewest rows (the order of sentences is free)."""
+    n, staying = len(groups), set(groups)
+    beyond = iter(g for g in groups if g >= n)
+    return [g if g in staying else next(beyond) for g in range(n)]
+
+
+def in_parents_rows(live: list, first: int) -> list:
+    """The K ``live`` (parent row, token, score) of a sentence whose rows are ``first`` ..
+    ``first`` + K - 1, placed so that as many as can stay in their parent's row: the cache then
+    copies the keys and values of the others alone (the order of a sentence's beams is free)."""
+    placed, others = [None] * len(live), []
+    for hyp in live:
+        if placed[hyp[0] - first] is None:
+            placed[hyp[0] - first] = hyp
+        else:
+            others.append(hyp)
+    free = iter([j for j, hyp in enumerate(placed) if hyp is None])
+    for hyp in others:
+        placed[next(free)] = hyp
+    return placed
 
 
 # ---- beam search -----------------------------------------------------------------------------
@@ -213,7 +239,7 @@ def beam_search(params: dict, cfg: model.Config, src, beam: int = 4, alpha: floa
         top_scores, top_ids = top_k(candidates, min(2 * k, width * vocab))            # (n, 2K)
         top_scores, top_ids = (a.tolist() for a in backend.to_host_together(top_scores, top_ids))
 
-        rows, next_tokens, next_scores, next_prefixes, still_active = [], [], [], [], []
+        going_on = {}                                   # group -> (sentence, its K live)
         for i, s in enumerate(active):
             last = t + 1 >= limits[s]                   # out of length: the K best finish
             live = []                                   # (parent row, token, score)
@@ -237,18 +263,17 @@ def beam_search(params: dict, cfg: model.Config, src, beam: int = 4, alpha: floa
             elif len(finished[s]) >= k:
                 continue
             live += [(live[0][0], live[0][1], -math.inf)] * (k - len(live))   # tiny vocabularies
-            still_active.append(s)
-            for parent, token, score in live:
-                rows.append(parent)
-                next_tokens.append(token)
-                next_scores.append(score)
-                next_prefixes.append(prefixes[parent] + [token])
-        if not still_active:
+            going_on[i] = s, in_parents_rows(live, i * k)
+        if not going_on:
             break
-        kv = reorder(kv, rows, filled=t + 1)
-        active, prefixes = still_active, next_prefixes
-        tokens = int_array(next_tokens)
-        scores = xp.asarray(next_scores, dtype=scores.dtype).reshape(len(active), k)
+        order = groups_in_place(list(going_on))
+        beams = [hyp for i in order for hyp in going_on[i][1]]   # (parent row, token, score)
+        kv = reorder(kv, [parent for parent, _, _ in beams], filled=t + 1)
+        active = [going_on[i][0] for i in order]
+        prefixes = [prefixes[parent] + [token] for parent, token, _ in beams]
+        tokens = int_array([token for _, token, _ in beams])
+        scores = xp.asarray([score for _, _, score in beams],
+                            dtype=scores.dtype).reshape(len(active), k)
 
     return [sorted(hyps, key=lambda h: -h[1])[:nbest] for hyps in finished]
 

@@ -50,9 +50,11 @@ EXTRA_LENGTH = 50   # maximum output length = source length + 50 (section 6.1)
 class KVCache:
     """Per-layer keys and values for incremental decoding; axis 0 of every array is the row.
 
-    self_k, self_v    one (R, H, L, d_k) buffer per layer; slots < t are filled at step t
-    cross_k, cross_v  one (R, H, S, d_k) array per layer, from the encoder output
-    src_mask          (R, 1, 1, S) additive mask of the padded source positions
+    self_k, self_v    one (R, H, L, d_k) buffer per layer, a row per hypothesis; slots < t are
+                      filled at step t
+    cross_k, cross_v  one (n, H, S, d_k) array per layer, a row per sentence, from the encoder
+                      output: the R / n consecutive rows of its hypotheses share it
+    src_mask          (n, 1, 1, S) additive mask of the padded source positions
     """
 
     self_k: list
@@ -63,6 +65,10 @@ class KVCache:
 
     @property
     def rows(self) -> int:
+        return int(self.self_k[0].shape[0])
+
+    @property
+    def sentences(self) -> int:
         return int(self.src_mask.shape[0])
 
     @property
@@ -73,9 +79,10 @@ class KVCache:
 
 def init_kv_cache(params: dict, cfg: model.Config, src, beam: int = 1,
                   capacity: int | None = None) -> KVCache:
-    """Encode ``src`` (B, S) and return a cache of B*beam rows (each sentence repeated ``beam``
-    times) with room for ``capacity`` decoding steps (default ``cfg.max_len``). The
-    self-attention buffers start empty, not zeroed: no step reads a slot before writing it."""
+    """Encode ``src`` (B, S) and return a cache of B*beam rows (``beam`` rows per sentence, which
+    share its encoder output) with room for ``capacity`` decoding steps (default
+    ``cfg.max_len``). The self-attention buffers start empty, not zeroed: no step reads a slot
+    before writing it."""
     xp = backend.xp
     capacity = cfg.max_len if capacity is None else capacity
     if not 1 <= capacity <= cfg.max_len:
@@ -91,9 +98,7 @@ def init_kv_cache(params: dict, cfg: model.Config, src, beam: int = 1,
 
     return KVCache(self_k=[buffer() for _ in range(cfg.n_layers)],
                    self_v=[buffer() for _ in range(cfg.n_layers)],
-                   cross_k=[xp.repeat(k, beam, axis=0) for k in cross_k],   # (B*beam, H, S, d_k)
-                   cross_v=[xp.repeat(v, beam, axis=0) for v in cross_v],
-                   src_mask=xp.repeat(src_mask, beam, axis=0))
+                   cross_k=cross_k, cross_v=cross_v, src_mask=src_mask)
 
 
 def reorder(kv: KVCache, rows: Sequence[int], filled: int) -> KVCache:
@@ -101,24 +106,28 @@ def reorder(kv: KVCache, rows: Sequence[int], filled: int) -> KVCache:
 
     Works in place: only the rows that change are copied (typically fewer than half of the
     beams change parent), and fewer rows (sentences leaving the batch) become a view of the
-    first ones, so no buffer is ever reallocated. ``rows`` must keep every row within its
-    sentence (beams move only within their sentence): the cross-attention arrays, the same for
-    all beams of a sentence, then need copying only when sentences leave.
+    first ones, so no buffer is ever reallocated. ``rows`` keeps the rows of a sentence together,
+    as many as before, each within its sentence (beams move only within their sentence): the
+    cross-attention arrays, a row per sentence, then change only when sentences leave.
     """
-    n = len(rows)
+    n, group = len(rows), kv.rows // kv.sentences                   # group: rows per sentence
     moved = [j for j, r in enumerate(rows) if r != j]
     if moved:
         dst, src = int_array(moved), int_array([rows[j] for j in moved])
         for buf in kv.self_k + kv.self_v:
             buf[dst, :, :filled] = buf[src, :, :filled]               # (moved, H, filled, d_k)
-        if n < kv.rows:
-            for array in kv.cross_k + kv.cross_v + [kv.src_mask]:
-                array[dst] = array[src]
     if n == kv.rows:
         return kv
+    sentences = [rows[j] // group for j in range(0, n, group)]       # each new sentence's old one
+    moved = [i for i, s in enumerate(sentences) if s != i]
+    if moved:
+        dst, src = int_array(moved), int_array([sentences[i] for i in moved])
+        for array in kv.cross_k + kv.cross_v + [kv.src_mask]:
+            array[dst] = array[src]
+    m = len(sentences)
     return KVCache(self_k=[b[:n] for b in kv.self_k], self_v=[b[:n] for b in kv.self_v],
-                   cross_k=[k[:n] for k in kv.cross_k], cross_v=[v[:n] for v in kv.cross_v],
-                   src_mask=kv.src_mask[:n])
+                   cross_k=[k[:m] for k in kv.cross_k], cross_v=[v[:m] for v in kv.cross_v],
+                   src_mask=kv.src_mask[:m])
 
 
 # ---- one decoding step -----------------------------------------------------------------------

@@ -76,11 +76,14 @@ def test_reorder_gathers_rows_and_drops_sentences():
     before = [k.copy() for k in kv.self_k]
     kv = decode.reorder(kv, [1, 1, 2, 3], filled=2)             # beam 0 of sentence 0 is pruned
     np.testing.assert_array_equal(kv.self_k[0][:, :, :2], before[0][[1, 1, 2, 3], :, :2])
+    cross, mask = kv.cross_k[0].copy(), kv.src_mask.copy()   # a row per sentence
+    assert cross.shape[0] == 2 and mask[0].min() < 0 == mask[1].min()   # sentence 0 is padded
     kv = decode.reorder(kv, [3, 2], filled=2)                   # sentence 0 leaves the batch
-    assert kv.rows == 2
+    assert kv.rows == 2 and kv.sentences == 1
     for i in range(cfg.n_layers):
         np.testing.assert_array_equal(kv.self_k[i][:, :, :2], before[i][[3, 2], :, :2])
-    np.testing.assert_array_equal(kv.src_mask[:, 0, 0], sources([3, 5])[[1, 1]] == 0)
+    np.testing.assert_array_equal(kv.cross_k[0], cross[[1]])
+    np.testing.assert_array_equal(kv.src_mask, mask[[1]])
 
 
 # ---- search on the real (tiny, random) model ---------------------------------------------------
