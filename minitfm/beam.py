@@ -72,6 +72,7 @@ Outputs are lists of ``(token ids without BOS and EOS, score)``, best first.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections.abc import Iterator, Sequence
@@ -174,8 +175,8 @@ def _select(values, ids, k: int):
 def first_rows(kv: KVCache, beam: int) -> KVCache:
     """``kv`` with the views of its rows 0, K, 2K, ... alone: one per sentence, for the first
     step (the cross-attention arrays have one row per sentence already)."""
-    return KVCache(self_k=[b[::beam] for b in kv.self_k], self_v=[b[::beam] for b in kv.self_v],
-                   cross_k=kv.cross_k, cross_v=kv.cross_v, src_mask=kv.src_mask)
+    return dataclasses.replace(kv, self_k=[b[::beam] for b in kv.self_k],
+                               self_v=[b[::beam] for b in kv.self_v])
 
 
 def groups_in_place(groups: list[int]) -> list[int]:

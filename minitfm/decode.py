@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass
 
 from minitfm import backend
@@ -55,6 +56,7 @@ class KVCache:
     cross_k, cross_v  one (n, H, S, d_k) array per layer, a row per sentence, from the encoder
                       output: the R / n consecutive rows of its hypotheses share it
     src_mask          (n, 1, 1, S) additive mask of the padded source positions
+    projection        (d, V) the output projection, contiguous (``model.output_projection``)
     """
 
     self_k: list
@@ -62,6 +64,7 @@ class KVCache:
     cross_k: list
     cross_v: list
     src_mask: object
+    projection: object
 
     @property
     def rows(self) -> int:
@@ -98,7 +101,8 @@ def init_kv_cache(params: dict, cfg: model.Config, src, beam: int = 1,
 
     return KVCache(self_k=[buffer() for _ in range(cfg.n_layers)],
                    self_v=[buffer() for _ in range(cfg.n_layers)],
-                   cross_k=cross_k, cross_v=cross_v, src_mask=src_mask)
+                   cross_k=cross_k, cross_v=cross_v, src_mask=src_mask,
+                   projection=model.output_projection(params, cfg))
 
 
 def reorder(kv: KVCache, rows: Sequence[int], filled: int) -> KVCache:
@@ -125,9 +129,10 @@ def reorder(kv: KVCache, rows: Sequence[int], filled: int) -> KVCache:
         for array in kv.cross_k + kv.cross_v + [kv.src_mask]:
             array[dst] = array[src]
     m = len(sentences)
-    return KVCache(self_k=[b[:n] for b in kv.self_k], self_v=[b[:n] for b in kv.self_v],
-                   cross_k=[k[:m] for k in kv.cross_k], cross_v=[v[:m] for v in kv.cross_v],
-                   src_mask=kv.src_mask[:m])
+    return dataclasses.replace(
+        kv, self_k=[b[:n] for b in kv.self_k], self_v=[b[:n] for b in kv.self_v],
+        cross_k=[k[:m] for k in kv.cross_k], cross_v=[v[:m] for v in kv.cross_v],
+        src_mask=kv.src_mask[:m])
 
 
 # ---- one decoding step -----------------------------------------------------------------------
@@ -139,7 +144,7 @@ def step(params: dict, cfg: model.Config, kv: KVCache, tokens, t: int):
         raise ValueError(f"decoding step {t} is past the cache capacity {kv.capacity}")
     h = model.decoder_step(params, cfg, tokens, t, kv.self_k, kv.self_v,
                            kv.cross_k, kv.cross_v, kv.src_mask)                # (R, d)
-    return model.logits(params, cfg, h)                                         # (R, V)
+    return model.logits(params, cfg, h, kv.projection)                          # (R, V)
 
 
 # ---- search helpers --------------------------------------------------------------------------
