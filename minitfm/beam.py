@@ -25,7 +25,8 @@ The cache rows are hypotheses: sentence i's K beams are rows i*K .. i*K + K - 1.
    pairs among its K*V candidates;
 3. finishes the pairs ending in EOS that rank among the K best (scored with the length penalty)
    and continues with the K best that do not end in EOS -- at most K of 2K candidates are EOS,
-   so K remain (with beam 1 this is greedy decoding exactly);
+   so K remain (with beam 1 this is greedy decoding exactly, but for exact stopping with a
+   length penalty, which may search on past the first EOS);
 4. gathers the self-attention cache rows of the continuing hypotheses' parents ("reordering").
 
 A finished hypothesis leaves the beam and is never extended. At its maximum length a sentence's
@@ -252,8 +253,10 @@ def beam_search(params: dict, cfg: model.Config, src, beam: int = 4, alpha: floa
                     tail = [] if token == cfg.eos_id else [token]
                     hyp = (prefixes[parent] + tail, score / lp[t + 1])
                     finished[s].append(hyp)
-                    (heapq.heappush if len(best[s]) < nbest else heapq.heappushpop)(best[s],
-                                                                                    hyp[1])
+                    if len(best[s]) < nbest:
+                        heapq.heappush(best[s], hyp[1])
+                    else:
+                        heapq.heappushpop(best[s], hyp[1])
                 elif token != cfg.eos_id and len(live) < k:
                     live.append((parent, token, score))
             if last or not live:
