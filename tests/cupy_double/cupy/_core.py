@@ -309,7 +309,10 @@ class ndarray:
         return self
 
     # -- refusals (cupy/_core/core.pyx) --
-    def __array__(self, dtype=None):
+    def __array__(self, dtype=None, copy=None):
+        # CuPy 14.2's takes no ``copy``: NumPy 2 calls with it first and, refused, warns that
+        # __array__ must take it before calling again. The double takes the keyword, so that
+        # the one refusal seen is CuPy's own, without NumPy's migration warning.
         raise TypeError(
             "Implicit conversion to a NumPy array is not allowed. "
             "Please use `.get()` to construct a NumPy array explicitly.")
@@ -802,6 +805,8 @@ def _garbage(shape, dtype, order="C") -> numpy.ndarray:
     """Uninitialised memory, made visible: NaN for floating and complex types, a large garbage
     value for integers, True for booleans."""
     dtype = numpy.dtype(dtype)
+    count = numpy.prod(shape if isinstance(shape, (tuple, list)) else (shape,), dtype=numpy.int64)
+    _state.check_fits(int(count) * dtype.itemsize, _state.current_device())
     host = numpy.empty(shape, dtype=dtype, order=order if order in ("C", "F") else "C")
     if dtype.kind in "fc":
         host.fill(numpy.nan)

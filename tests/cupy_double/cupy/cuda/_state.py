@@ -55,13 +55,20 @@ def allocate(nbytes: int, device_id: int) -> int:
     ``OutOfMemoryError`` as CuPy's pool raises it (cupy/cuda/memory.pyx)."""
     size = -(-nbytes // UNIT) * UNIT
     with _lock:
-        if _used[device_id] + size > MEMORY:
-            from cupy.cuda.memory import OutOfMemoryError
-            raise OutOfMemoryError(size, _used[device_id])
+        check_fits(nbytes, device_id)
         _used[device_id] += size
         ptr = _next_ptr[0]
         _next_ptr[0] += max(size, UNIT)
     return ptr
+
+
+def check_fits(nbytes: int, device_id: int) -> None:
+    """``OutOfMemoryError`` where ``nbytes`` do not fit beside what the device holds: asked
+    before the host array behind an allocation is made, so that a refused size costs nothing."""
+    size = -(-nbytes // UNIT) * UNIT
+    if _used[device_id] + size > MEMORY:
+        from cupy.cuda.memory import OutOfMemoryError
+        raise OutOfMemoryError(size, _used[device_id])
 
 
 def register(allocation) -> None:
