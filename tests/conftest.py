@@ -5,8 +5,14 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+from threadpoolctl import threadpool_limits
 
 from minitfm import backend
+
+# The tests' models are tiny: a second BLAS thread costs more than it brings, and on a machine
+# whose cores are busy its waiting spins cost many times the work (a 300-update training, 2 s of
+# CPU on one thread, took 30 s on two). Commands the tests start choose their own threads.
+threadpool_limits(limits=1, user_api="blas")
 
 settings.register_profile("default", deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
