@@ -328,6 +328,7 @@ def test_cuda_names_and_errors(double, real):
     for path in ("Device", "Stream", "get_current_stream", "runtime.getDeviceCount",
                  "runtime.getDevice", "runtime.setDevice", "runtime.getDeviceProperties",
                  "runtime.memGetInfo", "runtime.deviceSynchronize", "runtime.CUDARuntimeError",
+                 "runtime.runtimeGetVersion", "runtime.driverGetVersion", "Device.compute_capability",
                  "memory.OutOfMemoryError", "MemoryPointer", "Device.use", "Device.synchronize",
                  "Stream.synchronize", "Stream.use"):
         mine, theirs = double.cuda, real.cuda
@@ -346,6 +347,36 @@ def test_cuda_names_and_errors(double, real):
     assert str(double.cuda.runtime.CUDARuntimeError(101)) == str(real.cuda.runtime.CUDARuntimeError(101))
     assert str(double.cuda.memory.OutOfMemoryError(1024, 512)) == str(real.cuda.memory.OutOfMemoryError(1024, 512))
     assert issubclass(double.cuda.memory.OutOfMemoryError, MemoryError)
+
+
+COMPUTE_TYPES = ("TBD", "DEFAULT", "PEDANTIC", "FP16", "FP32", "FP64", "BF16", "TF32")
+
+
+def test_compute_types_match(double, real):
+    """cupy._core.set_compute_type / get_compute_type and the COMPUTE_TYPE_* constants of
+    cupy._core._routines_linalg: the same values, parameters and refusals (those that need no
+    device; the compute-capability warning is read from the v14.2.0 source, RULES.md)."""
+    from cupy._core import _routines_linalg as mine      # the double's, while it is `cupy`
+    theirs = importlib.import_module(real.__name__ + "._core._routines_linalg")
+    for name in COMPUTE_TYPES:
+        assert getattr(mine, f"COMPUTE_TYPE_{name}") == getattr(theirs, f"COMPUTE_TYPE_{name}")
+    problems = []
+    for name in ("set_compute_type", "get_compute_type"):
+        problems += _same_parameters(getattr(double._core, name), getattr(real._core, name),
+                                     f"cupy._core.{name}")
+    assert not problems, "\n".join(problems)
+    for module in (double, real):
+        with pytest.raises(ValueError, match="^Unknown compute type: 99$"):
+            module._core.set_compute_type(numpy.float32, 99)
+        with pytest.raises(TypeError, match="dtype is not supported: int32"):
+            module._core.set_compute_type(numpy.dtype(numpy.int32), 1)
+    refusals = []
+    for module in (double, real):
+        try:
+            module._core.get_compute_type(numpy.int32)
+        except Exception as exc:             # CuPy 14 reads `.name` of the type: AttributeError
+            refusals.append(type(exc))
+    assert len(refusals) == 2 and refusals[0] is refusals[1], refusals
 
 
 def _nccl_documentation() -> str:
