@@ -9,7 +9,8 @@ messages; an unset type is decided at the first ``get_compute_type`` of its dtyp
 through ``tensordot_core`` (``dot``, ``tensordot``, ``matmul`` of at most 2-D operands, and
 ``dot`` of N-D ones; not a product of two vectors, which is a reduction kernel) runs on TF32
 tensor cores: the double rounds each operand to TF32's 10-bit mantissa (to nearest) and
-accumulates in float32, and counts it (``tf32_products``). A batched ``matmul`` (an operand of
+accumulates in float32, and counts it (``tf32_products``; one in plain float32 counts
+``fp32_products``). A batched ``matmul`` (an operand of
 3 or more dimensions) goes through cuBLAS's ``gemmStridedBatchedEx`` with float32 compute: no
 TF32, whatever the compute type.
 """
@@ -91,8 +92,9 @@ def core_operands(a: ndarray, b: ndarray):
     if a.ndim == b.ndim == 1 or result != numpy.float32:
         return a._a, b._a
     if get_compute_type(result) != COMPUTE_TYPE_TF32:
+        _double.record("fp32_products", "float32 GEMM")
         return a._a, b._a
-    _double.record("tf32_products", "tensor-core product")
+    _double.record("tf32_products", "TF32 GEMM")
     return _tf32(a._a.astype(numpy.float32)), _tf32(b._a.astype(numpy.float32))
 
 
