@@ -13,8 +13,8 @@ float32; minitfm.backend.set_precision):
    full training step (forward, backward, Adam update), target tokens/s, the model FLOPs of the
    step counted analytically (every matrix product of the forward and backward passes), the
    fraction of the measured peak this reaches, and the peak resident memory;
-3. with ``--breakdown`` (NumPy), the same steps again through the operation counter of
-   ``bench_ops.py`` with a clock around every array operation: the seconds per step spent in
+3. with ``--breakdown`` (NumPy), the same steps again through bench_ops.py's operation counter
+   (``op_counter.py``) with a clock around every array operation: the seconds per step spent in
    matrix products and in all other operations (by layer), and the fraction of peak the step
    would reach if everything but the matrix products took no time -- the ceiling of any work on
    the elementwise passes.
@@ -155,11 +155,11 @@ def run_preset(name: str, steps: int, warmup: int) -> dict:
 
 def breakdown(name: str, steps: int) -> dict:
     """Seconds per step in matrix products and, by module, in every other array operation."""
-    import bench_ops                 # the operation counter, here with its clock on
+    import op_counter                # the operation counter, here with its clock on
     batch, src_len, tgt_len = BATCHES[name]
     cfg = preset_config(name)
-    seconds = bench_ops.clocked(lambda: make_step(cfg, batch, src_len, tgt_len), steps)
-    products, others = bench_ops.split_seconds(seconds)
+    seconds = op_counter.clocked(lambda: make_step(cfg, batch, src_len, tgt_len), steps)
+    products, others = op_counter.split_seconds(seconds)
     return {"matmul_s": products, "other_s": sum(others.values()),
             "other_s_by_module": dict(others.most_common())}
 
