@@ -34,7 +34,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path[:0] = [str(ROOT)] if str(ROOT) not in sys.path else []   # run without an install
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))          # run from the checkout, without an install
 
 import gpu_check_device as device  # noqa: E402
 import gpu_check_pytest  # noqa: E402
@@ -123,7 +124,7 @@ def pytest_section(check: Check) -> dict:
     budget = max(0.0, min(check.args.pytest_budget, check.remaining()))
     paths = ("tests/test_gpu.py",) if check.args.smoke else ()
     return gpu_check_pytest.run_tests(ROOT, check.args.out / "pytest-events.jsonl", budget,
-                                      paths=paths, grace_s=5.0 if check.args.smoke else 20.0)
+                                      paths=paths, grace_s=2.0 if check.args.smoke else 20.0)
 
 
 def base_section(check: Check) -> dict:
