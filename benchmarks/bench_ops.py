@@ -5,8 +5,9 @@ independently of the device, and the kernel launches of CuPy's path.
     python benchmarks/bench_ops.py --preset small --micro-batches 1 2 --json
 
 On a GPU every array operation is (at least) one kernel launch, which costs the host time
-whatever the array's size, and every conversion of a device array to a Python number or a host array stalls the queue
-until the device catches up. Wall time on a CPU hides both; this benchmark counts them:
+whatever the array's size, and every conversion of a device array to a Python number or a host
+array stalls the queue until the device catches up. Wall time on a CPU hides both; this
+benchmark counts them:
 
 - *operations* and *syncs*: real training updates through ``minitfm.train.train`` with NumPy's
   module replaced by the counting stand-in of ``op_counter.py`` (which says what counts), by

@@ -159,7 +159,10 @@ def count_launches(run) -> tuple[int | None, str]:
         with cupy._double.counting() as counted:
             run()
         return counted.launches, "the CuPy double's count (one per CuPy call: RULES.md)"
-    return profiled_launches(run)
+    launches, how = profiled_launches(run)
+    if launches == 0:                     # CUPTI saw none of CuPy's kernels: nothing measured
+        return None, "not counted: PyTorch's profiler saw no kernel of CuPy's"
+    return launches, how
 
 
 def profiled_launches(run) -> tuple[int | None, str]:

@@ -82,7 +82,7 @@ def timed(step: Callable, sync: Callable, sizes: Sizes) -> dict:
     return {"first_step_s": times[0], "step_s": statistics.median(times[sizes.warmup:])}
 
 
-# ---- the base update against PyTorch ---------------------------------------------------------------
+# ---- the base update against PyTorch -------------------------------------------------------------
 
 def minitfm_row(cfg, rows: int, sizes: Sizes, precision: str) -> dict:
     backend.set_precision(precision)
@@ -151,7 +151,7 @@ def base_update(sizes: Sizes, gpu: str, deadline: float) -> dict:
     return result
 
 
-# ---- the big preset's largest batch ----------------------------------------------------------------
+# ---- the big preset's largest batch --------------------------------------------------------------
 
 def is_out_of_memory(exc: BaseException) -> bool:
     text = str(exc)

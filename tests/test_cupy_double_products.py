@@ -12,7 +12,7 @@ from .test_cupy_double import cp  # noqa: F401  (a fixture: the double under eac
 
 # ---- kernel launches, counted -----------------------------------------------------------------
 
-def test_launches_are_counted_once_per_device_operation(cp):
+def test_launches_are_counted_once_per_device_operation(cp):  # noqa: F811
     x = cp.arange(12.0).reshape(3, 4)
     with cp._double.counting() as launched:
         cp.empty((2, 3))                           # allocation only: 0
@@ -36,7 +36,7 @@ def test_launches_are_counted_once_per_device_operation(cp):
 # ---- the compute type of products --------------------------------------------------------------
 
 @pytest.fixture
-def compute_type(cp):
+def compute_type(cp):  # noqa: F811
     """cupy._core._routines_linalg; the float32 compute type put back afterwards."""
     linalg = cp._core._routines_linalg
     saved = linalg.get_compute_type(np.float32)
@@ -51,7 +51,7 @@ def tf32(values) -> np.ndarray:
     return rounded.astype(np.uint32).view(np.float32)
 
 
-def test_tf32_compute_type_rounds_the_operands_of_2d_products_only(cp, compute_type):
+def test_tf32_compute_type_rounds_the_operands_of_2d_products_only(cp, compute_type):  # noqa: F811
     rng = np.random.default_rng(0)
     a = rng.standard_normal((4, 8)).astype(np.float32)
     b = rng.standard_normal((8, 3)).astype(np.float32)
@@ -80,7 +80,7 @@ def test_tf32_compute_type_rounds_the_operands_of_2d_products_only(cp, compute_t
     np.testing.assert_array_equal((da @ db).get(), a @ b)
 
 
-def test_compute_type_follows_cupy_tf32_and_the_compute_capability(cp, compute_type,
+def test_compute_type_follows_cupy_tf32_and_the_compute_capability(cp, compute_type,  # noqa: F811
                                                                    monkeypatch):
     monkeypatch.setenv("CUPY_TF32", "1")
     compute_type.set_compute_type(np.float32, compute_type.COMPUTE_TYPE_TBD)

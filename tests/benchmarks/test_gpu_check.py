@@ -76,7 +76,7 @@ def test_dense_peaks_by_card_name(modules, name, tf32):
         assert peaks["fp32"] < peaks["tf32"] < peaks["fp16"]
 
 
-# ---- the whole check, on the double ---------------------------------------------------------------
+# ---- the whole check, on the double --------------------------------------------------------------
 
 def check_report(report: dict, markdown: str) -> None:
     sections = report["sections"]
