@@ -55,13 +55,15 @@ def cuda_version(number: int) -> str:
     return f"{number // 1000}.{number % 1000 // 10}"
 
 
-def torch_module():
-    """PyTorch, or None where it is not installed."""
+def import_torch() -> tuple[object | None, str]:
+    """``(torch, its version)``, or ``(None, why not)``: not installed, or failing to import."""
     try:
         import torch
     except ImportError:
-        return None
-    return torch
+        return None, "not installed"
+    except Exception as exc:            # a broken install (CUDA libraries): say so, go on
+        return None, f"not importable ({type(exc).__name__}: {exc})"
+    return torch, torch.__version__
 
 
 def device_info() -> dict:
@@ -73,7 +75,7 @@ def device_info() -> dict:
     name = runtime.getDeviceProperties(device.id)["name"]
     free, total = runtime.memGetInfo()
     capability = int(device.compute_capability)
-    torch = torch_module()
+    torch, torch_version = import_torch()
     info = {"gpu": name.decode() if isinstance(name, bytes) else str(name),
             "memory_bytes": int(total), "memory_gib": round(total / 2 ** 30, 1),
             "free_gib": round(free / 2 ** 30, 1),
@@ -81,7 +83,7 @@ def device_info() -> dict:
             "driver_cuda": cuda_version(runtime.driverGetVersion()),
             "runtime_cuda": cuda_version(runtime.runtimeGetVersion()),
             "cupy": cupy.__version__, "numpy": numpy.__version__,
-            "pytorch": torch.__version__ if torch else "not installed",
+            "pytorch": torch_version,
             "python": platform.python_version(), "cupy_double": on_double()}
     if torch:
         info["pytorch_cuda"] = (f"{torch.version.cuda}, {torch.cuda.device_count()} device(s)"
@@ -167,7 +169,7 @@ def count_launches(run) -> tuple[int | None, str]:
 
 def profiled_launches(run) -> tuple[int | None, str]:
     """The kernels and memsets PyTorch's profiler sees on the device while ``run()`` runs."""
-    torch = torch_module()
+    torch, _ = import_torch()
     if torch is None or not torch.cuda.is_available():
         return None, "not counted: PyTorch's profiler (CUPTI) counts them, and it is missing"
     from torch.autograd import DeviceType

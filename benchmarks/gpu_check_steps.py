@@ -98,9 +98,9 @@ def minitfm_row(cfg, rows: int, sizes: Sizes, precision: str) -> dict:
 
 
 def torch_row(cfg, rows: int, sizes: Sizes, precision: str) -> dict:
-    torch = device.torch_module()
+    torch, version = device.import_torch()
     if torch is None:
-        return {"status": "skipped", "why": "PyTorch is not installed"}
+        return {"status": "skipped", "why": f"PyTorch is {version}"}
     cuda = torch.cuda.is_available()
     if not cuda and precision != "fp32":
         return {"status": "skipped", "why": f"{precision} needs PyTorch with a CUDA device"}
