@@ -85,16 +85,18 @@ def timed(step: Callable, sync: Callable, sizes: Sizes) -> dict:
 # ---- the base update against PyTorch -------------------------------------------------------------
 
 def minitfm_row(cfg, rows: int, sizes: Sizes, precision: str) -> dict:
-    backend.set_precision(precision)
     device.release_cupy_memory()
-    step = bench_train.make_step(cfg, rows, sizes.length, sizes.length)
-    row = timed(step, device.sync, sizes)
-    row["peak_memory_gib"] = device.cupy_pool_bytes() / GIB
-    row["launches_per_update"], row["launches_counted_by"] = device.count_launches(step)
-    del step
-    device.release_cupy_memory()
-    backend.set_precision(None)
-    return row
+    try:
+        backend.set_precision(precision)
+        step = bench_train.make_step(cfg, rows, sizes.length, sizes.length)
+        row = timed(step, device.sync, sizes)
+        row["peak_memory_gib"] = device.cupy_pool_bytes() / GIB
+        row["launches_per_update"], row["launches_counted_by"] = device.count_launches(step)
+        return row
+    finally:
+        step = None
+        device.release_cupy_memory()
+        backend.set_precision(None)
 
 
 def torch_row(cfg, rows: int, sizes: Sizes, precision: str) -> dict:
@@ -104,20 +106,25 @@ def torch_row(cfg, rows: int, sizes: Sizes, precision: str) -> dict:
     cuda = torch.cuda.is_available()
     if not cuda and precision != "fp32":
         return {"status": "skipped", "why": f"{precision} needs PyTorch with a CUDA device"}
-    src, tgt = bench_train.make_batch(cfg, rows, sizes.length, sizes.length)
-    step = bench_torch.torch_step(cfg, src, tgt, "cuda" if cuda else "cpu", precision)
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    if cuda:
+    if not cuda:
+        return {**torch_timing(torch, cfg, rows, sizes, precision, "cpu"),
+                "device": "cpu (PyTorch has no CUDA device here)"}
+    device.release_cupy_memory()                   # minitfm's blocks: the card is PyTorch's
+    try:
         torch.cuda.reset_peak_memory_stats()
-    row = timed(step, sync, sizes)
-    if cuda:
-        row["peak_memory_gib"] = torch.cuda.max_memory_reserved() / GIB
-        row["launches_per_update"], row["launches_counted_by"] = device.profiled_launches(step)
-    else:
-        row["device"] = "cpu (PyTorch has no CUDA device here)"
-    del step
-    if cuda:
+        return torch_timing(torch, cfg, rows, sizes, precision, "cuda")
+    finally:
         torch.cuda.empty_cache()
+
+
+def torch_timing(torch, cfg, rows: int, sizes: Sizes, precision: str, where: str) -> dict:
+    src, tgt = bench_train.make_batch(cfg, rows, sizes.length, sizes.length)
+    step = bench_torch.torch_step(cfg, src, tgt, where, precision)
+    if where == "cpu":
+        return timed(step, lambda: None, sizes)
+    row = timed(step, torch.cuda.synchronize, sizes)
+    row["peak_memory_gib"] = torch.cuda.max_memory_reserved() / GIB
+    row["launches_per_update"], row["launches_counted_by"] = device.profiled_launches(step)
     return row
 
 
