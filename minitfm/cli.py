@@ -35,7 +35,7 @@ from pathlib import Path
 from minitfm import backend, checkpoint, distributed, exits, optim, placement, stops, train, usable
 from minitfm.exits import UsageError
 from minitfm.models.translator import Config
-from minitfm.options import positive_int
+from minitfm.options import add_precision_option, positive_int
 from minitfm.rundir import RunDirectory
 
 __all__ = ["EXIT_INTERRUPTED", "UsageError", "reuse_freed_memory", "add_backend_option",
@@ -94,23 +94,32 @@ def add_threads_option(parser, cap: int | None) -> None:
                              f"set, else {share}" + (f", at most {cap})" if cap else ")"))
 
 
-def place(threads: int | None, cap: int | None, announce: bool = True) -> placement.Placement:
+def place(threads: int | None, cap: int | None, precision: str | None = None,
+          announce: bool = True) -> placement.Placement:
     """Place this worker (placement.place: its GPU, or its BLAS threads, from ``--threads``, the
-    environment or its share of the cores, at most ``cap``) for the active backend, and print
-    the decision as the run's first line (rank 0; not with ``announce=False``, for output that
-    must be the command's text alone). Call it after the backend is chosen and before any array
-    is made."""
+    environment or its share of the cores, at most ``cap``) for the active backend, set the
+    precision of its float32 products (``--precision``; None: the backend's default for its
+    device, :func:`minitfm.backend.set_precision`), and print both as the run's first line
+    (rank 0; not with ``announce=False``, for output that must be the command's text alone).
+    Call it after the backend is chosen and before any array is made."""
     world = distributed.world()
     decided = placement.place(world, backend.name, threads=threads, cap=cap)
+    try:
+        chosen, why = backend.set_precision(precision)
+    except backend.BackendError as exc:
+        raise UsageError(f"--precision {precision}: {exc}") from exc
     if announce and world.is_root:
-        print(decided.describe(), flush=True)
+        print(f"{decided.describe()}; precision {chosen} "
+              f"({'--precision' if precision else why})", flush=True)
     return decided
 
 
 def add_placement_options(group, backend_default: str, threads_cap: int | None) -> None:
-    """``--backend`` and ``--threads``: where a worker runs (:func:`place`)."""
+    """``--backend``, ``--threads`` and ``--precision``: where a worker runs and how its
+    products are computed (:func:`place`)."""
     add_backend_option(group, backend_default)
     add_threads_option(group, threads_cap)
+    add_precision_option(group)
 
 
 # ---- the run directory -----------------------------------------------------------------------

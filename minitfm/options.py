@@ -6,8 +6,8 @@ groups the training commands share.
   any work; NaN and infinity are refused wherever a finite number is meant; :func:`phase` reads a
   point or length of a run (a fraction, ``<N>steps``, ``<x>epochs``, ``auto``);
 - ``add_*_options`` add one group each (optimiser, schedule, checkpoints, validation, logging,
-  seed) with the calling command's defaults, so that the same option means the same thing, with
-  the same help, in ``train_toy.py``, ``train_lm.py`` and ``train_wmt.py``.
+  seed, precision) with the calling command's defaults, so that the same option means the same
+  thing, with the same help, in ``train_toy.py``, ``train_lm.py`` and ``train_wmt.py``.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ import argparse
 import math
 from collections.abc import Callable, Sequence
 
-from minitfm import phases
+from minitfm import backend, phases
 
 __all__ = ["integer", "number", "positive_int", "phase", "add_optimiser_options",
            "add_schedule_options", "add_checkpoint_options", "BEST_METRICS",
            "add_validation_options", "check_validation_options", "validation_options",
-           "add_max_epochs_option", "add_logging_options", "add_seed_option"]
+           "add_max_epochs_option", "add_logging_options", "add_seed_option",
+           "add_precision_option"]
 
 
 # ---- option values ---------------------------------------------------------------------------
@@ -200,3 +201,12 @@ def add_logging_options(group, *, valid_every: tuple[int | None, str],
 def add_seed_option(group, what: str = "") -> None:
     group.add_argument("--seed", type=integer(0), default=0,
                        help=f"seeds {what or 'initialisation, dropout and the data'} (default 0)")
+
+
+def add_precision_option(group) -> None:
+    """``--precision fp32|tf32``: how float32 matrix products run (backend.set_precision)."""
+    group.add_argument("--precision", choices=backend.PRECISIONS,
+                       help="float32 matrix products: tf32 on a GPU's tensor cores (compute "
+                            "capability 8.0 or higher; batched products, attention's, stay "
+                            "float32) or plain fp32 (default: tf32 on such a GPU, else fp32; "
+                            "the CPU has fp32 only)")

@@ -138,9 +138,11 @@ def test_the_placement_in_words(record, text):
 
 
 def expected_line(workers: int, cap: int | None) -> str:
-    """What ``placement.place`` says with no thread variable set, on this machine's cores."""
+    """What a trainer prints first with no thread variable set, on this machine's cores: where
+    ``placement.place`` put it, and the precision of its products."""
     threads, why = blas_threads(workers, cap=cap, environ={})
-    return Placement(0, workers, why, threads=threads).describe()
+    return (f"{Placement(0, workers, why, threads=threads).describe()}; "
+            f"precision fp32 (NumPy: float32 only)")
 
 
 def run_command(argv: list[str], env: dict, workers: int = 1) -> subprocess.CompletedProcess:

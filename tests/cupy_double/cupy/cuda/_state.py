@@ -1,7 +1,7 @@
 """The emulated devices: which is current, how many there are, their memory.
 
 ``CUPY_DOUBLE_DEVICES`` (default 1) devices, each with ``CUPY_DOUBLE_MEMORY`` bytes (default
-16 GiB). Allocations are accounted per device in blocks of 512 bytes, as CuPy's memory pool
+16 GiB) and compute capability ``CUPY_DOUBLE_COMPUTE_CAPABILITY`` (default 90, i.e. 9.0). Allocations are accounted per device in blocks of 512 bytes, as CuPy's memory pool
 rounds them (cupy/cuda/memory.pyx ALLOCATION_UNIT_SIZE), and handed fake device addresses that
 are never reused, so that ``ndarray.data.ptr`` names one allocation and offset.
 """
@@ -29,6 +29,7 @@ def _int_env(name: str, default: int) -> int:
 
 DEVICE_COUNT = _int_env("CUPY_DOUBLE_DEVICES", 1)
 MEMORY = _int_env("CUPY_DOUBLE_MEMORY", 16 << 30)
+COMPUTE_CAPABILITY = _int_env("CUPY_DOUBLE_COMPUTE_CAPABILITY", 90)   # 90: 9.0, an H100's
 
 _local = threading.local()
 _used = [0] * max(DEVICE_COUNT, 1)
