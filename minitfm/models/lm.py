@@ -3,8 +3,8 @@
 The paper's decoder is "composed of a stack of N = 6 identical layers [...] In addition to the two
 sub-layers in each encoder layer, the decoder inserts a third sub-layer, which performs multi-head
 attention over the output of the encoder stack" (section 3.1). Without an encoder there is no
-third sub-layer: each layer is self-attention under the decoder's causal mask, then feed-forward,
-each in a residual connection with LayerNorm (layers/decoder_only.py):
+third sub-layer: each layer is the encoder's layer, self-attention then feed-forward, each in a
+residual connection with LayerNorm, under the decoder's causal mask (layers/decoder_only.py):
 
     x (B, T) ids ──inputs: embed·√d + positions, dropout──► N x decoder-only layer (causal)
                  ──► final LayerNorm (pre-LN) ──► h (B, T, d)
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from minitfm import backend, flat
-from minitfm.layers import decoder_only, inputs, out_part, output, prefixed, subdict
+from minitfm.layers import decoder_only, encoder, inputs, out_part, output, prefixed, subdict
 from minitfm.models.base import (check_dropouts, check_param_shapes, check_positive_ints,
                                  check_tokens, initial_values)
 
@@ -142,7 +142,7 @@ def _inputs(tree: dict) -> dict:
 
 class ForwardCache(NamedTuple):
     embed: inputs.Cache
-    stack: decoder_only.StackCache
+    stack: encoder.StackCache         # the decoder-only stack is the encoder's (decoder_only.py)
 
 
 def forward(params, cfg: LMConfig, x, rng=None):
