@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from minitfm import gradcheck
-from minitfm.layers import (attention, decoder, decoder_only, dropout, embedding, encoder,
+from minitfm.layers import (attention, decoder, dropout, embedding, encoder,
                             feedforward, inputs, layernorm, linear, loss, positional, residual)
 
 ROOT = Path(__file__).resolve().parents[2]
