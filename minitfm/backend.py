@@ -30,6 +30,8 @@ import os
 
 import numpy
 
+from minitfm import philox    # the CuPy backend's generator: computes with the xp it is given
+
 __all__ = [
     "BackendError", "xp", "name", "use", "float_dtype", "set_float_dtype",
     "to_device", "to_host", "to_host_together", "is_host_array", "host_copy", "scatter_add", "sorted_scatter_add", "dropout_keep", "rng",
@@ -319,7 +321,6 @@ def dropout_keep(generator, shape, p: float):
         size = int(numpy.prod(shape))
         draws = numpy.frombuffer(generator.bytes(2 * size), dtype=numpy.uint16).reshape(shape)
         return draws >= threshold, scale
-    from minitfm import philox    # imported here: philox computes with this module's xp
     if isinstance(generator, philox.Philox):
         return generator.keep(shape, threshold), scale
     raise TypeError(f"dropout on the {_active_name()} backend draws from a generator of "
@@ -341,8 +342,7 @@ def rng(seed: int, *stream: int):
     state per GPU thread, for every batch). The two backends draw different masks from one seed.
     """
     if _active_name() == "cupy":
-        from minitfm import philox    # imported here: philox computes with this module's xp
-        return philox.Philox.seeded(seed, *stream)
+        return philox.Philox.seeded(seed, *stream, xp=_active())
     return numpy.random.default_rng([int(seed), *[int(s) for s in stream]])
 
 

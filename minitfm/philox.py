@@ -34,7 +34,9 @@ From words to values (elements in row-major order):
     keep mask          u >= threshold, with u = the low 16 bits of w[i // 2] for even i, the
                        high 16 bits for odd i: drop with probability threshold / 2^16
 
-The shapes and sizes are host integers, and nothing is read back from the device.
+The shapes and sizes are host integers, and nothing is read back from the device. The array
+module a generator computes with (NumPy or CuPy) is given to it (``xp``): the backend makes its
+generators (``backend.rng``), and this module imports none of the library's.
 """
 
 from __future__ import annotations
@@ -42,8 +44,6 @@ from __future__ import annotations
 import hashlib
 import math
 import operator
-
-from minitfm import backend
 
 __all__ = ["Philox", "block", "key_of", "MULTIPLIERS", "WEYL", "ROUNDS"]
 
@@ -53,10 +53,11 @@ ROUNDS = 10
 WORD = 0xFFFFFFFF
 
 
-def block(c0, c1, c2, c3, k0: int, k1: int):
-    """Philox4x32-10 of the counters (c0, c1, c2, c3), uint64 arrays of 32-bit words, under the
-    key (k0, k1) (host integers): the four output words, uint64 arrays of the same shape."""
-    u64 = backend.xp.uint64                         # every constant typed: no promotion surprises
+def block(c0, c1, c2, c3, k0: int, k1: int, xp):
+    """Philox4x32-10 of the counters (c0, c1, c2, c3), uint64 arrays of 32-bit words of the
+    array module ``xp``, under the key (k0, k1) (host integers): the four output words, uint64
+    arrays of the same shape."""
+    u64 = xp.uint64                         # every constant typed: no promotion surprises
     m0, m1, word, half = u64(MULTIPLIERS[0]), u64(MULTIPLIERS[1]), u64(WORD), u64(32)
     for r in range(ROUNDS):
         if r:
@@ -82,43 +83,45 @@ def key_of(seed: int, *stream: int) -> int:
 
 
 class Philox:
-    """The Philox4x32-10 stream of the 64-bit key ``key``, from block ``counter`` on.
+    """The Philox4x32-10 stream of the 64-bit key ``key``, from block ``counter`` on, computed
+    with the array module ``xp`` (NumPy or CuPy; its draws are arrays of that module).
 
     Offers what the library draws from a generator: :meth:`random` (uniforms, as a NumPy or
     CuPy ``Generator`` does) and :meth:`keep` (dropout masks at 16-bit resolution).
     """
 
-    def __init__(self, key: int, counter: int = 0):
+    def __init__(self, key: int, counter: int = 0, *, xp):
         key, counter = operator.index(key), operator.index(counter)
         if not 0 <= key < 1 << 64 or not 0 <= counter < 1 << 64:
             raise ValueError(f"key and counter must be in [0, 2^64), got key={key}, "
                              f"counter={counter}")
         self.key = key
         self.counter = counter          # the next block a draw starts at
+        self.xp = xp
 
     @classmethod
-    def seeded(cls, seed: int, *stream: int) -> "Philox":
+    def seeded(cls, seed: int, *stream: int, xp) -> "Philox":
         """The generator of ``(seed, *stream)``: its key hashed from them, its counter at 0."""
-        return cls(key_of(seed, *stream))
+        return cls(key_of(seed, *stream), xp=xp)
 
     def words(self, n: int):
         """The next ``n`` words of the stream, a (n,) uint64 array of 32-bit values; the
         generator moves on by ceil(n / 4) blocks."""
-        xp = backend.xp
+        xp = self.xp
         blocks = -(-n // 4)
         if self.counter + blocks > 1 << 64:
             raise ValueError("this generator's 2^64 blocks are used up: start another stream")
         b = xp.arange(blocks, dtype=xp.uint64) + xp.uint64(self.counter)   # (blocks,)
         zero = xp.zeros_like(b)
         low, high = b & xp.uint64(WORD), b >> xp.uint64(32)
-        out = block(low, high, zero, zero, self.key & WORD, self.key >> 32)
+        out = block(low, high, zero, zero, self.key & WORD, self.key >> 32, xp)
         self.counter += blocks
         return xp.stack(out, axis=-1).reshape(-1)[:n]                      # w[4b + j] = out[j][b]
 
     def random(self, shape, dtype=None):
         """Uniform numbers in [0, 1) of the given shape; ``dtype`` float64 (the default, as a
         NumPy or CuPy generator's) from 53 random bits, or float32 from 24."""
-        xp = backend.xp
+        xp = self.xp
         shape, size = _shape(shape)
         dtype = xp.dtype(xp.float64 if dtype is None else dtype)
         if dtype == xp.float32:
@@ -133,7 +136,7 @@ class Philox:
     def keep(self, shape, threshold: int):
         """A bool mask of the given shape, True where a 16-bit draw u (two per word) has
         ``u >= threshold``: False with probability ``threshold / 2^16``."""
-        xp = backend.xp
+        xp = self.xp
         shape, size = _shape(shape)
         w = self.words(-(-size // 2))
         t = xp.uint64(threshold)
