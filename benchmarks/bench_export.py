@@ -51,6 +51,7 @@ def main(argv=None) -> int:
     from threadpoolctl import threadpool_limits
 
     from minitfm import bleu, checkpoint, decode
+    from minitfm.beam import translate_ids
     from minitfm.data.corpus import read_lines
     from minitfm.data.vocab import Vocab
     from minitfm.export import ctranslate2 as export_ct2
@@ -84,10 +85,10 @@ def main(argv=None) -> int:
 
     def minitfm_run(threads, **options):
         with threadpool_limits(threads):
-            decode.translate_ids(params, cfg, ids[:8], beam=args.beam, alpha=args.lenpen,
+            translate_ids(params, cfg, ids[:8], beam=args.beam, alpha=args.lenpen,
                                  max_len=limit, batch_size=args.batch_size, **options)  # warm-up
             start = time.perf_counter()
-            found = decode.translate_ids(params, cfg, ids, beam=args.beam, alpha=args.lenpen,
+            found = translate_ids(params, cfg, ids, beam=args.beam, alpha=args.lenpen,
                                          max_len=limit, batch_size=args.batch_size, **options)
             return [h[0][0] for h in found], time.perf_counter() - start
 

@@ -32,11 +32,58 @@ import math
 from collections.abc import Iterator, Sequence
 
 from minitfm import backend, decode     # decode.step: read at each step, as greedy reads it
-from minitfm.decode import (Hypothesis, _extend_scores, _forbid_special, _int_array, _prepare,
-                            _top_k, init_kv_cache, length_penalty, output_limits, reorder)
+from minitfm.decode import (Hypothesis, forbid_special, init_kv_cache, int_array,
+                            length_penalty, output_limits, prepare_source, reorder)
 from minitfm.models import translator as model     # the model this module decodes
 
-__all__ = ["beam_search", "translate_ids", "length_batches", "pad_batch"]
+__all__ = ["beam_search", "extend_scores", "top_k", "translate_ids", "length_batches", "pad_batch"]
+
+
+# ---- scoring and choosing the candidates -----------------------------------------------------
+
+def extend_scores(logits, scores):
+    """Every hypothesis' log-probability plus each next token's: scores (n, K) + log-softmax of
+    logits (n*K, V), as (n*K, V), computed in place over ``logits`` with one temporary array."""
+    xp = backend.xp
+    top = logits.max(axis=1, keepdims=True)                            # (R, 1)
+    e = logits - top
+    xp.exp(e, out=e)
+    log_z = top + xp.log(e.sum(axis=1, keepdims=True))                 # (R, 1) log-normaliser
+    logits -= log_z - scores.reshape(-1, 1)
+    return logits
+
+
+def top_k(x, k: int, block: int = 128):
+    """The k largest entries of each row of x (n, m), best first: ``(values, indices)`` (n, k).
+
+    A full selection over the m = K*V candidates of a sentence would cost as much as a decoder
+    layer, so it runs on a shortlist: cut each row into blocks of ``block`` entries and keep the
+    k blocks with the largest maxima. Every one of the k best entries lies in them: an entry of
+    another block is beaten by the k block maxima, so at least k entries are larger. The
+    remainder that fills no whole block is always kept.
+    """
+    xp = backend.xp
+    n, m = x.shape
+    n_blocks, whole = m // block, (m // block) * block
+    if n_blocks <= k:                                                  # small rows: no shortlist
+        return _select(x, xp.broadcast_to(xp.arange(m), (n, m)), k)
+    blocks = x[:, :whole].reshape(n, n_blocks, block)                  # (n, m/block, block)
+    best = xp.argpartition(blocks.max(axis=2), n_blocks - k, axis=1)[:, n_blocks - k:]   # (n, k)
+    ids = (best[:, :, None] * block + xp.arange(block)).reshape(n, k * block)
+    ids = xp.concatenate([ids, xp.broadcast_to(xp.arange(whole, m), (n, m - whole))], axis=1)
+    return _select(xp.take_along_axis(x, ids, axis=1), ids, k)
+
+
+def _select(values, ids, k: int):
+    """The k largest ``values`` (n, c) of each row and their ``ids`` (n, c), best first."""
+    xp = backend.xp
+    c = values.shape[1]
+    top = xp.argpartition(values, c - k, axis=1)[:, c - k:]            # (n, k), unordered
+    top_values = xp.take_along_axis(values, top, axis=1)
+    order = xp.argsort(-top_values, axis=1)
+    return (xp.take_along_axis(top_values, order, axis=1),
+            xp.take_along_axis(xp.take_along_axis(ids, top, axis=1), order, axis=1))
+
 
 
 # ---- beam search -----------------------------------------------------------------------------
@@ -80,7 +127,7 @@ def beam_search(params: dict, cfg: model.Config, src, beam: int = 4, alpha: floa
     """
     _check_beam(beam, alpha, nbest)
     xp = backend.xp
-    src, host_src = _prepare(params, cfg, src)
+    src, host_src = prepare_source(params, cfg, src)
     limits = output_limits(host_src, cfg, max_len)
     kv = init_kv_cache(params, cfg, src, beam=beam, capacity=max(limits))
     k = beam
@@ -92,10 +139,10 @@ def beam_search(params: dict, cfg: model.Config, src, beam: int = 4, alpha: floa
     scores[:, 0] = 0.0                    # one live hypothesis (BOS) per sentence at first
 
     for t in range(max(limits)):
-        extended = _extend_scores(decode.step(params, cfg, kv, tokens, t), scores)            # (R, V)
+        extended = extend_scores(decode.step(params, cfg, kv, tokens, t), scores)            # (R, V)
         vocab = extended.shape[1]
-        candidates = _forbid_special(extended, cfg).reshape(len(active), k * vocab)      # (n, K*V)
-        top_scores, top_ids = _top_k(candidates, 2 * k)                                 # (n, 2K)
+        candidates = forbid_special(extended, cfg).reshape(len(active), k * vocab)      # (n, K*V)
+        top_scores, top_ids = top_k(candidates, 2 * k)                                 # (n, 2K)
         top_scores, top_ids = (a.tolist() for a in backend.to_host_together(top_scores, top_ids))
 
         rows, next_tokens, next_scores, next_prefixes, still_active = [], [], [], [], []
@@ -129,7 +176,7 @@ def beam_search(params: dict, cfg: model.Config, src, beam: int = 4, alpha: floa
             break
         kv = reorder(kv, rows, filled=t + 1)
         active, prefixes = still_active, next_prefixes
-        tokens = _int_array(next_tokens)
+        tokens = int_array(next_tokens)
         scores = xp.asarray(next_scores, dtype=scores.dtype).reshape(len(active), k)
 
     return [sorted(hyps, key=lambda h: -h[1])[:nbest] for hyps in finished]

@@ -30,7 +30,7 @@ beside the full-sequence ones they mirror: ``inputs.forward(..., offset=t)``,
 holds only the key/value arrays and the search.
 
 Beam search, and decoding many sentences in batches by length, are in :mod:`minitfm.beam`,
-beside the greedy decoding here; their names are importable from this module too.
+which builds on this module (the cache, the step, the output limits).
 
 Outputs are lists of token ids without BOS and EOS. Hypothesis bookkeeping (prefixes, finished
 lists) is host-side Python; the array work goes through ``backend.xp``.
@@ -46,8 +46,8 @@ from minitfm import backend
 from minitfm.models import translator as model     # the model this module decodes
 
 __all__ = [
-    "EXTRA_LENGTH", "KVCache", "init_kv_cache", "step", "reorder", "length_penalty",
-    "output_limits", "greedy",
+    "EXTRA_LENGTH", "Hypothesis", "KVCache", "init_kv_cache", "step", "reorder",
+    "length_penalty", "output_limits", "prepare_source", "forbid_special", "int_array", "greedy",
 ]
 
 EXTRA_LENGTH = 50   # maximum output length = source length + 50 (section 6.1)
@@ -118,7 +118,7 @@ def reorder(kv: KVCache, rows: Sequence[int], filled: int) -> KVCache:
     n = len(rows)
     moved = [j for j, r in enumerate(rows) if r != j]
     if moved:
-        dst, src = _int_array(moved), _int_array([rows[j] for j in moved])
+        dst, src = int_array(moved), int_array([rows[j] for j in moved])
         for buf in kv.self_k + kv.self_v:
             buf[dst, :, :filled] = buf[src, :, :filled]               # (moved, H, filled, d_k)
         if n < kv.rows:
@@ -164,66 +164,23 @@ def output_limits(src, cfg: model.Config, max_len: int | None = None) -> list[in
     return [min(int(n) + EXTRA_LENGTH, cfg.max_len) for n in lengths]
 
 
-def _prepare(params: dict, cfg: model.Config, src):
-    """``(src on the device, the output limits)``; the ids are checked, and the limits counted,
+def prepare_source(params: dict, cfg: model.Config, src):
+    """``(src on the device, src on the host)``; the ids are checked, and the limits counted,
     on the host (a host array costs no wait for the device; a device array one copy)."""
     model.check_params(params, cfg)
     src = model.check_tokens(backend.host_copy(src, "src"), "src", cfg.src_vocab, cfg, host=True)
     return backend.to_device(src), src
 
 
-def _forbid_special(scores, cfg: model.Config):
+def forbid_special(scores, cfg: model.Config):
     """Padding and BOS are never generated: fed back, padding would be masked as a key."""
     scores[:, cfg.pad_id] = -math.inf
     scores[:, cfg.bos_id] = -math.inf
     return scores
 
 
-def _extend_scores(logits, scores):
-    """Every hypothesis' log-probability plus each next token's: scores (n, K) + log-softmax of
-    logits (n*K, V), as (n*K, V), computed in place over ``logits`` with one temporary array."""
-    xp = backend.xp
-    top = logits.max(axis=1, keepdims=True)                            # (R, 1)
-    e = logits - top
-    xp.exp(e, out=e)
-    log_z = top + xp.log(e.sum(axis=1, keepdims=True))                 # (R, 1) log-normaliser
-    logits -= log_z - scores.reshape(-1, 1)
-    return logits
-
-
-def _top_k(x, k: int, block: int = 128):
-    """The k largest entries of each row of x (n, m), best first: ``(values, indices)`` (n, k).
-
-    A full selection over the m = K*V candidates of a sentence would cost as much as a decoder
-    layer, so it runs on a shortlist: cut each row into blocks of ``block`` entries and keep the
-    k blocks with the largest maxima. Every one of the k best entries lies in them: an entry of
-    another block is beaten by the k block maxima, so at least k entries are larger. The
-    remainder that fills no whole block is always kept.
-    """
-    xp = backend.xp
-    n, m = x.shape
-    n_blocks, whole = m // block, (m // block) * block
-    if n_blocks <= k:                                                  # small rows: no shortlist
-        return _select(x, xp.broadcast_to(xp.arange(m), (n, m)), k)
-    blocks = x[:, :whole].reshape(n, n_blocks, block)                  # (n, m/block, block)
-    best = xp.argpartition(blocks.max(axis=2), n_blocks - k, axis=1)[:, n_blocks - k:]   # (n, k)
-    ids = (best[:, :, None] * block + xp.arange(block)).reshape(n, k * block)
-    ids = xp.concatenate([ids, xp.broadcast_to(xp.arange(whole, m), (n, m - whole))], axis=1)
-    return _select(xp.take_along_axis(x, ids, axis=1), ids, k)
-
-
-def _select(values, ids, k: int):
-    """The k largest ``values`` (n, c) of each row and their ``ids`` (n, c), best first."""
-    xp = backend.xp
-    c = values.shape[1]
-    top = xp.argpartition(values, c - k, axis=1)[:, c - k:]            # (n, k), unordered
-    top_values = xp.take_along_axis(values, top, axis=1)
-    order = xp.argsort(-top_values, axis=1)
-    return (xp.take_along_axis(top_values, order, axis=1),
-            xp.take_along_axis(xp.take_along_axis(ids, top, axis=1), order, axis=1))
-
-
-def _int_array(values: Sequence[int]):
+def int_array(values: Sequence[int]):
+    """Host integers as an int64 array of the backend (row indices)."""
     xp = backend.xp
     return xp.asarray(list(values), dtype=xp.int64)
 
@@ -236,14 +193,14 @@ def greedy(params: dict, cfg: model.Config, src, max_len: int | None = None) -> 
     Stops a sentence at EOS or after its maximum number of output tokens (see
     :func:`output_limits`). Returns the token ids of each sentence, without BOS and EOS.
     """
-    src, host_src = _prepare(params, cfg, src)
+    src, host_src = prepare_source(params, cfg, src)
     limits = output_limits(host_src, cfg, max_len)
     kv = init_kv_cache(params, cfg, src, beam=1, capacity=max(limits))
     outputs: list[list[int]] = [[] for _ in limits]
     active = list(range(len(limits)))                       # the sentence of each cache row
     tokens = backend.xp.full((len(active),), cfg.bos_id, dtype=backend.xp.int64)   # (R,)
     for t in range(max(limits)):
-        logits = _forbid_special(step(params, cfg, kv, tokens, t), cfg)             # (R, V)
+        logits = forbid_special(step(params, cfg, kv, tokens, t), cfg)             # (R, V)
         tokens = logits.argmax(axis=-1)                                             # (R,)
         keep = []
         for row, (s, token) in enumerate(zip(active, backend.to_host(tokens).tolist())):
@@ -256,18 +213,6 @@ def greedy(params: dict, cfg: model.Config, src, max_len: int | None = None) -> 
             break
         if len(keep) < len(active):
             kv = reorder(kv, keep, filled=t + 1)
-            tokens = tokens[_int_array(keep)]
+            tokens = tokens[int_array(keep)]
             active = [active[r] for r in keep]
     return outputs
-
-
-_BEAM_NAMES = ("beam_search", "translate_ids", "length_batches", "pad_batch")
-
-
-def __getattr__(name: str):
-    """The names of :mod:`minitfm.beam`, read through this module (imported on first use: beam
-    search builds on this module)."""
-    if name in _BEAM_NAMES:
-        from minitfm import beam
-        return getattr(beam, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -33,7 +33,8 @@ from typing import BinaryIO, TextIO
 
 from tqdm import tqdm
 
-from minitfm import checkpoint, decode, limits, usable
+from minitfm import checkpoint, limits, usable
+from minitfm.beam import translate_ids
 from minitfm.cli import UsageError, add_backend_option, report_errors, select_backend
 from minitfm.data.corpus import DataError, raw_lines
 from minitfm.data.vocab import Vocab
@@ -109,7 +110,7 @@ def translate_lines(params: dict, cfg: model.Config, vocab: Vocab, lines: Sequen
     """The ``nbest`` best translations of each line, best first; ``[("", 0.0)]`` for a blank."""
     encoded = encode_lines(vocab, cfg, lines, first_line, warn)
     todo = [i for i, ids in enumerate(encoded) if ids is not None]
-    found = decode.translate_ids(params, cfg, [encoded[i] for i in todo], beam=beam, alpha=alpha,
+    found = translate_ids(params, cfg, [encoded[i] for i in todo], beam=beam, alpha=alpha,
                                  max_len=max_len, nbest=nbest, batch_size=batch_size)
     results: list[list[Translation]] = [[("", 0.0)] for _ in lines]
     for i, hyps in zip(todo, found):

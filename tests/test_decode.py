@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minitfm import decode
+from minitfm.beam import beam_search, pad_batch, top_k, translate_ids
 from minitfm.models import translator
 
 TINY = translator.Config.preset("tiny")
@@ -24,7 +25,7 @@ def tiny(pre_ln=False, seed=0, dtype=np.float64, **overrides):
 def sources(lengths, seed=0, vocab=11):
     """A padded source batch: random ordinary tokens, EOS, padding."""
     rng = np.random.default_rng(seed)
-    return decode.pad_batch([rng.integers(4, vocab, size=n).tolist() for n in lengths], TINY)
+    return pad_batch([rng.integers(4, vocab, size=n).tolist() for n in lengths], TINY)
 
 
 # ---- the cache against the full forward pass ---------------------------------------------------
@@ -93,7 +94,7 @@ MIXED_SEEDS = [1, 6, 7, 11]
 def test_beam_size_one_is_greedy(pre_ln, seed):
     params, cfg = tiny(pre_ln, seed)
     src = sources([1, 8, 3, 5, 0], seed)
-    beam = decode.beam_search(params, cfg, src, beam=1, max_len=20)
+    beam = beam_search(params, cfg, src, beam=1, max_len=20)
     assert [hyps[0][0] for hyps in beam] == decode.greedy(params, cfg, src, max_len=20)
 
 
@@ -102,11 +103,11 @@ def test_batch_equals_one_at_a_time(seed):
     params, cfg = tiny(seed=seed)
     lengths = [1, 8, 3, 5, 0]
     src = sources(lengths, seed=seed)
-    batched = decode.beam_search(params, cfg, src, beam=3, nbest=3, max_len=20)
+    batched = beam_search(params, cfg, src, beam=3, nbest=3, max_len=20)
     greedy = decode.greedy(params, cfg, src, max_len=20)
     for i, n in enumerate(lengths):
         alone = src[i:i + 1, :n + 1]                                  # no padding at all
-        one = decode.beam_search(params, cfg, alone, beam=3, nbest=3, max_len=20)[0]
+        one = beam_search(params, cfg, alone, beam=3, nbest=3, max_len=20)[0]
         assert [h[0] for h in one] == [h[0] for h in batched[i]]
         np.testing.assert_allclose([h[1] for h in one], [h[1] for h in batched[i]], atol=1e-10)
         assert decode.greedy(params, cfg, alone, max_len=20)[0] == greedy[i]
@@ -148,7 +149,7 @@ def sequence_log_prob(params, cfg, src_row, tokens, with_eos=True):
 def test_scores_are_length_normalised_log_probs():
     params, cfg = tiny(seed=6)
     src = sources([1, 8, 3, 5, 0], seed=6)
-    results = decode.beam_search(params, cfg, src, beam=4, nbest=4, max_len=12)
+    results = beam_search(params, cfg, src, beam=4, nbest=4, max_len=12)
     for row, hyps in zip(src, results):
         assert [h[1] for h in hyps] == sorted((h[1] for h in hyps), reverse=True)
         for tokens, score in hyps:
@@ -161,7 +162,7 @@ def test_scores_are_length_normalised_log_probs():
 def test_float32_params_decode():
     params, cfg = tiny(seed=1, dtype=np.float32)
     src = sources([3, 5], seed=1)
-    hyps = decode.beam_search(params, cfg, src, beam=2)
+    hyps = beam_search(params, cfg, src, beam=2)
     assert all(isinstance(h[0][1], float) and math.isfinite(h[0][1]) for h in hyps)
     assert len(decode.greedy(params, cfg, src)) == 2
 
@@ -177,7 +178,7 @@ def test_special_tokens_are_never_generated_nor_fed(monkeypatch):
     real_step = decode.step
     monkeypatch.setattr(decode, "step", spy)
     src = sources([3, 6, 1], seed=2)
-    outputs = [h[0] for hyps in decode.beam_search(params, cfg, src, beam=4, nbest=4) for h in hyps]
+    outputs = [h[0] for hyps in beam_search(params, cfg, src, beam=4, nbest=4) for h in hyps]
     outputs += decode.greedy(params, cfg, src)
     for t, tokens in fed:
         assert set(tokens) == {cfg.bos_id} if t == 0 else not set(tokens) & {0, 2, 3}
@@ -226,7 +227,7 @@ def test_beam_search_finds_what_greedy_misses(monkeypatch):
     monkeypatch.setattr(decode, "step", markov_step(greedy_trap()))
     src = sources([3])
     assert decode.greedy(params, cfg, src) == [[A, C]]
-    (best,) = decode.beam_search(params, cfg, src, beam=4, alpha=0.6)[0]
+    (best,) = beam_search(params, cfg, src, beam=4, alpha=0.6)[0]
     assert best[0] == [B]
     assert best[1] == pytest.approx(math.log(0.4 * 0.9) / ((5 + 2) / 6) ** 0.6)
     greedy_score = math.log(0.5 * 0.3 * 0.9) / ((5 + 3) / 6) ** 0.6
@@ -237,7 +238,7 @@ def test_finished_hypotheses_are_never_extended(monkeypatch):
     params, cfg = tiny()
     fake = markov_step(greedy_trap())
     monkeypatch.setattr(decode, "step", fake)
-    results = decode.beam_search(params, cfg, sources([3, 5]), beam=3, nbest=3)
+    results = beam_search(params, cfg, sources([3, 5]), beam=3, nbest=3)
     assert all(cfg.eos_id not in tokens for tokens in fake.fed)
     for hyps in results:
         assert len(hyps) == 3
@@ -268,9 +269,9 @@ def test_stopping_early_gives_the_same_results(monkeypatch, alpha, beam, nbest):
     for seed in range(12):
         plain, early = random_chain(seed), random_chain(seed)
         monkeypatch.setattr(decode, "step", plain)
-        expected = decode.beam_search(params, cfg, src, beam, alpha, max_len=12, nbest=nbest)
+        expected = beam_search(params, cfg, src, beam, alpha, max_len=12, nbest=nbest)
         monkeypatch.setattr(decode, "step", early)
-        found = decode.beam_search(params, cfg, src, beam, alpha, max_len=12, nbest=nbest,
+        found = beam_search(params, cfg, src, beam, alpha, max_len=12, nbest=nbest,
                                    stop_early=True)
         assert found == expected, seed
         assert early.rows <= plain.rows
@@ -285,12 +286,12 @@ def test_stopping_early_on_a_model(pre_ln):
     params["emb"][cfg.eos_id] *= 4.0            # EOS likely: hypotheses end at different steps
     src = sources([3, 8, 1, 5, 0, 9], seed=3)
     for alpha in (0.0, 0.6):
-        assert decode.translate_ids(params, cfg, [[4, 5, 6], [7], [8, 9, 10, 4, 5]], alpha=alpha,
+        assert translate_ids(params, cfg, [[4, 5, 6], [7], [8, 9, 10, 4, 5]], alpha=alpha,
                                     batch_size=2, stop_early=True) == \
-            decode.translate_ids(params, cfg, [[4, 5, 6], [7], [8, 9, 10, 4, 5]], alpha=alpha,
+            translate_ids(params, cfg, [[4, 5, 6], [7], [8, 9, 10, 4, 5]], alpha=alpha,
                                  batch_size=2)
-        assert decode.beam_search(params, cfg, src, alpha=alpha, nbest=2, stop_early=True) == \
-            decode.beam_search(params, cfg, src, alpha=alpha, nbest=2)
+        assert beam_search(params, cfg, src, alpha=alpha, nbest=2, stop_early=True) == \
+            beam_search(params, cfg, src, alpha=alpha, nbest=2)
 
 
 def never_ends():
@@ -307,14 +308,14 @@ def test_default_max_length_is_source_length_plus_50(monkeypatch, search):
     if search == "greedy":
         outputs = decode.greedy(params, cfg, src)
     else:
-        outputs = [hyps[0][0] for hyps in decode.beam_search(params, cfg, src, beam=2)]
+        outputs = [hyps[0][0] for hyps in beam_search(params, cfg, src, beam=2)]
     assert [len(o) for o in outputs] == [3 + 50, 6 + 50, cfg.max_len]
 
 
 def test_explicit_max_length_is_respected():
     params, cfg = tiny(seed=3)
     src = sources([4, 9], seed=3)
-    for hyps in decode.beam_search(params, cfg, src, beam=3, nbest=3, max_len=5):
+    for hyps in beam_search(params, cfg, src, beam=3, nbest=3, max_len=5):
         assert all(len(h[0]) <= 5 for h in hyps)
     assert all(len(o) <= 5 for o in decode.greedy(params, cfg, src, max_len=5))
     with pytest.raises(ValueError, match="max_len"):
@@ -338,7 +339,7 @@ def test_length_penalty_formula():
 def test_top_k_matches_a_full_sort(rows, width, k, seed):
     k = min(k, width)
     x = np.random.default_rng(seed).normal(size=(rows, width))
-    values, ids = decode._top_k(x, k, block=16)
+    values, ids = top_k(x, k, block=16)
     np.testing.assert_array_equal(values, -np.sort(-x, axis=1)[:, :k])
     np.testing.assert_array_equal(np.take_along_axis(x, ids, axis=1), values)
 
@@ -347,10 +348,10 @@ def test_translate_ids_sorts_batches_and_restores_order():
     params, cfg = tiny(seed=4)
     rng = np.random.default_rng(4)
     sentences = [rng.integers(4, 11, size=n).tolist() for n in (5, 1, 7, 0, 3)]
-    results = decode.translate_ids(params, cfg, sentences, beam=2, nbest=2, batch_size=2)
+    results = translate_ids(params, cfg, sentences, beam=2, nbest=2, batch_size=2)
     assert len(results) == 5 and all(len(hyps) == 2 for hyps in results)
     for sentence, hyps in zip(sentences, results):
-        alone = decode.beam_search(params, cfg, decode.pad_batch([sentence], cfg), beam=2, nbest=2)
+        alone = beam_search(params, cfg, pad_batch([sentence], cfg), beam=2, nbest=2)
         assert [h[0] for h in alone[0]] == [h[0] for h in hyps]
 
 
@@ -358,10 +359,10 @@ def test_bad_search_settings_are_rejected():
     params, cfg = tiny()
     src = sources([2])
     with pytest.raises(ValueError, match="nbest"):
-        decode.beam_search(params, cfg, src, beam=2, nbest=3)
+        beam_search(params, cfg, src, beam=2, nbest=3)
     with pytest.raises(ValueError, match="beam size"):
-        decode.beam_search(params, cfg, src, beam=0)
+        beam_search(params, cfg, src, beam=0)
     with pytest.raises(ValueError, match="alpha"):
-        decode.beam_search(params, cfg, src, alpha=-1.0)
+        beam_search(params, cfg, src, alpha=-1.0)
     with pytest.raises(ValueError, match="batch_size"):
-        decode.translate_ids(params, cfg, [[A]], batch_size=0)
+        translate_ids(params, cfg, [[A]], batch_size=0)

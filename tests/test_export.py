@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from minitfm import backend, checkpoint, decode, generation, tasks, train
+from minitfm.beam import beam_search, pad_batch
 from minitfm.models import lm
 from minitfm.models import translator as model
 from minitfm.data import text as textdata
@@ -153,7 +154,7 @@ def test_greedy_is_minitfm_token_for_token(translator):
     path, exported = translator
     params, cfg = load_params(path)
     sentences = test_sources(cfg)
-    ours = decode.greedy(params, cfg, decode.pad_batch(sentences, cfg), max_len=MAX_OUT)
+    ours = decode.greedy(params, cfg, pad_batch(sentences, cfg), max_len=MAX_OUT)
     theirs, _ = ctranslate2_outputs(exported, sentences, beam=1)
     assert len({len(o) for o in ours}) > 1, "the test model should not be this trivial"
     check_equal(ours, theirs, lambda i, a, b: first_step_margin(
@@ -165,7 +166,7 @@ def test_beam_4_is_minitfm_token_for_token_and_scores_agree(translator):
     path, exported = translator
     params, cfg = load_params(path)
     sentences = test_sources(cfg)
-    found = decode.beam_search(params, cfg, decode.pad_batch(sentences, cfg), beam=4, alpha=0.0,
+    found = beam_search(params, cfg, pad_batch(sentences, cfg), beam=4, alpha=0.0,
                                max_len=MAX_OUT)
     ours, our_scores = [h[0][0] for h in found], [h[0][1] for h in found]
     theirs, their_scores = ctranslate2_outputs(exported, sentences, beam=4)
@@ -465,7 +466,7 @@ def test_an_int8_export_stores_int8_weights_that_translate_as_minitfm(confident_
     assert size["int8"] < 0.4 * size["float32"], size                 # int8 weights, stored
     out = str(tmp_path / "int8")
     tokens = json.loads((tmp_path / "int8" / "shared_vocabulary.json").read_text(encoding="utf-8"))
-    ours = decode.greedy(params, cfg, decode.pad_batch(sentences, cfg), max_len=MAX_OUT)
+    ours = decode.greedy(params, cfg, pad_batch(sentences, cfg), max_len=MAX_OUT)
 
     # int8 arithmetic, as a user runs it: an output for every sentence, within the length limit
     assert ctranslate2.Translator(out, device="cpu").compute_type.startswith("int8")

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from minitfm import backend, checkpoint, decode, flat, generation, optim, train
+from minitfm.beam import beam_search
 from minitfm.models import lm
 from minitfm.models import translator as model
 
@@ -93,7 +94,7 @@ def test_a_decoding_step_copies_at_most_once(counted, beam):
         if beam == 1:
             decode.greedy(params, CFG, src, max_len=steps)
         else:
-            decode.beam_search(params, CFG, src, beam=beam, max_len=steps)
+            beam_search(params, CFG, src, beam=beam, max_len=steps)
     assert seen.device_to_host <= steps, counted.describe(seen.events)
 
 

@@ -192,7 +192,7 @@ def decoding_settings(loaded: Loaded, beam: int, alpha: float, max_len: int | No
 
 
 def translate_kwargs(beam: int, length_penalty: float, max_len: int, max_input: int) -> dict:
-    """``translate_batch``'s arguments that decode as ``decode.beam_search`` does (``beam=1``:
+    """``translate_batch``'s arguments that decode as ``beam.beam_search`` does (``beam=1``:
     ``decode.greedy``): an empty output allowed (CTranslate2's default minimum is 1 token), at
     most ``max_len`` output tokens with EOS.
 
