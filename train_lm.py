@@ -36,6 +36,7 @@ from minitfm import (checkpoint, cli, distributed, generation, limits, options, 
 from minitfm.exits import UsageError
 from minitfm.options import integer, number, positive_int
 from minitfm.data import text as textdata
+from minitfm.data import tokenizers
 from minitfm.models import lm
 
 # The defaults: character-level tiny Shakespeare to a validation loss below 1.88 nats per
@@ -194,23 +195,23 @@ def check_sizes(args: argparse.Namespace) -> None:
                                                      params=False))
 
 
-def tokenizer_id(tokenizer: textdata.Tokenizer) -> str:
+def tokenizer_id(tokenizer: tokenizers.Tokenizer) -> str:
     return f"{tokenizer.kind}:{tokenizer.identifier}"
 
 
-def stored_tokenizer(ckpt: checkpoint.Checkpoint) -> textdata.Tokenizer:
+def stored_tokenizer(ckpt: checkpoint.Checkpoint) -> tokenizers.Tokenizer:
     kind = (ckpt.vocab_id or "").split(":", 1)[0]
     if ckpt.vocab_model is None or kind not in ("char", "bpe"):
         raise checkpoint.CheckpointError(f"checkpoint {ckpt.path} holds no tokenizer: it was not "
                                          f"written by train_lm.py")
-    return textdata.tokenizer_from_array(kind, numpy.frombuffer(ckpt.vocab_model, numpy.uint8))
+    return tokenizers.tokenizer_from_array(kind, numpy.frombuffer(ckpt.vocab_model, numpy.uint8))
 
 
-def make_tokenizer(args: argparse.Namespace) -> textdata.Tokenizer:
+def make_tokenizer(args: argparse.Namespace) -> tokenizers.Tokenizer:
     if args.tokenizer == "char":
-        return textdata.CharTokenizer.from_file(args.data)
+        return tokenizers.CharTokenizer.from_file(args.data)
     say(f"training a {args.vocab_size}-piece BPE vocabulary on {args.data}")
-    return textdata.BPETokenizer.train(args.data, args.vocab_size)
+    return tokenizers.BPETokenizer.train(args.data, args.vocab_size)
 
 
 def train_batches(tokens, args: argparse.Namespace):
@@ -224,7 +225,7 @@ def train_batches(tokens, args: argparse.Namespace):
     return factory
 
 
-def encode_prompt(tokenizer: textdata.Tokenizer, prompt: str):
+def encode_prompt(tokenizer: tokenizers.Tokenizer, prompt: str):
     """The prompt's token ids, checked before any work: known characters, at least one token."""
     ids = tokenizer.encode(prompt)
     if not len(ids):

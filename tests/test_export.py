@@ -25,6 +25,7 @@ from minitfm.beam import beam_search, pad_batch
 from minitfm.models import lm
 from minitfm.models import translator as model
 from minitfm.data import text as textdata
+from minitfm.data.tokenizers import CharTokenizer
 from minitfm.data.vocab import train_vocab
 from minitfm.export import source
 from minitfm.export.__main__ import main
@@ -206,7 +207,7 @@ STORY = "\n".join(f"{name} {verb} {thing}." for name in ("anna", "bob", "the cat
 @pytest.fixture(scope="module", params=list(LANGUAGE_MODELS))
 def language_model(request, tmp_path_factory):
     pre_ln, learned = LANGUAGE_MODELS[request.param]
-    tokenizer = textdata.CharTokenizer.from_text(STORY)
+    tokenizer = CharTokenizer.from_text(STORY)
     tokens = tokenizer.encode(STORY * 4)
     cfg = lm.LMConfig(vocab=tokenizer.size, n_layers=2, d_model=32, d_ff=64, n_heads=4,
                       pre_ln=pre_ln, learned_positions=learned, max_len=32)

@@ -25,8 +25,8 @@ from .corpus import (DataError, ParallelReader, ParallelText, file_stamp, parall
                      require_pairs)
 from .encoded import EncodedCorpus, encode_corpus
 from .prepare import prepare_wmt14
-from .text import (BPETokenizer, CharTokenizer, TextData, load_text, load_tokenizer,
-                   random_blocks, validation_blocks)
+from .text import TextData, load_text, random_blocks, validation_blocks
+from .tokenizers import BPETokenizer, CharTokenizer, load_tokenizer
 from .vocab import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocab, cached_joint_vocab, train_joint_vocab,
                     train_vocab)
 

@@ -32,7 +32,7 @@ from typing import BinaryIO, NamedTuple
 __all__ = [
     "DataError", "ParallelText", "ParallelReader", "Segment",
     "file_stamp", "parallel_files", "require_pairs", "raw_lines", "read_parallel", "read_parallel_files", "read_lines",
-    "read_sgm",
+    "read_sgm", "open_bytes",
     "unescape_xml",
 ]
 
@@ -46,7 +46,7 @@ class DataError(ValueError):
 
 # ----------------------------------------------------------------------------- opening files
 
-def _open_bytes(path: Path) -> BinaryIO:
+def open_bytes(path: Path) -> BinaryIO:
     """Open ``path`` for binary reading, transparently decompressing gzip."""
     try:
         with open(path, "rb") as probe:
@@ -60,7 +60,7 @@ def _open_bytes(path: Path) -> BinaryIO:
 
 def _iter_raw_lines(path: Path) -> Iterator[bytes]:
     """Yield the lines of ``path`` as bytes without their line ending (``\\n`` or ``\\r\\n``)."""
-    with _open_bytes(path) as stream:
+    with open_bytes(path) as stream:
         try:
             for number, line in enumerate(stream, start=1):
                 if number == 1 and line.startswith(_UTF8_BOM):

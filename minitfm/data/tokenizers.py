@@ -25,32 +25,32 @@ import numpy as np
 
 from minitfm import files
 
-from .corpus import DataError, _open_bytes
+from .corpus import DataError, open_bytes
 from .encoded import TOKEN_DTYPE
 from .vocab import EOS_ID, Vocab, train_vocab
 
 __all__ = ["CharTokenizer", "BPETokenizer", "Tokenizer", "load_tokenizer", "tokenizer_from_array",
-           "read_text", "CHAR_FORMAT"]
+           "read_text", "text_chunks", "CHAR_FORMAT", "CHUNK_BYTES"]
 
 CHAR_FORMAT = "minitfm-char-vocab/1"
-_CHUNK_BYTES = 1 << 22       # text is read and encoded about 4 MiB of whole lines at a time
+CHUNK_BYTES = 1 << 22       # text is read and encoded about 4 MiB of whole lines at a time
 _UTF8_BOM = b"\xef\xbb\xbf"
 
 
 # ----------------------------------------------------------------------------- reading text
 
-def _text_chunks(path: Path) -> Iterator[str]:
+def text_chunks(path: Path) -> Iterator[str]:
     """The text of ``path`` (plain or gzipped UTF-8) in pieces of whole lines, in order.
 
     Pieces end at a ``\\n`` (except the last), so encoding them one by one and concatenating is
     the same as encoding the whole text. A leading UTF-8 byte-order mark is not part of the text.
     """
-    with _open_bytes(path) as stream:
+    with open_bytes(path) as stream:
         line = 1
         first = True
         while True:
             try:
-                data = b"".join(stream.readlines(_CHUNK_BYTES))
+                data = b"".join(stream.readlines(CHUNK_BYTES))
             except (OSError, EOFError) as exc:
                 raise DataError(f"{path}: read failed ({exc}); the file is corrupt or truncated, "
                                 "re-create it") from exc
@@ -71,7 +71,7 @@ def _text_chunks(path: Path) -> Iterator[str]:
 
 def read_text(path: str | Path) -> str:
     """The whole text of a UTF-8 file (for small files; :func:`encode_text_file` streams)."""
-    return "".join(_text_chunks(Path(path)))
+    return "".join(text_chunks(Path(path)))
 
 
 # ----------------------------------------------------------------------------- tokenizers
@@ -106,7 +106,7 @@ class CharTokenizer:
         """The vocabulary of the characters in a UTF-8 file, read in pieces."""
         path = Path(path)
         seen: set[str] = set()
-        for chunk in _text_chunks(path):
+        for chunk in text_chunks(path):
             seen.update(chunk)
         if not seen:
             raise DataError(f"{path} holds no text: a language model needs a non-empty file")
@@ -182,7 +182,7 @@ class BPETokenizer:
 
         Like the character vocabulary, it is fitted on the whole file, validation part included.
         """
-        lines = (line for chunk in _text_chunks(Path(path)) for line in chunk.split("\n") if line)
+        lines = (line for chunk in text_chunks(Path(path)) for line in chunk.split("\n") if line)
         return cls(train_vocab(lines, vocab_size, **options))
 
     @property
