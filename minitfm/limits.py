@@ -24,13 +24,14 @@ positions, ``N_s = B S`` and ``N_t = B T`` tokens::
 
     model state  (4 + s) P f          parameters, gradients, Adam's m and v; s = 1 with
                                       --update-freq > 1 (the second gradient buffer)
-    one batch    f L (6 N_s d + 2 N_s d_ff + B H S^2)                        encoder layers
+    one batch    the model's own count (``Model.batch_bytes``), e.g. the translator's
+                 f L (6 N_s d + 2 N_s d_ff + B H S^2)                        encoder layers
                + f L (10 N_t d + 2 N_t d_ff + B H T^2 + B H T S)             decoder layers
                + 2 f N_t V                       the logits and their gradient
 
 The language model has no encoder and no cross-attention: ``f L (6 N d + 2 N d_ff + B H T^2)
-+ 2 f N V``, plus ``20 B T`` bytes of host blocks (int64 indices and windows, int32 ``x``, ``y``).
-Token-count batches (``train_wmt.py``) take ``N_s = N_t = --max-tokens`` and leave the
++ 2 f N V``, plus ``20 B T`` bytes of host blocks (int64 indices and windows, int32 ``x``, ``y``)
+(``lm.batch_bytes``). Token-count batches (``train_wmt.py``) take ``N_s = N_t = --max-tokens`` and leave the
 ``B H T^2`` terms out: they depend on the sentence lengths, and short sentences make them small.
 
 Decoding (:func:`decoding_estimate`), beam search (greedy: beam 1) over ``R = sentences x beam``
@@ -71,7 +72,6 @@ from dataclasses import dataclass, field
 from minitfm import backend, models
 from minitfm.exits import UsageError
 from minitfm.ids import EOS_ID
-from minitfm.models import lm
 from minitfm.options import integer
 
 __all__ = ["SENTENCEPIECE_MAX_VOCAB", "TooLarge", "Estimate", "vocab_size_option",
@@ -83,7 +83,6 @@ SENTENCEPIECE_MAX_VOCAB = 2**31 - 1     # sentencepiece's TrainerSpec.vocab_size
 DEFAULT_EXTRA_OUTPUT = 50               # decode.EXTRA_LENGTH: the default output limit S + 50
 SAMPLING_STEP_COPIES = 6                # float64 (R, V) arrays of one sampling step
 HOST_BYTES_PER_TOKEN = 48               # a kept token: a list slot, an int object, its text
-LM_HOST_BYTES_PER_TOKEN = 20            # train_lm's host blocks, per token of a batch
 GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -193,22 +192,11 @@ def training_estimate(cfg, *, rows: int, src_len: int, tgt_len: int, update_freq
                       attention: bool = True) -> Estimate:
     """The model state and one batch of ``rows`` x ``src_len`` / ``tgt_len`` positions (the
     language model: ``tgt_len`` only); ``attention=False`` leaves out the ``B H T^2`` terms."""
-    f = _float_bytes()
-    d, d_ff, heads, layers = cfg.d_model, cfg.d_ff, cfg.n_heads, cfg.n_layers
     state = state_estimate(cfg, update_freq).device["model and Adam"]
-    n_t = rows * tgt_len
-    if isinstance(cfg, lm.LMConfig):
-        scores = rows * heads * tgt_len ** 2 if attention else 0
-        batch = f * (layers * (6 * n_t * d + 2 * n_t * d_ff + scores) + 2 * n_t * cfg.vocab)
-        return Estimate({"model and Adam": state, "one batch": batch},
-                        {"blocks": LM_HOST_BYTES_PER_TOKEN * n_t})
-    n_s = rows * src_len
-    enc_scores = rows * heads * src_len ** 2 if attention else 0
-    dec_scores = rows * heads * (tgt_len ** 2 + tgt_len * src_len) if attention else 0
-    batch = f * (layers * (6 * n_s * d + 2 * n_s * d_ff + enc_scores)
-                 + layers * (10 * n_t * d + 2 * n_t * d_ff + dec_scores)
-                 + 2 * n_t * cfg.tgt_vocab)
-    return Estimate({"model and Adam": state, "one batch": batch})
+    device, host = models.of(cfg).batch_bytes(cfg, rows=rows, src_len=src_len, tgt_len=tgt_len,
+                                              float_bytes=_float_bytes(), attention=attention)
+    return Estimate({"model and Adam": state, "one batch": device},
+                    {"host batches": host} if host else {})
 
 
 def decoding_estimate(cfg, *, rows: int, src_len: int = 2, out_len: int | None = None,
@@ -220,17 +208,17 @@ def decoding_estimate(cfg, *, rows: int, src_len: int = 2, out_len: int | None =
     out_len = min(src_len + DEFAULT_EXTRA_OUTPUT, cfg.max_len) if out_len is None else out_len
     parts = {"parameters": parameter_count(cfg) * f} if params else {}
     parts["key/value cache"] = 2 * f * cfg.n_layers * rows * (out_len + src_len) * cfg.d_model
-    parts["step scores"] = 3 * f * rows * cfg.tgt_vocab
+    parts["step scores"] = 3 * f * rows * models.of(cfg).output_vocab(cfg)
     return Estimate(parts)
 
 
-def sampling_estimate(cfg: lm.LMConfig, *, new_tokens: int, rows: int = 1,
+def sampling_estimate(cfg, *, new_tokens: int, rows: int = 1,
                       params: bool = True) -> Estimate:
     """Drawing ``new_tokens`` tokens for ``rows`` sequences at once over the model's cache."""
     f = _float_bytes()
     parts = {"parameters": parameter_count(cfg) * f} if params else {}
     parts["key/value cache"] = 2 * f * cfg.n_layers * rows * cfg.max_len * cfg.d_model
-    parts["sampling step"] = SAMPLING_STEP_COPIES * 8 * rows * cfg.vocab
+    parts["sampling step"] = SAMPLING_STEP_COPIES * 8 * rows * models.of(cfg).output_vocab(cfg)
     return Estimate(parts, {"sampled tokens": HOST_BYTES_PER_TOKEN * rows * new_tokens})
 
 

@@ -121,7 +121,7 @@ def test_training_estimate_of_the_tiny_language_model():
     assert estimate.device == {
         "model and Adam": 4 * 1168 * 4,                                    # 18,688
         "one batch": 4 * (2 * (6 * n * 8 + 2 * n * 12 + 2 * 2 * 16 ** 2) + 2 * n * 11)}   # 29,440
-    assert estimate.host == {"blocks": 20 * n}
+    assert estimate.host == {"host batches": 20 * n}
     assert estimate.total == 18_688 + 29_440 + 640
     no_attention = limits.training_estimate(cfg, rows=2, src_len=0, tgt_len=16,
                                             attention=False)

@@ -65,6 +65,13 @@ class Model(Protocol):
     def output_vocab(self, cfg) -> int:
         """The number of tokens the model chooses from at each position."""
 
+    def batch_bytes(self, cfg, *, rows: int, src_len: int, tgt_len: int, float_bytes: int,
+                    attention: bool = True) -> tuple[int, int]:
+        """``(device, host)`` bytes one training batch of ``rows`` rows of ``src_len`` inputs and
+        ``tgt_len`` targets takes beyond the model state, for the memory check before a run
+        (:mod:`minitfm.limits`); ``attention=False`` leaves out the ``B H T^2`` score terms,
+        which depend on the sentence lengths."""
+
     def logits(self, params: dict, cfg, h) -> Any:
         """The output projection of final states h (..., d) -> (..., V): where each model's
         decoding entry points end (the translator's ``decoder_step``, driven by decode.py; the
@@ -72,7 +79,7 @@ class Model(Protocol):
 
 
 MEMBERS = ("KIND", "DESCRIPTION", "Config", "parameter_shapes", "init_params", "check_params",
-           "loss_and_grads", "batch_tokens", "output_vocab", "logits")
+           "loss_and_grads", "batch_tokens", "output_vocab", "batch_bytes", "logits")
 
 
 def check_dropouts(cfg) -> None:

@@ -167,6 +167,22 @@ def output_vocab(cfg: LMConfig) -> int:
     return cfg.vocab
 
 
+HOST_BYTES_PER_TOKEN = 20       # train_lm's host blocks: int64 indices and windows, int32 x and y
+
+
+def batch_bytes(cfg: LMConfig, *, rows: int, src_len: int, tgt_len: int, float_bytes: int,
+                attention: bool = True) -> tuple[int, int]:
+    """``(device, host)`` bytes of one batch of ``rows`` blocks of ``tgt_len`` tokens
+    (``src_len``: unused, there is no source); N = rows x tgt_len, f = float_bytes:
+    f L (6 N d + 2 N d_ff + B H T^2) + 2 f N V on the device (the layers' activations, the
+    logits and their gradient), and the host blocks."""
+    n = rows * tgt_len
+    scores = rows * cfg.n_heads * tgt_len ** 2 if attention else 0
+    device = float_bytes * (cfg.n_layers * (6 * n * cfg.d_model + 2 * n * cfg.d_ff + scores)
+                            + 2 * n * cfg.vocab)
+    return device, HOST_BYTES_PER_TOKEN * n
+
+
 def check_blocks(cfg: LMConfig, x, y):
     """Check a batch ``(x, y)`` on the host (as the translator's ``check_batch`` does); return
     host arrays."""

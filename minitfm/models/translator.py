@@ -219,6 +219,23 @@ def output_vocab(cfg: Config) -> int:
     return cfg.tgt_vocab
 
 
+def batch_bytes(cfg: Config, *, rows: int, src_len: int, tgt_len: int, float_bytes: int,
+                attention: bool = True) -> tuple[int, int]:
+    """``(device, host)`` bytes of one batch: B = rows, N_s = B S and N_t = B T source and target
+    tokens, f = float_bytes, L layers a stack:
+    f L (6 N_s d + 2 N_s d_ff + B H S^2) for the encoder, f L (10 N_t d + 2 N_t d_ff + B H T^2
+    + B H T S) for the decoder, 2 f N_t V for the logits and their gradient; nothing on the
+    host beyond the batch itself."""
+    n_s, n_t = rows * src_len, rows * tgt_len
+    enc_scores = rows * cfg.n_heads * src_len ** 2 if attention else 0
+    dec_scores = rows * cfg.n_heads * (tgt_len ** 2 + tgt_len * src_len) if attention else 0
+    d, d_ff = cfg.d_model, cfg.d_ff
+    device = float_bytes * (cfg.n_layers * (6 * n_s * d + 2 * n_s * d_ff + enc_scores)
+                            + cfg.n_layers * (10 * n_t * d + 2 * n_t * d_ff + dec_scores)
+                            + 2 * n_t * cfg.tgt_vocab)
+    return device, 0
+
+
 def check_batch(cfg: Config, src, tgt):
     """Check a batch on the host; return its host arrays and the flat indices of its target
     positions (non-padding entries of tgt[:, 1:]), also on the host.

@@ -106,6 +106,10 @@ class BagOfEmbeddings:
         return cfg.classes
 
     @staticmethod
+    def batch_bytes(cfg, *, rows, src_len, tgt_len, float_bytes, attention=True):
+        return float_bytes * rows * (tgt_len * cfg.d_model + cfg.classes), 0
+
+    @staticmethod
     def logits(params, cfg, h):
         return h @ params["out.w"] + params["out.b"]
 
