@@ -4,14 +4,15 @@ its causal mask."""
 import numpy as np
 import pytest
 
-from minitfm import gradcheck
+from minitfm import backend
+from minitfm.gradcheck.check import random_params
 from minitfm.layers import attention, decoder_only, encoder, subdict
 from minitfm.models import lm
 
 
 def _setup(pre_ln, n_layers, seed=7):
     cfg = lm.LMConfig.preset("tiny", pre_ln=pre_ln, d_model=12, n_heads=3, n_layers=n_layers)
-    p = gradcheck.random_params(gradcheck.backend.host_rng(seed), decoder_only.param_shapes(cfg),
+    p = random_params(backend.host_rng(seed), decoder_only.param_shapes(cfg),
                                 cfg.d_model)
     x = np.random.default_rng(seed).standard_normal((3, 6, cfg.d_model))       # (R, L, d)
     shape = (3, cfg.n_heads, 6, cfg.d_model // cfg.n_heads)
