@@ -24,7 +24,8 @@ import stat
 import uuid
 from collections.abc import Iterator
 
-__all__ = ["WriteError", "write_error", "temporary_beside", "replacing", "fsync_directory"]
+__all__ = ["WriteError", "write_error", "temporary_beside", "replacing", "fsync_directory",
+           "kind_of"]
 
 # the errors that say the destination has no room or cannot be written, whichever file raised them
 _NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
@@ -77,13 +78,25 @@ def fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
-def _special(path: str | os.PathLike) -> bool:
-    """Whether ``path`` exists and is something other than a regular file or a folder."""
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def kind_of(path: str | os.PathLike) -> str | None:
+    """What ``path`` is, in words, when it exists and is not a regular file: "a directory", "a
+    named pipe" (also a shell's ``<(...)``), "a character device" (``/dev/stdin`` on a terminal,
+    ``/dev/zero``), "a block device" or "a socket"; None for a regular file or nothing at all."""
     try:
         mode = os.stat(path).st_mode
-    except OSError:
-        return False
-    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+    except (OSError, ValueError):
+        return None
+    return next((words for test, words in _KINDS if test(mode)), None)
+
+
+def _special(path: str | os.PathLike) -> bool:
+    """Whether ``path`` exists and is something other than a regular file or a folder."""
+    return kind_of(path) not in (None, "a directory")
 
 
 @contextlib.contextmanager
