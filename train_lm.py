@@ -334,8 +334,9 @@ def run_sampling(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.sample:
-        return cli.report_errors(lambda: run_sampling(args))
-    return cli.report_errors(lambda: cli.run_in_directory(args, "lm", lambda: run_training(args)))
+        return cli.report_errors(lambda: run_sampling(args), sizes="--max-new-tokens")
+    return cli.report_errors(lambda: cli.run_in_directory(args, "lm", lambda: run_training(args)),
+                             sizes="--batch-size or --block-size")
 
 
 if __name__ == "__main__":

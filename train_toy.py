@@ -171,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     return cli.report_errors(
-        lambda: cli.run_in_directory(args, f"toy-{args.task}", lambda: run(args)))
+        lambda: cli.run_in_directory(args, f"toy-{args.task}", lambda: run(args)),
+        sizes="--batch-size (or --eval-size)")
 
 
 if __name__ == "__main__":

@@ -243,7 +243,8 @@ def main(argv: list[str] | None = None, stdin: BinaryIO | None = None,
          stdout: TextIO | None = None) -> int:
     args = parse_args(argv)
     return report_errors(lambda: run(args, stdin if stdin is not None else sys.stdin.buffer,
-                                     stdout if stdout is not None else sys.stdout))
+                                     stdout if stdout is not None else sys.stdout),
+                         sizes="--batch-size or --beam")
 
 
 if __name__ == "__main__":
