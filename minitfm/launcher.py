@@ -21,7 +21,8 @@ signal: killed by the same one, after a line naming the worker). The worker:
   machine (reopened from ``/proc/PID/fd``; a file only once the launcher is gone, as the launcher
   writes to it at an offset of its own), not through the proxy's pipes that end with the
   launcher, so that the run's last lines reach the terminal or file they always went to (a
-  terminal that has hung up is swapped for ``/dev/null``);
+  terminal that has hung up is swapped for ``/dev/null``; ``mpiexec``'s options that label or
+  split each rank's output then see only what comes through the keeper);
 - watches its keeper. When the keeper is gone and the launcher still runs, the launcher is
   ending a job that failed (a worker was killed): this worker ends at once, as before. When the
   launcher is gone too, it is a hang-up: the worker sends itself SIGHUP, and the run stops as on
