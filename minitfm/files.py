@@ -8,11 +8,11 @@ a result, and an error or interrupt on the way removes it and leaves the destina
 Every whole file the project writes goes through :func:`replacing` (a folder, the CTranslate2
 export, through :func:`replacing_directory`): checkpoints and averaged models, the vocabulary
 model and its metadata, the token caches and their manifests, ``run.json``, the export's outputs,
-prepared corpora, test hypotheses and scores, plots. A write that fails for
-lack of room or rights (a full disk, a file too large, a read-only file system) raises
-:class:`WriteError`, an ``OSError`` whose ``filename`` is the destination (not the temporary) and
-whose ``strerror`` adds the folder and the space free there, so that every message built from
-them says which file, and where to make room.
+prepared corpora, test hypotheses and scores, plots. A write that fails for lack of room or rights
+(a full disk, a file too large, a read-only file system) raises :class:`WriteError`, an
+``OSError`` whose ``filename`` is the destination (not the temporary) and whose ``strerror`` adds
+the folder and the space free there, so that every message built from them says which file, and
+where to make room.
 
 A temporary is named after the process that writes it (host and pid): one that a ``kill -9`` or
 a crash left behind is removed by the next run of the same run directory or export

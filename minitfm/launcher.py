@@ -123,10 +123,11 @@ def _keep() -> None:
     status = worker.wait()
     if status >= 0:
         os._exit(status)
-    name = signal.Signals(-status).name
-    rank = next((os.environ[v] for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
-                 if v in os.environ), "?")
-    print(f"worker {rank} (pid {worker.pid}, kept by pid {os.getpid()}) was killed by {name}",
+    try:
+        name = signal.Signals(-status).name
+    except ValueError:
+        name = f"signal {-status}"
+    print(f"worker pid {worker.pid} (kept by pid {os.getpid()}) was killed by {name}",
           file=sys.stderr, flush=True)
     if -status != signal.SIGKILL:
         signal.signal(-status, signal.SIG_DFL)

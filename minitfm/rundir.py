@@ -241,10 +241,10 @@ _holds: dict[str, _Hold] = {}        # the run directories this process holds, b
 
 
 def _take(path: str, lock: bool) -> str:
-    kind = files.kind_of(path) or ("a file" if os.path.lexists(path) else "a directory")
-    if kind != "a directory":
-        raise NotARunDirectory(f"--out {path} is {kind}, not a run directory: give a directory "
-                               f"(a new one, or that of a run to continue with --resume)")
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise NotARunDirectory(f"--out {path} is {files.kind_of(path) or 'a file'}, not a run "
+                               f"directory: give a directory (a new one, or that of a run to "
+                               f"continue with --resume)")
     created = None
     missing = os.path.abspath(path)
     while not os.path.exists(missing) and os.path.dirname(missing) != missing:
