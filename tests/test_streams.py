@@ -114,10 +114,16 @@ def test_a_checkpoint_from_a_pipe_is_refused_as_what_it_is(translator_ckpt, tmp_
     assert never_opened(fifo)
 
 
-def test_check_input():
+def test_check_input(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
     check_input(__file__)
-    check_input("/dev/stdin" if os.path.exists("/dev/stdin") else __file__, streamed=True)
+    for special in (fifo, os.devnull):
+        check_input(special, streamed=True)                  # read once: fine
+        with pytest.raises(DataError, match="not a regular file: this command reads it more"):
+            check_input(special)
     with pytest.raises(DataError, match="is a directory"):
-        check_input(ROOT, streamed=True)
+        check_input(tmp_path, streamed=True)
     with pytest.raises(DataError, match="file not found"):
-        check_input(ROOT / "no such file")
+        check_input(tmp_path / "no such file")
+    assert never_opened(fifo)
