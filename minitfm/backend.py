@@ -36,7 +36,7 @@ __all__ = [
     "BackendError", "xp", "name", "use", "float_dtype", "set_float_dtype",
     "to_device", "to_host", "to_host_together", "is_host_array", "host_copy", "scatter_add", "sorted_scatter_add", "dropout_keep", "rng",
     "host_rng", "check_array", "is_gpu", "describe", "environment_choice", "available_memory",
-    "host_available_memory", "PRECISIONS", "set_precision",
+    "host_available_memory", "memory_in_words", "PRECISIONS", "set_precision",
 ]
 
 
@@ -134,6 +134,23 @@ def describe() -> str:
         except Exception:    # pragma: no cover - depends on the machine
             return "cupy"
     return f"numpy (auto: {_auto_fallback})" if _auto_fallback else "numpy"
+
+
+def memory_in_words() -> str:
+    """The memory the active backend's arrays live in, for a message that it ran out: ``GPU 0
+    (NVIDIA A100-SXM4-40GB, 39.4 GiB)`` on CuPy, ``the host's memory`` on NumPy (and before any
+    backend is chosen: none is chosen for it)."""
+    if globals().get("name") != "cupy":
+        return "the host's memory"
+    cupy = _active()
+    try:
+        device = cupy.cuda.Device().id
+        properties = cupy.cuda.runtime.getDeviceProperties(device)
+    except Exception:        # pragma: no cover - a device that fails to say (CUDARuntimeError)
+        return "the GPU"
+    name = properties["name"]
+    name = name.decode() if isinstance(name, bytes) else name
+    return f"GPU {device} ({name}, {properties['totalGlobalMem'] / 2**30:.1f} GiB)"
 
 
 def available_memory() -> tuple[int, str] | None:

@@ -29,5 +29,6 @@ with d_model >= 2: a saturated softmax has gradients so small next to L that no 
 The package: ``check.py`` the checker (:class:`~minitfm.gradcheck.check.Case`: sizes, inputs,
 forward, backward, tolerance; :func:`~minitfm.gradcheck.check.check_case`), ``cases.py`` the
 table of cases, one row each (``CASES`` for the layers, ``MODEL_CASES`` for the whole models; a
-new layer adds one row), ``__main__.py`` the command line. Exit status 1 if any check fails.
+new layer adds one row), ``__main__.py`` the command line. Exit status 1 if any check fails, 2
+for a bad option (minitfm/exits.py).
 """

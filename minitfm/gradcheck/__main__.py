@@ -8,9 +8,10 @@ import math
 import sys
 
 from minitfm import backend, exits, gradcheck
-from minitfm.cli import UsageError, report_errors
+from minitfm.cli import UsageError, add_backend_option, report_errors, select_backend
 from minitfm.gradcheck.cases import CASES, MODEL_CASES
 from minitfm.gradcheck.check import STEP, TOLERANCE, check_case
+from minitfm.options import integer, number
 
 
 def main(argv=None) -> int:
@@ -19,19 +20,20 @@ def main(argv=None) -> int:
 
 
 def parse_args(argv) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m minitfm.gradcheck", description=gradcheck.__doc__,
+    parser = argparse.ArgumentParser(prog="python -m minitfm.gradcheck",
+                                     description=gradcheck.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("only", nargs="?", default="", help="check only cases whose name contains this")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tolerance", type=float, default=TOLERANCE)
-    parser.add_argument("--backend", default=None, help="numpy, cupy or auto (default: MINITFM_BACKEND)")
+    parser.add_argument("--seed", type=integer(0), default=0, help="seeds the inputs (default 0)")
+    parser.add_argument("--tolerance", type=number(0, low_open=True), default=TOLERANCE,
+                        help=f"the largest relative error that passes (default {TOLERANCE:g})")
+    add_backend_option(parser, "numpy")
     return parser.parse_args(argv)
 
 
 def run(args: argparse.Namespace) -> int:
     """The checks as ``args`` say: 0 when all pass, 1 (a run-time failure) when one fails."""
-    if args.backend:
-        backend.use(args.backend)
+    select_backend(args.backend, "numpy")
 
     rows = [c for c in CASES + MODEL_CASES if args.only.lower() in c.name.lower()]
     if not rows:
