@@ -9,7 +9,7 @@ whatever the array's size, and every conversion of a device array to a Python nu
 array stalls the queue until the device catches up. Wall time on a CPU hides both; this
 benchmark counts them:
 
-- *operations* and *syncs*: real training updates through ``minitfm.train.train`` with NumPy's
+- *operations* and *syncs*: real training updates through ``minitfm.training.loop.train`` with NumPy's
   module replaced by the counting stand-in of ``op_counter.py`` (which says what counts), by
   phase and module;
 - *launches*: the same updates on the CuPy path, run by the CuPy double (tests/cupy_double,
@@ -41,9 +41,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from op_counter import TALLY, counting_backend  # noqa: E402
 
-from minitfm import backend, train  # noqa: E402
+from minitfm import backend  # noqa: E402
 from minitfm.layers import output  # noqa: E402
 from minitfm.models import base, translator  # noqa: E402
+from minitfm.training import loop  # noqa: E402
+from minitfm.training.run import Run  # noqa: E402
+from minitfm.training.state import TrainOptions  # noqa: E402
 
 # ---- one update, counted ---------------------------------------------------------------------
 
@@ -67,9 +70,11 @@ def make_batches(cfg: translator.Config, n: int, sentences: int, src_len: int, t
 def run_updates(cfg: translator.Config, batches: list, steps: int, update_freq: int,
                 clip_norm: float | None) -> None:
     """``steps`` updates of a fresh model on the active backend, set-up included."""
-    options = train.TrainOptions(steps=steps, update_freq=update_freq, clip_norm=clip_norm,
-                                 log_every=10 ** 9, progress=False, warmup=10)
-    train.train(cfg, batches, options, params=translator.init_params(cfg, seed=0))
+    options = TrainOptions(max_steps=steps, update_freq=update_freq, clip_norm=clip_norm,
+                           log_every=10 ** 9, progress=False, warmup=10)
+    with Run(options, translator.KIND) as run:
+        run.start(cfg, params=translator.init_params(cfg, seed=0))
+        loop.train(run, batches)
 
 
 def count_run(cfg: translator.Config, batches: list, steps: int, update_freq: int,

@@ -175,7 +175,7 @@ def main(argv=None) -> int:
                         help="also time every array operation (NumPy only): the seconds in matrix "
                              "products, in everything else by layer, and the fraction of peak the "
                              "step would reach if everything but the matrix products were free")
-    options.add_precision_option(parser)
+    options.add(parser, "precision")
     parser.add_argument("--worker", help=argparse.SUPPRESS)    # one preset, in this process
     args = parser.parse_args(argv)
     try:

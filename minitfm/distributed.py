@@ -110,9 +110,9 @@ class World:
 
     ``rank`` (0 .. size-1), ``size``, ``local_rank`` and ``local_size`` (the workers on this
     machine), ``is_root`` (rank 0: the one that writes checkpoints and logs). Collectives --
-    broadcast_params, broadcast_numbers, broadcast_text, allreduce_sum, allreduce_numbers,
-    barrier, root_first, stop_requests, finish -- must be called by every worker, in the same
-    order; the other methods are local."""
+    broadcast_params, broadcast_numbers, broadcast_text, broadcast_bytes, allreduce_sum,
+    allreduce_numbers, barrier, root_first, stop_requests, finish -- must be called by every
+    worker, in the same order; the other methods are local."""
 
     def __init__(self, comm=None) -> None:
         """``comm``: an mpi4py communicator (COMM_WORLD), or None for a world of one process."""
@@ -233,11 +233,15 @@ class World:
     def broadcast_text(self, text: str) -> str:
         """Rank 0's ``text`` on every worker (a run directory chosen from the clock, say); the
         others pass any string."""
+        return self.broadcast_bytes(text.encode()).decode()
+
+    def broadcast_bytes(self, data: bytes) -> bytes:
+        """Rank 0's ``data`` on every worker (a tokenizer read from a checkpoint, say); the
+        others pass any bytes."""
         if not self.distributed:
-            return text
-        data = text.encode() if self.is_root else b""
-        size = int(self.broadcast_numbers([len(data)])[0])
-        return self._broadcast_bytes(data if self.is_root else bytes(size)).decode()
+            return data
+        size = int(self.broadcast_numbers([len(data) if self.is_root else 0])[0])
+        return self._broadcast_bytes(data if self.is_root else bytes(size))
 
     def barrier(self) -> None:
         """Wait until every worker has come here."""

@@ -29,10 +29,12 @@ from minitfm import backend
 from minitfm.backend import BackendError
 from minitfm.checkpoint import CheckpointError
 from minitfm.data import DataError
-from minitfm.divergence import TrainingDiverged
 from minitfm.export.source import ExportError
 from minitfm.placement import PlacementError
-from minitfm.rundir import LockUnsupported, NotARunDirectory, RunDirectoryBusy, WriteFailed
+from minitfm.training.divergence import TrainingDiverged
+from minitfm.training.plan import PlanError
+from minitfm.training.rundir import (LockUnsupported, NotARunDirectory, RunDirectoryBusy,
+                                     WriteFailed)
 
 __all__ = ["DONE", "FAILED", "BAD_INPUT", "UsageError", "BAD_INPUT_ERRORS", "FAILURES",
            "status_of", "for_signal", "message"]
@@ -43,13 +45,14 @@ BAD_INPUT = 2       # bad usage or bad input (argparse's status for a bad option
 
 
 class UsageError(Exception):
-    """Options that do not fit together; the message says what to change."""
+    """Options that do not fit together; the message says what to change. (Options that do
+    not fit the run's data, found once it is read: ``minitfm.training.plan.PlanError``.)"""
 
 
 # Checked in this order: the first row whose classes include the error's class gives the status.
 FAILURES = (TrainingDiverged, WriteFailed, MemoryError)
 BAD_INPUT_ERRORS = (
-    UsageError, DataError, CheckpointError, BackendError, PlacementError, ExportError,
+    UsageError, PlanError, DataError, CheckpointError, BackendError, PlacementError, ExportError,
     RunDirectoryBusy, LockUnsupported, NotARunDirectory,
     # a path the user named that cannot be used as asked
     FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError,

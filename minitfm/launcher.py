@@ -27,7 +27,7 @@ signal: killed by the same one, after a line naming the worker). The worker:
   ending a job that failed (a worker was killed): this worker ends at once, as before. When the
   launcher is gone too, it is a hang-up: the worker sends itself SIGHUP, and the run stops as on
   any SIGHUP (every worker after the same update, rank 0 saves a checkpoint and says how to
-  ``--resume``, status 129; :mod:`minitfm.stops`). To tell the two apart, the worker holds the
+  ``--resume``, status 129; :mod:`minitfm.training.stops`). To tell the two apart, the worker holds the
   proxy's pipe open until it has looked: the proxy, and so the launcher, wait for its end;
 - ends by itself if it still runs ``GRACE`` seconds after its keeper (a worker on another
   machine died, and the others would wait for it forever).

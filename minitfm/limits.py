@@ -5,7 +5,7 @@ limits and against the memory there is, so that an absurd size ends at once with
 Library limits
 --------------
 - sentencepiece stores the vocabulary size as a C ``int32``: ``--vocab-size`` is at most
-  ``2**31 - 1`` (:data:`SENTENCEPIECE_MAX_VOCAB`, checked by :func:`vocab_size_option`);
+  ``2**31 - 1`` (:data:`SENTENCEPIECE_MAX_VOCAB`, checked by ``minitfm.options.vocab_size``);
 - a BPE vocabulary has at most one piece per character of its text (every piece but the
   specials is a character or a merge of two pieces, and each merge needs an occurrence): a plain
   text file of ``n`` bytes holds at most ``n`` characters, so ``--vocab-size`` above ``n`` plus
@@ -62,7 +62,6 @@ system does not say, only the library limits are checked.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
@@ -72,11 +71,9 @@ from dataclasses import dataclass, field
 from minitfm import backend, files, models
 from minitfm.exits import UsageError
 from minitfm.ids import EOS_ID
-from minitfm.options import integer
 
-__all__ = ["SENTENCEPIECE_MAX_VOCAB", "TooLarge", "Estimate", "vocab_size_option",
-           "check_vocab_for_corpus", "parameter_count", "training_estimate",
-           "decoding_estimate", "sampling_estimate", "state_estimate", "check_fits", "human_bytes",
+__all__ = ["SENTENCEPIECE_MAX_VOCAB", "TooLarge", "Estimate", "check_vocab_for_corpus",
+           "parameter_count", "training_estimate", "decoding_estimate", "sampling_estimate", "state_estimate", "check_fits", "human_bytes",
            "model_sizes", "with_model_sizes"]
 
 SENTENCEPIECE_MAX_VOCAB = 2**31 - 1     # sentencepiece's TrainerSpec.vocab_size is an int32
@@ -129,21 +126,6 @@ def human_bytes(n: float) -> str:
 
 
 # ---- library limits --------------------------------------------------------------------------
-
-def vocab_size_option(low: int = 8) -> Callable[[str], int]:
-    """An argparse ``type=`` for ``--vocab-size``: an integer from ``low`` to sentencepiece's
-    int32 limit."""
-    check = integer(low)
-
-    def parse(text: str) -> int:
-        value = check(text)
-        if value > SENTENCEPIECE_MAX_VOCAB:
-            raise argparse.ArgumentTypeError(
-                f"must be at most {SENTENCEPIECE_MAX_VOCAB} (sentencepiece stores the "
-                f"vocabulary size as a 32-bit integer), got {text!r}")
-        return value
-    return parse
-
 
 def check_vocab_for_corpus(vocab_size: int, paths: Sequence[str | os.PathLike],
                            option: str = "--vocab-size") -> None:

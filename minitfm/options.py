@@ -1,28 +1,38 @@
-"""The trainers' options: argparse types that check a value before any work, and the option
-groups the training commands share.
+"""The trainers' options, one vocabulary: every option that ``train_toy.py``, ``train_wmt.py``
+and ``train_lm.py`` share is declared here once (:data:`VOCABULARY`: its name, its type, which
+checks the value before any work, its unit and its help) and means the same in all three.
 
-- every numeric option is checked by argparse with a ``type=`` from here (:func:`integer`,
-  :func:`number`): a bad value is a usage error naming the option and its allowed range, before
-  any work; NaN and infinity are refused wherever a finite number is meant; :func:`phase` reads a
-  point or length of a run (a fraction, ``<N>steps``, ``<x>epochs``, ``auto``);
-- ``add_*_options`` add one group each (optimiser, schedule, checkpoints, validation, logging,
-  seed, precision) with the calling command's defaults, so that the same option means the same
-  thing, with the same help, in ``train_toy.py``, ``train_lm.py`` and ``train_wmt.py``.
+- a value's type is one of :func:`integer`, :func:`number`, :func:`duration` (``90s``, ``60m``,
+  ``1.5h``: the time limit, in one unit everywhere) and :func:`phase` (a point or length of a run:
+  a fraction, ``<N>steps``, ``<x>epochs``); a bad value is a usage error naming the option and
+  what it must be;
+- a trainer (:class:`Trainer`) names the shared options it has and gives its defaults in a
+  table (a value, a table per preset or task, or words such as ``$MINITFM_BACKEND, else numpy``);
+  its help shows them;
+- :func:`parse` reads a command line: an old name of a renamed option still works for this
+  release and prints one line naming the new one; the defaults are filled in; every rule
+  between the shared options is checked (:func:`check`), once, before any work;
+- :func:`train_options` builds what the training loop is told, one
+  :class:`~minitfm.training.state.TrainOptions`, from the parsed options.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
-from collections.abc import Callable, Sequence
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
-from minitfm import backend, phases
+from minitfm import backend, limits
+from minitfm.training import phases
+from minitfm.training.state import TrainOptions
 
-__all__ = ["integer", "number", "positive_int", "phase", "add_optimiser_options",
-           "add_schedule_options", "add_checkpoint_options", "BEST_METRICS",
-           "add_validation_options", "check_validation_options", "validation_options",
-           "add_max_epochs_option", "add_logging_options", "add_seed_option",
-           "add_precision_option"]
+__all__ = ["integer", "number", "positive_int", "duration", "phase", "vocab_size",
+           "Option", "Words", "VOCABULARY", "BEST_METRICS", "Trainer",
+           "add", "parse", "check", "train_options"]
 
 
 # ---- option values ---------------------------------------------------------------------------
@@ -73,9 +83,27 @@ def number(low: float | None = None, high: float | None = None, *, low_open: boo
     return parse
 
 
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration(text: str) -> float:
+    """An argparse ``type=`` for a length of time with its unit, in seconds: ``90s``, ``60m``,
+    ``1.5h`` (> 0). A bare number is refused: the unit is part of the value."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smh])\s*", text.lower())
+    if not match:
+        bare = text.strip()
+        hint = f" (a bare number: {bare}s or {bare}m?)" if re.fullmatch(r"[\d.]+", bare) else ""
+        raise argparse.ArgumentTypeError(f"must be a time with its unit, s, m or h (90s, 60m, "
+                                         f"1.5h), got {text!r}{hint}")
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if not 0 < seconds < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a time > 0, got {text!r}")
+    return seconds
+
+
 def phase(*, auto: bool = False) -> Callable[[str], float | str]:
-    """An argparse ``type=`` for a point or length of a run (minitfm.phases): a fraction in
-    [0, 1), ``<N>steps``, ``<x>epochs`` or, with ``auto``, ``auto``."""
+    """An argparse ``type=`` for a point or length of a run (minitfm.training.phases): a
+    fraction in [0, 1), ``<N>steps``, ``<x>epochs`` or, with ``auto``, ``auto``."""
     def parse(text: str) -> float | str:
         try:
             return phases.parse(text, auto=auto)
@@ -84,129 +112,259 @@ def phase(*, auto: bool = False) -> Callable[[str], float | str]:
     return parse
 
 
-# ---- option groups shared by the training commands ------------------------------------------
-# Each command passes its own defaults: a value (None: filled in later, from a preset or a task)
-# and the words its help shows for it, such as "default 10" or "default: preset".
-
-def add_optimiser_options(group, *, warmup: str, warmup_type=positive_int,
-                          lr_factor: tuple[float | None, str] | None = None,
-                          weight_decay: str | None = None) -> None:
-    """``--warmup``, ``--clip-norm``; ``--lr-factor`` (``(default, words)``) and
-    ``--weight-decay`` where the command has them."""
-    group.add_argument("--warmup", type=warmup_type, help=f"warmup steps ({warmup})")
-    if lr_factor is not None:
-        group.add_argument("--lr-factor", type=number(0, low_open=True), default=lr_factor[0],
-                           help=f"scales the paper's learning-rate schedule "
-                                f"({lr_factor[1]})")
-    if weight_decay is not None:
-        group.add_argument("--weight-decay", type=number(0),
-                           help=f"AdamW's decoupled decay ({weight_decay})")
-    group.add_argument("--clip-norm", type=number(0, low_open=True),
-                       help="clip the gradient norm (default: no)")
+def vocab_size(text: str) -> int:
+    """An argparse ``type=`` for ``--vocab-size``: an integer from 8 to sentencepiece's int32
+    limit (:data:`minitfm.limits.SENTENCEPIECE_MAX_VOCAB`)."""
+    value = integer(8)(text)
+    if value > limits.SENTENCEPIECE_MAX_VOCAB:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {limits.SENTENCEPIECE_MAX_VOCAB} (sentencepiece stores the "
+            f"vocabulary size as a 32-bit integer), got {text!r}")
+    return value
 
 
-def add_schedule_options(group, *, choices: Sequence[str], default: str, lr_help: str,
-                         min_lr: tuple[float | None, str], steps: str,
-                         cooldown: bool = False) -> None:
-    """``--schedule``, ``--lr``, ``--min-lr`` (``(default, words)``) and where the command has it
-    ``--cooldown``; ``steps``: the option that ends the run (``--max-steps``, ``--steps``)."""
-    group.add_argument("--schedule", choices=tuple(choices),
-                       help=f"after the warmup: the paper's inverse square root, or a linear or "
-                            f"cosine decay to --min-lr at {steps}, or at --time-limit if that "
-                            f"comes first ({default})")
-    group.add_argument("--lr", type=number(0, low_open=True), help=lr_help)
-    group.add_argument("--min-lr", type=number(0), default=min_lr[0],
-                       help=f"rate at {steps} with --schedule linear or cosine "
-                            f"({min_lr[1]})")
-    if cooldown:
-        group.add_argument("--cooldown", type=phase(), metavar="PHASE",
-                           help=f"bring the rate down linearly to 0 over this last part of the "
-                                f"run: a fraction (of {steps}, or of --time-limit if that comes "
-                                f"first), or a number of updates (1200steps) or epochs (8epochs) "
-                                f"before the end of {steps} or --max-epochs, whatever the clock")
+# ---- the vocabulary --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Option:
+    """One option: ``flag`` (``--max-steps``), its type, its help (what it is, in its unit; a
+    trainer's default is added to it), ``absent``: what no value means (None: the option is
+    always given a default), ``aliases``: old names still read in this release."""
+
+    flag: str
+    help: str
+    type: Callable | None = None
+    metavar: str | None = None
+    choices: tuple | None = None
+    switch: bool = False                # a flag without a value (store_true)
+    absent: str | None = None
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def dest(self) -> str:
+        return self.flag[2:].replace("-", "_")
 
 
-def add_checkpoint_options(group, *, save_every: tuple[int | None, str],
-                           keep_last: bool = False) -> None:
-    """``--save-every`` (``(default, words)``) and where the command has it ``--keep-last``."""
-    group.add_argument("--save-every", type=integer(0), default=save_every[0],
-                       help=f"steps between checkpoints ({save_every[1]})")
-    if keep_last:
-        group.add_argument("--keep-last", type=positive_int, default=5,
-                           help="checkpoints kept (default 5)")
+@dataclass(frozen=True)
+class Words:
+    """A default given in words, not as a value (the option's value stays None)."""
+
+    text: str
 
 
+FRACTION = number(0, 1, high_open=True)
+SCHEDULES = ("paper", "linear", "cosine")
 BEST_METRICS = {"loss": "valid_loss", "bleu": "valid_bleu", "acc": "valid_acc"}
 
+VOCABULARY = {option.dest: option for option in [
+    # the model
+    Option("--preset", "the model's preset, its sizes and rates (docs/layout.md, Presets); "
+                       "the defaults listed below may depend on it"),
+    Option("--layers", "layers of each stack", positive_int),
+    Option("--d-model", "model width", positive_int),
+    Option("--heads", "attention heads", positive_int),
+    Option("--d-ff", "feed-forward width", positive_int),
+    Option("--dropout", "dropout on the embeddings and every sub-layer's output", FRACTION),
+    Option("--label-smoothing", "label smoothing eps_ls", FRACTION),
+    Option("--vocab-size", "pieces of the sentencepiece BPE vocabulary", vocab_size),
+    Option("--batch-size", "sequences per batch (a language model's: blocks of --block-size "
+                           "tokens)", positive_int),
+    # how long
+    Option("--max-steps", "training updates: the run ends after this many, or earlier at its "
+                          "epoch or time limit", positive_int, aliases=("--steps",)),
+    Option("--max-epochs", "stop after N passes over the training data (an epoch: the updates "
+                           "that read the training data once), or at the step or time limit if "
+                           "that comes first", number(0, low_open=True), "N", absent="no limit"),
+    Option("--time-limit", "stop, with a checkpoint, after this much training time over all "
+                           "sessions of the run: 90s, 60m, 1.5h", duration, "TIME",
+           absent="no limit"),
+    # the optimiser and the learning rate
+    Option("--warmup", "warmup steps", integer(0)),
+    Option("--lr-factor", "scales the paper's learning-rate schedule",
+           number(0, low_open=True)),
+    Option("--schedule", "after the warmup: the paper's inverse square root, or a linear or "
+                         "cosine decay to --min-lr at the last update, or at --time-limit if "
+                         "that comes first", choices=SCHEDULES),
+    Option("--lr", "peak learning rate of --schedule linear or cosine",
+           number(0, low_open=True),
+           absent="the paper's rate at the end of the warmup, times --lr-factor"),
+    Option("--min-lr", "learning rate at the end of --schedule linear or cosine", number(0)),
+    Option("--cooldown", "bring the rate down linearly to 0 over this last part of the run: a "
+                         "fraction (of the run, by updates or by --time-limit, whichever is "
+                         "further), or a number of updates (1200steps) or epochs (8epochs), "
+                         "whatever the clock", phase(), "PHASE", absent="none"),
+    Option("--weight-decay", "AdamW's decoupled weight decay", number(0)),
+    Option("--clip-norm", "clip the global gradient norm to this", number(0, low_open=True),
+           absent="no clipping"),
+    Option("--update-freq", "batches summed into one update", positive_int),
+    Option("--dropout-start", "late dropout: none for this first part of the run, then the "
+                              "dropouts above: a fraction (of the run, by updates or by "
+                              "--time-limit, whichever is further), a number of updates "
+                              "(1200steps) or epochs (8epochs), or auto: from the first "
+                              "validation whose perplexity improved by less than "
+                              "--dropout-start-margin on the previous one",
+           phase(auto=True), "PHASE"),
+    Option("--dropout-start-margin", "with --dropout-start auto: the relative improvement of "
+                                     "the validation perplexity below which dropout starts",
+           FRACTION, "FRACTION"),
+    Option("--seed", "seeds the initialisation, dropout and the data order", integer(0)),
+    # when to log, validate, save; choosing by validation
+    Option("--log-every", "steps between log lines", positive_int),
+    Option("--valid-every", "steps between validations; 0: only at the end", integer(0),
+           aliases=("--eval-every",)),
+    Option("--save-every", "steps between checkpoints; 0: at the end and on a signal",
+           integer(0)),
+    Option("--keep-last", "checkpoints kept, the newest", positive_int),
+    Option("--best-metric", "choose by this validation result (loss: lower is better; bleu, "
+                            "acc: higher). Every validation then saves a checkpoint that "
+                            "records it, its log line and run.json show the best so far and its "
+                            "step, and checkpoint_best.npz names the best checkpoint",
+           choices=tuple(BEST_METRICS), absent="none"),
+    Option("--keep-best", "also keep the checkpoints of the N best validations, which the "
+                          "rotation of the last ones never deletes (needs --best-metric)",
+           integer(0), "N"),
+    Option("--patience", "stop after N validations (every --valid-every) without a better "
+                         "--best-metric (a tie is no improvement); the run ends as done, exit "
+                         "status 0; 0: never", integer(0), "N"),
+    # the run directory and the console
+    Option("--out", "run directory"),
+    Option("--resume", "continue the run in --out from its latest checkpoint", switch=True),
+    Option("--quiet", "no progress bars", switch=True),
+    Option("--no-lock", "do not lock the run directory (for a file system without file locks; "
+                        "then make sure no other run uses --out)", switch=True),
+    Option("--checkpoint", "a checkpoint to use instead of training (train_wmt.py --eval-only, "
+                           "train_lm.py --sample)", absent="none"),
+    # where a worker runs, and how it computes
+    Option("--backend", "array backend", choices=("numpy", "cupy", "auto")),
+    Option("--threads", "BLAS threads per worker on the CPU", positive_int, "N"),
+    Option("--precision", "float32 matrix products: tf32 on a GPU's tensor cores (compute "
+                          "capability 8.0 or higher; batched products, attention's, stay "
+                          "float32) or plain fp32", choices=backend.PRECISIONS,
+           absent="tf32 on such a GPU, else fp32; the CPU has fp32 only"),
+]}
+PLACEMENT = ("backend", "threads", "precision")
+RUN = ("out", "resume", "quiet", "no_lock")
 
-def add_validation_options(group, metrics: Sequence[str],
-                           valid_option: str = "--valid-every") -> None:
-    """``--best-metric`` (one of ``metrics``, keys of BEST_METRICS), ``--keep-best`` and
-    ``--patience``: choosing checkpoints by validation (minitfm.validation)."""
-    words = {"loss": "loss (lower is better)", "bleu": "bleu (greedy BLEU, higher is better)",
-             "acc": "acc (exact match, higher is better)"}
-    group.add_argument("--best-metric", choices=tuple(metrics),
-                       help=f"choose by this validation result: "
-                            f"{', '.join(words[m] for m in metrics)}. Every validation then "
-                            f"saves a checkpoint that records it, its log line and run.json "
-                            f"show the best so far and its step, and "
-                            f"checkpoint_best.npz names the best checkpoint (default: none)")
-    group.add_argument("--keep-best", type=integer(0), default=0, metavar="N",
-                       help="also keep the checkpoints of the N best validations, which the "
-                            "rotation of the last ones never deletes (needs --best-metric; "
-                            "default 0)")
-    group.add_argument("--patience", type=integer(0), default=0, metavar="N",
-                       help=f"stop after N validations (every {valid_option}) without a better "
-                            f"--best-metric (a tie is no improvement); the run ends as done, "
-                            f"exit status 0 (default 0: never)")
+
+def _default_words(value) -> str:
+    if isinstance(value, Words):
+        return f": {value.text}"
+    return f" {value:g}" if isinstance(value, float) else f" {value}"
 
 
-def check_validation_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
-                             valid_every: int, valid_option: str = "--valid-every") -> None:
-    """The choosing options fit together; ``valid_every``: the steps between validations."""
-    if args.best_metric is None:
+def add(group, *names: str, defaults: Mapping = {}, choices: Mapping = {}) -> None:
+    """Add the options ``names`` (keys of :data:`VOCABULARY`) to ``group`` (a parser or an
+    argument group), each with the default words of ``defaults`` (a value, a :class:`Words`)
+    or its ``absent`` words, and ``choices`` where a command allows only some; its old names
+    too (hidden from the help)."""
+    for name in names:
+        option = VOCABULARY[name]
+        default = defaults.get(name, option.absent)
+        kwargs = ({"action": "store_true"} if option.switch else
+                  {"type": option.type, "metavar": option.metavar,
+                   "choices": choices.get(name, option.choices)})
+        help = option.help if option.switch or default is None else \
+            f"{option.help} (default{_default_words(default)})"
+        group.add_argument(option.flag, **kwargs, help=help)
+        for alias in option.aliases:
+            group.add_argument(alias, **kwargs, dest=option.dest, default=argparse.SUPPRESS,
+                               help=argparse.SUPPRESS, action=_Renamed, new=option.flag)
+
+
+class _Renamed(argparse.Action):
+    """An old name of the option ``new``: stores its value as ``new`` does, and says so in
+    one line."""
+
+    def __init__(self, option_strings, dest, new: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"note: {option_string} is now {self.new} (the old name works in this release)",
+              file=sys.stderr, flush=True)
+        setattr(namespace, self.dest, values)
+
+
+# ---- a trainer's options ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Trainer:
+    """The shared options a trainer has, and its defaults: ``defaults`` by option (a value or
+    :class:`Words`); ``by``, an option whose value picks a row of ``varying`` (a table of
+    defaults per preset or task); ``choices`` where it allows only some of an option's;
+    ``defining``, the options a resumed run may not change."""
+
+    shared: tuple[str, ...]
+    defaults: Mapping = field(default_factory=dict)
+    by: str | None = None
+    varying: Mapping[str, Mapping] = field(default_factory=dict)
+    choices: Mapping[str, tuple] = field(default_factory=dict)
+    defining: tuple[str, ...] = ()
+
+    def add_options(self, group, names: Sequence[str]) -> None:
+        """Add the shared options ``names`` (of ``self.shared``) to ``group``."""
+        assert set(names) <= set(self.shared), sorted(set(names) - set(self.shared))
+        per_row = {name: Words(f"per {self.by}") for row in self.varying.values() for name in row}
+        add(group, *names, defaults={**self.defaults, **per_row}, choices=self.choices)
+
+    def table(self) -> str:
+        """The defaults per preset or task, for the end of --help."""
+        return "\n".join([f"defaults per {self.by}:"] + [
+            f"  {key:7}  " + ", ".join(f"--{name.replace('_', '-')}{_default_words(value)}"
+                                       for name, value in row.items())
+            for key, row in self.varying.items()]) if self.varying else ""
+
+
+def parse(parser: argparse.ArgumentParser, trainer: Trainer,
+          argv: Sequence[str] | None) -> argparse.Namespace:
+    """The options of ``argv``: parsed, the trainer's defaults filled in where none was given,
+    and checked (:func:`check`); a bad one ends the command with a usage error (status 2)."""
+    args = parser.parse_args(argv)
+    given = {name for name in trainer.shared if getattr(args, name, None) not in (None, False)}
+    if trainer.by and getattr(args, trainer.by) is None:     # the preset or task first: the
+        setattr(args, trainer.by, trainer.defaults[trainer.by])   # row of defaults it picks
+    row = trainer.varying.get(getattr(args, trainer.by), {}) if trainer.by else {}
+    for name, value in {**trainer.defaults, **row}.items():
+        if getattr(args, name, None) is None and not isinstance(value, Words):
+            setattr(args, name, value)
+    check(parser, args, given)
+    return args
+
+
+def check(parser: argparse.ArgumentParser, args: argparse.Namespace, given: set[str]) -> None:
+    """The rules between the shared options (``given``: the options on the command line)."""
+    def get(name: str):
+        return getattr(args, name, None)
+
+    if get("best_metric") is None:
         for name in ("keep_best", "patience"):
-            if getattr(args, name):
+            if get(name):
                 parser.error(f"--{name.replace('_', '-')} ranks validations by --best-metric: "
                              f"give that too (e.g. --best-metric loss)")
-    if args.patience and not valid_every:
-        parser.error(f"--patience counts validations: give {valid_option} N (> 0)")
+    if get("patience") and not get("valid_every"):
+        parser.error("--patience counts validations: give --valid-every N (> 0)")
+    if get("dropout_start") == phases.AUTO and not get("valid_every"):
+        parser.error("--dropout-start auto decides at validations: give --valid-every N (> 0)")
+    schedule = get("schedule") or "paper"
+    if schedule == "paper":
+        if "lr" in given:
+            parser.error("--lr is the peak of --schedule linear or cosine; scale the paper's "
+                         "schedule with --lr-factor")
+        if get("warmup") is not None and get("warmup") < 1:
+            parser.error("--schedule paper needs --warmup >= 1")
+        return
+    if get("warmup") >= get("max_steps"):
+        parser.error(f"--warmup {get('warmup')} must be below --max-steps {get('max_steps')}: "
+                     f"the {schedule} decay ends at the last update")
+    if get("lr") is not None and get("min_lr") > get("lr"):
+        parser.error(f"--min-lr {get('min_lr'):g} is above --lr {get('lr'):g}")
 
 
-def validation_options(args: argparse.Namespace) -> dict:
-    """The TrainOptions fields of ``--best-metric``, ``--keep-best`` and ``--patience``."""
-    return dict(best_metric=BEST_METRICS.get(args.best_metric), keep_best=args.keep_best,
-                patience=args.patience)
-
-
-def add_max_epochs_option(group, epoch: str) -> None:
-    """``--max-epochs``: a budget in passes over the data; ``epoch``: what one pass is, in
-    updates."""
-    group.add_argument("--max-epochs", type=number(0, low_open=True), metavar="N",
-                       help=f"stop after N passes over the training data ({epoch}), or at the "
-                            f"step or time limit if that comes first")
-
-
-def add_logging_options(group, *, valid_every: tuple[int | None, str],
-                        valid_option: str = "--valid-every", log_every: bool = False) -> None:
-    """``--valid-every`` (or the command's ``valid_option``; ``(default, words)``) and where the
-    command has it ``--log-every``."""
-    if log_every:
-        group.add_argument("--log-every", type=positive_int, default=10,
-                           help="steps between log lines (default 10)")
-    group.add_argument(valid_option, type=integer(0), default=valid_every[0],
-                       help=f"steps between validations ({valid_every[1]})")
-
-
-def add_seed_option(group, what: str = "") -> None:
-    group.add_argument("--seed", type=integer(0), default=0,
-                       help=f"seeds {what or 'initialisation, dropout and the data'} (default 0)")
-
-
-def add_precision_option(group) -> None:
-    """``--precision fp32|tf32``: how float32 matrix products run (backend.set_precision)."""
-    group.add_argument("--precision", choices=backend.PRECISIONS,
-                       help="float32 matrix products: tf32 on a GPU's tensor cores (compute "
-                            "capability 8.0 or higher; batched products, attention's, stay "
-                            "float32) or plain fp32 (default: tf32 on such a GPU, else fp32; "
-                            "the CPU has fp32 only)")
+def train_options(args: argparse.Namespace, trainer: Trainer) -> TrainOptions:
+    """What the training loop is told: the parsed shared options of ``args``, in one object."""
+    names = {f.name for f in dataclasses.fields(TrainOptions)}
+    values = {name: getattr(args, name) for name in trainer.shared
+              if name in names and getattr(args, name, None) is not None}
+    values["best_metric"] = BEST_METRICS.get(getattr(args, "best_metric", None))
+    return TrainOptions(**values, out_dir=args.out, progress=not args.quiet,
+                        command=dict(vars(args)), defining=trainer.defining)

@@ -34,14 +34,15 @@ from typing import BinaryIO, TextIO
 
 from tqdm import tqdm
 
-from minitfm import checkpoint, limits, usable
+from minitfm import checkpoint, limits, options, usable
 from minitfm.beam import translate_ids
-from minitfm.cli import UsageError, add_backend_option, report_errors, select_backend
+from minitfm.cli import placement_defaults, report_errors, select_backend
 from minitfm.data.reading import DataError, decompressed, raw_lines, stream_lines
 from minitfm.data.vocab import Vocab
+from minitfm.exits import UsageError
 from minitfm.models import translator as model
 from minitfm.options import number, positive_int
-from minitfm.stops import interrupts_deferred
+from minitfm.training.stops import interrupts_deferred
 
 __all__ = ["TranslateError", "load_translator", "encode_lines", "translate_lines",
            "translate_texts", "main"]
@@ -196,7 +197,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="most output tokens (default: source length + 50)")
     p.add_argument("--batch-size", type=positive_int, default=64,
                    help="sentences decoded together")
-    add_backend_option(p, "numpy")
+    options.add(p, "backend", defaults=placement_defaults("numpy", None))
     args = p.parse_args(argv)
     if args.nbest is not None and not args.nbest <= args.beam:
         p.error(f"--nbest must be between 1 and --beam ({args.beam}), got {args.nbest}")

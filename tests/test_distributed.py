@@ -504,8 +504,11 @@ say(device=cupy.cuda.Device().id, params=cupy.asnumpy(params.buffer).tolist(),
 TRAIN = """
 import json, os, sys
 import numpy as np
-from minitfm import backend, distributed, tasks, train
+from minitfm import backend, distributed, tasks
 from minitfm.models.translator import Config
+from minitfm.training import loop
+from minitfm.training.run import Run
+from minitfm.training.state import TrainOptions
 world = distributed.world()
 runs, results, watched = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
 written = []                       # what this worker opened for writing or renamed in `watched`
@@ -531,11 +534,13 @@ with world.fail_together():
         backend.set_float_dtype(run["dtype"])
         cfg = Config.preset("tiny", src_vocab=tasks.model_vocab(VOCAB),
                             tgt_vocab=tasks.model_vocab(VOCAB), dropout=0.1)
-        options = train.TrainOptions(
-            steps=run["steps"], out_dir=os.path.join(watched, run["dir"]), lr_factor=2.0,
+        options = TrainOptions(
+            max_steps=run["steps"], out_dir=os.path.join(watched, run["dir"]), lr_factor=2.0,
             warmup=3, update_freq=run["update_freq"], resume=run["resume"], log_every=1,
-            progress=False, run_info={"workers": world.size})
-        state = train.train(cfg, batches, options)
+            progress=False, command={"workers": world.size})
+        with Run(options, "transformer") as training:
+            training.start(cfg)
+            state = loop.train(training, batches)
         np.save(os.path.join(results, f"{run['name']}.rank{world.rank}.npy"), state.params.buffer)
     print(json.dumps({"rank": world.rank, "written": written}), flush=True)
     world.finish()
@@ -655,7 +660,7 @@ def test_only_rank_0_writes_files(worker_runs):
     assert sorted(p.name for p in run_dir.iterdir()) == \
         sorted(p.name for p in (worker_runs["runs"] / "one").iterdir())
     assert [r["step"] for r in logged_steps(worker_runs, "two")] == [1, 2, 3, 4]   # once each
-    assert json.loads((run_dir / "run.json").read_text()) == {"workers": 2}
+    assert json.loads((run_dir / "run.json").read_text())["args"] == {"workers": 2}
 
 
 @pytest.mark.mpi
@@ -683,7 +688,7 @@ def test_sigterm_to_one_training_worker_stops_both_with_a_checkpoint(mpi, tmp_pa
     toy = [str(ROOT / "train_toy.py"), "--preset", "tiny", "--out", str(out), "--quiet",
            "--eval-size", "20", "--examples", "0"]
     started = time.monotonic()
-    process = launch(toy + ["--steps", "100000"])
+    process = launch(toy + ["--max-steps", "100000"])
     try:
         header = process.stdout.readline()               # rank 0's placement, then its header
         while header.startswith("placement:"):           # the header names every worker's pid
@@ -703,7 +708,7 @@ def test_sigterm_to_one_training_worker_stops_both_with_a_checkpoint(mpi, tmp_pa
     assert checkpoint.load(stops[0][1]).step == step
 
     # one worker continues the run from there
-    done = subprocess.run([sys.executable] + toy + ["--steps", str(step + 2), "--resume"],
+    done = subprocess.run([sys.executable] + toy + ["--max-steps", str(step + 2), "--resume"],
                           capture_output=True, text=True, env=ENV, timeout=TIMEOUT)
     assert done.returncode == 0, done.stderr
     assert [s for s, _ in checkpoint.list_checkpoints(out)][-1] == step + 2

@@ -20,7 +20,7 @@ import sys
 import numpy as np
 import pytest
 
-from minitfm import backend, checkpoint, decode, generation, tasks, train
+from minitfm import backend, checkpoint, decode, generation, tasks
 from minitfm.beam import beam_search, pad_batch
 from minitfm.models import lm
 from minitfm.models import translator as model
@@ -30,6 +30,8 @@ from minitfm.data.vocab import train_vocab
 from minitfm.export import source
 from minitfm.export.__main__ import main
 from minitfm.export.source import ExportError
+from minitfm.training.state import TrainOptions
+from tests.trainrun import train
 from minitfm.usable import UnusableCheckpoint
 
 HAVE = {name: importlib.util.find_spec(name) is not None for name in ("ctranslate2", "safetensors")}
@@ -73,9 +75,9 @@ def translator(request, vocab, tmp_path_factory):
     run = tmp_path_factory.mktemp("translator")
     batches = tasks.train_batches("copy", vocab=vocab.size - tasks.FIRST_SYMBOL, length=5,
                                   batch_size=32, seed=0)
-    train.train(cfg, batches, train.TrainOptions(
-        steps=100, warmup=40, lr_factor=2.0, out_dir=str(run / "run"), progress=False,
-        log_every=100, vocab_id=vocab.identifier, vocab_model=vocab.serialized_model()))
+    train(cfg, batches, TrainOptions(max_steps=100, warmup=40, lr_factor=2.0,
+                                     out_dir=str(run / "run"), progress=False, log_every=100),
+          vocab_id=vocab.identifier, vocab_model=vocab.serialized_model())
     path = checkpoint.latest(run / "run")
     assert main([path, "--to", "ctranslate2", "--out", str(run / "ct2"), "--lenpen", "0"]) == 0
     return path, str(run / "ct2")
@@ -219,10 +221,9 @@ def language_model(request, tmp_path_factory):
             yield textdata.random_blocks(tokens, 16, 32, 0, step)
             step += 1
 
-    train.train(cfg, batches, train.TrainOptions(
-        steps=100, warmup=20, lr_factor=2.0, out_dir=str(run / "run"), progress=False,
-        log_every=100, vocab_id=f"char:{tokenizer.identifier}",
-        vocab_model=tokenizer.as_array().tobytes()))
+    train(cfg, batches, TrainOptions(max_steps=100, warmup=20, lr_factor=2.0,
+                                     out_dir=str(run / "run"), progress=False, log_every=100),
+          vocab_id=f"char:{tokenizer.identifier}", vocab_model=tokenizer.as_array().tobytes())
     path = checkpoint.latest(run / "run")
     assert main([path, "--to", "ctranslate2", "--out", str(run / "ct2")]) == 0
     return path, str(run / "ct2"), tokenizer, tokens
@@ -438,10 +439,10 @@ def confident_translator(vocab, tmp_path_factory):
     cfg = translator_config(vocab.size, pre_ln=False, share=True)
     run = tmp_path_factory.mktemp("confident")
     symbols = vocab.size - tasks.FIRST_SYMBOL
-    train.train(cfg, tasks.train_batches("copy", vocab=symbols, length=5, batch_size=64, seed=0),
-                train.TrainOptions(steps=500, warmup=100, lr_factor=0.5, out_dir=str(run / "run"),
-                                   progress=False, log_every=500, vocab_id=vocab.identifier,
-                                   vocab_model=vocab.serialized_model()))
+    train(cfg, tasks.train_batches("copy", vocab=symbols, length=5, batch_size=64, seed=0),
+          TrainOptions(max_steps=500, warmup=100, lr_factor=0.5, out_dir=str(run / "run"),
+                       progress=False, log_every=500),
+          vocab_id=vocab.identifier, vocab_model=vocab.serialized_model())
     inputs, _ = tasks.held_out("copy", 100, vocab=symbols, length=5, seed=0)
     return checkpoint.latest(run / "run"), inputs.tolist()
 

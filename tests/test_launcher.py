@@ -26,7 +26,7 @@ from tests.test_distributed import ENV, mpi  # noqa: F401  (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ["--task", "copy", "--length", "5", "--vocab", "5", "--batch-size", "8", "--preset", "tiny",
-       "--eval-size", "10", "--examples", "0", "--quiet", "--steps", "1000000"]
+       "--eval-size", "10", "--examples", "0", "--quiet", "--max-steps", "1000000"]
 DEADLINE = 180        # seconds: the longest any of these runs may take, however busy the machine
 
 # Starts the command of its arguments in a session of its own, says its pid, reaps it and every

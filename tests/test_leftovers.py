@@ -42,7 +42,7 @@ def killed_while_writing(destination: Path, kind: str = "file") -> Path:
 
 def test_a_resumed_run_removes_what_killed_saves_left_and_says_what_it_dropped(tmp_path):
     out = tmp_path / "run"
-    assert command("train_toy.py", *TOY, "--steps", 2, "--out", out)[0] == 0
+    assert command("train_toy.py", *TOY, "--max-steps", 2, "--out", out)[0] == 0
     stale = [killed_while_writing(out / "checkpoint_00000003.npz"),
              killed_while_writing(out / "run.json")]
     live = Path(files.temporary_beside(out / "checkpoint_00000004.npz"))    # this process's
@@ -51,7 +51,7 @@ def test_a_resumed_run_removes_what_killed_saves_left_and_says_what_it_dropped(t
         kept.write_bytes(b"in the making")
     with open(out / "log.jsonl", "a") as log:
         log.write('{"step": 3, "lo')                        # the run died writing this line
-    code, _, err = command("train_toy.py", *TOY, "--steps", 4, "--out", out, "--resume")
+    code, _, err = command("train_toy.py", *TOY, "--max-steps", 4, "--out", out, "--resume")
     assert code == 0, err
     assert f"removed 2 temporary file(s) that a killed run left in {out}" in err
     assert f"{out / 'log.jsonl'}: dropped a line cut short (the run ended while writing it); " \

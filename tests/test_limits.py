@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from minitfm import backend, limits
+from minitfm import backend, limits, options
 from minitfm.models import lm, translator
 from tests.test_translate import write_checkpoint
 
@@ -219,7 +219,7 @@ def test_the_model_options_keep_the_config_valid():
 
 
 def test_vocab_size_option_and_the_corpus_bound(tmp_path):
-    parse = limits.vocab_size_option(8)
+    parse = options.vocab_size
     assert parse(str(2**31 - 1)) == 2**31 - 1
     for bad in (str(2**31), "7", "x"):
         with pytest.raises(argparse.ArgumentTypeError):

@@ -255,8 +255,10 @@ def test_training_updates_on_cupy_create_no_generator_and_replay_their_masks(cup
     worker's share), equal to the NumPy-computed Philox masks of (seed, step, i)."""
     import cupy
 
-    from minitfm import tasks, train
+    from minitfm import tasks
     from minitfm.models import translator as model
+    from minitfm.training.loop import accumulate
+    from minitfm.training.state import TrainState
     created = _forbid_array_library_generators(monkeypatch, cupy)
     drawn = []
     keep_of = backend.dropout_keep
@@ -274,8 +276,8 @@ def test_training_updates_on_cupy_create_no_generator_and_replay_their_masks(cup
 
     def masks_of(micro_batches, first=0):
         drawn.clear()
-        state = train.TrainState(params=model.init_params(cfg, 0), optimizer=None, seed=4)
-        train._accumulate(state, cfg, micro_batches, step=3, seed=4, first=first)
+        state = TrainState(params=model.init_params(cfg, 0), optimizer=None, seed=4)
+        accumulate(state, cfg, micro_batches, step=3, seed=4, first=first)
         return [(key, cupy.asnumpy(keep)) for key, keep in drawn]
 
     whole = masks_of(batches)

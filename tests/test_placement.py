@@ -151,7 +151,7 @@ def run_command(argv: list[str], env: dict, workers: int = 1) -> subprocess.Comp
                           env=env, timeout=TIMEOUT)
 
 
-TOY = [str(ROOT / "train_toy.py"), "--preset", "tiny", "--steps", "2", "--eval-size", "10",
+TOY = [str(ROOT / "train_toy.py"), "--preset", "tiny", "--max-steps", "2", "--eval-size", "10",
        "--examples", "0", "--quiet"]
 
 
@@ -176,7 +176,7 @@ def text_file(tmp_path_factory):
     return path
 
 
-LM = ["--steps", "3", "--warmup", "1", "--layers", "1", "--d-model", "16", "--heads", "2",
+LM = ["--max-steps", "3", "--warmup", "1", "--layers", "1", "--d-model", "16", "--heads", "2",
       "--d-ff", "32", "--block-size", "16", "--batch-size", "4", "--samples", "0", "--quiet"]
 
 

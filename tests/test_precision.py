@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitfm import backend, cli
+from minitfm import backend, cli, exits
 from minitfm.models import translator
 
 from .conftest import cupy_double, cupy_double_env
 
 ROOT = Path(__file__).resolve().parents[1]
-TOY = ["train_toy.py", "--preset", "tiny", "--steps", "2", "--eval-size", "4", "--examples",
+TOY = ["train_toy.py", "--preset", "tiny", "--max-steps", "2", "--eval-size", "4", "--examples",
        "0", "--quiet", "--backend", "cupy"]
 
 
@@ -70,7 +70,7 @@ def test_an_older_gpu_runs_fp32_and_refuses_tf32(double, monkeypatch):
 
 
 def test_the_command_line_names_the_option(numpy_backend):
-    with pytest.raises(cli.UsageError, match=r"^--precision tf32: tf32 runs on a GPU"):
+    with pytest.raises(exits.UsageError, match=r"^--precision tf32: tf32 runs on a GPU"):
         cli.place(None, 1, "tf32", announce=False)
 
 

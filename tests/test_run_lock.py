@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from minitfm import checkpoint
-from minitfm.rundir import HOLDER_NAME, LOCK_NAME, RunDirectory, RunDirectoryBusy
+from minitfm.training.rundir import HOLDER_NAME, LOCK_NAME, RunDirectory, RunDirectoryBusy
 from tests.test_distributed import _mpiexec, mpi  # noqa: F401  (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,13 +77,13 @@ def assert_refused(code: int, err: str, holder_pid: int) -> None:
 
 def test_a_second_trainer_is_refused_at_once_and_the_first_keeps_its_own_checkpoints(tmp_path):
     out = tmp_path / "run"
-    first = start("train_toy.py", *TOY, "--steps", FOREVER, "--save-every", 100, "--seed", 3,
+    first = start("train_toy.py", *TOY, "--max-steps", FOREVER, "--save-every", 100, "--seed", 3,
                   "--out", out)
     holder = wait_for_holder(out, first, lambda: checkpoint.latest(out) is not None)
     assert holder["host"] == socket.gethostname() and "train_toy.py" in holder["command"]
     before = snapshot(out)
     for again in (["--seed", 4], ["--seed", 3, "--resume"]):      # pasted twice; or a resume
-        code, _, err = run("train_toy.py", *TOY, "--steps", 200, *again, "--out", out)
+        code, _, err = run("train_toy.py", *TOY, "--max-steps", 200, *again, "--out", out)
         assert_refused(code, err, first.pid)
         assert first.poll() is None                     # the holder is still at work
     after = snapshot(out)
@@ -105,23 +105,23 @@ def test_a_second_trainer_is_refused_at_once_and_the_first_keeps_its_own_checkpo
 
 def test_a_run_killed_with_sigkill_leaves_no_stale_lock(tmp_path):
     out = tmp_path / "run"
-    first = start("train_toy.py", *TOY, "--steps", FOREVER, "--save-every", 50, "--out", out)
+    first = start("train_toy.py", *TOY, "--max-steps", FOREVER, "--save-every", 50, "--out", out)
     wait_for_holder(out, first, lambda: checkpoint.latest(out) is not None)
     first.send_signal(signal.SIGKILL)
     first.communicate(timeout=60)
     saved = checkpoint.latest(out)
     step = checkpoint.load(saved).step
-    code, stdout, err = run("train_toy.py", *TOY, "--steps", step + 10, "--out", out,
+    code, stdout, err = run("train_toy.py", *TOY, "--max-steps", step + 10, "--out", out,
                                "--resume")
     assert code == 0, err
     assert checkpoint.load(checkpoint.latest(out)).step == step + 10
 
 
 @pytest.mark.parametrize("script, args", [
-    ("train_toy.py", TOY + ["--steps", "5"]),
-    ("train_toy.py", TOY + ["--steps", "5", "--resume"]),
-    ("train_lm.py", ["--data", "missing.txt", "--steps", "500"]),
-    ("train_lm.py", ["--data", "missing.txt", "--steps", "500", "--resume"]),
+    ("train_toy.py", TOY + ["--max-steps", "5"]),
+    ("train_toy.py", TOY + ["--max-steps", "5", "--resume"]),
+    ("train_lm.py", ["--data", "missing.txt", "--max-steps", "500"]),
+    ("train_lm.py", ["--data", "missing.txt", "--max-steps", "500", "--resume"]),
     ("train_wmt.py", ["--trainpref", "missing/train", "--max-steps", "5"]),
     ("train_wmt.py", ["--trainpref", "missing/train", "--max-steps", "5", "--resume"]),
 ])
@@ -144,18 +144,18 @@ def test_one_process_may_open_its_directory_twice_and_releases_it_with_the_last(
     holder = json.loads((out / HOLDER_NAME).read_text())
     assert holder["pid"] == os.getpid()
     inner.close()
-    code, _, err = run("train_toy.py", *TOY, "--steps", 2, "--out", out)
+    code, _, err = run("train_toy.py", *TOY, "--max-steps", 2, "--out", out)
     assert code == 2 and "in use by another run" in err
     outer.close()
     assert not (out / HOLDER_NAME).exists()
-    code, _, err = run("train_toy.py", *TOY, "--steps", 2, "--out", out)
+    code, _, err = run("train_toy.py", *TOY, "--max-steps", 2, "--out", out)
     assert code == 0, err
 
 
 def test_in_process_second_opener_is_refused_by_the_holder_in_another_process(tmp_path):
     out = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from minitfm.rundir import RunDirectory; "
+        "import sys, time; from minitfm.training.rundir import RunDirectory; "
         f"d = RunDirectory.open({str(out)!r}); print('held', flush=True); time.sleep(60)")],
         stdout=subprocess.PIPE, text=True, env=ENV)
     try:
@@ -187,7 +187,7 @@ def test_a_file_system_without_locks_is_refused_unless_no_lock(tmp_path):
 
     def toy(*more):
         return subprocess.run([sys.executable, str(wrapper), str(ROOT / "train_toy.py"), *TOY,
-                               "--steps", "3", "--out", str(out), *more],
+                               "--max-steps", "3", "--out", str(out), *more],
                               capture_output=True, text=True, env=ENV, timeout=120)
     done = toy()
     assert done.returncode == 2, done.stderr
@@ -204,10 +204,10 @@ def test_two_workers_are_refused_together_on_a_directory_in_use(tmp_path, mpi):
     """Under mpiexec, rank 0 takes the lock for all workers: on a directory in use, both end
     with status 2 and one message naming the holder."""
     out = tmp_path / "run"
-    first = start("train_toy.py", *TOY, "--steps", FOREVER, "--save-every", 100, "--out", out)
+    first = start("train_toy.py", *TOY, "--max-steps", FOREVER, "--save-every", 100, "--out", out)
     try:
         holder = wait_for_holder(out, first, lambda: checkpoint.latest(out) is not None)
-        done = subprocess.run([_mpiexec(), "-n", "2", *command("train_toy.py", *TOY, "--steps",
+        done = subprocess.run([_mpiexec(), "-n", "2", *command("train_toy.py", *TOY, "--max-steps",
                                                                20, "--out", out)],
                               capture_output=True, text=True, env=ENV, timeout=120)
         assert done.returncode == 2, done.stderr

@@ -165,7 +165,7 @@ def epoch_batches(corpus: EncodedCorpus, max_tokens: int, *, seed: int,
                   max_positions: int | None = None,
                   subword_dropout: SubwordDropout | None = None
                   ) -> Callable[[int], Iterator[tuple]]:
-    """``batches(epoch)`` for ``minitfm.train.train``: the padded ``(src, tgt)`` arrays of the
+    """``batches(epoch)`` for ``minitfm.training.loop.train``: the padded ``(src, tgt)`` arrays of the
     token-count batches of ``epoch`` (:func:`token_batches` from ``seed`` and the epoch).
 
     With ``subword_dropout``, once it is started, the same batches hold the same pairs, each

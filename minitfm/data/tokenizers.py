@@ -252,9 +252,10 @@ class BPETokenizer:
 Tokenizer = CharTokenizer | BPETokenizer
 
 
-def tokenizer_from_array(kind: str, array: np.ndarray) -> Tokenizer:
-    """The tokenizer from its ``kind`` and :meth:`as_array` (a checkpoint stores both)."""
-    array = np.asarray(array)
+def tokenizer_from_array(kind: str, array: np.ndarray | bytes) -> Tokenizer:
+    """The tokenizer from its ``kind`` and :meth:`as_array` (a checkpoint stores both), or those
+    bytes."""
+    array = np.frombuffer(array, np.uint8) if isinstance(array, bytes) else np.asarray(array)
     if array.dtype != np.uint8 or array.ndim != 1:
         raise DataError(f"a tokenizer array must be 1-D uint8, got {array.dtype} {array.shape}")
     if kind == CharTokenizer.kind:

@@ -7,8 +7,9 @@ import argparse
 import math
 import sys
 
-from minitfm import backend, exits, gradcheck
-from minitfm.cli import UsageError, add_backend_option, report_errors, select_backend
+from minitfm import backend, exits, gradcheck, options
+from minitfm.cli import placement_defaults, report_errors, select_backend
+from minitfm.exits import UsageError
 from minitfm.gradcheck.cases import CASES, MODEL_CASES
 from minitfm.gradcheck.check import STEP, TOLERANCE, check_case
 from minitfm.options import integer, number
@@ -27,7 +28,7 @@ def parse_args(argv) -> argparse.Namespace:
     parser.add_argument("--seed", type=integer(0), default=0, help="seeds the inputs (default 0)")
     parser.add_argument("--tolerance", type=number(0, low_open=True), default=TOLERANCE,
                         help=f"the largest relative error that passes (default {TOLERANCE:g})")
-    add_backend_option(parser, "numpy")
+    options.add(parser, "backend", defaults=placement_defaults("numpy", None))
     return parser.parse_args(argv)
 
 

@@ -4,7 +4,7 @@ Layout of ``out_dir``:
 
 - ``checkpoint_{step:08d}.npz``: the last ``keep_last`` checkpoints (:mod:`minitfm.checkpoint`
   names, writes and rotates them; a save leaves the previous one intact), and those rotation is
-  told to spare (the best few, :mod:`minitfm.validation`);
+  told to spare (the best few, :mod:`minitfm.training.validation`);
 - ``checkpoint_best.npz`` (``BEST_NAME``): a second name (a hard link, else a copy) of the
   checkpoint of the best validation so far, swapped in atomically; a checkpoint like any other
   (``--checkpoint``, averaging, translating), which resuming and rotation never take for one of
