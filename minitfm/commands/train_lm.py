@@ -69,7 +69,7 @@ CHAR_VOCAB_AT_LEAST = 8  # the characters are known only once the text is read: 
 # ---- command line -----------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="train_lm.py", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     data = p.add_argument_group("data")
     data.add_argument("--data", metavar="PATH",
                       help="the text file to train on (UTF-8, may be gzipped)")

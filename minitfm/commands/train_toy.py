@@ -58,7 +58,7 @@ TRAINER = options.Trainer(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="train_toy.py", description=__doc__.split("\n")[0],
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 epilog=TRAINER.table(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     task = p.add_argument_group("task")

@@ -96,7 +96,7 @@ FRACTION = number(0, 1, high_open=True)
 # ---- command line -----------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="train_wmt.py", description=__doc__.split("\n")[0],
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 epilog=TRAINER.table(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     data = p.add_argument_group("data")
