@@ -9,4 +9,4 @@ import sys
 from minitfm.commands import train_lm
 
 if __name__ == "__main__":
-    sys.exit(train_lm.command())
+    sys.exit(train_lm.main())

@@ -9,4 +9,4 @@ import sys
 from minitfm.commands import train_toy
 
 if __name__ == "__main__":
-    sys.exit(train_toy.command())
+    sys.exit(train_toy.main())

@@ -9,4 +9,4 @@ import sys
 from minitfm.commands import train_wmt
 
 if __name__ == "__main__":
-    sys.exit(train_wmt.command())
+    sys.exit(train_wmt.main())

@@ -24,7 +24,7 @@ FLOORS = [      # top to bottom: (name, the modules and packages on it)
     ("training, decoding, sampling, export",
      ["minitfm.training", "minitfm.decode", "minitfm.beam", "minitfm.sampling",
       "minitfm.generation", "minitfm.export", "minitfm.checkpoint", "minitfm.usable",
-      "minitfm.optim", "minitfm.distributed", "minitfm.launcher", "minitfm.placement",
+      "minitfm.optim", "minitfm.distributed", "minitfm.placement",
       "minitfm.devices", "minitfm.bleu"]),
     ("models", ["minitfm.models"]),
     ("layers, data, special ids", ["minitfm.layers", "minitfm.data", "minitfm.ids",

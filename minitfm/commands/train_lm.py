@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from minitfm import cli, distributed, launcher, limits, options
+from minitfm import cli, distributed, limits, options
 from minitfm.commands import lm_sampling
 from minitfm.data import text as textdata
 from minitfm.data import tokenizers
@@ -265,11 +265,5 @@ def main(argv: Sequence[str] | None = None) -> int:
                              sizes="--batch-size or --block-size")
 
 
-def command() -> int:
-    """The installed ``minitfm-train-lm``: :func:`main` as a worker that outlives its MPI
-    launcher (:mod:`minitfm.launcher`)."""
-    return launcher.run(main)
-
-
 if __name__ == "__main__":
-    sys.exit(command())
+    sys.exit(main())

@@ -19,7 +19,7 @@ import argparse
 import sys
 import time
 
-from minitfm import backend, cli, distributed, launcher, limits, options, tasks
+from minitfm import backend, cli, distributed, limits, options, tasks
 from minitfm.decode import greedy
 from minitfm.exits import UsageError
 from minitfm.models import translator
@@ -187,11 +187,5 @@ def main(argv: list[str] | None = None) -> int:
         sizes="--batch-size (or --eval-size)")
 
 
-def command() -> int:
-    """The installed ``minitfm-train-toy``: :func:`main` as a worker that outlives its MPI
-    launcher (:mod:`minitfm.launcher`)."""
-    return launcher.run(main)
-
-
 if __name__ == "__main__":
-    sys.exit(command())
+    sys.exit(main())

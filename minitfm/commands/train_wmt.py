@@ -51,7 +51,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from minitfm import backend, cli, distributed, launcher, options, wmt
+from minitfm import backend, cli, distributed, options, wmt
 from minitfm.data import epoch_batches, eval_arrays, read_parallel, token_batches
 from minitfm.exits import UsageError
 from minitfm.models import translator as model
@@ -288,11 +288,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return cli.report_errors(run, sizes="--max-tokens (or --max-len)")
 
 
-def command() -> int:
-    """The installed ``minitfm-train-wmt``: :func:`main` as a worker that outlives its MPI
-    launcher (:mod:`minitfm.launcher`)."""
-    return launcher.run(main)
-
-
 if __name__ == "__main__":
-    sys.exit(command())
+    sys.exit(main())
