@@ -14,7 +14,7 @@ alike:
   (``interrupted``, ``stopped by SIGTERM``) and 128 + the signal's number (130, 143, 129); a
   training run stopped by a signal exits with the same status after saving its checkpoint;
 - a training run holds its run directory (``--out``) for its whole length: a second run on it is
-  refused at once (:func:`run_in_directory`, :class:`minitfm.training.rundir.RunDirectory`);
+  refused at once (:func:`run_directory`, :class:`minitfm.training.rundir.RunDirectory`);
 - started as several workers (``mpiexec -n N``), a signal to any of them stops all with that
   status, and an error or a Ctrl-C in one worker ends all of them (:func:`report_errors`).
 """
@@ -22,6 +22,7 @@ alike:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import glob
 import os
@@ -39,7 +40,7 @@ from minitfm.training.state import TrainState
 from minitfm.training.stops import StopRequests, describe_signal
 
 __all__ = ["EXIT_INTERRUPTED", "reuse_freed_memory", "select_backend", "placement_defaults",
-           "place", "run_defaults", "default_run_dir", "run_in_directory", "model_config",
+           "place", "run_defaults", "default_run_dir", "run_directory", "model_config",
            "stopped", "report_errors"]
 
 EXIT_INTERRUPTED = exits.for_signal(signal.SIGINT)   # 130, the shell's code for Ctrl-C
@@ -126,8 +127,9 @@ def default_run_dir(kind: str, resume: bool) -> str:
     return os.path.join("runs", f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def run_in_directory(args: argparse.Namespace, kind: str, run: Callable[[], int]) -> int:
-    """``run()`` holding the run directory ``args.out`` (default :func:`default_run_dir`) from
+@contextlib.contextmanager
+def run_directory(args: argparse.Namespace, kind: str):
+    """Hold the run directory ``args.out`` (default :func:`default_run_dir`) for the block, from
     before anything in it is read or written to the end: one run per directory. Rank 0 takes it
     (and decides ``args.out``); the other workers go on once it has."""
     world = distributed.world()
@@ -140,7 +142,7 @@ def run_in_directory(args: argparse.Namespace, kind: str, run: Callable[[], int]
                   f"{args.out}", file=sys.stderr, flush=True)
     try:
         args.out = world.broadcast_text(args.out or "")
-        return run()
+        yield
     finally:
         if held is not None:
             held.close()

@@ -261,8 +261,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.sample:
         return cli.report_errors(lambda: lm_sampling.run_sampling(args, THREADS),
                                  sizes="--max-new-tokens")
-    return cli.report_errors(lambda: cli.run_in_directory(args, "lm", lambda: run_training(args)),
-                             sizes="--batch-size or --block-size")
+
+    def in_its_directory() -> int:
+        with cli.run_directory(args, "lm"):
+            return run_training(args)
+    return cli.report_errors(in_its_directory, sizes="--batch-size or --block-size")
 
 
 if __name__ == "__main__":

@@ -182,9 +182,11 @@ def report(args: argparse.Namespace, state, cfg: Config, inputs, outputs, exact_
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    return cli.report_errors(
-        lambda: cli.run_in_directory(args, f"toy-{args.task}", lambda: run(args)),
-        sizes="--batch-size (or --eval-size)")
+
+    def in_its_directory() -> int:
+        with cli.run_directory(args, f"toy-{args.task}"):
+            return run(args)
+    return cli.report_errors(in_its_directory, sizes="--batch-size (or --eval-size)")
 
 
 if __name__ == "__main__":

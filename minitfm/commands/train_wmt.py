@@ -284,7 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   file=sys.stderr)
         if args.eval_only:
             return wmt.score_checkpoint(args) if world.is_root else 0
-        return cli.run_in_directory(args, f"wmt-{args.preset}", lambda: run_training(args))
+        with cli.run_directory(args, f"wmt-{args.preset}"):
+            return run_training(args)
     return cli.report_errors(run, sizes="--max-tokens (or --max-len)")
 
 
