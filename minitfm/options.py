@@ -303,16 +303,22 @@ class Trainer:
 
     def add_options(self, group, names: Sequence[str]) -> None:
         """Add the shared options ``names`` (of ``self.shared``) to ``group``."""
-        assert set(names) <= set(self.shared), sorted(set(names) - set(self.shared))
+        unknown = sorted(set(names) - set(self.shared))
+        if unknown:
+            raise ValueError(f"{unknown} are not among this trainer's shared options")
         per_row = {name: Words(f"per {self.by}") for row in self.varying.values() for name in row}
         add(group, *names, defaults={**self.defaults, **per_row}, choices=self.choices)
 
     def table(self) -> str:
-        """The defaults per preset or task, for the end of --help."""
-        return "\n".join([f"defaults per {self.by}:"] + [
-            f"  {key:7}  " + ", ".join(f"--{name.replace('_', '-')}{_default_words(value)}"
-                                       for name, value in row.items())
-            for key, row in self.varying.items()]) if self.varying else ""
+        """The defaults per preset or task, for the end of --help ("" without such a table)."""
+        if not self.varying:
+            return ""
+        lines = [f"defaults per {self.by}:"]
+        for key, row in self.varying.items():
+            lines.append(f"  {key:7}  " + ", ".join(
+                f"--{name.replace('_', '-')}{_default_words(value)}"
+                for name, value in row.items()))
+        return "\n".join(lines)
 
 
 def parse(parser: argparse.ArgumentParser, trainer: Trainer,

@@ -1,5 +1,5 @@
 """minitfm.distributed: the world of one process without MPI, and real MPI workers; training
-with two workers (minitfm.train, train_toy.py and train_wmt.py under mpiexec) against one.
+with two workers (minitfm.training, train_toy.py and train_wmt.py under mpiexec) against one.
 
 The tests marked ``mpi`` start ``mpiexec -n 2 python -c ...`` (tiny scripts, about a second each);
 they skip, saying why, where mpi4py, mpiexec or a working MPI library is missing (install with

@@ -25,17 +25,18 @@ way, until ``--max-steps``, ``--max-epochs``, ``--time-limit`` or ``--patience``
 ``averaged.npz``; translate the test set with beam search and score it with sacreBLEU
 (``STEM.test.hyp.LANG``, ``STEM.test.bleu.json``).
 
-Choosing by validation (``--best-metric``, ``--keep-best``, ``--patience``; a run stopped by
+Choosing by validation (``--best-metric``, ``--keep-best``, ``--patience``: a run stopped by
 patience still averages and tests), late dropout and the cool-down (``--dropout-start``,
-``--cooldown``: in updates or epochs, the same on any machine) are options every trainer
-shares: ``--help`` says what each does. Defaults per preset (``PRESET_DEFAULTS``, listed by
-``--help``): ``small`` suits a CPU; ``base`` and ``big`` follow the paper (about 25k tokens per
-update as 6 batches of 4096 tokens; on a large GPU ``--max-tokens 12500 --update-freq 2`` is
-faster). ``--resume`` continues the run in ``--out`` from its latest checkpoint, with the same
-data position and random state. Every corpus named is checked before any work, and a resumed
-run's options and latest checkpoint before anything is written. Ctrl-C, SIGTERM or SIGHUP saves a checkpoint and exits with 128 + the
-signal's number; a user error (bad option values, missing, empty or misaligned files, another
-run's checkpoint) prints one ``error:`` line and exits with 2; a full disk, or too little memory, 1.
+``--cooldown``: in updates or epochs, the same on any machine): ``--help`` says what each does.
+Defaults per preset (``PRESET_DEFAULTS``, listed by ``--help``): ``small`` suits a CPU; ``base``
+and ``big`` follow the paper (about 25k tokens per update as 6 batches of 4096 tokens; on a large
+GPU ``--max-tokens 12500 --update-freq 2`` is faster). ``--resume`` continues the run in
+``--out`` from its latest checkpoint, with the same data position and random state. Every
+corpus named is checked before any work, and a resumed run's options and latest checkpoint
+before anything is written. Ctrl-C, SIGTERM or SIGHUP saves a checkpoint and exits with 128 +
+the signal's number; a user error (bad option values, missing, empty or misaligned files,
+another run's checkpoint) prints one ``error:`` line and exits with 2; a full disk, or too
+little memory, 1.
 
 Under ``mpiexec -n N`` each of the N workers takes ``--update-freq`` batches of every update (the
 arithmetic of one worker with N times the ``--update-freq``); rank 0 prepares the data first (the
@@ -273,8 +274,9 @@ def run_training(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+
     def run() -> int:
-        args = parse_args(argv)
         chosen = cli.select_backend(args.backend, "auto")
         world = distributed.world()
         cli.place(args.threads, None, args.precision)  # GPU or threads, precision: first line

@@ -142,8 +142,8 @@ class Run:
             return None if ckpt is None else (ckpt.vocab_id, ckpt.vocab_model)
         if not world.broadcast_numbers([ckpt is not None])[0]:     # rank 0 read the checkpoint
             return None
-        vocab_id = world.broadcast_text(ckpt.vocab_id or "" if ckpt else "")
-        model = world.broadcast_bytes(ckpt.vocab_model or b"" if ckpt else b"")
+        vocab_id = world.broadcast_text((ckpt.vocab_id or "") if ckpt else "")
+        model = world.broadcast_bytes((ckpt.vocab_model or b"") if ckpt else b"")
         return vocab_id or None, model or None
 
     def start(self, cfg, *, params: dict | None = None, epoch_updates: float | None = None,
