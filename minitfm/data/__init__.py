@@ -29,11 +29,10 @@ from .prepare import prepare_wmt14
 from .reading import DataError, check_input, raw_lines
 from .text import TextData, load_text, random_blocks, validation_blocks
 from .tokenizers import BPETokenizer, CharTokenizer, load_tokenizer
-from .vocab import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocab, cached_joint_vocab, train_joint_vocab,
-                    train_vocab)
+from .vocab import Vocab, cached_joint_vocab, train_joint_vocab, train_vocab
 
 __all__ = [
-    "DataError", "PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID",
+    "DataError",
     "ParallelReader", "ParallelText", "file_stamp", "parallel_files", "require_pairs",
     "check_input", "raw_lines", "read_lines", "read_parallel",
     "read_parallel_files", "read_sgm",

@@ -30,9 +30,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .reading import DataError
+from minitfm.ids import BOS_ID, EOS_ID, PAD_ID
+
 from .encoded import EncodedCorpus
-from .vocab import BOS_ID, EOS_ID, PAD_ID, Vocab
+from .reading import DataError
+from .vocab import Vocab
 
 __all__ = ["BatchPlan", "token_batches", "eval_batches", "collate", "iterate_batches",
            "epoch_batches", "eval_arrays", "SubwordDropout"]

@@ -24,10 +24,11 @@ from pathlib import Path
 import numpy as np
 
 from minitfm import files
+from minitfm.ids import EOS_ID
 
 from .reading import UTF8_BOM, DataError, bounded_lines, open_bytes
 from .encoded import TOKEN_DTYPE
-from .vocab import EOS_ID, Vocab, train_vocab
+from .vocab import Vocab, train_vocab
 
 __all__ = ["CharTokenizer", "BPETokenizer", "Tokenizer", "load_tokenizer", "tokenizer_from_array",
            "read_text", "text_chunks", "CHAR_FORMAT", "CHUNK_BYTES"]

@@ -12,7 +12,7 @@ from minitfm.data.text import (BLOCKS_STREAM, encode_text_file, load_text, rando
                                validation_blocks)
 from minitfm.data.tokenizers import (BPETokenizer, CharTokenizer, load_tokenizer, read_text,
                                      tokenizer_from_array)
-from minitfm.data.vocab import EOS_ID
+from minitfm.ids import EOS_ID
 
 from .test_vocab import make_sentences
 
