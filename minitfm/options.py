@@ -259,7 +259,7 @@ def add(group, *names: str, defaults: Mapping = {}, choices: Mapping = {}) -> No
     too (hidden from the help)."""
     for name in names:
         option = VOCABULARY[name]
-        default = defaults.get(name, option.absent)
+        default = defaults.get(name, None if option.absent is None else Words(option.absent))
         kwargs = ({"action": "store_true"} if option.switch else
                   {"type": option.type, "metavar": option.metavar,
                    "choices": choices.get(name, option.choices)})
