@@ -257,7 +257,8 @@ def run_training(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     cli.reuse_freed_memory()
     chosen = cli.select_backend(args.backend, "numpy")
-    cli.place(args.threads, THREADS, args.precision)  # GPU or threads, precision: the first line
+    # GPU or threads, precision, kernels: the first line
+    cli.place(args.threads, THREADS, args.precision, kernels=args.kernels)
     check_sizes(args)
     resumed = cli.check_resumable(args, RUN_OPTIONS, lm.KIND)
     tokenizer = make_tokenizer(args) if resumed is None else stored_tokenizer(resumed)
@@ -318,7 +319,8 @@ def run_training(args: argparse.Namespace) -> int:
 
 def run_sampling(args: argparse.Namespace) -> int:
     cli.select_backend(args.backend, "numpy")
-    cli.place(args.threads, THREADS, args.precision, announce=False)    # output: the text alone
+    cli.place(args.threads, THREADS, args.precision, announce=False,
+              kernels=args.kernels)    # output: the text alone
     checked = usable.load(args.checkpoint, lm.KIND, with_optimizer=False)
     tokenizer = stored_tokenizer(checked.ckpt)
     params, cfg = checkpoint.params_to_device(checked.ckpt.params), checked.config

@@ -117,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
     cli.reuse_freed_memory()
     world = distributed.world()      # several workers (mpiexec): rank 0 writes and reports
     chosen = cli.select_backend(args.backend, "numpy")
-    cli.place(args.threads, THREADS, args.precision)  # GPU or threads, precision: the first line
+    # GPU or threads, precision, kernels: the first line
+    cli.place(args.threads, THREADS, args.precision, kernels=args.kernels)
     cfg = model_config(args)
     if args.length + 2 > cfg.max_len:      # the target: BOS, the symbols, EOS
         raise cli.UsageError(f"--length {args.length} is too long for the {args.preset} "

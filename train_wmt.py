@@ -411,7 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse_args(argv)
         chosen = cli.select_backend(args.backend, "auto")
         world = distributed.world()
-        cli.place(args.threads, None, args.precision)  # GPU or threads, precision: first line
+        # GPU or threads, precision, kernels: the first line
+        cli.place(args.threads, None, args.precision, kernels=args.kernels)
         if args.preset in ("base", "big") and backend.name == "numpy" and not args.eval_only:
             print(f"warning: the {args.preset} preset on the CPU ({chosen}) will take days; "
                   f"train it on a CUDA GPU with --backend cupy (pip install -e '.[gpu]')",

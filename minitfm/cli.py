@@ -32,10 +32,11 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from minitfm import backend, checkpoint, distributed, exits, optim, placement, stops, train, usable
+from minitfm import (backend, checkpoint, distributed, exits, fused, optim, placement, stops,
+                     train, usable)
 from minitfm.exits import UsageError
 from minitfm.models.translator import Config
-from minitfm.options import add_precision_option, positive_int
+from minitfm.options import add_kernels_option, add_precision_option, positive_int
 from minitfm.rundir import RunDirectory
 
 __all__ = ["EXIT_INTERRUPTED", "UsageError", "reuse_freed_memory", "add_backend_option",
@@ -95,11 +96,12 @@ def add_threads_option(parser, cap: int | None) -> None:
 
 
 def place(threads: int | None, cap: int | None, precision: str | None = None,
-          announce: bool = True) -> placement.Placement:
+          announce: bool = True, kernels: str | None = None) -> placement.Placement:
     """Place this worker (placement.place: its GPU, or its BLAS threads, from ``--threads``, the
     environment or its share of the cores, at most ``cap``) for the active backend, set the
     precision of its float32 products (``--precision``; None: the backend's default for its
-    device, :func:`minitfm.backend.set_precision`), and print both as the run's first line
+    device, :func:`minitfm.backend.set_precision`), choose the fused kernels or the plain code
+    (``--kernels``, :func:`minitfm.fused.use`), and print them as the run's first line
     (rank 0; not with ``announce=False``, for output that must be the command's text alone).
     Call it after the backend is chosen and before any array is made."""
     world = distributed.world()
@@ -108,18 +110,24 @@ def place(threads: int | None, cap: int | None, precision: str | None = None,
         chosen, why = backend.set_precision(precision)
     except backend.BackendError as exc:
         raise UsageError(f"--precision {precision}: {exc}") from exc
+    try:
+        fused.use(kernels or "plain")
+    except backend.BackendError as exc:
+        raise UsageError(f"--kernels {kernels}: {exc}") from exc
     if announce and world.is_root:
         print(f"{decided.describe()}; precision {chosen} "
-              f"({'--precision' if precision else why})", flush=True)
+              f"({'--precision' if precision else why})"
+              + ("; fused kernels" if fused.choice() == "fused" else ""), flush=True)
     return decided
 
 
 def add_placement_options(group, backend_default: str, threads_cap: int | None) -> None:
-    """``--backend``, ``--threads`` and ``--precision``: where a worker runs and how its
-    products are computed (:func:`place`)."""
+    """``--backend``, ``--threads``, ``--precision`` and ``--kernels``: where a worker runs and
+    how its products and layers are computed (:func:`place`)."""
     add_backend_option(group, backend_default)
     add_threads_option(group, threads_cap)
     add_precision_option(group)
+    add_kernels_option(group)
 
 
 # ---- the run directory -----------------------------------------------------------------------

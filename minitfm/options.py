@@ -16,13 +16,13 @@ import argparse
 import math
 from collections.abc import Callable, Sequence
 
-from minitfm import backend, phases
+from minitfm import backend, fused, phases
 
 __all__ = ["integer", "number", "positive_int", "phase", "add_optimiser_options",
            "add_schedule_options", "add_checkpoint_options", "BEST_METRICS",
            "add_validation_options", "check_validation_options", "validation_options",
            "add_max_epochs_option", "add_logging_options", "add_seed_option",
-           "add_precision_option"]
+           "add_precision_option", "add_kernels_option"]
 
 
 # ---- option values ---------------------------------------------------------------------------
@@ -210,3 +210,12 @@ def add_precision_option(group) -> None:
                             "capability 8.0 or higher; batched products, attention's, stay "
                             "float32) or plain fp32 (default: tf32 on such a GPU, else fp32; "
                             "the CPU has fp32 only)")
+
+
+def add_kernels_option(group) -> None:
+    """``--kernels plain|fused``: the array code or the fused GPU kernels (minitfm.fused)."""
+    group.add_argument("--kernels", choices=fused.CHOICES,
+                       help="on a GPU: fused kernels (softmax, LayerNorm, dropout, loss, Adam "
+                            "... each in one launch) or the plain array code NumPy runs too "
+                            "(default plain: fused becomes the default once a GPU run has shown "
+                            "every kernel equal to its plain twin)")

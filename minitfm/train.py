@@ -87,7 +87,8 @@ from minitfm import backend, distributed, flat, models
 from minitfm.divergence import DIVERGED_WINDOWS, DivergenceWatch, TrainingDiverged, check_finite
 from minitfm.models import DROPOUTS
 from minitfm.models import ModelConfig as Config      # the config of any registered model
-from minitfm.optim import LRSchedule, clip_grad_norm, run_progress
+from minitfm.gradscale import clip_grad_norm
+from minitfm.optim import LRSchedule, run_progress
 from minitfm.rundir import LOG_NAME, RUN_INFO_NAME, RunDirectory, WriteFailed
 from minitfm.stops import (AgreedStop, StopRequests, describe_signal, interrupts_deferred,
                            stop_if_any_worker_asks)

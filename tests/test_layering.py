@@ -22,6 +22,7 @@ FLOORS = [      # top to bottom: (name, the modules and packages on it)
       "minitfm.validating", "minitfm.validation", "minitfm.phases",
       "minitfm.divergence", "minitfm.decode", "minitfm.beam", "minitfm.sampling", "minitfm.generation",
       "minitfm.export", "minitfm.checkpoint", "minitfm.usable", "minitfm.optim",
+      "minitfm.gradscale",
       "minitfm.distributed",
       "minitfm.placement", "minitfm.devices", "minitfm.bleu"]),
     ("models", ["minitfm.models"]),

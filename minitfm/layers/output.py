@@ -47,11 +47,10 @@ def forward_backward(h, p, targets, smoothing, dloss=None, out=None):
     for start in range(0, n, chunk):
         part = slice(start, start + chunk)
         z, c_out = linear.forward(h[part], {"w": table.T})                   # (rows, V)
-        (l_sum, n_sum), c_loss = loss.forward(z, targets[part], smoothing)
+        (l_sum, n_sum), dz = loss.forward_backward(z, targets[part], smoothing, dloss)
         loss_sum, nll_sum = loss_sum + l_sum, nll_sum + n_sum
         if dloss is None:
             continue
-        dz, _ = loss.backward(dloss, c_loss)                                 # (rows, V), over z
         if start == 0:                  # the first chunk writes dtable^T, the others add to it
             dh[part], _ = linear.backward(dz, c_out, {"w": dtable.T})
         else:

@@ -28,7 +28,8 @@ import json
 import os
 import sys
 
-__all__ = ["RULES", "counts", "reset", "counting", "events", "describe", "Counter", "launch"]
+__all__ = ["RULES", "counts", "reset", "counting", "events", "describe", "Counter", "launch",
+           "emulate"]
 
 
 def _rules() -> int:
@@ -48,6 +49,7 @@ _UNTRACED = ("launches",)        # thousands per step: counted by site, not list
 _counts = dict.fromkeys(KINDS, 0)
 _events: list[dict] = []
 _counters: list[Counter] = []     # the open counting() blocks
+_inside_kernel = 0                # > 0 while a kernel's twin runs: its operations are the kernel
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -103,7 +105,27 @@ def launch(what: str = "kernel") -> None:
     gather or scatter, a copy between arrays, a random draw, a matrix product, a collective)
     or a memset (``zeros``). One per CuPy call that launches work: the lower bound of what the
     device runs, since cuBLAS, CUB and CuPy's scans may launch several kernels for one call."""
-    record("launches", what)
+    if not _inside_kernel:
+        record("launches", what)
+
+
+def emulate(kernel, grid, block, args, twin) -> None:
+    """Launch ``kernel`` (a ``cupy.RawKernel``) as the double can: the launch checked as CuPy
+    checks it, then ``twin(*args)``, the kernel's plain twin, run in its place and counted as one
+    launch (its own operations are not counted). A twin must not copy to the host: that would
+    be a copy the kernel does not make, and is refused."""
+    global _inside_kernel
+    from cupy._core.raw import check_launch
+    check_launch(grid, block, args)
+    record("launches", f"kernel {kernel.name}")
+    before = _counts["device_to_host"]
+    _inside_kernel += 1
+    try:
+        twin(*args)
+    finally:
+        _inside_kernel -= 1
+    if _counts["device_to_host"] != before:
+        raise AssertionError(f"the twin of kernel {kernel.name!r} copied to the host")
 
 
 def device_to_host(what: str) -> None:
