@@ -126,6 +126,7 @@ class Kernel:
             raise ValueError(f"a kernel named {name!r} exists already")
         self.name, self.source, self.twin = name, source, twin
         self._compiled: dict = {}          # (array module, device) -> cupy.RawKernel
+        self.launches = 0                  # calls so far (the kernel check counts them)
         KERNELS[name] = self
 
     def raw(self):
@@ -138,6 +139,7 @@ class Kernel:
 
     def __call__(self, grid: tuple, args: tuple, shared_mem: int = 0) -> None:
         raw, xp = self.raw(), backend.xp
+        self.launches += 1
         emulate = getattr(getattr(xp, "_double", None), "emulate", None)
         if emulate is not None:          # a CuPy that cannot run CUDA C++: the twin, one launch
             emulate(raw, grid, (THREADS,), args, self.run_twin)

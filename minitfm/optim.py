@@ -266,10 +266,9 @@ class Adam:
             p, g, m, v = buffers
             if fused.active(p, g, m, v):
                 mask = self._flat_decay_mask(params) if decay and self.decayed else p
-                b1, b2 = self.beta1, self.beta2
                 ADAM(fused.grid_for(p.size), (p, g, m, v, mask, numpy.int64(p.size), numpy.int32(
-                    mask is not p), *map(numpy.float32, (1.0 - decay, b1, 1.0 - b1, b2, 1.0 - b2,
-                                                         self.eps, step_size, v_scale))))
+                    mask is not p), numpy.float32(1.0 - decay), numpy.float64(self.beta1),
+                    numpy.float64(self.beta2), *map(numpy.float32, (self.eps, step_size, v_scale))))
                 return
             if decay and self.decayed:
                 xp = backend.xp     # 1 - lr * decay where a parameter decays, 1 elsewhere
@@ -333,12 +332,13 @@ def adam_step(p, g, m, v, b1: float, b2: float, eps: float, step_size: float,
 ADAM_SOURCE = r"""
 // AdamW over flat buffers: the operations of adam_step, one element a thread
 extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, const bool* decays,
-        long long n, int decay, float keep, float b1, float c1, float b2, float c2, float eps,
+        long long n, int decay, float keep, double beta1, double beta2, float eps,
         float step_size, float v_scale) {
+    float b1 = (float)beta1, c1 = (float)(1.0 - beta1), b2 = (float)beta2, c2 = (float)(1.0 - beta2);
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float pi = (decay && decays[i]) ? p[i] * keep : p[i], gi = g[i];
-    float mi = m[i] * b1 + gi * c1, vi = v[i] * b2 + gi * gi * c2;      // c = 1 - b
+    float mi = m[i] * b1 + gi * c1, vi = v[i] * b2 + gi * gi * c2;
     m[i] = mi;
     v[i] = vi;
     p[i] = pi - mi / (sqrtf(vi) * v_scale + eps) * step_size;
@@ -346,7 +346,7 @@ extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, co
 """
 
 
-def _adam_twin(p, g, m, v, decays, n, decay, keep, b1, c1, b2, c2, eps, step_size, v_scale):
+def _adam_twin(p, g, m, v, decays, n, decay, keep, b1, b2, eps, step_size, v_scale):
     if decay:
         p *= backend.xp.where(decays, keep, 1.0).astype(p.dtype)
     adam_step(p, g, m, v, *map(float, (b1, b2, eps, step_size, v_scale)))

@@ -340,3 +340,15 @@ def test_the_double_is_stricter_than_numpy_where_cupy_is(double):
     with pytest.raises(TypeError, match="Unsupported type <class 'numpy.ndarray'>"):
         x + numpy.ones(3)
     assert "cupy" in sys.modules and sys.modules["cupy"] is double
+
+
+def test_raw_kernel_has_cupys_parameters(double, real):
+    """cupy.RawKernel (cupy/_core/raw.pyx): the constructor's parameters, read from the class's
+    docstring (Cython embeds the signature there), and ``__call__(grid, block, args, *,
+    shared_mem=0)`` from its docstring's second signature line."""
+    from .cupy_signatures import parameters
+    theirs = doc_parameters(real.RawKernel.__doc__)
+    assert parameters(double.RawKernel.__init__) == theirs, theirs
+    call_doc = [line for line in real.RawKernel.__call__.__doc__.splitlines()
+                if line.strip().startswith("__call__(")][0].replace("__call__", "RawKernel.__call__")
+    assert parameters(double.RawKernel.__call__) == doc_parameters(call_doc)

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOORS = [      # top to bottom: (name, the modules and packages on it)
     ("front ends", ["train_toy", "train_wmt", "train_lm", "minitfm.cli", "minitfm.exits",
                     "minitfm.translate", "minitfm.average", "minitfm.plot", "minitfm.gradcheck",
+                    "minitfm.kernelcheck",
                     "minitfm.wmt", "minitfm.export.__main__", "minitfm.limits",
                     "minitfm.options"]),
     ("training, decoding, sampling, export",
