@@ -17,7 +17,10 @@ benchmark counts them:
   (its RULES.md), by the module that asked for it. The CuPy path differs from NumPy's where the
   backend does: dropout masks come from Philox computed with array operations (``philox``),
   the embedding's scatter-add is a sorted segment sum (``backend``). One per call is the lower
-  bound: cuBLAS, CUB and CuPy's scans may run several kernels for one call.
+  bound: cuBLAS, CUB and CuPy's scans may run several kernels for one call. Counted twice: with
+  the plain array code and with ``--kernels fused`` (minitfm.fused: the double runs each kernel's
+  twin as one launch), beside the budget of :data:`LAUNCH_BUDGET` launches per update, and the
+  device-to-host copies of an update (none may wait for the device).
 
 Per update: the difference between a run of ``S + 1`` and a run of ``S`` updates from the same
 start (set-up, the final log line and the like cancel out).
@@ -41,7 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from op_counter import TALLY, counting_backend  # noqa: E402
 
-from minitfm import backend, train  # noqa: E402
+from minitfm import backend, fused, train  # noqa: E402
 from minitfm.layers import output  # noqa: E402
 from minitfm.models import base, translator  # noqa: E402
 
@@ -124,31 +127,50 @@ def module_of(site: str) -> str:
     return ".".join(parts[len(parts) - parts[::-1].index("minitfm"):])
 
 
+LAUNCH_BUDGET = 800     # kernel launches per base update with fused kernels
+
+
 def launch_run(cupy, cfg: translator.Config, batches: list, steps: int, update_freq: int,
-               clip_norm: float | None) -> collections.Counter:
-    """Kernel launches of ``steps`` updates on the double, by module."""
-    with cupy._double.counting() as counted:
-        run_updates(cfg, batches, steps, update_freq, clip_norm)
+               clip_norm: float | None, kernels: str = "plain") -> collections.Counter:
+    """Kernel launches of ``steps`` updates on the double, by module (the fused kernels as one),
+    and the device-to-host copies (``device_to_host``)."""
+    fused.use(kernels)
+    try:
+        with cupy._double.counting() as counted:
+            run_updates(cfg, batches, steps, update_freq, clip_norm)
+    finally:
+        fused.use("plain")
     by_module = collections.Counter()
     for site, n in counted.launch_sites.items():
         by_module[module_of(site)] += n
+    if "fused" in by_module:                    # every kernel is launched by fused.Kernel
+        by_module["fused kernels"] = by_module.pop("fused")
+    by_module["device_to_host"] = counted.device_to_host
     return by_module
 
 
 def launches_per_update(cfg: translator.Config, update_freq: int, sentences: int, src_len: int,
                         tgt_len: int, clip_norm: float | None) -> dict:
-    """Kernel launches of one update on CuPy's path (the double), by module."""
+    """Kernel launches of one update on CuPy's path (the double), by module, with the plain
+    array code and with the fused kernels."""
     cupy = import_double()
     previous = backend.name
     backend.use("cupy")
+    result = {}
     try:
         batches = make_batches(cfg, update_freq, sentences, src_len, tgt_len)
-        one = launch_run(cupy, cfg, batches, 1, update_freq, clip_norm)
-        launches = launch_run(cupy, cfg, batches, 2, update_freq, clip_norm) - one
+        for kernels in fused.CHOICES:
+            one = launch_run(cupy, cfg, batches, 1, update_freq, clip_norm, kernels)
+            two = launch_run(cupy, cfg, batches, 2, update_freq, clip_norm, kernels)
+            copies = two.pop("device_to_host") - one.pop("device_to_host")
+            launches = two - one
+            suffix = "" if kernels == "plain" else f"_{kernels}"
+            result.update({f"launches{suffix}": sum(launches.values()),
+                           f"launches_by_module{suffix}": dict(launches.most_common()),
+                           f"device_to_host{suffix}": copies})
     finally:
         backend.use(previous)
-    return {"launches": sum(launches.values()),
-            "launches_by_module": dict(launches.most_common())}
+    return result
 
 
 def main(argv=None) -> int:
@@ -178,20 +200,27 @@ def main(argv=None) -> int:
         r.update(launches_per_update(cfg, r["micro_batches"], *sizes))
     for r in results:
         print(f"\n{r['micro_batches']} micro-batch(es) per update: {r['ops']:,} operations, "
-              f"{r['syncs']} syncs" + (f"; on CuPy's path {r['launches']:,} kernel launches"
+              f"{r['syncs']} syncs" + (f"; on CuPy's path {r['launches']:,} kernel launches "
+                                       f"(plain), {r['launches_fused']:,} with fused kernels "
+                                       f"(budget {LAUNCH_BUDGET}: "
+                                       f"{'within' if r['launches_fused'] <= LAUNCH_BUDGET else 'OVER'}"
+                                       f"), device-to-host copies {r['device_to_host']} and "
+                                       f"{r['device_to_host_fused']}"
                                        if "launches" in r else ""))
         print("  by phase:  " + ", ".join(f"{k} {v:,}" for k, v in r["by_phase"].items()))
         print("  by module: " + ", ".join(f"{k} {v:,}" for k, v in r["by_module"].items()))
         if r["syncs"]:
             print("  syncs:     " + ", ".join(f"{k} {v}" for k, v in r["syncs_by_module"].items()))
-        if "launches" in r:
-            print("  launches by module (CuPy double): " + ", ".join(
-                f"{k} {v:,}" for k, v in r["launches_by_module"].items()))
+        for suffix, what in (("", "plain"), ("_fused", "fused")):
+            if "launches" + suffix in r:
+                print(f"  launches by module (CuPy double, {what}): " + ", ".join(
+                    f"{k} {v:,}" for k, v in r["launches_by_module" + suffix].items()))
     if len(results) > 1:
         first, last = results[0], results[-1]
         micro = last["micro_batches"] - first["micro_batches"]
         extra = (last["ops"] - first["ops"]) / micro
-        launches = (f", {(last['launches'] - first['launches']) / micro:,.0f} kernel launches"
+        launches = (f", {(last['launches'] - first['launches']) / micro:,.0f} kernel launches "
+                    f"({(last['launches_fused'] - first['launches_fused']) / micro:,.0f} fused)"
                     if "launches" in last else "")
         print(f"\neach additional micro-batch: {extra:,.0f} operations{launches}")
     if args.json:

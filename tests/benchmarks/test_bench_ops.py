@@ -141,3 +141,17 @@ def test_launches_on_cupys_path_include_philox(bench, numpy_backend):
     assert "philox" not in ops["by_module"]
     for module in ("layers.layernorm", "layers.linear"):
         assert launches[module] == ops["by_module"][module]      # one launch per operation
+
+
+def test_fused_kernels_cut_the_launches_and_nothing_waits(bench, numpy_backend):
+    """Plain and fused counts side by side: the fused update launches a fraction of the plain
+    one's kernels (Philox's masks drawn inside the kernels), and neither copies to the host."""
+    cfg = translator.Config.preset("tiny", dropout=0.1, attention_dropout=0.1, relu_dropout=0.1)
+    with cupy_double("14"):
+        result = bench.launches_per_update(cfg, 1, sentences=2, src_len=5, tgt_len=5,
+                                           clip_norm=1.0)
+    assert result["device_to_host"] == result["device_to_host_fused"] == 0, result
+    assert "philox" in result["launches_by_module"]
+    assert "philox" not in result["launches_by_module_fused"]
+    assert result["launches_by_module_fused"]["fused kernels"] > 0
+    assert result["launches_fused"] < result["launches"] / 3, result
