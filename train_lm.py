@@ -278,7 +278,7 @@ def run_training(args: argparse.Namespace) -> int:
         steps=steps, out_dir=args.out, seed=args.seed, warmup=max(args.warmup, 1),
         schedule=cli.lr_schedule(args.schedule, d_model=cfg.d_model, warmup=args.warmup,
                                  steps=steps, lr=args.lr, min_lr=args.min_lr),
-        **options.validation_options(args),
+        **options.validation_options(args), **options.precision_options(args),
         weight_decay=args.weight_decay,
         clip_norm=args.clip_norm, log_every=10, valid_every=args.eval_every,
         save_every=args.save_every, keep_last=2, resume=args.resume,

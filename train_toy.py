@@ -137,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
         warmup=args.warmup, clip_norm=args.clip_norm, log_every=10,
         valid_every=args.valid_every,
         save_every=args.save_every, keep_last=2, resume=args.resume,
-        **options.validation_options(args), vocab_id=f"toy-{args.vocab}-symbols",
+        **options.validation_options(args), **options.precision_options(args),
+        vocab_id=f"toy-{args.vocab}-symbols",
         run_meta={"task": args.task, "length": args.length, "batch_size": args.batch_size},
         progress=not args.quiet)
     batches = tasks.train_batches(args.task, vocab=args.vocab, length=args.length,

@@ -349,6 +349,7 @@ def run_training(args: argparse.Namespace) -> int:
         steps=steps, out_dir=args.out, seed=args.seed, warmup=args.warmup,
         schedule=lr_schedule(args, cfg, steps, one_epoch),
         **dropout_start(args, steps, one_epoch), **options.validation_options(args),
+        **options.precision_options(args),
         on_dropout_start=subwords.start if subwords is not None else None,
         clip_norm=args.clip_norm, update_freq=args.update_freq,
         log_every=args.log_every, valid_every=args.valid_every, save_every=args.save_every,

@@ -113,10 +113,30 @@ def _optimizer():
     return {"params": params.buffer, "m": adam.m.buffer, "v": adam.v.buffer, **norms}
 
 
+def _loss_scaler():
+    shapes = {"enc.w": (300, 70), "enc.b": (70,), "emb": (50, 16)}
+    rng = numpy.random.default_rng(12)
+    params = flat.flatten({k: rng.standard_normal(s).astype(numpy.float32)
+                           for k, s in shapes.items()})
+    grads = flat.zeros_like(params)
+    adam, scaler = optim.Adam(params, weight_decay=0.01), gradscale.LossScaler(2.0 ** 10, 2)
+    out = {}
+    for step in range(5):
+        grads.buffer[...] = backend.to_device(rng.standard_normal(grads.buffer.shape).astype(
+            numpy.float32)) * scaler.scale          # the gradients of a loss scaled by S
+        if step == 2:
+            grads["enc.b"][3] = numpy.inf           # an overflow: skipped, S halved
+        out[f"norm {step}"] = scaler.unscale(grads, 5.0 if step % 2 else None)
+        adam.update(params, grads, 1e-2, scaler)
+        out[f"state {step}"] = scaler.state.copy()
+    return {**out, "params": params.buffer, "m": adam.m.buffer, "v": adam.v.buffer}
+
+
 # name -> (case, tolerance: largest |fused - plain| / max |plain| of any output)
 CASES = {"dropout": (_dropout, 0.0), "layernorm": (_layernorm, 1e-5),
          "attention": (_attention, 1e-5), "feedforward": (_feedforward, 1e-5),
-         "residual": (_residual, 1e-5), "loss": (_loss, 1e-5), "optimizer": (_optimizer, 1e-5)}
+         "residual": (_residual, 1e-5), "loss": (_loss, 1e-5), "optimizer": (_optimizer, 1e-5),
+         "loss scaler": (_loss_scaler, 1e-5)}
 
 
 def _run(case, kernels: str) -> dict:
@@ -138,8 +158,12 @@ def compare() -> list[dict]:
         fused_out, plain_out = _run(case, "fused"), _run(case, "plain")
         worst, error = "", 0.0
         for key, reference in plain_out.items():
-            diff = numpy.abs(fused_out[key] - reference).max(initial=0.0)
-            relative = diff / max(numpy.abs(reference).max(initial=0.0), 1e-30)
+            same = fused_out[key] == reference                  # Inf where both overflowed
+            with numpy.errstate(invalid="ignore"):
+                diff = numpy.abs(fused_out[key] - reference)
+            diff = numpy.where(same, 0.0, diff).max(initial=0.0)
+            finite = numpy.abs(reference[numpy.isfinite(reference)])
+            relative = diff / max(finite.max(initial=0.0), 1e-30)
             if not numpy.isfinite(relative) or relative >= error:
                 worst, error = key, relative
         rows.append({"case": name, "output": worst, "error": float(error),

@@ -48,7 +48,7 @@ import numpy
 from minitfm import backend, flat, fused
 
 __all__ = ["Adam", "LRSchedule", "WarmupDecaySchedule", "Cooldown", "run_progress",
-           "decays_by_default", "adam_step"]
+           "decays_by_default", "adam_step", "coefficients"]
 
 
 def _check_same_keys(expected: dict, given: dict, what: str) -> None:
@@ -249,37 +249,42 @@ class Adam:
                     f"has {p.shape} {p.dtype} (optimizer state {self.m[name].shape}): "
                     f"gradients must match their parameters exactly")
 
-    def update(self, params: dict, grads: dict, lr: float) -> None:
+    def update(self, params: dict, grads: dict, lr: float, scaler=None) -> None:
         """One Adam(W) step at learning rate ``lr``: ``params`` change in place, ``step`` += 1.
 
         When parameters and gradients are flat buffers of one layout (:mod:`minitfm.flat`), the
-        step is a dozen operations on whole buffers; otherwise it runs array by array.
+        step is a dozen operations on whole buffers; otherwise it runs array by array. With a
+        ``scaler`` (mixed precision, :class:`minitfm.gradscale.LossScaler`), an update whose
+        gradients were not finite changes nothing, decided on the device, and the bias
+        corrections count the updates applied (``step`` counts them all).
         """
         self._check(params, grads)
         self.step += 1
-        # lr * m_hat / (sqrt(v_hat) + eps) == step_size * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-        step_size = float(lr) / (1.0 - self.beta1 ** self.step)
-        v_scale = 1.0 / math.sqrt(1.0 - self.beta2 ** self.step)
         decay = float(lr) * self.weight_decay             # AdamW: p -= lr * weight_decay * p
+        state = None if scaler is None else scaler.state
         buffers = flat.buffer_of(params, grads, self.m, self.v)
+        if buffers is not None and fused.active(*buffers):
+            p, g, m, v = buffers
+            mask = self._flat_decay_mask(params) if decay and self.decayed else p
+            ADAM(fused.grid_for(p.size), (p, g, m, v, mask, numpy.int64(p.size), numpy.int32(
+                mask is not p), numpy.float32(1.0 - decay), numpy.float64(self.beta1),
+                numpy.float64(self.beta2), numpy.float32(self.eps), numpy.int64(self.step),
+                numpy.float64(lr), p if state is None else state, numpy.int32(state is not None)))
+            return
+        b1, b2, step_size, v_scale, keep = coefficients(self.beta1, self.beta2, self.step, lr,
+                                                        1.0 - decay, state)
         if buffers is not None:
             p, g, m, v = buffers
-            if fused.active(p, g, m, v):
-                mask = self._flat_decay_mask(params) if decay and self.decayed else p
-                ADAM(fused.grid_for(p.size), (p, g, m, v, mask, numpy.int64(p.size), numpy.int32(
-                    mask is not p), numpy.float32(1.0 - decay), numpy.float64(self.beta1),
-                    numpy.float64(self.beta2), *map(numpy.float32, (self.eps, step_size, v_scale))))
-                return
             if decay and self.decayed:
                 xp = backend.xp     # 1 - lr * decay where a parameter decays, 1 elsewhere
-                p *= xp.where(self._flat_decay_mask(params), 1.0 - decay, 1.0).astype(p.dtype)
-            adam_step(p, g, m, v, self.beta1, self.beta2, self.eps, step_size, v_scale)
+                p *= xp.where(self._flat_decay_mask(params), keep, 1.0).astype(p.dtype)
+            adam_step(p, g, m, v, b1, b2, self.eps, step_size, v_scale)
             return
         for name, p in params.items():
             if decay and name in self.decayed:
-                p *= 1.0 - decay
-            adam_step(p, grads[name], self.m[name], self.v[name], self.beta1, self.beta2,
-                      self.eps, step_size, v_scale)
+                p *= keep
+            adam_step(p, grads[name], self.m[name], self.v[name], b1, b2, self.eps, step_size,
+                      v_scale)
 
     def _flat_decay_mask(self, params: dict):
         """A flat bool buffer, True at the decayed parameters' positions."""
@@ -310,8 +315,24 @@ class Adam:
         self.step = int(state["step"])
 
 
-def adam_step(p, g, m, v, b1: float, b2: float, eps: float, step_size: float,
-              v_scale: float) -> None:
+def coefficients(beta1: float, beta2: float, step: int, lr: float, keep: float, state=None):
+    """``(b1, b2, step_size, v_scale, keep)`` of update ``step``, with
+    lr * m_hat / (sqrt(v_hat) + eps) == step_size * m / (sqrt(v) * v_scale + eps): host numbers,
+    or with a loss scaler's ``state`` 0-d arrays on the device that make a skipped update
+    (``state[3]``) a no-op (b = 1, step_size = 0, keep = 1) and count the updates applied,
+    ``t = step - state[2]``."""
+    if state is None:
+        return (beta1, beta2, float(lr) / (1.0 - beta1 ** step),
+                1.0 / math.sqrt(1.0 - beta2 ** step), keep)
+    xp, skip = backend.xp, state[3] != 0
+    t = xp.maximum(step - state[2], 1.0)          # the updates applied, this one included
+    return tuple(a.astype(state.dtype) for a in (
+        xp.where(skip, 1.0, beta1), xp.where(skip, 1.0, beta2),
+        xp.where(skip, 0.0, float(lr) / (1.0 - beta1 ** t)), 1.0 / xp.sqrt(1.0 - beta2 ** t),
+        xp.where(skip, 1.0, keep)))
+
+
+def adam_step(p, g, m, v, b1, b2, eps: float, step_size, v_scale) -> None:
     """The Adam step of one array (or of one flat buffer), in place."""
     xp = backend.xp
     buf = xp.multiply(g, 1.0 - b1)          # the only scratch array
@@ -332,11 +353,13 @@ def adam_step(p, g, m, v, b1: float, b2: float, eps: float, step_size: float,
 ADAM_SOURCE = r"""
 // AdamW over flat buffers: the operations of adam_step, one element a thread
 extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, const bool* decays,
-        long long n, int decay, float keep, double beta1, double beta2, float eps,
-        float step_size, float v_scale) {
-    float b1 = (float)beta1, c1 = (float)(1.0 - beta1), b2 = (float)beta2, c2 = (float)(1.0 - beta2);
+        long long n, int decay, float keep, double beta1, double beta2, float eps, long long step,
+        double lr, const float* scaler, int scaled) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
+    if (i >= n || (scaled && scaler[3] != 0.0f)) return;       // a skipped update: no change
+    double t = scaled ? fmax((double)step - scaler[2], 1.0) : (double)step;
+    float b1 = (float)beta1, c1 = (float)(1.0 - beta1), b2 = (float)beta2, c2 = (float)(1.0 - beta2);
+    float step_size = (float)(lr / (1.0 - pow(beta1, t))), v_scale = (float)(1.0 / sqrt(1.0 - pow(beta2, t)));
     float pi = (decay && decays[i]) ? p[i] * keep : p[i], gi = g[i];
     float mi = m[i] * b1 + gi * c1, vi = v[i] * b2 + gi * gi * c2;
     m[i] = mi;
@@ -346,10 +369,12 @@ extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, co
 """
 
 
-def _adam_twin(p, g, m, v, decays, n, decay, keep, b1, b2, eps, step_size, v_scale):
+def _adam_twin(p, g, m, v, decays, n, decay, keep, b1, b2, eps, step, lr, state, scaled):
+    b1, b2, step_size, v_scale, keep = coefficients(float(b1), float(b2), int(step), float(lr),
+                                                    float(keep), state if scaled else None)
     if decay:
         p *= backend.xp.where(decays, keep, 1.0).astype(p.dtype)
-    adam_step(p, g, m, v, *map(float, (b1, b2, eps, step_size, v_scale)))
+    adam_step(p, g, m, v, b1, b2, float(eps), step_size, v_scale)
 
 
 ADAM = fused.Kernel("adam", ADAM_SOURCE, _adam_twin)

@@ -16,13 +16,13 @@ import argparse
 import math
 from collections.abc import Callable, Sequence
 
-from minitfm import backend, fused, phases
+from minitfm import backend, fused, gradscale, phases
 
 __all__ = ["integer", "number", "positive_int", "phase", "add_optimiser_options",
            "add_schedule_options", "add_checkpoint_options", "BEST_METRICS",
            "add_validation_options", "check_validation_options", "validation_options",
            "add_max_epochs_option", "add_logging_options", "add_seed_option",
-           "add_precision_option", "add_kernels_option"]
+           "add_precision_option", "precision_options", "add_kernels_option"]
 
 
 # ---- option values ---------------------------------------------------------------------------
@@ -204,12 +204,24 @@ def add_seed_option(group, what: str = "") -> None:
 
 
 def add_precision_option(group) -> None:
-    """``--precision fp32|tf32``: how float32 matrix products run (backend.set_precision)."""
+    """``--precision fp32|tf32|fp16`` (backend.set_precision, minitfm.mixed) and
+    ``--loss-scale``, the initial loss scale of fp16 (minitfm.gradscale)."""
     group.add_argument("--precision", choices=backend.PRECISIONS,
-                       help="float32 matrix products: tf32 on a GPU's tensor cores (compute "
-                            "capability 8.0 or higher; batched products, attention's, stay "
-                            "float32) or plain fp32 (default: tf32 on such a GPU, else fp32; "
-                            "the CPU has fp32 only)")
+                       help="matrix products: tf32 on a GPU's tensor cores (compute capability "
+                            "8.0 or higher; batched products, attention's, stay float32), plain "
+                            "fp32, or fp16: mixed precision, float16 operands summed in float32 "
+                            "with float32 master weights and a dynamic loss scale (on the CPU "
+                            "too, slowly) (default: tf32 on such a GPU, else fp32)")
+    group.add_argument("--loss-scale", type=number(0, low_open=True),
+                       default=gradscale.INITIAL_SCALE, metavar="S",
+                       help=f"fp16: the initial loss scale, halved at every update whose "
+                            f"gradients overflow (skipped) and doubled after "
+                            f"{gradscale.GROWTH_INTERVAL} finite ones (default 2^16)")
+
+
+def precision_options(args: argparse.Namespace) -> dict:
+    """The TrainOptions fields of the precision options (``--loss-scale``)."""
+    return {"loss_scale": args.loss_scale}
 
 
 def add_kernels_option(group) -> None:

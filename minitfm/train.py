@@ -83,7 +83,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from tqdm import tqdm
 
-from minitfm import backend, distributed, flat, models
+from minitfm import backend, distributed, flat, mixed, models
 from minitfm.divergence import DIVERGED_WINDOWS, DivergenceWatch, TrainingDiverged, check_finite
 from minitfm.models import DROPOUTS
 from minitfm.models import ModelConfig as Config      # the config of any registered model
@@ -144,7 +144,9 @@ def _accumulate(state: TrainState, cfg: Config, micro_batches: list, step: int,
         out = state.grads if i == 0 else state.scratch
         rng = backend.rng(seed, step, first + i)    # dropout masks: a function of the seed, the
                                                     # step and the batch's place in the update
-        s, _ = trained.loss_and_grads(state.params, cfg, src, tgt, rng, normalizer=total, out=out)
+        s, _ = trained.loss_and_grads(state.params, cfg, src, tgt, rng, normalizer=total, out=out,
+                                      **({} if state.scaler is None
+                                         else {"loss_scale": state.scaler.scale}))
         stats["loss"] = stats["loss"] + s["loss"]          # 0-d arrays: read at the log line
         stats["nll"] = stats["nll"] + s["nll"]
         if i > 0:
@@ -198,14 +200,19 @@ def _update(state: TrainState, cfg: Config, options: TrainOptions, schedule: Cal
     time_fraction = _time_fraction(state, options)
     if _dropout_off(step, time_fraction, options, state.record.dropout_from):
         cfg = dataclasses.replace(cfg, **{name: 0.0 for name in DROPOUTS})
-    stats, grads = _accumulate(state, cfg, micro_batches, step, state.seed, first=first,
-                               tokens=tokens)
+    with mixed.half_copies(state.params):        # fp16: the products' copy of the parameters
+        stats, grads = _accumulate(state, cfg, micro_batches, step, state.seed, first=first,
+                                   tokens=tokens)
     world.allreduce_sum(grads.buffer)            # one collective: the sum over all workers
-    if options.clip_norm is not None:
+    if state.scaler is not None:                 # fp16: g / S, clipped; S updated, on the device
+        norm = state.scaler.unscale(grads, options.clip_norm)
+        if options.clip_norm is not None:
+            stats["grad_norm"] = norm
+    elif options.clip_norm is not None:
         stats["grad_norm"] = clip_grad_norm(grads, options.clip_norm)   # leaves NaN/Inf alone
     stats["lr"] = schedule(step, time_fraction)
     with interrupts_deferred():
-        state.optimizer.update(state.params, grads, stats["lr"])
+        state.optimizer.update(state.params, grads, stats["lr"], state.scaler)
         state.step = step
         state.epoch, state.batches_done = taken[-1][:2]     # the position in the global order
         state.tokens += stats["tokens"]
@@ -334,8 +341,13 @@ def _log_step(state: TrainState, stats: dict, window: dict, run_dir: RunDirector
     every worker)."""
     tokens = window["tokens"]                                   # all workers' already
     read = [window["loss"], window["nll"]] + ([stats["grad_norm"]] if "grad_norm" in stats else [])
-    sums = [float(v) for v in backend.to_host_together(*read)]  # wait for them here, once
+    scaler = [] if state.scaler is None else [state.scaler.state]
+    host = backend.to_host_together(*read, *scaler)            # wait for them here, once
+    scaled = host.pop() if scaler else None
+    sums = [float(v) for v in host]
     grad_norm = sums.pop() if "grad_norm" in stats else None
+    if scaler and scaled[3]:            # the latest update was skipped: its norm is not finite
+        grad_norm = None
     if world.distributed:
         sums = world.allreduce_numbers(sums)                    # this worker's part: sum them
     loss, nll = sums[0] / tokens, sums[1] / tokens
@@ -346,6 +358,8 @@ def _log_step(state: TrainState, stats: dict, window: dict, run_dir: RunDirector
               "elapsed": round(state.elapsed, 3)}
     if grad_norm is not None:
         record["grad_norm"] = grad_norm
+    if scaler:                          # the loss scale now, and the updates skipped so far
+        record.update(loss_scale=float(scaled[0]), skipped=int(scaled[2]))
     if run_dir:
         run_dir.append_log(record, state.last_checkpoint)
     bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",

@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from minitfm import checkpoint, distributed, flat, models, usable, validation
+from minitfm import backend, checkpoint, distributed, flat, models, usable, validation
 from minitfm.divergence import diverged
+from minitfm.gradscale import INITIAL_SCALE, LossScaler
 from minitfm.models import ModelConfig as Config      # the config of any registered model
 from minitfm.optim import Adam
 from minitfm.rundir import RunDirectory
@@ -71,6 +72,7 @@ class TrainOptions:
     run_meta: dict = field(default_factory=dict)   # JSON values that must match on resume
     run_info: dict | None = None        # JSON written to out_dir/run.json once checks pass
     progress: bool = True               # tqdm bar and validation messages on the console
+    loss_scale: float = INITIAL_SCALE   # mixed precision (--precision fp16): the initial scale
 
     def __post_init__(self) -> None:
         for name in ("steps", "warmup", "update_freq", "log_every", "keep_last"):
@@ -127,6 +129,7 @@ class TrainState:
     record: validation.Record = field(default_factory=validation.Record)   # judged so far
     grads: dict | None = field(default=None, repr=False)     # flat gradient buffers, reused by
     scratch: dict | None = field(default=None, repr=False)   # every update (see _accumulate)
+    scaler: LossScaler | None = None    # mixed precision's loss scale (--precision fp16)
 
 
 
@@ -144,7 +147,8 @@ def save(state: TrainState, cfg: Config, options: TrainOptions, run_dir: RunDire
                    "batches_done": state.batches_done, "tokens": state.tokens,
                    "elapsed": state.elapsed, "run_meta": options.run_meta,
                    "validation": state.record.to_dict(),
-                   **({"valid": validated} if validated else {})})
+                   **({"valid": validated} if validated else {}),
+                   **({"loss_scaler": state.scaler.state_dict()} if state.scaler else {})})
 
     try:
         with interrupts_deferred():
@@ -195,12 +199,21 @@ def _resume(cfg: Config, options: TrainOptions, path: str) -> TrainState:
             f"{options.best_metric or 'no metric'}: resume with the metric it was started with")
     record.metric = options.best_metric
     valid = extra.get("valid", {}) if record.last_validated == ckpt.step else {}
+    scaler = _scaler(options)
+    if scaler is not None and "loss_scaler" in extra:
+        scaler.load_state_dict(extra["loss_scaler"])     # as it was: a resume continues exactly
     return TrainState(params=params, optimizer=optimizer, seed=extra["seed"], step=ckpt.step,
+                      scaler=scaler,
                       epoch=extra["epoch"], batches_done=extra["batches_done"],
                       tokens=extra["tokens"], elapsed=extra["elapsed"], last_checkpoint=path,
                       valid=dict(valid), record=record,
                       out_of_patience=bool(options.patience)
                       and record.since_best >= options.patience)
+
+
+def _scaler(options: TrainOptions) -> LossScaler | None:
+    """A loss scaler under mixed precision (``backend.precision() == "fp16"``), else None."""
+    return LossScaler(options.loss_scale) if backend.precision() == "fp16" else None
 
 
 def start(cfg: Config, options: TrainOptions, params: dict | None,
@@ -223,7 +236,8 @@ def start(cfg: Config, options: TrainOptions, params: dict | None,
         trained.check_params(params, cfg)
         optimizer = Adam(params, weight_decay=options.weight_decay)
         state = TrainState(params=params, optimizer=optimizer, seed=options.seed,
-                           record=validation.Record(metric=options.best_metric))
+                           record=validation.Record(metric=options.best_metric),
+                           scaler=_scaler(options))
     if run_dir:
         run_dir.prepare(state.step, options.run_info, state.last_checkpoint)
         if state.record.best is not None:       # as it was: run.json and checkpoint_best.npz
@@ -252,6 +266,8 @@ def share(state: TrainState, world: distributed.World) -> None:
     world.broadcast_params(state.params)
     world.broadcast_params(state.optimizer.m)
     world.broadcast_params(state.optimizer.v)
+    if state.scaler is not None:
+        world.broadcast_params({"loss_scaler": state.scaler.state})
     numbers = world.broadcast_numbers([state.step, state.optimizer.step, state.epoch,
                                        state.batches_done, state.tokens, state.elapsed])
     (state.step, state.optimizer.step, state.epoch, state.batches_done,

@@ -136,7 +136,7 @@ BACKWARD = fused.Kernel("relu_dropout_backward", BACKWARD_SOURCE, _backward_twin
 
 def _fused_forward(x, p, p_drop, rng):
     xp = backend.xp
-    h, _ = linear.forward(x, {"w": p["w1"]})                            # (..., d_ff), no bias
+    h, c_first = linear.forward(x, {"w": p["w1"]})                      # (..., d_ff), no bias
     drop = rng is not None and p_drop > 0.0
     keep = xp.empty(h.shape, dtype=bool) if drop else h     # h: a placeholder, never read
     args = dropout.draw(rng, h.size, p_drop) if drop else (numpy.uint32(0), numpy.float32(1),
@@ -148,4 +148,4 @@ def _fused_forward(x, p, p_drop, rng):
     c_drop = dropout.Cache(keep, float(args[1])) if drop else None
     y, c_second = linear.forward(h, {"w": p["w2"], "b": p["b2"]})
     # the kernel added b1: the first layer's bias gradient is linear's row sum, as without fusion
-    return y, Cache(linear.Cache(x, p["w1"], True), h, c_drop, c_second)
+    return y, Cache(c_first._replace(has_bias=True), h, c_drop, c_second)

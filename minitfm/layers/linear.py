@@ -11,17 +11,22 @@ Backward (flatten the leading axes of x and y into N rows: X (N, d_in), dY (N, d
 Parameters: "w" (d_in, d_out) and "b" (d_out,); without "b" the layer has no bias. The weight may
 be any 2-D view, e.g. the transposed embedding matrix when the output projection is tied to the
 embedding: ``forward(h, {"w": E.T})`` then ``dE = grads["w"].T``.
+
+Mixed precision (``--precision fp16``, minitfm.mixed): the three products take float16 operands
+(x, W and dY cast, W from the update's float16 copy of the parameters) and sum in float32; the
+float16 results are float32 again at the bias, dX and dW (which lands in the float32 gradient
+buffer). The cache keeps the float16 x, half the memory of x.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend
+from minitfm import backend, mixed
 
 
 class Cache(NamedTuple):
-    x: object               # (..., d_in) the input
+    x: object               # (..., d_in) the input (in float16 under mixed precision)
     w: object               # (d_in, d_out)
     has_bias: bool
 
@@ -34,6 +39,11 @@ def forward(x, p):
     """Return ``(x @ p["w"] + p["b"], cache)``."""
     w, b = p["w"], p.get("b")
     d_in, d_out = w.shape
+    if mixed.enabled(x, w):
+        x16 = mixed.half(x)
+        y16 = mixed.matmul(x16.reshape(-1, d_in), mixed.half_of(w))           # (N, d_out)
+        y = y16 + b if b is not None else y16.astype(x.dtype)    # float32 again
+        return y.reshape(*x.shape[:-1], d_out), Cache(x16, w, b is not None)
     # one (N, d_in) @ (d_in, d_out) product: a stacked (B, T, d_in) @ w would run B small ones
     y = (x.reshape(-1, d_in) @ w).reshape(*x.shape[:-1], d_out)
     if b is not None:
@@ -46,9 +56,27 @@ def backward(dy, cache: Cache, out=None):
     xp = backend.xp
     d_in, d_out = cache.w.shape
     dy2 = dy.reshape(-1, d_out)                             # (N, d_out)
+    if cache.x.dtype == mixed.HALF:
+        return _half_backward(dy2, cache, out)
     dx = (dy2 @ cache.w.T).reshape(cache.x.shape)           # (..., d_in)
     grads = {"w": xp.matmul(cache.x.reshape(-1, d_in).T, dy2,                  # (d_in, d_out)
                             out=None if out is None else out["w"])}
     if cache.has_bias:
         grads["b"] = dy2.sum(axis=0, out=None if out is None else out["b"])   # (d_out,)
     return dx, grads
+
+
+def _half_backward(dy2, cache: Cache, out):
+    """``backward`` under mixed precision: the products of float16 dY, W and x."""
+    d_in, d_out = cache.w.shape
+    dy16 = mixed.half(dy2)
+    dx = mixed.matmul(dy16, mixed.half_of(cache.w).T).astype(dy2.dtype)       # (N, d_in)
+    dw = mixed.matmul(cache.x.reshape(-1, d_in).T, dy16)                      # (d_in, d_out)
+    if out is None:
+        grads = {"w": dw.astype(dy2.dtype)}
+    else:
+        out["w"][...] = dw
+        grads = {"w": out["w"]}
+    if cache.has_bias:
+        grads["b"] = dy2.sum(axis=0, out=None if out is None else out["b"])
+    return dx.reshape(cache.x.shape), grads

@@ -93,13 +93,16 @@ def backward(dloss, cache: Cache):
     return dz, {}
 
 
-def forward_backward(logits, targets, smoothing, dloss=None, pad_id=None):
+def forward_backward(logits, targets, smoothing, dloss=None, pad_id=None, loss_scale=None):
     """``forward``, then with ``dloss`` ``backward``: ``((loss_sum, nll_sum), dlogits)`` (dlogits
-    None without ``dloss``), the gradient over the logits buffer."""
+    None without ``dloss``), the gradient over the logits buffer. ``loss_scale``: a 0-d device
+    array multiplying ``dloss`` (mixed precision's loss scale)."""
     if fused.active(logits):
-        return _fused(logits, targets, smoothing, dloss, pad_id)
+        return _fused(logits, targets, smoothing, dloss, pad_id, loss_scale)
     sums, cache = forward(logits, targets, smoothing, pad_id)
-    return sums, None if dloss is None else backward(dloss, cache)[0]
+    if dloss is None:
+        return sums, None
+    return sums, backward(dloss if loss_scale is None else dloss * loss_scale, cache)[0]
 
 
 # ---- fused: forward and backward in one kernel ------------------------------------------------
@@ -108,7 +111,8 @@ SOURCE = fused.BLOCK_REDUCE + r"""
 // a block per row of z (N, V): loss and nll of the row into sums[row] and sums[N + row]; with
 // `grad`, dz = weight * (softmax(z) - q) over z, weight = dloss (0 on a padding row)
 extern "C" __global__ void smoothed_loss(float* z, const long long* targets, float* sums,
-        long long n, int v, float smoothing, float off, long long pad_id, float dloss, int grad) {
+        long long n, int v, float smoothing, float off, long long pad_id, float dloss, int grad,
+        const float* loss_scale, int scaled) {
     __shared__ float scratch[32];
     long long row = (long long)blockIdx.x * v;
     long long y = targets[blockIdx.x];
@@ -136,6 +140,7 @@ extern "C" __global__ void smoothed_loss(float* z, const long long* targets, flo
         sums[n + blockIdx.x] = nll * keep;
     }
     if (!grad) return;
+    if (scaled) dloss = dloss * loss_scale[0];
     float weight = dloss * keep, c = (1.0f / total) * weight;
     for (int j = threadIdx.x; j < v; j += blockDim.x) {
         float d = z[row + j] * c - off * weight;
@@ -146,24 +151,26 @@ extern "C" __global__ void smoothed_loss(float* z, const long long* targets, flo
 """
 
 
-def _twin(z, targets, sums, n, v, smoothing, off, pad_id, dloss, grad):
+def _twin(z, targets, sums, n, v, smoothing, off, pad_id, dloss, grad, loss_scale, scaled):
     (loss, nll), cache = _row_losses(z, targets, float(smoothing),
                                      None if pad_id < 0 else int(pad_id))
     sums[:int(n)], sums[int(n):] = loss, nll
     if grad:
-        backward(float(dloss), cache)
+        backward(float(dloss) * loss_scale[0] if scaled else float(dloss), cache)
 
 
 KERNEL = fused.Kernel("smoothed_loss", SOURCE, _twin)
 
 
-def _fused(logits, targets, smoothing, dloss, pad_id):
+def _fused(logits, targets, smoothing, dloss, pad_id, loss_scale):
     xp = backend.xp
     n, v = logits.shape
     sums = xp.empty(2 * n, dtype=logits.dtype)
+    scale = sums if loss_scale is None else loss_scale.reshape(1)     # sums: not read
     KERNEL((n,), (logits, xp.ascontiguousarray(targets, dtype=xp.int64), sums, numpy.int64(n),
                   numpy.int32(v), numpy.float32(smoothing), numpy.float32(smoothing / (v - 1)),
                   numpy.int64(-1 if pad_id is None else pad_id),
-                  numpy.float32(0.0 if dloss is None else dloss), numpy.int32(dloss is not None)))
+                  numpy.float32(0.0 if dloss is None else dloss), numpy.int32(dloss is not None),
+                  scale, numpy.int32(loss_scale is not None)))
     total = sums.reshape(2, n).sum(axis=1)                                   # (2,)
     return (total[0], total[1]), None if dloss is None else logits

@@ -31,10 +31,11 @@ def logits(h, p):
     return h @ p["table"].T
 
 
-def forward_backward(h, p, targets, smoothing, dloss=None, out=None):
+def forward_backward(h, p, targets, smoothing, dloss=None, out=None, loss_scale=None):
     """h (N, d), targets (N,). Return ``((loss_sum, nll_sum), dh (N, d), {"table": dE})``;
     ``dh`` and the gradients are None without ``dloss``. With ``out``, dE is written into
-    ``out["table"]`` (overwriting it)."""
+    ``out["table"]`` (overwriting it). ``loss_scale``: a 0-d array on the device that multiplies
+    ``dloss`` (mixed precision's loss scale; the losses returned are not scaled)."""
     xp = backend.xp
     table = p["table"]
     n, v = h.shape[0], table.shape[0]
@@ -47,7 +48,8 @@ def forward_backward(h, p, targets, smoothing, dloss=None, out=None):
     for start in range(0, n, chunk):
         part = slice(start, start + chunk)
         z, c_out = linear.forward(h[part], {"w": table.T})                   # (rows, V)
-        (l_sum, n_sum), dz = loss.forward_backward(z, targets[part], smoothing, dloss)
+        (l_sum, n_sum), dz = loss.forward_backward(z, targets[part], smoothing, dloss,
+                                                   loss_scale=loss_scale)
         loss_sum, nll_sum = loss_sum + l_sum, nll_sum + n_sum
         if dloss is None:
             continue

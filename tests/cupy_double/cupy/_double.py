@@ -4,7 +4,8 @@ Which CuPy release the double behaves as (``CUPY_DOUBLE_RULES=14|13``, default 1
 counters tests assert budgets with: every device-to-host copy (``device_to_host``), every
 random generator created (``generators``), every launch of device work (``launches``: a kernel
 or a memset, see :func:`launch`) and every float32 product of one cuBLAS GEMM, run on TF32
-tensor cores (``tf32_products``) or in plain float32 (``fp32_products``).
+tensor cores (``tf32_products``) or in plain float32 (``fp32_products``), and every float16 one
+(``fp16_products``: float32 sums).
 
     from cupy import _double
     _double.reset()
@@ -43,7 +44,8 @@ def _rules() -> int:
 RULES = _rules()
 VERSION = {14: "14.2.0", 13: "13.6.0"}[RULES]
 TRACE = os.environ.get("CUPY_DOUBLE_TRACE", "") not in ("", "0")
-KINDS = ("device_to_host", "generators", "launches", "tf32_products", "fp32_products")
+KINDS = ("device_to_host", "generators", "launches", "tf32_products", "fp32_products",
+         "fp16_products")
 _UNTRACED = ("launches",)        # thousands per step: counted by site, not listed one by one
 
 _counts = dict.fromkeys(KINDS, 0)
@@ -55,7 +57,8 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 class Counter:
     """The counts inside one ``counting()`` block (attributes ``device_to_host``,
-    ``generators``, ``launches``, ``tf32_products``, ``fp32_products``; ``events``: where each copy, generator and
+    ``generators``, ``launches``, ``tf32_products``, ``fp32_products``, ``fp16_products``;
+    ``events``: where each copy, generator and
     product happened; ``launch_sites``: launches by ``file:line (function)``)."""
 
     def __init__(self) -> None:
