@@ -24,6 +24,8 @@ lines of ``clip_grad_norm`` and ``LossScaler.unscale``.
 
 from __future__ import annotations
 
+import math
+
 import numpy
 
 from minitfm import backend, flat, fused
@@ -78,7 +80,7 @@ class LossScaler:
     :meth:`load_state_dict` carry it in checkpoints (host numbers, exact)."""
 
     def __init__(self, scale: float = INITIAL_SCALE, growth_interval: int = GROWTH_INTERVAL):
-        if not (numpy.isfinite(scale) and 0 < scale < numpy.finfo(numpy.float32).max):
+        if not (math.isfinite(scale) and 0 < scale <= float(numpy.finfo(numpy.float32).max)):
             raise ValueError(f"the loss scale must be a positive float32 number, got {scale}")
         if growth_interval < 1:
             raise ValueError(f"growth_interval must be >= 1, got {growth_interval}")

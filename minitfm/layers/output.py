@@ -20,7 +20,7 @@ embedding's other uses).
 
 from __future__ import annotations
 
-from minitfm import backend
+from minitfm import backend, mixed
 from minitfm.layers import linear, loss
 
 LOGIT_CHUNK = 1 << 24    # logits computed at once, in elements (64 MiB in float32)
@@ -28,6 +28,8 @@ LOGIT_CHUNK = 1 << 24    # logits computed at once, in elements (64 MiB in float
 
 def logits(h, p):
     """The projection alone, for decoding: h (..., d) -> (..., V)."""
+    if mixed.enabled(h):                        # float16 operands, as in training
+        return linear.forward(h, {"w": p["table"].T})[0]
     return h @ p["table"].T
 
 
