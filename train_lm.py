@@ -31,8 +31,8 @@ from collections.abc import Sequence
 
 import numpy                                                        # host bytes
 
-from minitfm import (checkpoint, cli, distributed, generation, limits, options, phases, train,
-                     usable)
+from minitfm import (checkpoint, cli, distributed, generation, launcher, limits, options, phases,
+                     train, usable)
 from minitfm.exits import UsageError
 from minitfm.options import integer, number, positive_int
 from minitfm.data import text as textdata
@@ -336,9 +336,10 @@ def run_sampling(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.sample:
-        return cli.report_errors(lambda: run_sampling(args))
-    return cli.report_errors(lambda: cli.run_in_directory(args, "lm", lambda: run_training(args)))
+        return cli.report_errors(lambda: run_sampling(args), sizes="--max-new-tokens")
+    return cli.report_errors(lambda: cli.run_in_directory(args, "lm", lambda: run_training(args)),
+                             sizes="--batch-size or --block-size")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(launcher.run(main))    # under mpiexec: a closed terminal stops with a checkpoint

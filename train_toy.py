@@ -19,7 +19,7 @@ import argparse
 import sys
 import time
 
-from minitfm import backend, cli, distributed, limits, options, tasks, train
+from minitfm import backend, cli, distributed, launcher, limits, options, tasks, train
 from minitfm.options import integer, number, positive_int
 from minitfm.decode import greedy
 from minitfm.models.translator import PRESETS, Config
@@ -173,8 +173,9 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     return cli.report_errors(
-        lambda: cli.run_in_directory(args, f"toy-{args.task}", lambda: run(args)))
+        lambda: cli.run_in_directory(args, f"toy-{args.task}", lambda: run(args)),
+        sizes="--batch-size (or --eval-size)")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(launcher.run(main))    # under mpiexec: a closed terminal stops with a checkpoint

@@ -43,8 +43,8 @@ steps). On a large GPU, fewer and larger batches are faster: ``--max-tokens 1250
 and random state; ``--time-limit`` counts the training time of all sessions of a run together.
 Every corpus named is checked before any work, and a resumed run's options and latest checkpoint
 before anything is written. Ctrl-C, SIGTERM or SIGHUP saves a checkpoint and exits with 128 + the
-signal's number; a user error (a bad option value, missing, empty or misaligned files, a
-checkpoint of another run, a full disk) prints one ``error:`` message and exits with status 2.
+signal's number; a user error (bad option values, missing, empty or misaligned files, another
+run's checkpoint) prints one ``error:`` line and exits with 2; a full disk, or too little memory, 1.
 
 Under ``mpiexec -n N`` each of the N workers takes ``--update-freq`` batches of every update (the
 arithmetic of one worker with N times the ``--update-freq``); rank 0 prepares the data first (the
@@ -62,7 +62,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from minitfm import backend, checkpoint, cli, distributed, limits, options, train, translate
+from minitfm import backend, checkpoint, cli, distributed, launcher, limits, options, train, translate
 from minitfm.exits import UsageError
 from minitfm.options import integer, number, positive_int
 from minitfm.data import epoch_batches, eval_arrays, read_parallel, token_batches
@@ -421,8 +421,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.eval_only:
             return run_eval_only(args) if world.is_root else 0
         return cli.run_in_directory(args, f"wmt-{args.preset}", lambda: run_training(args))
-    return cli.report_errors(run)
+    return cli.report_errors(run, sizes="--max-tokens (or --max-len)")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(launcher.run(main))    # under mpiexec: a closed terminal stops with a checkpoint

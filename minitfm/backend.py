@@ -15,9 +15,8 @@ CUDA device). It never silently falls back to the CPU: ``auto`` records why it c
 :func:`describe` says so. The environment variable is read when ``xp`` or ``name`` is first
 needed, not at import, so a bad value is reported where the commands report their errors.
 
-The precision of matrix products (:func:`set_precision`: TF32 tensor cores, plain float32, or
-float16 operands with float32 sums, :mod:`minitfm.mixed`) is chosen here, once per process,
-before the first product.
+The precision of matrix products (:func:`set_precision`: TF32, float32, or float16 operands with
+float32 sums) is chosen here, once per process, before the first product.
 
 What the layers need beyond the common NumPy/CuPy API lives here too: host<->device copies,
 scatter-add (the embedding backward), seeded random generators (NumPy's on the CPU; on the GPU
@@ -35,7 +34,7 @@ __all__ = [
     "BackendError", "xp", "name", "use", "float_dtype", "set_float_dtype",
     "to_device", "to_host", "to_host_together", "is_host_array", "host_copy", "scatter_add", "sorted_scatter_add", "dropout_keep", "rng",
     "host_rng", "check_array", "is_gpu", "describe", "environment_choice", "available_memory",
-    "host_available_memory", "PRECISIONS", "set_precision", "precision",
+    "host_available_memory", "memory_in_words", "PRECISIONS", "set_precision", "precision",
 ]
 
 
@@ -135,6 +134,23 @@ def describe() -> str:
     return f"numpy (auto: {_auto_fallback})" if _auto_fallback else "numpy"
 
 
+def memory_in_words() -> str:
+    """The memory the active backend's arrays live in, for a message that it ran out: ``GPU 0
+    (NVIDIA A100-SXM4-40GB, 39.4 GiB)`` on CuPy, ``the host's memory`` on NumPy (and before any
+    backend is chosen: none is chosen for it)."""
+    if globals().get("name") != "cupy":
+        return "the host's memory"
+    cupy = _active()
+    try:
+        device = cupy.cuda.Device().id
+        properties = cupy.cuda.runtime.getDeviceProperties(device)
+    except Exception:        # pragma: no cover - a device that fails to say (CUDARuntimeError)
+        return "the GPU"
+    name = properties["name"]
+    name = name.decode() if isinstance(name, bytes) else name
+    return f"GPU {device} ({name}, {properties['totalGlobalMem'] / 2**30:.1f} GiB)"
+
+
 def available_memory() -> tuple[int, str] | None:
     """``(bytes, where the number comes from)`` that new arrays of the active backend can still
     take: on CuPy the current device's free memory (``cudaMemGetInfo``), on NumPy the host's
@@ -196,15 +212,13 @@ def set_precision(choice: str | None = None) -> tuple[str, str]:
     projection); a batched ``matmul`` (attention's ``Q K^T`` and ``P V``) stays float32. None:
     ``tf32`` on a GPU of compute capability 8.0 or higher, else ``fp32``. NumPy's products are
     float32 only, and an older GPU has no TF32: ``tf32`` there raises :class:`BackendError`.
-    float64 products (gradient checks) are never affected. ``fp16``: mixed precision
-    (:mod:`minitfm.mixed`), on either backend; the float32 products left are plain float32.
+    float64 products (gradient checks) are never affected. ``fp16``: :mod:`minitfm.mixed`.
     """
     global _precision
-    if choice == "bf16":
-        raise BackendError("bf16 is not offered: NumPy has no bfloat16 and CuPy's batched "
-                           "products do not compute it (docs/gpu.md): use fp16")
     if choice not in (None, *PRECISIONS):
-        raise BackendError(f"unknown precision {choice!r}: use {', '.join(PRECISIONS)}")
+        why = " (NumPy has no bfloat16, CuPy's batched products none: docs/gpu.md)"
+        raise BackendError(f"unknown precision {choice!r}: use {', '.join(PRECISIONS)}"
+                           + (why if choice == "bf16" else ""))
     if _active_name() == "numpy":
         if choice == "tf32":
             raise BackendError("tf32 runs on a GPU's tensor cores (the cupy backend, compute "

@@ -164,6 +164,9 @@ def run_in_directory(args: argparse.Namespace, kind: str, run: Callable[[], int]
     if world.is_root:
         args.out = args.out or default_run_dir(kind, args.resume)
         held = RunDirectory.open(args.out, lock=not args.no_lock)
+        if held.stale_removed:
+            print(f"removed {held.stale_removed} temporary file(s) that a killed run left in "
+                  f"{args.out}", file=sys.stderr, flush=True)
     try:
         args.out = world.broadcast_text(args.out or "")
         return run()
@@ -239,9 +242,10 @@ def stopped(state: train.TrainState, out: str) -> int:
     return 128 + signum
 
 
-def report_errors(run: Callable[[], int]) -> int:
+def report_errors(run: Callable[[], int], sizes: str | None = None) -> int:
     """``run()``'s exit status; an error in the table of :mod:`minitfm.exits` prints one
-    ``error: ...`` line and gives its status there (2 bad usage or input, 1 a run-time failure).
+    ``error: ...`` line and gives its status there (2 bad usage or input, 1 a run-time failure);
+    out of memory, it names the device, its memory and ``sizes``, the options to lower.
 
     Signals: while ``run()`` runs, SIGINT, SIGTERM and SIGHUP end it at once where they arrive
     (as a KeyboardInterrupt; a block under :func:`minitfm.stops.interrupts_deferred`, such as a
@@ -265,7 +269,7 @@ def report_errors(run: Callable[[], int]) -> int:
             status = exits.status_of(exc)
             if status is None:
                 raise                   # not a user's error: a bug, shown with its traceback
-            print(exits.message(exc), file=sys.stderr, flush=True)
+            print(exits.message(exc, sizes), file=sys.stderr, flush=True)
             return _failed(world, status)
         world.finish()
         return status

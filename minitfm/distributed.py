@@ -301,6 +301,7 @@ class World:
         sys.stdout.flush()
         print(f"worker {self.rank} of {self.size} (pid {pid} on {host}) {what}; ending all "
               f"{self.size} workers", file=sys.stderr, flush=True)
+        _wait_until_read(1, 2)
         self._comm.Abort(status)
 
     def _abort_on_uncaught_exceptions(self) -> None:
@@ -364,3 +365,30 @@ def world() -> World:
     if _world is None:
         _world = World.from_environment()
     return _world
+
+
+def _wait_until_read(*fds: int, timeout: float = 10.0) -> None:
+    """Wait, at most ``timeout`` seconds, until what this process wrote to the pipes ``fds`` has
+    been read at their other end. Under a launcher a worker's output goes through pipes to its
+    proxy, and an abort that reaches the proxy before the last lines do ends the job without
+    them (seen on a loaded machine: the message saying which worker failed, and why, lost).
+    Host-only; a descriptor that is not a pipe is not waited for."""
+    import fcntl
+    import stat
+    import termios
+    import time
+    pipes = []
+    for fd in fds:
+        try:
+            if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                pipes.append(fd)
+        except OSError:
+            pass
+    deadline = time.monotonic() + timeout
+    unread = array.array("i", [0])
+    for fd in pipes:
+        while time.monotonic() < deadline:
+            fcntl.ioctl(fd, termios.FIONREAD, unread)      # bytes still in the pipe
+            if unread[0] == 0:
+                break
+            time.sleep(0.005)

@@ -27,7 +27,7 @@ import math
 from minitfm import backend
 
 __all__ = ["CHOICES", "use", "choice", "active", "Kernel", "KERNELS", "OPTIONS", "HALF",
-           "grid_for", "THREADS", "BLOCK_REDUCE"]
+           "grid_for", "THREADS", "BLOCK_REDUCE", "i32", "i64", "u32", "u64", "f32", "f64"]
 
 CHOICES = ("plain", "fused")
 OPTIONS = ("--std=c++14", "--fmad=false")
@@ -59,6 +59,16 @@ def active(*arrays) -> bool:
         return False
     float32 = backend.xp.float32
     return all(a.dtype == float32 for a in arrays)
+
+
+# A kernel's scalar arguments, typed as its C parameters: int, long long, unsigned int,
+# unsigned long long, float, double (a plain Python number would reach it as 64 bits).
+def i32(value): return backend.xp.int32(value)           # noqa: E704
+def i64(value): return backend.xp.int64(value)           # noqa: E704
+def u32(value): return backend.xp.uint32(value)          # noqa: E704
+def u64(value): return backend.xp.uint64(value)          # noqa: E704
+def f32(value): return backend.xp.float32(value)         # noqa: E704
+def f64(value): return backend.xp.float64(value)         # noqa: E704
 
 
 def grid_for(n: int, per_thread: int = 1) -> tuple[int]:
@@ -131,10 +141,10 @@ class Kernel:
 
     def raw(self):
         """The ``cupy.RawKernel`` of this kernel on the current device (compiled on first call)."""
-        xp = backend.xp
-        key = (id(xp), xp.cuda.Device().id)
+        cupy = backend.xp                   # kernels run on CuPy only (see active)
+        key = (id(cupy), cupy.cuda.Device().id)
         if key not in self._compiled:
-            self._compiled[key] = xp.RawKernel(self.source, self.name, options=OPTIONS)
+            self._compiled[key] = cupy.RawKernel(self.source, self.name, options=OPTIONS)
         return self._compiled[key]
 
     def __call__(self, grid: tuple, args: tuple, shared_mem: int = 0) -> None:

@@ -27,9 +27,8 @@ with d_model >= 2: a saturated softmax has gradients so small next to L that no 
     python -m minitfm.gradcheck layernorm    # the cases whose name contains "layernorm"
 
 The cases are rows of one table (:class:`Case`: sizes, inputs, forward, backward, tolerance):
-``CASES`` for the layers, ``MODEL_CASES`` for the whole models. A new layer adds one row.
-
-Exit status 1 if any check fails.
+``CASES`` for the layers, ``MODEL_CASES`` for the whole models. A new layer adds one row. Exit
+status 1 if any check fails, 2 for a bad option (minitfm/exits.py).
 """
 
 from __future__ import annotations
@@ -42,7 +41,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from minitfm import backend, exits
-from minitfm.cli import UsageError, report_errors
+from minitfm.cli import UsageError, add_backend_option, report_errors, select_backend
+from minitfm.options import integer, number
 from minitfm.layers import (attention, decoder, decoder_only, dropout, embedding, encoder,
                             feedforward, inputs, layernorm, linear, loss, output, positional,
                             residual)
@@ -374,16 +374,16 @@ def parse_args(argv) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m minitfm.gradcheck", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("only", nargs="?", default="", help="check only cases whose name contains this")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tolerance", type=float, default=TOLERANCE)
-    parser.add_argument("--backend", default=None, help="numpy, cupy or auto (default: MINITFM_BACKEND)")
+    parser.add_argument("--seed", type=integer(0), default=0, help="seeds the inputs (default 0)")
+    parser.add_argument("--tolerance", type=number(0, low_open=True), default=TOLERANCE,
+                        help=f"the largest relative error that passes (default {TOLERANCE:g})")
+    add_backend_option(parser, "numpy")
     return parser.parse_args(argv)
 
 
 def run(args: argparse.Namespace) -> int:
     """The checks as ``args`` say: 0 when all pass, 1 (a run-time failure) when one fails."""
-    if args.backend:
-        backend.use(args.backend)
+    select_backend(args.backend, "numpy")
 
     rows = [c for c in CASES + MODEL_CASES if args.only.lower() in c.name.lower()]
     if not rows:

@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import math
 
-import numpy
-
 from minitfm import backend, flat, fused
 
 __all__ = ["clip_grad_norm", "LossScaler", "INITIAL_SCALE", "GROWTH_INTERVAL"]
 
 INITIAL_SCALE = 2.0 ** 16
 GROWTH_INTERVAL = 2000          # finite updates in a row before the scale doubles
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def clip_grad_norm(grads: dict, max_norm: float):
@@ -56,11 +55,11 @@ def clip_grad_norm(grads: dict, max_norm: float):
     if not arrays:
         return xp.zeros((), dtype=backend.float_dtype())
     if len(arrays) == 1 and fused.active(arrays[0]):
-        g, parts = arrays[0], numpy.int32(min(PARTS, fused.grid_for(arrays[0].size)[0]))
+        g, parts = arrays[0], fused.i32(min(PARTS, fused.grid_for(arrays[0].size)[0]))
         partial, norm_scale = xp.empty(int(parts), dtype=g.dtype), xp.empty(2, dtype=g.dtype)
-        SQUARES((int(parts),), (g, partial, numpy.int64(g.size)))
-        CLIP((1,), (partial, parts, norm_scale, numpy.float32(max_norm)))
-        SCALE(fused.grid_for(g.size), (g, norm_scale, numpy.int64(g.size)))
+        SQUARES((int(parts),), (g, partial, fused.i64(g.size)))
+        CLIP((1,), (partial, parts, norm_scale, fused.f32(max_norm)))
+        SCALE(fused.grid_for(g.size), (g, norm_scale, fused.i64(g.size)))
         return norm_scale[0]
     total = xp.asarray(sum(xp.vdot(g, g) for g in arrays))              # 0-d, on the device
     xp.sqrt(total, out=total)
@@ -80,12 +79,12 @@ class LossScaler:
     :meth:`load_state_dict` carry it in checkpoints (host numbers, exact)."""
 
     def __init__(self, scale: float = INITIAL_SCALE, growth_interval: int = GROWTH_INTERVAL):
-        if not (math.isfinite(scale) and 0 < scale <= float(numpy.finfo(numpy.float32).max)):
+        if not (math.isfinite(scale) and 0 < scale <= FLOAT32_MAX):
             raise ValueError(f"the loss scale must be a positive float32 number, got {scale}")
         if growth_interval < 1:
             raise ValueError(f"growth_interval must be >= 1, got {growth_interval}")
         self.growth_interval = int(growth_interval)
-        self.state = backend.to_device(numpy.array([scale, 0, 0, 0], dtype=numpy.float32))
+        self.state = backend.to_device([scale, 0, 0, 0], dtype="float32")
 
     @property
     def scale(self):
@@ -101,13 +100,13 @@ class LossScaler:
             raise TypeError("the loss scaler works on a flat gradient buffer (minitfm.flat)")
         g = buffers[0]
         if fused.active(g):
-            parts = numpy.int32(min(PARTS, fused.grid_for(g.size)[0]))
+            parts = fused.i32(min(PARTS, fused.grid_for(g.size)[0]))
             partial, norm_clip = xp.empty(int(parts), dtype=g.dtype), xp.empty(2, dtype=g.dtype)
-            UNSCALE((int(parts),), (g, self.state, partial, numpy.int64(g.size)))
-            DECIDE((1,), (partial, parts, self.state, norm_clip, numpy.float32(max_norm or 0),
-                          numpy.int32(self.growth_interval)))
+            UNSCALE((int(parts),), (g, self.state, partial, fused.i64(g.size)))
+            DECIDE((1,), (partial, parts, self.state, norm_clip, fused.f32(max_norm or 0),
+                          fused.i32(self.growth_interval)))
             if max_norm:
-                SCALE(fused.grid_for(g.size), (g, norm_clip, numpy.int64(g.size)))
+                SCALE(fused.grid_for(g.size), (g, norm_clip, fused.i64(g.size)))
             return norm_clip[0]
         g *= 1.0 / self.state[0]
         total = xp.sqrt(xp.vdot(g, g))
@@ -139,9 +138,9 @@ class LossScaler:
 
     def load_state_dict(self, record: dict) -> None:
         self.growth_interval = int(record["growth_interval"])
-        self.state[...] = backend.to_device(numpy.array(
+        self.state[...] = backend.to_device(
             [record["scale"], record["good_steps"], record["skipped"], record["last_skipped"]],
-            dtype=numpy.float32))
+            dtype="float32")
 
 
 PARTS = 1024        # the partial sums of the fused norm: a fixed number, a fixed order of sums

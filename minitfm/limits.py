@@ -68,7 +68,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from minitfm import backend, models
+from minitfm import backend, files, models
 from minitfm.exits import UsageError
 from minitfm.ids import EOS_ID
 from minitfm.models import lm
@@ -149,10 +149,12 @@ def vocab_size_option(low: int = 8) -> Callable[[str], int]:
 def check_vocab_for_corpus(vocab_size: int, paths: Sequence[str | os.PathLike],
                            option: str = "--vocab-size") -> None:
     """Refuse a vocabulary larger than the plain text files ``paths`` can make (one piece per
-    character at most, plus the special pieces); gzipped or unreadable files are left to the
-    vocabulary's training, which reports its own bound."""
+    character at most, plus the special pieces); gzipped or unreadable files, and anything but a
+    regular file, are left to the vocabulary's training and the data checks."""
     characters = 0
     for path in paths:
+        if files.kind_of(path) is not None:        # never opened here: a pipe would block
+            return                                  # the data checks refuse it
         try:
             with open(path, "rb") as f:
                 if f.read(2) == GZIP_MAGIC:

@@ -26,26 +26,26 @@ its sums). float64 arrays (gradient checks) are never touched.
 from __future__ import annotations
 
 import contextlib
-
-import numpy
+import warnings
 
 from minitfm import backend
 
 __all__ = ["enabled", "half", "half_copies", "half_of", "matmul", "HALF"]
 
-HALF = numpy.float16
+HALF = "float16"
 _copies: list = []       # (float32 master buffer, its float16 copy) of the update under way
 
 
 def enabled(*arrays) -> bool:
     """Whether products of ``arrays`` run in float16: ``--precision fp16`` and float32 arrays."""
-    return backend.precision() == "fp16" and all(a.dtype == numpy.float32 for a in arrays)
+    return backend.precision() == "fp16" and all(a.dtype == "float32" for a in arrays)
 
 
 def half(a):
     """``a`` cast to float16; values past float16's range become Inf (an overflow the loss scaler
     then sees: NumPy's warning about it is silenced, as the GPU gives none)."""
-    with numpy.errstate(over="ignore"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)     # "overflow encountered in cast"
         return a.astype(HALF)
 
 
@@ -54,7 +54,7 @@ def half_copies(params):
     """Within the block, the float16 copy of ``params`` (a flat buffer: one cast) stands in for
     each of its arrays in the products (:func:`half_of`). The parameters must not change inside."""
     buffer = getattr(params, "buffer", None)
-    if not enabled() or buffer is None or buffer.dtype != numpy.float32:
+    if not enabled() or buffer is None or buffer.dtype != "float32":
         yield
         return
     _copies.append((buffer, half(buffer)))
@@ -94,4 +94,4 @@ def matmul(a, b):
     """``a @ b`` of 2-D float16 arrays, summed in float32, rounded to float16."""
     if backend.is_gpu():
         return a @ b                     # cuBLAS gemmEx: float16 operands, CUBLAS_COMPUTE_32F
-    return half(a.astype(numpy.float32) @ b.astype(numpy.float32))
+    return half(a.astype("float32") @ b.astype("float32"))

@@ -43,8 +43,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy
-
 from minitfm import backend, flat, fused
 
 __all__ = ["Adam", "LRSchedule", "WarmupDecaySchedule", "Cooldown", "run_progress",
@@ -266,10 +264,10 @@ class Adam:
         if buffers is not None and fused.active(*buffers):
             p, g, m, v = buffers
             mask = self._flat_decay_mask(params) if decay and self.decayed else p
-            ADAM(fused.grid_for(p.size), (p, g, m, v, mask, numpy.int64(p.size), numpy.int32(
-                mask is not p), numpy.float32(1.0 - decay), numpy.float64(self.beta1),
-                numpy.float64(self.beta2), numpy.float32(self.eps), numpy.int64(self.step),
-                numpy.float64(lr), p if state is None else state, numpy.int32(state is not None)))
+            ADAM(fused.grid_for(p.size), (p, g, m, v, mask, fused.i64(p.size), fused.i32(
+                mask is not p), fused.f32(1.0 - decay), fused.f64(self.beta1),
+                fused.f64(self.beta2), fused.f32(self.eps), fused.i64(self.step),
+                fused.f64(lr), p if state is None else state, fused.i32(state is not None)))
             return
         b1, b2, step_size, v_scale, keep = coefficients(self.beta1, self.beta2, self.step, lr,
                                                         1.0 - decay, state)

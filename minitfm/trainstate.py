@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -239,7 +240,11 @@ def start(cfg: Config, options: TrainOptions, params: dict | None,
                            record=validation.Record(metric=options.best_metric),
                            scaler=_scaler(options))
     if run_dir:
-        run_dir.prepare(state.step, options.run_info, state.last_checkpoint)
+        cut = run_dir.prepare(state.step, options.run_info, state.last_checkpoint)
+        if cut:
+            print(f"{run_dir.log_path}: dropped {'a line' if cut == 1 else f'{cut} lines'} cut "
+                  f"short (the run ended while writing it); the log goes on from step "
+                  f"{state.step}", file=sys.stderr, flush=True)
         if state.record.best is not None:       # as it was: run.json and checkpoint_best.npz
             run_dir.record_best(state.record, state.last_checkpoint)
             best = run_dir.checkpoint_path(state.record.best_step)

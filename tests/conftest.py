@@ -5,14 +5,9 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from minitfm import backend
-
-# The tests' models are tiny: a second BLAS thread costs more than it brings, and on a machine
-# whose cores are busy its waiting spins cost many times the work (a 300-update training, 2 s of
-# CPU on one thread, took 30 s on two). Commands the tests start choose their own threads.
-threadpool_limits(limits=1, user_api="blas")
 
 settings.register_profile("default", deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
@@ -20,6 +15,17 @@ settings.register_profile("default", deadline=None, print_blob=True,
 # is judged on the code, not on the draw; a developer's runs draw new examples every time.
 settings.register_profile("ci", parent=settings.get_profile("default"), derandomize=True)
 settings.load_profile("ci" if os.environ.get("CI") else "default")
+
+# The tests' models are tiny: a second BLAS thread costs more than it brings, and on a machine
+# whose cores are busy its waiting spins cost many times the work (a 300-update training, 2 s of
+# CPU on one thread, took 30 s on two). Each test, and the fixtures it sets up, start with one,
+# whatever an earlier test's placement set; commands the tests start choose their own threads.
+BLAS = ThreadpoolController()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    BLAS.limit(limits=1, user_api="blas")
 
 
 def cupy_device_available() -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitfm import checkpoint, exits
+from minitfm import checkpoint, cli, exits
 from minitfm.rundir import HOLDER_NAME, LOCK_NAME
 from tests.test_translate import vocab, write_checkpoint  # noqa: F401  (a fixture)
 
@@ -110,6 +110,27 @@ def test_train_toy(toy_run, tmp_path):
     assert_error(command("train_toy.py", *TOY, "--steps", 5, "--out", toy_run, "--resume",
                          "--seed", 9), 2, "belongs to another run")
     assert_intact(saved, toy_run)
+    a_file = tmp_path / "notes.txt"                  # issue: status 1, and advice to --resume
+    a_file.write_text("my notes\n")
+    for resume in ((), ("--resume",)):
+        assert_error(command("train_toy.py", *TOY, "--steps", 5, "--out", a_file, *resume), 2,
+                     f"--out {a_file} is a file, not a run directory: give a directory")
+    assert a_file.read_text() == "my notes\n"
+
+
+@pytest.mark.gpu
+def test_out_of_memory_names_the_device_its_memory_and_what_to_lower(cupy_backend, capsys):
+    """The issue: "out of memory: ...; use smaller sizes" said nothing of the GPU. Here the
+    device's own error (the CuPy double's memory is bounded, as a GPU's)."""
+    total = cupy_backend.cuda.runtime.getDeviceProperties(0)["totalGlobalMem"]
+    status = cli.report_errors(lambda: cupy_backend.zeros(total + 1, dtype="uint8") is None,
+                               sizes="--max-tokens")
+    err = capsys.readouterr().err
+    assert status == exits.FAILED and err.count("error:") == 1 and "Traceback" not in err
+    name = cupy_backend.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    assert err.startswith(f"error: out of memory on GPU 0 ({name}, {total / 2**30:.1f} GiB): "
+                          f"Out of memory allocating ")
+    assert err.rstrip().endswith("; lower --max-tokens, or use a device with more memory")
 
 
 def test_a_checkpoint_with_a_renamed_parameter_is_bad_input(toy_run, tmp_path):
@@ -238,12 +259,21 @@ def test_gradcheck():
                  2, "CuPy")
     code, out, err = command("-m", "minitfm.gradcheck", "layernorm")
     assert code == exits.DONE and "0 failed" in out, err
-    code, out, err = command("-m", "minitfm.gradcheck", "layernorm", "--tolerance", -1)
+    # issue: accepted, and every check "failed" (1); --seed -1 a traceback
+    for option, value, words in (("--tolerance", "nan", "a finite number > 0"),
+                                 ("--tolerance", -1, "a finite number > 0"),
+                                 ("--seed", -1, "an integer >= 0")):
+        assert_error(command("-m", "minitfm.gradcheck", "layernorm", option, value), 2,
+                     f"argument {option}: must be {words}")
+    code, out, err = command("-m", "minitfm.gradcheck", "layernorm", "--tolerance", 1e-30)
     assert code == exits.FAILED and "FAIL" in out, err              # a check that fails
 
 
 def test_export(toy_run, tmp_path):
     assert_error(command("-m", "minitfm.export", "x.npz", "--to", "onnx", "--out", "y"), 2)
+    for option, value in (("--lenpen", "nan"), ("--lenpen", -1), ("--beam", 0)):   # as anywhere
+        assert_error(command("-m", "minitfm.export", "x.npz", "--to", "ctranslate2", "--out", "y",
+                             option, value), 2, f"argument {option}: must be a")
     assert_error(command("-m", "minitfm.export", tmp_path / "none.npz", "--to", "safetensors",
                          "--out", tmp_path / "m.safetensors"), 2, "none.npz")
     assert not (tmp_path / "m.safetensors").exists()

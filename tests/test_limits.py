@@ -11,7 +11,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -30,11 +29,13 @@ def numpy_only(numpy_backend):
     """Every test here runs on NumPy unless it asks for the CuPy double."""
 
 
-def command(*args, stdin: str = "") -> tuple[int, str, str, float]:
-    started = time.perf_counter()
+def command(*args, stdin: str = "") -> tuple[int, str, str]:
+    """``python ARGS``: its status, output and errors. That a refusal comes before the work is
+    shown by what the command did not do (no run directory, nothing read or printed), never
+    by a clock."""
     done = subprocess.run([sys.executable, *map(str, args)], input=stdin, capture_output=True,
                           text=True, env=ENV, timeout=60)
-    return done.returncode, done.stdout, done.stderr, time.perf_counter() - started
+    return done.returncode, done.stdout, done.stderr
 
 
 def assert_one_error(err: str) -> str:
@@ -55,16 +56,16 @@ def text(tmp_path) -> Path:
 # ---- the known cases, through the command lines -----------------------------------------------
 
 def test_a_vocabulary_above_sentencepieces_int32_is_a_usage_error(text, tmp_path):
-    code, _, err, seconds = command(ROOT / "train_lm.py", "--data", text, "--tokenizer", "bpe",
+    code, _, err = command(ROOT / "train_lm.py", "--data", text, "--tokenizer", "bpe",
                                     "--vocab-size", 10**12, "--out", tmp_path / "run", "--quiet")
-    assert code == 2 and seconds < 10
+    assert code == 2
     line = assert_one_error(err)
     assert "--vocab-size: must be at most 2147483647" in line and "32-bit" in line
     assert not (tmp_path / "run").exists()
 
 
 def test_a_vocabulary_the_text_cannot_make_is_refused_before_it_is_read(text, tmp_path):
-    code, _, err, _ = command(ROOT / "train_lm.py", "--data", text, "--tokenizer", "bpe",
+    code, _, err = command(ROOT / "train_lm.py", "--data", text, "--tokenizer", "bpe",
                               "--vocab-size", 100_000, "--out", tmp_path / "run", "--quiet")
     assert code == 2
     size = text.stat().st_size
@@ -75,9 +76,9 @@ def test_a_vocabulary_the_text_cannot_make_is_refused_before_it_is_read(text, tm
 
 
 def test_a_batch_that_cannot_fit_is_refused_before_the_data_is_read(text, tmp_path):
-    code, out, err, seconds = command(ROOT / "train_lm.py", "--data", text, "--batch-size",
+    code, out, err = command(ROOT / "train_lm.py", "--data", text, "--batch-size",
                                       10**9, "--out", tmp_path / "run", "--quiet")
-    assert code == 2 and seconds < 10
+    assert code == 2
     line = assert_one_error(err)
     assert line.startswith("error: training needs about ") and " TiB of memory (" in line
     assert re.search(r"more than the [\d.]+ [KMGT]iB available \(", line), line
@@ -92,9 +93,9 @@ def test_a_beam_that_cannot_fit_is_refused_before_the_input_is_read(tmp_path):
     ckpt = write_checkpoint(tmp_path / "tiny.npz", train_vocab(TEXT * 4, 40,
                                                                hard_vocab_limit=False,
                                                                num_threads=1))
-    code, out, err, seconds = command("-m", "minitfm.translate", "--checkpoint", ckpt,
+    code, out, err = command("-m", "minitfm.translate", "--checkpoint", ckpt,
                                       "--beam", 10**6, stdin="a man\n")
-    assert code == 2 and seconds < 10 and out == ""
+    assert code == 2 and out == ""
     line = assert_one_error(err)
     assert line.startswith("error: beam search needs about ") and "key/value cache" in line
     assert re.search(r"unchanged: .*--beam \d+", line), line

@@ -44,7 +44,7 @@ def test_numpy_has_fp32_and_fp16(numpy_backend):
     assert backend.precision() == "fp32"
     with pytest.raises(backend.BackendError, match="unknown precision 'fp8'"):
         backend.set_precision("fp8")
-    with pytest.raises(backend.BackendError, match="bf16 is not offered.*use fp16"):
+    with pytest.raises(backend.BackendError, match="'bf16': use fp32, tf32, fp16 .NumPy has no"):
         backend.set_precision("bf16")
     assert backend.set_precision("fp16") == ("fp16", "asked") and backend.precision() == "fp16"
 

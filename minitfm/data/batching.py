@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .corpus import DataError
+from .reading import DataError
 from .encoded import EncodedCorpus
 from .vocab import BOS_ID, EOS_ID, PAD_ID, Vocab
 

@@ -33,7 +33,8 @@ import numpy as np
 from tqdm import tqdm
 
 from .clean import CleanOptions, CleanReport, filter_pairs
-from .corpus import DataError, ParallelReader, file_stamp, parallel_files
+from .corpus import ParallelReader, file_stamp, parallel_files
+from .reading import DataError
 from minitfm import files as whole_files
 
 from .vocab import Vocab, read_metadata

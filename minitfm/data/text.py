@@ -44,7 +44,8 @@ import numpy as np
 
 from minitfm import backend, files
 
-from .corpus import DataError, file_stamp
+from .corpus import file_stamp
+from .reading import DataError
 from .encoded import TOKEN_DTYPE, _load_array, _NpyAppender
 from .vocab import read_metadata
 from .tokenizers import (BPETokenizer, CharTokenizer, Tokenizer, _text_chunks, load_tokenizer,

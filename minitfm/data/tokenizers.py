@@ -25,7 +25,7 @@ import numpy as np
 
 from minitfm import files
 
-from .corpus import DataError, _open_bytes
+from .reading import UTF8_BOM, DataError, bounded_lines, open_bytes
 from .encoded import TOKEN_DTYPE
 from .vocab import EOS_ID, Vocab, train_vocab
 
@@ -34,30 +34,31 @@ __all__ = ["CharTokenizer", "BPETokenizer", "Tokenizer", "load_tokenizer", "toke
 
 CHAR_FORMAT = "minitfm-char-vocab/1"
 _CHUNK_BYTES = 1 << 22       # text is read and encoded about 4 MiB of whole lines at a time
-_UTF8_BOM = b"\xef\xbb\xbf"
 
 
 # ----------------------------------------------------------------------------- reading text
 
 def _text_chunks(path: Path) -> Iterator[str]:
-    """The text of ``path`` (plain or gzipped UTF-8) in pieces of whole lines, in order.
+    """The text of ``path`` (plain or gzipped UTF-8, a regular file) in pieces of whole lines,
+    in order; a line longer than MAX_LINE_BYTES is a :class:`DataError` naming it.
 
     Pieces end at a ``\\n`` (except the last), so encoding them one by one and concatenating is
     the same as encoding the whole text. A leading UTF-8 byte-order mark is not part of the text.
     """
-    with _open_bytes(path) as stream:
+    with open_bytes(path) as stream:
+        lines = bounded_lines(stream, path)
         line = 1
         first = True
         while True:
             try:
-                data = b"".join(stream.readlines(_CHUNK_BYTES))
+                data = b"".join(_up_to(lines, _CHUNK_BYTES))
             except (OSError, EOFError) as exc:
                 raise DataError(f"{path}: read failed ({exc}); the file is corrupt or truncated, "
                                 "re-create it") from exc
             if not data:
                 return
-            if first and data.startswith(_UTF8_BOM):
-                data = data[len(_UTF8_BOM):]
+            if first and data.startswith(UTF8_BOM):
+                data = data[len(UTF8_BOM):]
             first = False
             try:
                 text = data.decode("utf-8")
@@ -67,6 +68,17 @@ def _text_chunks(path: Path) -> Iterator[str]:
                                 "must be UTF-8: convert it, e.g. `iconv -t UTF-8`") from None
             line += data.count(b"\n")
             yield text
+
+
+def _up_to(lines: Iterator[bytes], size: int) -> list[bytes]:
+    """The next lines of ``lines``, as many as make ``size`` bytes or just more (or the rest)."""
+    taken, total = [], 0
+    for line in lines:
+        taken.append(line)
+        total += len(line)
+        if total >= size:
+            break
+    return taken
 
 
 def read_text(path: str | Path) -> str:

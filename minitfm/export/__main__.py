@@ -10,26 +10,14 @@ from collections.abc import Sequence
 from minitfm.cli import report_errors
 from minitfm.export import source
 from minitfm.export.source import ExportError
+from minitfm.options import number, positive_int
+
 EXAMPLES = """examples:
   python -m minitfm.export run/checkpoint_00010000.npz --to ctranslate2 --out model-ct2
   python -m minitfm.export model.npz --to ctranslate2 --quantization int8 --out model-ct2-int8
   python -m minitfm.export model.npz --to safetensors --out model.safetensors
   python -m minitfm.export model.safetensors --from safetensors --out model.npz
 """
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if not value >= 0.0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -50,12 +38,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ct2 = p.add_argument_group("ctranslate2")
     ct2.add_argument("--quantization", help="weight type: int8, int8_float32, int16 (CPU), "
                      "float16, int8_float16, bfloat16 (GPU); default float32")
-    ct2.add_argument("--beam", type=_positive, default=4,
+    ct2.add_argument("--beam", type=positive_int, default=4,
                      help="beam size recorded in decoding.json (default 4)")
-    ct2.add_argument("--lenpen", type=_non_negative, default=0.6,
+    ct2.add_argument("--lenpen", type=number(0), default=0.6,
                      help="minitfm's length penalty alpha (default 0.6); CTranslate2 agrees "
                           "with it exactly only at 0")
-    ct2.add_argument("--max-len", type=_positive,
+    ct2.add_argument("--max-len", type=positive_int,
                      help="most output tokens (default: the model's max_len)")
     return p.parse_args(argv)
 

@@ -52,8 +52,6 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-import numpy
-
 from minitfm import backend, fused
 from minitfm.layers import dropout, linear
 
@@ -124,8 +122,8 @@ def sdpa_backward(do, cache: SdpaCache, dq_out=None, dk_out=None, dv_out=None):
     if cache.dropout is not None:
         dp, _ = dropout.backward(dp, cache.dropout)
     if fused.active(dp, p):
-        SOFTMAX_BACKWARD((p.size // p.shape[-1],), (dp, p, numpy.int32(p.shape[-1]),
-                                                    numpy.float32(cache.scale)))
+        SOFTMAX_BACKWARD((p.size // p.shape[-1],), (dp, p, fused.i32(p.shape[-1]),
+                                                    fused.f32(cache.scale)))
         ds = dp
     else:
         ds = _softmax_backward(dp, p, cache.scale)
@@ -205,9 +203,9 @@ def _fused_softmax(s, scale, mask):
         has_mask = 1
     else:
         mask = s                        # not read
-    SOFTMAX((b * h * t,), (s, mask, numpy.int32(cols), numpy.int32(h), numpy.int32(t),
-                           *map(numpy.int64, strides), numpy.int32(has_mask),
-                           numpy.float32(scale)))
+    SOFTMAX((b * h * t,), (s, mask, fused.i32(cols), fused.i32(h), fused.i32(t),
+                           *map(fused.i64, strides), fused.i32(has_mask),
+                           fused.f32(scale)))
     return s
 
 

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numpy
-
 from minitfm import backend, fused, philox
 
 
@@ -56,8 +54,8 @@ def backward(dy, cache: Cache | None):
         return dy, {}
     if fused.active(dy):
         dx = backend.xp.empty_like(dy)
-        BACKWARD(fused.grid_for(dy.size), (dy, cache.keep, dx, numpy.int64(dy.size),
-                                          numpy.float32(cache.scale)))
+        BACKWARD(fused.grid_for(dy.size), (dy, cache.keep, dx, fused.i64(dy.size),
+                                          fused.f32(cache.scale)))
         return dx, {}
     dx = dy * cache.keep
     dx *= cache.scale
@@ -73,8 +71,8 @@ def draw(rng: philox.Philox, size: int, p: float) -> tuple:
     threshold = round(p * backend.DROPOUT_LEVELS)
     scale = backend.DROPOUT_LEVELS / (backend.DROPOUT_LEVELS - threshold)
     k0, k1, first = rng.take(size)
-    return (numpy.uint32(threshold), numpy.float32(scale), numpy.uint32(k0), numpy.uint32(k1),
-            numpy.uint64(first))
+    return (fused.u32(threshold), fused.f32(scale), fused.u32(k0), fused.u32(k1),
+            fused.u64(first))
 
 
 def mask_of(shape, threshold, k0, k1, first):
@@ -131,5 +129,5 @@ def _fused_forward(x, p, rng, inplace):
     y = x if inplace else backend.xp.empty_like(x)
     keep = backend.xp.empty(x.shape, dtype=bool)
     args = draw(rng, x.size, p)
-    FORWARD(fused.grid_for(x.size, philox.KEEP_PER_BLOCK), (x, y, keep, numpy.int64(x.size), *args))
+    FORWARD(fused.grid_for(x.size, philox.KEEP_PER_BLOCK), (x, y, keep, fused.i64(x.size), *args))
     return y, Cache(keep, float(args[1]))

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numpy
-
 from minitfm import backend, fused, philox
 from minitfm.layers import dropout, linear
 
@@ -66,8 +64,8 @@ def backward(dy, cache: Cache, out=None):
     da, g2 = linear.backward(dy, cache.second, out2)
     if fused.active(da, cache.a):
         scale = 1.0 if cache.dropout is None else cache.dropout.scale
-        BACKWARD(fused.grid_for(da.size), (da, cache.a, da, numpy.int64(da.size),
-                                           numpy.float32(scale)))
+        BACKWARD(fused.grid_for(da.size), (da, cache.a, da, fused.i64(da.size),
+                                           fused.f32(scale)))
     else:
         da = _relu_dropout_backward(da, cache)
     dx, g1 = linear.backward(da, cache.first, out1)
@@ -139,12 +137,12 @@ def _fused_forward(x, p, p_drop, rng):
     h, c_first = linear.forward(x, {"w": p["w1"]})                      # (..., d_ff), no bias
     drop = rng is not None and p_drop > 0.0
     keep = xp.empty(h.shape, dtype=bool) if drop else h     # h: a placeholder, never read
-    args = dropout.draw(rng, h.size, p_drop) if drop else (numpy.uint32(0), numpy.float32(1),
-                                                           numpy.uint32(0), numpy.uint32(0),
-                                                           numpy.uint64(0))
+    args = dropout.draw(rng, h.size, p_drop) if drop else (fused.u32(0), fused.f32(1),
+                                                           fused.u32(0), fused.u32(0),
+                                                           fused.u64(0))
     FORWARD(fused.grid_for(h.size, philox.KEEP_PER_BLOCK),
-            (h, p["b1"], keep, numpy.int64(h.size), numpy.int32(h.shape[-1]),
-             numpy.int32(drop), *args))
+            (h, p["b1"], keep, fused.i64(h.size), fused.i32(h.shape[-1]),
+             fused.i32(drop), *args))
     c_drop = dropout.Cache(keep, float(args[1])) if drop else None
     y, c_second = linear.forward(h, {"w": p["w2"], "b": p["b2"]})
     # the kernel added b1: the first layer's bias gradient is linear's row sum, as without fusion

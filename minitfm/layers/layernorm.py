@@ -25,8 +25,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numpy
-
 from minitfm import backend, fused
 
 EPS = 1e-5
@@ -122,8 +120,8 @@ def _fused_forward(x, p, eps):
     d = x.shape[-1]
     y, xhat = xp.empty_like(x), xp.empty_like(x)
     rstd = xp.empty(x.shape[:-1] + (1,), dtype=x.dtype)
-    FORWARD((max(1, x.size // d),), (x, p["gamma"], p["beta"], y, xhat, rstd, numpy.int32(d),
-                                     numpy.float32(d * eps)))
+    FORWARD((max(1, x.size // d),), (x, p["gamma"], p["beta"], y, xhat, rstd, fused.i32(d),
+                                     fused.f32(d * eps)))
     return y, Cache(xhat, rstd, p["gamma"])
 
 
@@ -196,9 +194,9 @@ def _fused_backward(dy, cache, out):
     d = dy.shape[-1]
     rows = dy.size // d
     dx = xp.empty_like(dy)
-    BACKWARD((max(1, rows),), (dy, cache.xhat, cache.rstd, cache.gamma, dx, numpy.int32(d)))
+    BACKWARD((max(1, rows),), (dy, cache.xhat, cache.rstd, cache.gamma, dx, fused.i32(d)))
     grads = ({"gamma": xp.empty_like(cache.gamma), "beta": xp.empty_like(cache.gamma)}
              if out is None else {"gamma": out["gamma"], "beta": out["beta"]})
     PARAM_GRADS((-(-d // 32),), (dy, cache.xhat, grads["gamma"], grads["beta"],
-                                 numpy.int64(rows), numpy.int32(d)))
+                                 fused.i64(rows), fused.i32(d)))
     return dx, grads

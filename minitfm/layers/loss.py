@@ -28,8 +28,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numpy
-
 from minitfm import backend, fused
 
 
@@ -167,10 +165,10 @@ def _fused(logits, targets, smoothing, dloss, pad_id, loss_scale):
     n, v = logits.shape
     sums = xp.empty(2 * n, dtype=logits.dtype)
     scale = sums if loss_scale is None else loss_scale.reshape(1)     # sums: not read
-    KERNEL((n,), (logits, xp.ascontiguousarray(targets, dtype=xp.int64), sums, numpy.int64(n),
-                  numpy.int32(v), numpy.float32(smoothing), numpy.float32(smoothing / (v - 1)),
-                  numpy.int64(-1 if pad_id is None else pad_id),
-                  numpy.float32(0.0 if dloss is None else dloss), numpy.int32(dloss is not None),
-                  scale, numpy.int32(loss_scale is not None)))
+    KERNEL((n,), (logits, xp.ascontiguousarray(targets, dtype=xp.int64), sums, fused.i64(n),
+                  fused.i32(v), fused.f32(smoothing), fused.f32(smoothing / (v - 1)),
+                  fused.i64(-1 if pad_id is None else pad_id),
+                  fused.f32(0.0 if dloss is None else dloss), fused.i32(dloss is not None),
+                  scale, fused.i32(loss_scale is not None)))
     total = sums.reshape(2, n).sum(axis=1)                                   # (2,)
     return (total[0], total[1]), None if dloss is None else logits

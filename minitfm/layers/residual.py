@@ -27,8 +27,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numpy
-
 from minitfm import backend, fused, philox
 from minitfm.layers import dropout, layernorm
 
@@ -125,5 +123,5 @@ def _fused_add_dropped(x, f, p_drop, rng):
     x, f = backend.xp.ascontiguousarray(x), backend.xp.ascontiguousarray(f)
     keep = backend.xp.empty(f.shape, dtype=bool)
     args = dropout.draw(rng, f.size, p_drop)
-    KERNEL(fused.grid_for(f.size, philox.KEEP_PER_BLOCK), (f, x, keep, numpy.int64(f.size), *args))
+    KERNEL(fused.grid_for(f.size, philox.KEEP_PER_BLOCK), (f, x, keep, fused.i64(f.size), *args))
     return f, dropout.Cache(keep, float(args[1]))
