@@ -5,7 +5,8 @@ Each case runs one layer (or the optimizer) twice on the same seeded inputs, wit
 difference, relative to the largest value of the plain output, must be within the case's
 tolerance. The tolerances allow for sums taken in another order (a block of threads reduces a
 row in a tree, the array code from left to right) and nothing more: float32 rounding of sums of
-a few thousand terms. Dropout masks must be equal, bit for bit: the kernels draw the Philox
+a few thousand terms (under mixed precision, a float16 rounding that such a sum tips: 2e-3).
+Dropout masks must be equal, bit for bit: the kernels draw the Philox
 stream the plain code draws. Every kernel of :data:`minitfm.fused.KERNELS` must have run in some
 case.
 
@@ -22,7 +23,7 @@ import sys
 import warnings
 
 from minitfm import backend, flat, fused, gradscale, optim
-from minitfm.layers import attention, dropout, feedforward, layernorm, loss, residual
+from minitfm.layers import attention, dropout, feedforward, layernorm, linear, loss, residual
 
 __all__ = ["CASES", "compare", "main"]
 
@@ -129,11 +130,30 @@ def _loss_scaler():
     return {**out, "params": params.buffer, "m": adam.m.buffer, "v": adam.v.buffer}
 
 
+def _mixed_precision():
+    """fp16: LayerNorm's and the ReLU's float16 outputs, and dY's float16 copy with db."""
+    previous = backend.precision()
+    backend.set_precision("fp16")
+    try:
+        x, dy, w, b, gamma, beta = _inputs(13, (6, 7, 64), (6, 7, 32), (64, 32), (32,), (64,),
+                                           (64,), scale=0.5)
+        h, _ = layernorm.forward(x, {"gamma": gamma, "beta": beta})
+        y, cache = linear.forward(h, {"w": w, "b": b})
+        dx, grads = linear.backward(dy, cache)
+        p = {"w1": w, "b1": b, "w2": w.T.copy(), "b2": gamma}
+        f, c_ff = feedforward.forward(x, p, 0.1, backend.rng(14, 1, 0))
+        df, g_ff = feedforward.backward(x, c_ff)
+        return {"y": y, "dx": dx, **grads, "ffn y": f, "ffn dx": df,
+                **{f"ffn {k}": a for k, a in g_ff.items()}}
+    finally:
+        backend.set_precision(previous)
+
+
 # name -> (case, tolerance: largest |fused - plain| / max |plain| of any output)
 CASES = {"dropout": (_dropout, 0.0), "layernorm": (_layernorm, 1e-5),
          "attention": (_attention, 1e-5), "feedforward": (_feedforward, 1e-5),
          "residual": (_residual, 1e-5), "loss": (_loss, 1e-5), "optimizer": (_optimizer, 1e-5),
-         "loss scaler": (_loss_scaler, 1e-5)}
+         "loss scaler": (_loss_scaler, 1e-5), "mixed precision": (_mixed_precision, 2e-3)}
 
 
 def _run(case, kernels: str) -> dict:
@@ -183,7 +203,7 @@ def main(argv=None) -> int:
     rows = compare()
     for row in rows:
         if "case" in row:
-            print(f"{row['case']:12} worst {row['output']:22} {row['error']:.2e} "
+            print(f"{row['case']:16} worst {row['output']:22} {row['error']:.2e} "
                   f"(tolerance {row['tolerance']:.0e}) {'ok' if row['ok'] else 'DIFFERS'}")
         else:
             print(f"kernel {row['kernel']:22} launched {row['launches']} times"

@@ -205,3 +205,25 @@ def test_train_wmt_trains_in_fp16_on_numpy(corpus, tmp_path):  # noqa: F811
          "--valid-every", 0, "--precision", "fp16", "--out", out])
     final = checkpoint.load(checkpoint.latest(out))
     assert final.step == 4 and final.extra["loss_scaler"]["scale"] > 0
+
+
+@pytest.mark.gpu
+def test_the_float16_products_read_every_layout_cublas_is_given(cupy_backend):
+    """mixed.matmul on CuPy calls cuBLAS gemmEx itself (float16 A and B, float32 C): each
+    operand C- or F-contiguous (W or W^T), the result new, C-contiguous or a transposed view;
+    against float32 products of the same float16 values on the host."""
+    from minitfm import mixed
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal(s).astype(np.float16) for s in ((5, 3), (3, 4)))
+    expected = a.astype(np.float32) @ b.astype(np.float32)
+    layouts = {"C": lambda x: backend.to_device(x),
+               "F": lambda x: backend.to_device(np.ascontiguousarray(x.T)).T}
+    for (ka, la), (kb, lb) in [(p, q) for p in layouts.items() for q in layouts.items()]:
+        for into in ("new", "C", "F"):
+            out = None if into == "new" else (
+                backend.xp.zeros((5, 4), dtype="float32") if into == "C"
+                else backend.xp.zeros((4, 5), dtype="float32").T)
+            got = mixed.matmul(la(a), lb(b), out=out)
+            assert got.dtype == np.float32 and (out is None or got is out)
+            np.testing.assert_allclose(backend.to_host(got), expected, rtol=1e-6, atol=1e-6,
+                                       err_msg=f"a {ka}, b {kb}, out {into}")

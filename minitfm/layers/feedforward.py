@@ -20,14 +20,15 @@ Parameters: the two linear layers' "w" and "b", numbered: "w1", "b1", "w2", "b2"
 
 Fused (``--kernels fused``, on CuPy): b1, the ReLU and its dropout are one kernel over x W1 (the
 dropout's Philox mask drawn inside, as dropout.py's kernel draws it), and their backward one
-kernel over da; the twins are the plain lines of ``forward`` and ``backward``.
+kernel over da; the twins are the plain lines of ``forward`` and ``backward``. Under mixed
+precision the forward kernel also writes its output in float16, for the second product.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend, fused, philox
+from minitfm import backend, fused, mixed, philox
 from minitfm.layers import dropout, linear
 
 
@@ -81,11 +82,11 @@ def _relu_dropout_backward(da, cache: Cache):
 
 # ---- fused: b1 + ReLU + dropout, each way -----------------------------------------------------
 
-FORWARD_SOURCE = philox.DEVICE + r"""
+FORWARD_SOURCE = philox.DEVICE + fused.HALF + r"""
 // a = dropout(max(0, h + b)) in place over h (N, d), 8 elements a thread (a block of Philox)
 extern "C" __global__ void bias_relu_dropout(float* h, const float* b, bool* keep, long long n,
         int d, int drop, unsigned int threshold, float scale, unsigned int k0, unsigned int k1,
-        unsigned long long first) {
+        unsigned long long first, half_bits* a16, int half_out) {
     long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x, i = t * 8;
     if (i >= n) return;
     unsigned int u[8];
@@ -98,18 +99,21 @@ extern "C" __global__ void bias_relu_dropout(float* h, const float* b, bool* kee
             v = kept ? v * scale : 0.0f;
         }
         h[i + j] = v;
+        if (half_out) a16[i + j] = float_to_half(v);
     }
 }
 """
 
 
-def _forward_twin(h, b, keep, n, d, drop, threshold, scale, k0, k1, first):
+def _forward_twin(h, b, keep, n, d, drop, threshold, scale, k0, k1, first, a16, half_out):
     h += b
     backend.xp.maximum(h, 0, out=h)
     if drop:
         keep[...] = dropout.mask_of(h.shape, threshold, k0, k1, first)
         h *= keep
         h *= float(scale)
+    if half_out:
+        a16[...] = mixed.half(h)
 
 
 FORWARD = fused.Kernel("bias_relu_dropout", FORWARD_SOURCE, _forward_twin)
@@ -140,9 +144,13 @@ def _fused_forward(x, p, p_drop, rng):
     args = dropout.draw(rng, h.size, p_drop) if drop else (fused.u32(0), fused.f32(1),
                                                            fused.u32(0), fused.u32(0),
                                                            fused.u64(0))
+    half_out = mixed.enabled(h)             # the second product reads a in float16
+    a16 = xp.empty(h.shape, dtype=mixed.HALF) if half_out else h
     FORWARD(fused.grid_for(h.size, philox.KEEP_PER_BLOCK),
             (h, p["b1"], keep, fused.i64(h.size), fused.i32(h.shape[-1]),
-             fused.i32(drop), *args))
+             fused.i32(drop), *args, a16, fused.i32(half_out)))
+    if half_out:
+        mixed.remember(h, a16)
     c_drop = dropout.Cache(keep, float(args[1])) if drop else None
     y, c_second = linear.forward(h, {"w": p["w2"], "b": p["b2"]})
     # the kernel added b1: the first layer's bias gradient is linear's row sum, as without fusion

@@ -18,14 +18,15 @@ Parameters: "gamma" (D,) and "beta" (D,).
 
 Fused (``--kernels fused``, on CuPy; the twins are the plain functions): the forward pass is one
 kernel, a block of threads per row (the sums of the mean and the variance reduced in the block);
-the backward pass two: dx a block per row, dgamma and dbeta a column sum over the rows.
+the backward pass two: dx a block per row, dgamma and dbeta a column sum over the rows. Under
+mixed precision the forward kernel also writes y in float16, for the next layer's product.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend, fused
+from minitfm import backend, fused, mixed
 
 EPS = 1e-5
 
@@ -81,9 +82,10 @@ def backward(dy, cache: Cache, out=None):
 
 # ---- fused ------------------------------------------------------------------------------------
 
-FORWARD_SOURCE = fused.BLOCK_REDUCE + r"""
+FORWARD_SOURCE = fused.BLOCK_REDUCE + fused.HALF + r"""
 extern "C" __global__ void layernorm_forward(const float* x, const float* gamma,
-        const float* beta, float* y, float* xhat, float* rstd, int d, float d_eps) {
+        const float* beta, float* y, float* xhat, float* rstd, int d, float d_eps,
+        half_bits* y16, int half_out) {
     __shared__ float scratch[32];
     long long row = (long long)blockIdx.x * d;
     float s = 0.0f;
@@ -99,16 +101,20 @@ extern "C" __global__ void layernorm_forward(const float* x, const float* gamma,
     for (int c = threadIdx.x; c < d; c += blockDim.x) {
         float v = xhat[row + c] * r;
         xhat[row + c] = v;
-        y[row + c] = v * gamma[c] + beta[c];
+        v = v * gamma[c] + beta[c];
+        y[row + c] = v;
+        if (half_out) y16[row + c] = float_to_half(v);
     }
     if (threadIdx.x == 0) rstd[blockIdx.x] = r;
 }
 """
 
 
-def _forward_twin(x, gamma, beta, y, xhat, rstd, d, d_eps):
+def _forward_twin(x, gamma, beta, y, xhat, rstd, d, d_eps, y16, half_out):
     y_plain, cache = forward(x, {"gamma": gamma, "beta": beta}, float(d_eps) / int(d))
     y[...], xhat[...], rstd[...] = y_plain, cache.xhat, cache.rstd
+    if half_out:
+        y16[...] = mixed.half(y_plain)
 
 
 FORWARD = fused.Kernel("layernorm_forward", FORWARD_SOURCE, _forward_twin)
@@ -120,8 +126,12 @@ def _fused_forward(x, p, eps):
     d = x.shape[-1]
     y, xhat = xp.empty_like(x), xp.empty_like(x)
     rstd = xp.empty(x.shape[:-1] + (1,), dtype=x.dtype)
+    half_out = mixed.enabled(x)             # the next layer's product reads y in float16
+    y16 = xp.empty(x.shape, dtype=mixed.HALF) if half_out else y
     FORWARD((max(1, x.size // d),), (x, p["gamma"], p["beta"], y, xhat, rstd, fused.i32(d),
-                                     fused.f32(d * eps)))
+                                     fused.f32(d * eps), y16, fused.i32(half_out)))
+    if half_out:
+        mixed.remember(y, y16)
     return y, Cache(xhat, rstd, p["gamma"])
 
 

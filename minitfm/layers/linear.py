@@ -13,16 +13,17 @@ be any 2-D view, e.g. the transposed embedding matrix when the output projection
 embedding: ``forward(h, {"w": E.T})`` then ``dE = grads["w"].T``.
 
 Mixed precision (``--precision fp16``, minitfm.mixed): the three products take float16 operands
-(x, W and dY cast, W from the update's float16 copy of the parameters) and sum in float32; the
-float16 results are float32 again at the bias, dX and dW (which lands in the float32 gradient
-buffer). The cache keeps the float16 x, half the memory of x.
+(x, W and dY cast, W from the update's float16 copy of the parameters), sum in float32 and give
+float32 results (dW straight into the float32 gradient buffer). The cache keeps the float16 x,
+half the memory of x. Fused (``--kernels fused``): dY's float16 copy and db, its column sums,
+come from one kernel.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend, mixed
+from minitfm import backend, fused, mixed
 
 
 class Cache(NamedTuple):
@@ -41,8 +42,9 @@ def forward(x, p):
     d_in, d_out = w.shape
     if mixed.enabled(x, w):
         x16 = mixed.half(x)
-        y16 = mixed.matmul(x16.reshape(-1, d_in), mixed.half_of(w))           # (N, d_out)
-        y = y16 + b if b is not None else y16.astype(x.dtype)    # float32 again
+        y = mixed.matmul(x16.reshape(-1, d_in), mixed.half_of(w))             # (N, d_out)
+        if b is not None:
+            y += b
         return y.reshape(*x.shape[:-1], d_out), Cache(x16, w, b is not None)
     # one (N, d_in) @ (d_in, d_out) product: a stacked (B, T, d_in) @ w would run B small ones
     y = (x.reshape(-1, d_in) @ w).reshape(*x.shape[:-1], d_out)
@@ -69,14 +71,52 @@ def backward(dy, cache: Cache, out=None):
 def _half_backward(dy2, cache: Cache, out):
     """``backward`` under mixed precision: the products of float16 dY, W and x."""
     d_in, d_out = cache.w.shape
-    dy16 = mixed.half(dy2)
-    dx = mixed.matmul(dy16, mixed.half_of(cache.w).T).astype(dy2.dtype)       # (N, d_in)
-    dw = mixed.matmul(cache.x.reshape(-1, d_in).T, dy16)                      # (d_in, d_out)
-    if out is None:
-        grads = {"w": dw.astype(dy2.dtype)}
+    xp = backend.xp
+    grads = {}
+    if cache.has_bias and fused.active(dy2):
+        dy2 = xp.ascontiguousarray(dy2)
+        dy16 = xp.empty(dy2.shape, dtype=mixed.HALF)
+        grads["b"] = xp.empty(d_out, dtype=dy2.dtype) if out is None else out["b"]
+        BIAS_HALF((-(-d_out // 32),), (dy2, grads["b"], dy16, fused.i64(dy2.shape[0]),
+                                       fused.i32(d_out)))
     else:
-        out["w"][...] = dw
-        grads = {"w": out["w"]}
-    if cache.has_bias:
-        grads["b"] = dy2.sum(axis=0, out=None if out is None else out["b"])
+        dy16 = mixed.half(dy2)
+        if cache.has_bias:
+            grads["b"] = dy2.sum(axis=0, out=None if out is None else out["b"])
+    dx = mixed.matmul(dy16, mixed.half_of(cache.w).T)                         # (N, d_in)
+    grads["w"] = mixed.matmul(cache.x.reshape(-1, d_in).T, dy16,              # (d_in, d_out)
+                              out=None if out is None else out["w"])
     return dx.reshape(cache.x.shape), grads
+
+
+BIAS_HALF_SOURCE = fused.HALF + r"""
+// db = sum_rows dy and dy16 = dy in float16, one pass over dy (N, d): a block per 32 columns,
+// 8 rows at a time, the 8 partial sums of a column added in a fixed order
+extern "C" __global__ void bias_grad_half(const float* dy, float* db, half_bits* dy16,
+                                          long long rows, int d) {
+    __shared__ float partial[8][33];
+    int c = blockIdx.x * 32 + (threadIdx.x & 31), lane = threadIdx.x >> 5;
+    float s = 0.0f;
+    if (c < d) {
+        for (long long r = lane; r < rows; r += 8) {
+            float g = dy[r * d + c];
+            dy16[r * d + c] = float_to_half(g);
+            s += g;
+        }
+    }
+    partial[lane][threadIdx.x & 31] = s;
+    __syncthreads();
+    if (lane == 0 && c < d) {
+        for (int k = 1; k < 8; ++k) s += partial[k][threadIdx.x];
+        db[c] = s;
+    }
+}
+"""
+
+
+def _bias_half_twin(dy, db, dy16, rows, d):
+    dy16[...] = mixed.half(dy)
+    dy.sum(axis=0, out=db)
+
+
+BIAS_HALF = fused.Kernel("bias_grad_half", BIAS_HALF_SOURCE, _bias_half_twin)
