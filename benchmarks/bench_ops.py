@@ -129,7 +129,7 @@ def module_of(site: str) -> str:
     return ".".join(parts[len(parts) - parts[::-1].index("minitfm"):])
 
 
-LAUNCH_BUDGET = 800     # kernel launches per base update with fused kernels and fp16
+LAUNCH_BUDGET = 800     # kernel launches per base update (one batch), fused kernels and fp16
 PATHS = {"": ("plain", "fp32"), "_fused": ("fused", "fp32"), "_fp16": ("fused", "fp16")}
 
 
@@ -207,10 +207,12 @@ def main(argv=None) -> int:
         print(f"\n{r['micro_batches']} micro-batch(es) per update: {r['ops']:,} operations, "
               f"{r['syncs']} syncs")
         if "launches" in r:
-            budget = "within" if r["launches_fp16"] <= LAUNCH_BUDGET else "OVER"
+            budget = ("" if r["micro_batches"] != 1 else ": within the budget of "
+                      f"{LAUNCH_BUDGET}" if r["launches_fp16"] <= LAUNCH_BUDGET
+                      else f": OVER the budget of {LAUNCH_BUDGET}")
             print(f"  on CuPy's path: {r['launches']:,} kernel launches (plain, fp32), "
-                  f"{r['launches_fused']:,} (fused, fp32), {r['launches_fp16']:,} (fused, fp16: "
-                  f"{budget} the budget of {LAUNCH_BUDGET}); device-to-host copies "
+                  f"{r['launches_fused']:,} (fused, fp32), {r['launches_fp16']:,} (fused, fp16"
+                  f"{budget}); device-to-host copies "
                   f"{r['device_to_host']}, {r['device_to_host_fused']}, {r['device_to_host_fp16']}")
         print("  by phase:  " + ", ".join(f"{k} {v:,}" for k, v in r["by_phase"].items()))
         print("  by module: " + ", ".join(f"{k} {v:,}" for k, v in r["by_module"].items()))

@@ -15,7 +15,7 @@ goes on), the report rewritten after each (``gpu_check.json``, ``gpu_check.md`` 
 3. ``pytest``: ``pytest -m gpu`` in a subprocess within ``--pytest-budget`` seconds (slow tests
    last): pass, fail and skip counts, the failures by name, what was left out for time;
 4. ``base``: one update of the ``base`` preset (about ``--tokens`` target tokens) in minitfm
-   (float32, TF32, TF32 with fused kernels) and in PyTorch eager on the same model (float32, TF32, AMP): target tokens/s,
+   (float32, TF32; with fused kernels TF32 and fp16) and in PyTorch eager on the same model (float32, TF32, AMP): target tokens/s,
    fraction of the card's dense peak for that precision, peak memory, kernel launches per update;
 5. ``big``: the ``big`` preset's largest ``--max-tokens`` that trains (a few updates a probe);
 6. ``multi30k``: the ``small`` preset trained on Multi30k from ``--data`` for up to

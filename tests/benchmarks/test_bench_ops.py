@@ -151,7 +151,11 @@ def test_fused_kernels_cut_the_launches_and_nothing_waits(bench, numpy_backend):
         result = bench.launches_per_update(cfg, 1, sentences=2, src_len=5, tgt_len=5,
                                            clip_norm=1.0)
     assert result["device_to_host"] == result["device_to_host_fused"] == 0, result
+    assert result["device_to_host_fp16"] == 0, result
     assert "philox" in result["launches_by_module"]
     assert "philox" not in result["launches_by_module_fused"]
     assert result["launches_by_module_fused"]["fused kernels"] > 0
     assert result["launches_fused"] < result["launches"] / 3, result
+    # fp16: float16 casts and GEMMs in mixed, the scaler's kernels; no float32 product left
+    assert result["launches_by_module_fp16"]["mixed"] > 0
+    assert result["launches_fp16"] < result["launches"] / 3, result

@@ -96,8 +96,9 @@ def check_report(report: dict, markdown: str) -> None:
         len(tests["left_out_for_time"]) == tests["collected"]
     base = sections["base"]
     rows = {(r["contender"], r["precision"]): r for r in base["rows"]}
-    assert len(rows) == 6 and 0 < base["batched_fp32_share"] < 1
-    for who, precision in (("minitfm", "fp32"), ("minitfm", "tf32"), ("minitfm fused", "tf32")):
+    assert len(rows) == 7 and 0 < base["batched_fp32_share"] < 1
+    for who, precision in (("minitfm", "fp32"), ("minitfm", "tf32"), ("minitfm fused", "tf32"),
+                           ("minitfm fused", "fp16")):
         row = rows[who, precision]
         assert row["step_s"] > 0 and row["target_tokens_per_s"] > 0, row
         assert row["launches_per_update"] > 20 and "double" in row["launches_counted_by"]
