@@ -31,8 +31,8 @@ from collections.abc import Sequence
 
 import numpy                                                        # host bytes
 
-from minitfm import (checkpoint, cli, distributed, generation, launcher, limits, options, phases,
-                     train, usable)
+from minitfm import (checkpoint, cli, distributed, generation, limits, options, phases, train,
+                     usable)
 from minitfm.exits import UsageError
 from minitfm.options import integer, number, positive_int
 from minitfm.data import text as textdata
@@ -342,4 +342,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(launcher.run(main))    # under mpiexec: a closed terminal stops with a checkpoint
+    sys.exit(main())

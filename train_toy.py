@@ -19,7 +19,7 @@ import argparse
 import sys
 import time
 
-from minitfm import backend, cli, distributed, launcher, limits, options, tasks, train
+from minitfm import backend, cli, distributed, limits, options, tasks, train
 from minitfm.options import integer, number, positive_int
 from minitfm.decode import greedy
 from minitfm.models.translator import PRESETS, Config
@@ -178,4 +178,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(launcher.run(main))    # under mpiexec: a closed terminal stops with a checkpoint
+    sys.exit(main())

@@ -62,7 +62,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from minitfm import backend, checkpoint, cli, distributed, launcher, limits, options, train, translate
+from minitfm import backend, checkpoint, cli, distributed, limits, options, train, translate
 from minitfm.exits import UsageError
 from minitfm.options import integer, number, positive_int
 from minitfm.data import epoch_batches, eval_arrays, read_parallel, token_batches
@@ -425,4 +425,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(launcher.run(main))    # under mpiexec: a closed terminal stops with a checkpoint
+    sys.exit(main())

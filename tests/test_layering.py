@@ -24,7 +24,7 @@ FLOORS = [      # top to bottom: (name, the modules and packages on it)
       "minitfm.divergence", "minitfm.decode", "minitfm.beam", "minitfm.sampling", "minitfm.generation",
       "minitfm.export", "minitfm.checkpoint", "minitfm.usable", "minitfm.optim",
       "minitfm.gradscale",
-      "minitfm.distributed", "minitfm.launcher",
+      "minitfm.distributed",
       "minitfm.placement", "minitfm.devices", "minitfm.bleu"]),
     ("models", ["minitfm.models"]),
     ("layers, data, special ids", ["minitfm.layers", "minitfm.data", "minitfm.ids",
