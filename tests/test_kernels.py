@@ -163,3 +163,23 @@ def test_fused_kernels_on_numpy_are_a_usage_error(tmp_path):
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith(
         "error: --kernels fused: fused kernels run on a GPU"), done.stderr
+
+
+def test_the_kernel_check_command(cupy_env, tmp_path):
+    """``python -m minitfm.kernelcheck`` on the CuPy path (the double, 14 and 13: twins against
+    the plain code; a GPU with -m gpu) passes; without CuPy it is a usage error."""
+    done = subprocess.run([sys.executable, "-m", "minitfm.kernelcheck"], cwd=ROOT, env=cupy_env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"{len(fused.KERNELS) + len(kernelcheck.CASES)} passed, 0 failed" in done.stdout
+
+
+def test_the_kernel_check_needs_cupy():
+    try:
+        import cupy  # noqa: F401
+        pytest.skip("CuPy is installed here")
+    except ImportError:
+        pass
+    done = subprocess.run([sys.executable, "-m", "minitfm.kernelcheck"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith("error: backend 'cupy' was requested")

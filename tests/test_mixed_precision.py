@@ -4,8 +4,10 @@ dynamic loss scale, through the command lines, on NumPy and on the CuPy double (
 - a tiny model trained in fp16 follows its float32 loss curve within 1 % at every logged window
   (measured: 0.04 %) on a fixed seed, and the curves are not the same numbers (fp16 ran);
 - an overflow (an initial loss scale of 1e30) skips the update, on the device, and halves the
-  scale: the parameters and Adam's moments stay as they were, the log says so;
-- a run stopped and resumed continues bit for bit: parameters, moments and the loss scale;
+  scale: the parameters and Adam's moments stay as they were, the log says so (NumPy and the
+  double);
+- a run stopped and resumed continues bit for bit: parameters, moments and the loss scale (NumPy
+  and the double);
 - the loss scaler's rule (GradScaler's) and the masked update, in the library.
 """
 
@@ -58,10 +60,19 @@ def test_fp16_follows_the_fp32_loss_curve(tmp_path):
     assert all("loss_scale" not in r for r in fp32)
 
 
-def test_an_overflow_skips_the_update_and_halves_the_scale(tmp_path):
+def backend_and_env(where: str, cupy_env: dict) -> tuple[list, dict | None]:
+    """``--backend`` and the environment of a run on NumPy (once) or on the double (14, 13)."""
+    if where == "numpy" and cupy_env.get("CUPY_DOUBLE_RULES") == "13":
+        pytest.skip("NumPy runs once")
+    return ["--backend", where], (cupy_env if where == "cupy" else None)
+
+
+@pytest.mark.parametrize("where", ["numpy", "cupy"])
+def test_an_overflow_skips_the_update_and_halves_the_scale(where, cupy_env, tmp_path):
     out = tmp_path / "run"
-    run([*TOY, "--backend", "numpy", "--steps", 2, "--save-every", 1, "--precision", "fp16",
-         "--loss-scale", 1e30, "--out", out])
+    chosen, env = backend_and_env(where, cupy_env)
+    run([*TOY, *chosen, "--steps", 2, "--save-every", 1, "--precision", "fp16",
+         "--loss-scale", 1e30, "--out", out], env)
     first, second = (checkpoint.load(checkpoint.checkpoint_path(out, s)) for s in (1, 2))
     scale = float(np.float32(1e30))
     assert first.extra["loss_scaler"]["scale"] == np.float32(scale / 2)
@@ -77,12 +88,14 @@ def test_an_overflow_skips_the_update_and_halves_the_scale(tmp_path):
     assert "grad_norm" not in logged                  # the skipped update's norm is not finite
 
 
-def test_a_resumed_fp16_run_continues_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("where", ["numpy", "cupy"])
+def test_a_resumed_fp16_run_continues_bit_for_bit(where, cupy_env, tmp_path):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-    common = [*TOY, "--backend", "numpy", "--precision", "fp16", "--loss-scale", 2.0 ** 24]
-    run([*common, "--steps", 8, "--save-every", 8, "--out", whole])
-    run([*common, "--steps", 4, "--save-every", 4, "--out", parts])
-    run([*common, "--steps", 8, "--save-every", 8, "--out", parts, "--resume"])
+    chosen, env = backend_and_env(where, cupy_env)
+    common = [*TOY, *chosen, "--precision", "fp16", "--loss-scale", 2.0 ** 24]
+    run([*common, "--steps", 8, "--save-every", 8, "--out", whole], env)
+    run([*common, "--steps", 4, "--save-every", 4, "--out", parts], env)
+    run([*common, "--steps", 8, "--save-every", 8, "--out", parts, "--resume"], env)
     a, b = (checkpoint.load(checkpoint.checkpoint_path(d, 8)) for d in (whole, parts))
     assert a.extra["loss_scaler"] == b.extra["loss_scaler"]
     assert a.extra["loss_scaler"]["skipped"] > 0          # 2^24 overflowed: skips carried over
@@ -185,11 +198,9 @@ def lm_args(tmp_path: Path) -> list:
 @pytest.mark.parametrize("where", ["numpy", "cupy"])
 def test_train_lm_trains_in_fp16(where, cupy_env, tmp_path):
     """The language model's trainer in fp16, on NumPy and under the double (14 and 13)."""
-    if where == "numpy" and cupy_env.get("CUPY_DOUBLE_RULES") == "13":
-        pytest.skip("NumPy runs once")
     out = tmp_path / "run"
-    done = run([*lm_args(tmp_path), "--backend", where, "--out", out],
-               cupy_env if where == "cupy" else None)
+    chosen, env = backend_and_env(where, cupy_env)
+    done = run([*lm_args(tmp_path), *chosen, "--out", out], env)
     assert "precision fp16" in done.stdout.splitlines()[0]
     logged = windows(out)
     assert logged and all(np.isfinite(r["loss"]) and r["loss_scale"] > 0 for r in logged)
