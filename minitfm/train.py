@@ -8,6 +8,10 @@ One call, ``train(cfg, batches, options)``, runs ``options.steps`` updates:
         clip the global gradient norm (optional); Adam at lr = schedule(k)      (paper, 5.3)
         log (stopping with an error if the loss is NaN or Inf), validate, save when due
 
+Under mixed precision (``--precision fp16``, minitfm.mixed) the products read a float16 copy of
+the parameters made for the update, the loss is scaled, and the gradients are unscaled, checked
+and the update skipped on the device when they overflowed (``state.scaler``, minitfm.gradscale).
+
 The update never waits for the device. Parameters, gradients and Adam's moments are flat buffers
 (:mod:`minitfm.flat`), so accumulating a micro-batch, clipping and the Adam step are a few
 whole-buffer operations; token counts and lengths are read from the host batches; the loss, the

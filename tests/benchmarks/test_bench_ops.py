@@ -159,3 +159,16 @@ def test_fused_kernels_cut_the_launches_and_nothing_waits(bench, numpy_backend):
     # fp16: float16 casts and GEMMs in mixed, the scaler's kernels; no float32 product left
     assert result["launches_by_module_fp16"]["mixed"] > 0
     assert result["launches_fp16"] < result["launches"] / 3, result
+
+
+@pytest.mark.slow
+def test_the_base_update_keeps_its_launch_budget(bench, numpy_backend):
+    """The budget itself: one ``base`` update of one batch with fused kernels and fp16 launches at
+    most bench_ops.LAUNCH_BUDGET kernels on the double (767 measured), and copies nothing to the
+    host (about 3 minutes: the base model, three paths, two runs each)."""
+    cfg = translator.Config.preset("base")
+    with cupy_double("14"):
+        result = bench.launches_per_update(cfg, 1, sentences=4, src_len=12, tgt_len=12,
+                                           clip_norm=1.0)
+    assert result["launches_fp16"] <= bench.LAUNCH_BUDGET, result["launches_by_module_fp16"]
+    assert result["device_to_host_fp16"] == result["device_to_host_fused"] == 0, result
