@@ -28,6 +28,26 @@ def pytest_runtest_setup(item):
     BLAS.limit(limits=1, user_api="blas")
 
 
+# Both cores of a 2-core machine: a plain `pytest` runs its files on as many pytest-xdist workers
+# as there are cores, up to 4, a file's tests on one worker (its module fixtures made once).
+# Not where `-n` was given, in a worker, for collection or --pdb, nor with `-m gpu` (one device,
+# and the GPU check times the run itself); without pytest-xdist the tests run in one process.
+MAX_WORKERS = 4
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    option = config.option
+    if (not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput")
+            or getattr(option, "numprocesses", None) is not None or option.collectonly
+            or option.usepdb or real_gpu_run(config)):
+        return
+    workers = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                  else os.cpu_count() or 1, MAX_WORKERS)
+    if workers > 1:
+        option.numprocesses, option.dist = workers, "loadfile"
+
+
 def cupy_device_available() -> bool:
     try:
         import cupy
