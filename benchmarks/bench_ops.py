@@ -17,7 +17,12 @@ benchmark counts them:
   (its RULES.md), by the module that asked for it. The CuPy path differs from NumPy's where the
   backend does: dropout masks come from Philox computed with array operations (``philox``),
   the embedding's scatter-add is a sorted segment sum (``backend``). One per call is the lower
-  bound: cuBLAS, CUB and CuPy's scans may run several kernels for one call.
+  bound: cuBLAS, CUB and CuPy's scans may run several kernels for one call. Counted three
+  times: the plain array code in float32, ``--kernels fused`` (minitfm.fused: the double runs
+  each kernel's twin as one launch) in float32, and fused with ``--precision fp16`` (mixed
+  precision: casts to float16 around the products, the loss scaler), the last beside the budget
+  of :data:`LAUNCH_BUDGET` launches per update; and the device-to-host copies of an update (none
+  may wait for the device).
 
 Per update: the difference between a run of ``S + 1`` and a run of ``S`` updates from the same
 start (set-up, the final log line and the like cancel out).
@@ -41,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from op_counter import TALLY, counting_backend  # noqa: E402
 
-from minitfm import backend  # noqa: E402
+from minitfm import backend, fused  # noqa: E402
 from minitfm.layers import output  # noqa: E402
 from minitfm.models import base, translator  # noqa: E402
 from minitfm.training import loop  # noqa: E402
@@ -129,31 +134,53 @@ def module_of(site: str) -> str:
     return ".".join(parts[len(parts) - parts[::-1].index("minitfm"):])
 
 
+LAUNCH_BUDGET = 800     # kernel launches per base update (one batch), fused kernels and fp16
+PATHS = {"": ("plain", "fp32"), "_fused": ("fused", "fp32"), "_fp16": ("fused", "fp16")}
+
+
 def launch_run(cupy, cfg: translator.Config, batches: list, steps: int, update_freq: int,
-               clip_norm: float | None) -> collections.Counter:
-    """Kernel launches of ``steps`` updates on the double, by module."""
-    with cupy._double.counting() as counted:
-        run_updates(cfg, batches, steps, update_freq, clip_norm)
+               clip_norm: float | None, kernels: str = "plain",
+               precision: str = "fp32") -> collections.Counter:
+    """Kernel launches of ``steps`` updates on the double, by module (the fused kernels as one),
+    and the device-to-host copies (``device_to_host``)."""
+    fused.use(kernels)
+    backend.set_precision(precision)
+    try:
+        with cupy._double.counting() as counted:
+            run_updates(cfg, batches, steps, update_freq, clip_norm)
+    finally:
+        fused.use("plain")
+        backend.set_precision("fp32")
     by_module = collections.Counter()
     for site, n in counted.launch_sites.items():
         by_module[module_of(site)] += n
+    if "fused" in by_module:                    # every kernel is launched by fused.Kernel
+        by_module["fused kernels"] = by_module.pop("fused")
+    by_module["device_to_host"] = counted.device_to_host
     return by_module
 
 
 def launches_per_update(cfg: translator.Config, update_freq: int, sentences: int, src_len: int,
                         tgt_len: int, clip_norm: float | None) -> dict:
-    """Kernel launches of one update on CuPy's path (the double), by module."""
+    """Kernel launches of one update on CuPy's path (the double), by module, for each of
+    :data:`PATHS` (plain float32, fused float32, fused fp16)."""
     cupy = import_double()
     previous = backend.name
     backend.use("cupy")
+    result = {}
     try:
         batches = make_batches(cfg, update_freq, sentences, src_len, tgt_len)
-        one = launch_run(cupy, cfg, batches, 1, update_freq, clip_norm)
-        launches = launch_run(cupy, cfg, batches, 2, update_freq, clip_norm) - one
+        for suffix, (kernels, precision) in PATHS.items():
+            one = launch_run(cupy, cfg, batches, 1, update_freq, clip_norm, kernels, precision)
+            two = launch_run(cupy, cfg, batches, 2, update_freq, clip_norm, kernels, precision)
+            copies = two.pop("device_to_host") - one.pop("device_to_host")
+            launches = two - one
+            result.update({f"launches{suffix}": sum(launches.values()),
+                           f"launches_by_module{suffix}": dict(launches.most_common()),
+                           f"device_to_host{suffix}": copies})
     finally:
         backend.use(previous)
-    return {"launches": sum(launches.values()),
-            "launches_by_module": dict(launches.most_common())}
+    return result
 
 
 def main(argv=None) -> int:
@@ -183,20 +210,30 @@ def main(argv=None) -> int:
         r.update(launches_per_update(cfg, r["micro_batches"], *sizes))
     for r in results:
         print(f"\n{r['micro_batches']} micro-batch(es) per update: {r['ops']:,} operations, "
-              f"{r['syncs']} syncs" + (f"; on CuPy's path {r['launches']:,} kernel launches"
-                                       if "launches" in r else ""))
+              f"{r['syncs']} syncs")
+        if "launches" in r:
+            budget = ("" if r["micro_batches"] != 1 else ": within the budget of "
+                      f"{LAUNCH_BUDGET}" if r["launches_fp16"] <= LAUNCH_BUDGET
+                      else f": OVER the budget of {LAUNCH_BUDGET}")
+            print(f"  on CuPy's path: {r['launches']:,} kernel launches (plain, fp32), "
+                  f"{r['launches_fused']:,} (fused, fp32), {r['launches_fp16']:,} (fused, fp16"
+                  f"{budget}); device-to-host copies "
+                  f"{r['device_to_host']}, {r['device_to_host_fused']}, {r['device_to_host_fp16']}")
         print("  by phase:  " + ", ".join(f"{k} {v:,}" for k, v in r["by_phase"].items()))
         print("  by module: " + ", ".join(f"{k} {v:,}" for k, v in r["by_module"].items()))
         if r["syncs"]:
             print("  syncs:     " + ", ".join(f"{k} {v}" for k, v in r["syncs_by_module"].items()))
-        if "launches" in r:
-            print("  launches by module (CuPy double): " + ", ".join(
-                f"{k} {v:,}" for k, v in r["launches_by_module"].items()))
+        for suffix, what in PATHS.items():
+            if "launches" + suffix in r:
+                print(f"  launches by module (CuPy double, {', '.join(what)}): " + ", ".join(
+                    f"{k} {v:,}" for k, v in r["launches_by_module" + suffix].items()))
     if len(results) > 1:
         first, last = results[0], results[-1]
         micro = last["micro_batches"] - first["micro_batches"]
         extra = (last["ops"] - first["ops"]) / micro
-        launches = (f", {(last['launches'] - first['launches']) / micro:,.0f} kernel launches"
+        launches = (f", {(last['launches'] - first['launches']) / micro:,.0f} kernel launches "
+                    f"({(last['launches_fused'] - first['launches_fused']) / micro:,.0f} fused, "
+                    f"{(last['launches_fp16'] - first['launches_fp16']) / micro:,.0f} fused fp16)"
                     if "launches" in last else "")
         print(f"\neach additional micro-batch: {extra:,.0f} operations{launches}")
     if args.json:

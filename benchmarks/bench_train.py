@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 
-from minitfm import backend, cli, flat, optim, options
+from minitfm import backend, cli, flat, gradscale, mixed, optim, options
 from minitfm.models import base, translator
 
 BATCHES = {"toy": (128, 24, 24), "small": (128, 24, 24), "base": (128, 32, 32)}
@@ -110,17 +110,24 @@ def make_batch(cfg, batch, src_len, tgt_len, seed=0):
 
 
 def make_step(cfg: translator.Config, batch: int, src_len: int, tgt_len: int):
-    """A function running one full training step on a fixed batch; it returns the step's stats."""
+    """A function running one full training step on a fixed batch; it returns the step's stats.
+    Under ``--precision fp16`` the step is train()'s: float16 copies of the parameters for the
+    products, the loss scale, the gradients unscaled, the masked update."""
     params = translator.init_params(cfg, 0)
     adam = optim.Adam(params)
     grads = flat.zeros_like(params)         # one gradient buffer for the run, as train() keeps
     src, tgt = make_batch(cfg, batch, src_len, tgt_len)
     count = itertools.count()
+    scaler = gradscale.LossScaler() if backend.precision() == "fp16" else None
 
     def step() -> dict:
-        stats, _ = translator.loss_and_grads(params, cfg, src, tgt, backend.rng(0, next(count)),
-                                        out=grads)
-        adam.update(params, grads, 1e-4)
+        with mixed.half_copies(params):
+            stats, _ = translator.loss_and_grads(
+                params, cfg, src, tgt, backend.rng(0, next(count)), out=grads,
+                **({} if scaler is None else {"loss_scale": scaler.scale}))
+        if scaler is not None:
+            scaler.unscale(grads)
+        adam.update(params, grads, 1e-4, scaler)
         return stats
     step.params = params
     return step

@@ -9,13 +9,16 @@ goes on), the report rewritten after each (``gpu_check.json``, ``gpu_check.md`` 
 
 1. ``device``: the GPU's name, memory and compute capability; driver, CUDA runtime, CuPy, NumPy,
    PyTorch versions;
-2. ``pytest``: ``pytest -m gpu`` in a subprocess within ``--pytest-budget`` seconds (slow tests
+2. ``kernels``: every fused kernel against its plain twin (``minitfm.kernelcheck``): the largest
+   relative difference of each case within its tolerance, and every kernel run; a kernel that
+   differs is a defect to fix before any speed figure of the fused path is claimed;
+3. ``pytest``: ``pytest -m gpu`` in a subprocess within ``--pytest-budget`` seconds (slow tests
    last): pass, fail and skip counts, the failures by name, what was left out for time;
-3. ``base``: one update of the ``base`` preset (about ``--tokens`` target tokens) in minitfm
-   (float32, TF32) and in PyTorch eager on the same model (float32, TF32, AMP): target tokens/s,
+4. ``base``: one update of the ``base`` preset (about ``--tokens`` target tokens) in minitfm
+   (float32, TF32; with fused kernels TF32 and fp16) and in PyTorch eager on the same model (float32, TF32, AMP): target tokens/s,
    fraction of the card's dense peak for that precision, peak memory, kernel launches per update;
-4. ``big``: the ``big`` preset's largest ``--max-tokens`` that trains (a few updates a probe);
-5. ``multi30k``: the ``small`` preset trained on Multi30k from ``--data`` for up to
+5. ``big``: the ``big`` preset's largest ``--max-tokens`` that trains (a few updates a probe);
+6. ``multi30k``: the ``small`` preset trained on Multi30k from ``--data`` for up to
    ``--multi30k-minutes`` (what the budget leaves: about 2 at the defaults), greedy BLEU on
    the whole validation set and tokens/s.
 
@@ -43,9 +46,9 @@ import gpu_check_pytest  # noqa: E402
 import gpu_check_report  # noqa: E402
 import gpu_check_steps as steps  # noqa: E402
 
-from minitfm import backend  # noqa: E402
+from minitfm import backend, kernelcheck  # noqa: E402
 
-SECTIONS = ("device", "pytest", "base", "big", "multi30k")
+SECTIONS = ("device", "kernels", "pytest", "base", "big", "multi30k")
 BASE_BUDGET_S, BIG_BUDGET_S = 70.0, 35.0      # no contender or probe starts later
 MULTI30K_RESERVE_S = 45.0      # data preparation, the last validation, starting the command
 
@@ -121,6 +124,12 @@ def device_section(check: Check) -> dict:
     return {**device.device_info(), "default_precision": f"{precision} ({why})"}
 
 
+def kernels_section(check: Check) -> dict:
+    backend.use("cupy")
+    rows = kernelcheck.compare()
+    return {"rows": rows, "all_equal": all(row["ok"] for row in rows)}
+
+
 def pytest_section(check: Check) -> dict:
     budget = max(0.0, min(check.args.pytest_budget, check.remaining()))
     paths = ("tests/test_gpu.py",) if check.args.smoke else ()
@@ -146,7 +155,7 @@ def multi30k_section(check: Check) -> dict:
                           timeout_s=minutes * 60 + MULTI30K_RESERVE_S + 60)
 
 
-RUNS = {"device": device_section, "pytest": pytest_section, "base": base_section,
+RUNS = {"device": device_section, "kernels": kernels_section, "pytest": pytest_section, "base": base_section,
         "big": big_section, "multi30k": multi30k_section}
 
 

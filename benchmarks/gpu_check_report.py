@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-TITLES = {"device": "Device", "pytest": "pytest -m gpu", "base": "The base update",
+TITLES = {"device": "Device", "kernels": "Fused kernels against their plain twins",
+          "pytest": "pytest -m gpu", "base": "The base update",
           "big": "The big preset's largest batch", "multi30k": "Multi30k, small preset"}
 
 
@@ -35,6 +36,22 @@ def device_lines(s: dict) -> list[str]:
             f"- CuPy {s['cupy']}, NumPy {s['numpy']}, PyTorch {s['pytorch']}"
             + (f" ({s['pytorch_cuda']})" if "pytorch_cuda" in s else "")
             + f", Python {s['python']}"]
+
+
+def kernels_lines(s: dict) -> list[str]:
+    if "rows" not in s:
+        return []
+    lines = [f"Every kernel equal to its twin: **{'yes' if s['all_equal'] else 'NO'}** "
+             f"(`python -m minitfm.kernelcheck`)", "",
+             "| case | worst output | largest relative difference | tolerance | |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r['case']} | {r['output']} | {r['error']:.2e} | {r['tolerance']:.0e} | "
+              f"{'ok' if r['ok'] else 'DIFFERS'} |" for r in s["rows"] if "case" in r]
+    missed = [r["kernel"] for r in s["rows"] if "kernel" in r and not r["ok"]]
+    ran = [r for r in s["rows"] if "kernel" in r]
+    lines += ["", f"{len(ran) - len(missed)} of {len(ran)} kernels ran"
+              + (f"; not run by any case: {', '.join(missed)}" if missed else "") + "."]
+    return lines
 
 
 def pytest_lines(s: dict) -> list[str]:
@@ -114,5 +131,5 @@ def multi30k_lines(s: dict) -> list[str]:
     return lines
 
 
-RENDER = {"device": device_lines, "pytest": pytest_lines, "base": base_lines, "big": big_lines,
+RENDER = {"device": device_lines, "kernels": kernels_lines, "pytest": pytest_lines, "base": base_lines, "big": big_lines,
           "multi30k": multi30k_lines}

@@ -24,13 +24,14 @@ import bench_torch
 import bench_train
 import gpu_check_device as device
 
-from minitfm import backend, flat, optim
+from minitfm import backend, flat, fused, optim
 from minitfm.models import translator
 
 ROOT = Path(__file__).resolve().parents[1]
-CONTENDERS = (("minitfm", "fp32"), ("minitfm", "tf32"), ("PyTorch eager", "fp32"),
-              ("PyTorch eager", "tf32"), ("PyTorch eager", "amp"))
-PEAK_OF = {"fp32": "fp32", "tf32": "tf32", "amp": "fp16"}      # AMP: float16 tensor cores
+CONTENDERS = (("minitfm", "fp32"), ("minitfm", "tf32"), ("minitfm fused", "tf32"),
+              ("minitfm fused", "fp16"), ("PyTorch eager", "fp32"), ("PyTorch eager", "tf32"),
+              ("PyTorch eager", "amp"))
+PEAK_OF = {"fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "amp": "fp16"}   # fp16 tensor cores
 GIB = 2 ** 30
 
 
@@ -84,10 +85,11 @@ def timed(step: Callable, sync: Callable, sizes: Sizes) -> dict:
 
 # ---- the base update against PyTorch -------------------------------------------------------------
 
-def minitfm_row(cfg, rows: int, sizes: Sizes, precision: str) -> dict:
+def minitfm_row(cfg, rows: int, sizes: Sizes, precision: str, kernels: str = "plain") -> dict:
     device.release_cupy_memory()
     try:
         backend.set_precision(precision)
+        fused.use("fused" if kernels == "fused" else "plain")
         step = bench_train.make_step(cfg, rows, sizes.length, sizes.length)
         row = timed(step, device.sync, sizes)
         row["peak_memory_gib"] = device.cupy_pool_bytes() / GIB
@@ -97,6 +99,7 @@ def minitfm_row(cfg, rows: int, sizes: Sizes, precision: str) -> dict:
         step = None
         device.release_cupy_memory()
         backend.set_precision(None)
+        fused.use("plain")
 
 
 def torch_row(cfg, rows: int, sizes: Sizes, precision: str) -> dict:
@@ -145,8 +148,12 @@ def base_update(sizes: Sizes, gpu: str, deadline: float) -> dict:
             row.update(status="left out for time")
         else:
             try:
-                run = minitfm_row if who == "minitfm" else torch_row
-                row.update({"status": "ok", **run(cfg, rows, sizes, precision)})
+                if who.startswith("minitfm"):
+                    result_row = minitfm_row(cfg, rows, sizes, precision,
+                                             "fused" if who.endswith("fused") else "plain")
+                else:
+                    result_row = torch_row(cfg, rows, sizes, precision)
+                row.update({"status": "ok", **result_row})
             except Exception as exc:           # one contender's failure is its row's, alone
                 row.update(status="error", error=error_text(exc))
         if "step_s" in row:

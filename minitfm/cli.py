@@ -31,7 +31,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from minitfm import backend, distributed, exits, placement
+from minitfm import backend, distributed, exits, fused, gradscale, placement
 from minitfm.exits import UsageError
 from minitfm.models.translator import Config
 from minitfm.options import Words
@@ -80,22 +80,24 @@ def select_backend(choice: str | None, default: str) -> str:
 # ---- placement: each worker's GPU or CPU cores -----------------------------------------------
 
 def placement_defaults(backend_default: str, threads_cap: int | None) -> dict:
-    """The default words of ``--backend`` and ``--threads`` (options.VOCABULARY) for a command
-    whose backend is ``backend_default`` and whose BLAS threads are at most ``threads_cap`` (None:
-    every core this worker may use)."""
+    """The defaults of the placement options (options.PLACEMENT) for a command whose backend is
+    ``backend_default`` and whose BLAS threads are at most ``threads_cap`` (None: every core this
+    worker may use)."""
     share = "the cores this process may use / the workers on this machine"
     return {"backend": Words(f"$MINITFM_BACKEND, else {backend_default}"),
             "threads": Words(f"$OPENBLAS_NUM_THREADS, $MKL_NUM_THREADS or $OMP_NUM_THREADS if "
                              f"set, else {share}" + (f", at most {threads_cap}"
-                                                     if threads_cap else ""))}
+                                                     if threads_cap else "")),
+            "loss_scale": gradscale.INITIAL_SCALE}
 
 
 def place(threads: int | None, cap: int | None, precision: str | None = None,
-          announce: bool = True) -> placement.Placement:
+          announce: bool = True, kernels: str | None = None) -> placement.Placement:
     """Place this worker (placement.place: its GPU, or its BLAS threads, from ``--threads``, the
     environment or its share of the cores, at most ``cap``) for the active backend, set the
     precision of its float32 products (``--precision``; None: the backend's default for its
-    device, :func:`minitfm.backend.set_precision`), and print both as the run's first line
+    device, :func:`minitfm.backend.set_precision`), choose the fused kernels or the plain code
+    (``--kernels``, :func:`minitfm.fused.use`), and print them as the run's first line
     (rank 0; not with ``announce=False``, for output that must be the command's text alone).
     Call it after the backend is chosen and before any array is made."""
     world = distributed.world()
@@ -104,9 +106,14 @@ def place(threads: int | None, cap: int | None, precision: str | None = None,
         chosen, why = backend.set_precision(precision)
     except backend.BackendError as exc:
         raise UsageError(f"--precision {precision}: {exc}") from exc
+    try:
+        fused.use(kernels or "plain")
+    except backend.BackendError as exc:
+        raise UsageError(f"--kernels {kernels}: {exc}") from exc
     if announce and world.is_root:
         print(f"{decided.describe()}; precision {chosen} "
-              f"({'--precision' if precision else why})", flush=True)
+              f"({'--precision' if precision else why})"
+              + ("; fused kernels" if fused.choice() == "fused" else ""), flush=True)
     return decided
 
 

@@ -31,8 +31,9 @@ positions, ``N_s = B S`` and ``N_t = B T`` tokens::
 
 The language model has no encoder and no cross-attention: ``f L (6 N d + 2 N d_ff + B H T^2)
 + 2 f N V``, plus ``20 B T`` bytes of host blocks (int64 indices and windows, int32 ``x``, ``y``)
-(``lm.batch_bytes``). Token-count batches (``train_wmt.py``) take ``N_s = N_t = --max-tokens`` and leave the
-``B H T^2`` terms out: they depend on the sentence lengths, and short sentences make them small.
+(``lm.batch_bytes``). Token-count batches (``train_wmt.py``) take ``N_s = N_t = --max-tokens``
+and leave the ``B H T^2`` terms out: they depend on the sentence lengths, and short sentences
+make them small.
 
 Decoding (:func:`decoding_estimate`), beam search (greedy: beam 1) over ``R = sentences x beam``
 rows, ``C`` output positions, ``S`` source positions::
@@ -73,8 +74,8 @@ from minitfm.exits import UsageError
 from minitfm.ids import EOS_ID
 
 __all__ = ["SENTENCEPIECE_MAX_VOCAB", "TooLarge", "Estimate", "check_vocab_for_corpus",
-           "parameter_count", "training_estimate", "decoding_estimate", "sampling_estimate", "state_estimate", "check_fits", "human_bytes",
-           "model_sizes", "with_model_sizes"]
+           "parameter_count", "training_estimate", "decoding_estimate", "sampling_estimate",
+           "state_estimate", "check_fits", "human_bytes", "model_sizes", "with_model_sizes"]
 
 SENTENCEPIECE_MAX_VOCAB = 2**31 - 1     # sentencepiece's TrainerSpec.vocab_size is an int32
 DEFAULT_EXTRA_OUTPUT = 50               # decode.EXTRA_LENGTH: the default output limit S + 50

@@ -26,7 +26,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from minitfm import backend, limits
+from minitfm import backend, fused, gradscale, limits
 from minitfm.training import phases
 from minitfm.training.state import TrainOptions
 
@@ -237,12 +237,22 @@ VOCABULARY = {option.dest: option for option in [
     # where a worker runs, and how it computes
     Option("--backend", "array backend", choices=("numpy", "cupy", "auto")),
     Option("--threads", "BLAS threads per worker on the CPU", positive_int, "N"),
-    Option("--precision", "float32 matrix products: tf32 on a GPU's tensor cores (compute "
-                          "capability 8.0 or higher; batched products, attention's, stay "
-                          "float32) or plain fp32", choices=backend.PRECISIONS,
-           absent="tf32 on such a GPU, else fp32; the CPU has fp32 only"),
+    Option("--precision", "matrix products: tf32 on a GPU's tensor cores (compute capability "
+                          "8.0 or higher; batched products, attention's, stay float32), plain "
+                          "fp32, or fp16: mixed precision, float16 operands summed in float32 "
+                          "with float32 master weights and a dynamic loss scale (on the CPU "
+                          "too, slowly)", choices=backend.PRECISIONS,
+           absent="tf32 on such a GPU, else fp32"),
+    Option("--loss-scale", f"fp16: the initial loss scale, halved at every update whose "
+                           f"gradients overflow (skipped) and doubled after "
+                           f"{gradscale.GROWTH_INTERVAL} finite ones",
+           number(0, low_open=True), "S"),
+    Option("--kernels", "on a GPU: fused kernels (softmax, LayerNorm, dropout, loss, Adam ... "
+                        "each in one launch) or the plain array code NumPy runs too",
+           choices=fused.CHOICES, absent="plain: fused becomes the default once a GPU run has "
+                                         "shown every kernel equal to its plain twin"),
 ]}
-PLACEMENT = ("backend", "threads", "precision")
+PLACEMENT = ("backend", "threads", "precision", "loss_scale", "kernels")
 RUN = ("out", "resume", "quiet", "no_lock")
 
 

@@ -37,6 +37,12 @@ From words to values (elements in row-major order):
 The shapes and sizes are host integers, and nothing is read back from the device. The array
 module a generator computes with (NumPy or CuPy) is given to it (``xp``): the backend makes its
 generators (``backend.rng``), and this module imports none of the library's.
+
+The fused kernels that draw dropout masks (``layers/dropout.py`` and the kernels that fuse a
+dropout) compute the same block function in CUDA C++ (:data:`DEVICE`), one thread per block of
+the stream, 8 mask elements a thread: a generator hands them its key and the first block of the
+draw (:meth:`Philox.take`), and moves on exactly as :meth:`Philox.keep` would, so a fused and a
+plain run draw the same masks.
 """
 
 from __future__ import annotations
@@ -45,7 +51,8 @@ import hashlib
 import math
 import operator
 
-__all__ = ["Philox", "block", "key_of", "MULTIPLIERS", "WEYL", "ROUNDS"]
+__all__ = ["Philox", "block", "key_of", "MULTIPLIERS", "WEYL", "ROUNDS", "DEVICE",
+           "KEEP_PER_BLOCK"]
 
 MULTIPLIERS = (0xD2511F53, 0xCD9E8D57)
 WEYL = (0x9E3779B9, 0xBB67AE85)
@@ -67,6 +74,29 @@ def block(c0, c1, c2, c3, k0: int, k1: int, xp):
         c0, c1, c2, c3 = ((p1 >> half) ^ c1 ^ u64(k0), p1 & word,
                           (p0 >> half) ^ c3 ^ u64(k1), p0 & word)
     return c0, c1, c2, c3
+
+
+KEEP_PER_BLOCK = 8      # 16-bit draws in one block of 4 words: mask elements per kernel thread
+
+DEVICE = r"""
+// Philox4x32-10 (minitfm/philox.py): block b of the stream of key (k0, k1), as 8 16-bit draws,
+// u[2j] the low and u[2j + 1] the high half of word j: the keep-mask draws of elements
+// 8(b - first) ... 8(b - first) + 7 of a draw that starts at block `first`.
+__device__ __forceinline__ void philox_draws16(unsigned long long b, unsigned int k0,
+                                               unsigned int k1, unsigned int u[8]) {
+    unsigned int c0 = (unsigned int)b, c1 = (unsigned int)(b >> 32), c2 = 0u, c3 = 0u;
+    for (int r = 0; r < 10; ++r) {
+        if (r) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
+        unsigned long long p0 = (unsigned long long)0xD2511F53u * c0;
+        unsigned long long p1 = (unsigned long long)0xCD9E8D57u * c2;
+        unsigned int n0 = (unsigned int)(p1 >> 32) ^ c1 ^ k0, n1 = (unsigned int)p1;
+        unsigned int n2 = (unsigned int)(p0 >> 32) ^ c3 ^ k1, n3 = (unsigned int)p0;
+        c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+    }
+    u[0] = c0 & 0xFFFFu; u[1] = c0 >> 16; u[2] = c1 & 0xFFFFu; u[3] = c1 >> 16;
+    u[4] = c2 & 0xFFFFu; u[5] = c2 >> 16; u[6] = c3 & 0xFFFFu; u[7] = c3 >> 16;
+}
+"""
 
 
 def key_of(seed: int, *stream: int) -> int:
@@ -117,6 +147,16 @@ class Philox:
         out = block(low, high, zero, zero, self.key & WORD, self.key >> 32, xp)
         self.counter += blocks
         return xp.stack(out, axis=-1).reshape(-1)[:n]                      # w[4b + j] = out[j][b]
+
+    def take(self, size: int) -> tuple[int, int, int]:
+        """For a kernel that draws a keep mask of ``size`` elements: ``(k0, k1, first)``, the key's
+        low and high words and the first block of the draw; the generator moves on as
+        :meth:`keep` of that size would (ceil(size / 8) blocks)."""
+        blocks = -(-operator.index(size) // KEEP_PER_BLOCK)
+        if self.counter + blocks > 1 << 64:
+            raise ValueError("this generator's 2^64 blocks are used up: start another stream")
+        first, self.counter = self.counter, self.counter + blocks
+        return self.key & WORD, self.key >> 32, first
 
     def random(self, shape, dtype=None):
         """Uniform numbers in [0, 1) of the given shape; ``dtype`` float64 (the default, as a

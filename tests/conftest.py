@@ -56,6 +56,16 @@ def cupy_device_available() -> bool:
         return False
 
 
+@pytest.fixture(autouse=True)
+def process_choices_restored():
+    """The precision and the kernels a test chooses are the process's (as a command's are):
+    put back afterwards, so that no other test runs in fp16 or with fused kernels by chance."""
+    from minitfm import fused
+    precision, kernels = backend.precision(), fused.choice()
+    yield
+    backend._precision, fused._choice = precision, kernels
+
+
 @pytest.fixture
 def numpy_backend():
     """Run a test on the NumPy backend, whatever the environment selects."""

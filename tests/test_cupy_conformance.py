@@ -340,3 +340,45 @@ def test_the_double_is_stricter_than_numpy_where_cupy_is(double):
     with pytest.raises(TypeError, match="Unsupported type <class 'numpy.ndarray'>"):
         x + numpy.ones(3)
     assert "cupy" in sys.modules and sys.modules["cupy"] is double
+
+
+def test_raw_kernel_has_cupys_parameters(double, real):
+    """cupy.RawKernel (cupy/_core/raw.pyx): the constructor's parameters, read from the class's
+    docstring (Cython embeds the signature there), and ``__call__(grid, block, args, *,
+    shared_mem=0)`` from its docstring's second signature line."""
+    from .cupy_signatures import parameters
+    theirs = doc_parameters(real.RawKernel.__doc__)
+    assert parameters(double.RawKernel.__init__) == theirs, theirs
+    call_doc = [line for line in real.RawKernel.__call__.__doc__.splitlines()
+                if line.strip().startswith("__call__(")][0].replace("__call__", "RawKernel.__call__")
+    assert parameters(double.RawKernel.__call__) == doc_parameters(call_doc)
+
+
+def _cublas_documentation() -> str:
+    """The text of CuPy's cuBLAS binding: gemmEx's docstring where libcublas loads, else the
+    strings compiled into the extension module (the docstrings are among them)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from cupy_backends.cuda.libs import cublas
+        return cublas.gemmEx.__doc__ or ""
+    except ImportError:
+        spec = importlib.util.find_spec("cupy_backends.cuda.libs.cublas")
+        assert spec is not None and spec.origin, "CuPy ships no cuBLAS binding"
+        with open(spec.origin, "rb") as f:
+            return f.read().decode("latin-1")
+
+
+def test_gemm_ex_and_its_constants_match(double, real):
+    """The double's ``cupy.cuda.cublas.gemmEx`` (mixed precision's products) has the binding's
+    parameters, ``cupy.cuda.get_cublas_handle`` exists, and the data types it is given are
+    CuPy's numbers (cuBLAS's enum values, CUBLAS_OP_N 0 / T 1, CUBLAS_COMPUTE_32F 68,
+    CUBLAS_GEMM_DEFAULT_TENSOR_OP 99, are cuBLAS's ABI: cublas_api.h)."""
+    from .cupy_signatures import parameters
+    text = _cublas_documentation()
+    line = re.search(r"gemmEx\((intptr_t handle[^)]*)\)", text)
+    assert line, "no gemmEx signature in CuPy's cuBLAS binding"
+    assert parameters(double.cuda.cublas.gemmEx) == doc_parameters(f"gemmEx({line.group(1)})")
+    assert callable(real.cuda.get_cublas_handle) and callable(double.cuda.get_cublas_handle)
+    assert (double.cuda.runtime.CUDA_R_16F, double.cuda.runtime.CUDA_R_32F) == \
+        (real.cuda.runtime.CUDA_R_16F, real.cuda.runtime.CUDA_R_32F)

@@ -529,6 +529,7 @@ def batches(epoch):                # 5 batches of different sizes an epoch, the 
 with world.fail_together():
     for run in runs:
         backend.set_float_dtype(run["dtype"])
+        backend.set_precision(run["precision"])
         cfg = Config.preset("tiny", src_vocab=tasks.model_vocab(VOCAB),
                             tgt_vocab=tasks.model_vocab(VOCAB), dropout=0.1)
         options = TrainOptions(
@@ -558,9 +559,10 @@ def train_runs(workers: int, runs: list[dict], results: Path, watched: Path) -> 
     return run.records()
 
 
-def run_spec(name, update_freq, steps, *, directory=None, dtype="float32", resume=False):
+def run_spec(name, update_freq, steps, *, directory=None, dtype="float32", resume=False,
+             precision="fp32"):
     return {"name": name, "dir": directory or name, "update_freq": update_freq, "steps": steps,
-            "dtype": dtype, "resume": resume}
+            "dtype": dtype, "resume": resume, "precision": precision}
 
 
 @pytest.fixture(scope="module")
@@ -575,10 +577,12 @@ def worker_runs(tmp_path_factory):
     results.mkdir()
     runs.mkdir()
     one = train_runs(1, [run_spec("one", 2, 4), run_spec("one-then-two", 2, 2),
-                         run_spec("one64", 4, 3, dtype="float64")], results, runs)
+                         run_spec("one64", 4, 3, dtype="float64"),
+                         run_spec("one16", 2, 4, precision="fp16")], results, runs)
     two = train_runs(2, [run_spec("two", 1, 4), run_spec("two-then-one", 1, 2),
                          run_spec("one-then-two", 1, 4, resume=True),
-                         run_spec("two64", 2, 3, dtype="float64")], results, runs)
+                         run_spec("two64", 2, 3, dtype="float64"),
+                         run_spec("two16", 1, 4, precision="fp16")], results, runs)
     train_runs(1, [run_spec("two-then-one", 2, 4, resume=True)], results, runs)
     return {"results": results, "runs": runs, "one": one, "two": two}
 
@@ -595,6 +599,18 @@ def final_checkpoint(worker_runs, directory: str):
 def logged_steps(worker_runs, directory: str) -> list[dict]:
     with open(worker_runs["runs"] / directory / "log.jsonl") as f:
         return [json.loads(line) for line in f]
+
+
+@pytest.mark.mpi
+def test_two_workers_in_fp16_make_the_updates_of_one_worker(worker_runs):
+    """Mixed precision over two workers: the summed scaled gradients, the loss scale and the
+    masked update are every worker's, and the one worker's with twice the update_freq."""
+    one, two = result(worker_runs, "one16"), result(worker_runs, "two16")
+    np.testing.assert_array_equal(two, one)
+    np.testing.assert_array_equal(result(worker_runs, "two16", rank=1), two)
+    assert not np.array_equal(one, result(worker_runs, "one"))       # fp16 ran, not float32
+    scalers = [final_checkpoint(worker_runs, d).extra["loss_scaler"] for d in ("one16", "two16")]
+    assert scalers[0] == scalers[1] and scalers[0]["scale"] > 0
 
 
 @pytest.mark.mpi

@@ -36,13 +36,17 @@ def double():
             backend.use(previous)
 
 
-def test_numpy_has_fp32_only(numpy_backend):
+def test_numpy_has_fp32_and_fp16(numpy_backend):
     assert backend.set_precision(None) == ("fp32", "NumPy: float32 only")
     assert backend.set_precision("fp32") == ("fp32", "asked")
     with pytest.raises(backend.BackendError, match="tf32 runs on a GPU's tensor cores.*use fp32"):
         backend.set_precision("tf32")
-    with pytest.raises(backend.BackendError, match="unknown precision 'fp16'"):
-        backend.set_precision("fp16")
+    assert backend.precision() == "fp32"
+    with pytest.raises(backend.BackendError, match="unknown precision 'fp8'"):
+        backend.set_precision("fp8")
+    with pytest.raises(backend.BackendError, match="'bf16': use fp32, tf32, fp16 .NumPy has no"):
+        backend.set_precision("bf16")
+    assert backend.set_precision("fp16") == ("fp16", "asked") and backend.precision() == "fp16"
 
 
 def test_tf32_is_the_default_from_compute_capability_8(double):

@@ -57,7 +57,8 @@ def stream_sample(params: dict, cfg: lm.LMConfig, tokenizer, prompt, args: argpa
 def run_sampling(args: argparse.Namespace, threads_cap: int | None) -> int:
     """``train_lm.py --sample``: stream text from ``--checkpoint``."""
     cli.select_backend(args.backend, "numpy")
-    cli.place(args.threads, threads_cap, args.precision, announce=False)    # output: the text alone
+    cli.place(args.threads, threads_cap, args.precision, announce=False,
+              kernels=args.kernels)    # output: the text alone
     checked = usable.load(args.checkpoint, lm.KIND, with_optimizer=False)
     tokenizer = stored_tokenizer(checked.ckpt.vocab_id, checked.ckpt.vocab_model,
                                  checked.ckpt.path)

@@ -202,7 +202,7 @@ def run_training(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     cli.reuse_freed_memory()
     chosen = cli.select_backend(args.backend, "numpy")
-    cli.place(args.threads, THREADS, args.precision)  # GPU or threads, precision: the first line
+    cli.place(args.threads, THREADS, args.precision, kernels=args.kernels)  # the first line
     check_sizes(args)
     with Run(options.train_options(args, TRAINER), lm.KIND) as run:   # a resume: checked now
         resumed = run.resumed_vocab()

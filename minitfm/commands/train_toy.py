@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     cli.reuse_freed_memory()
     world = distributed.world()      # several workers (mpiexec): rank 0 writes and reports
     chosen = cli.select_backend(args.backend, "numpy")
-    cli.place(args.threads, THREADS, args.precision)  # GPU or threads, precision: the first line
+    cli.place(args.threads, THREADS, args.precision, kernels=args.kernels)  # the first line
     cfg = model_config(args)
     if args.length + 2 > cfg.max_len:      # the target: BOS, the symbols, EOS
         raise UsageError(f"--length {args.length} is too long for the {args.preset} preset's "

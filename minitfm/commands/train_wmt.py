@@ -279,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run() -> int:
         chosen = cli.select_backend(args.backend, "auto")
         world = distributed.world()
-        cli.place(args.threads, None, args.precision)  # GPU or threads, precision: first line
+        cli.place(args.threads, None, args.precision, kernels=args.kernels)  # the first line
         if args.preset in ("base", "big") and backend.name == "numpy" and not args.eval_only:
             print(f"warning: the {args.preset} preset on the CPU ({chosen}) will take days; "
                   f"train it on a CUDA GPU with --backend cupy (pip install -e '.[gpu]')",

@@ -17,12 +17,17 @@ Parameters: those of the LayerNorm, "gamma" and "beta". The sub-layer F is an in
 gradients of its other inputs, then of its parameters) where the gradient of the input F goes.
 Dropout and "+= x" work in place on the sub-layer's output: see the in-place rule in
 ``minitfm/layers/__init__.py``.
+
+Fused (``--kernels fused``, on CuPy): the dropout and the residual add are one kernel over F(.)
+(its Philox mask drawn inside, as dropout.py's kernel draws it); its twin is ``_add_dropped``.
+The backward pass's dropout is dropout.py's fused kernel.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+from minitfm import backend, fused, philox
 from minitfm.layers import dropout, layernorm
 
 
@@ -38,12 +43,10 @@ def forward(x, sublayer, ln, p_drop, rng, pre_ln):
     if pre_ln:
         h, c_ln = layernorm.forward(x, ln)
         f, c_sub = sublayer(h)
-        f, c_drop = dropout.forward(f, p_drop, rng, inplace=True)   # f is ours
-        f += x
+        f, c_drop = _add_dropped(x, f, p_drop, rng)
         return f, Cache(c_ln, c_sub, c_drop, pre_ln)
     f, c_sub = sublayer(x)
-    f, c_drop = dropout.forward(f, p_drop, rng, inplace=True)   # f is ours
-    f += x
+    f, c_drop = _add_dropped(x, f, p_drop, rng)
     y, c_ln = layernorm.forward(f, ln)
     return y, Cache(c_ln, c_sub, c_drop, pre_ln)
 
@@ -75,3 +78,50 @@ def backward(dy, cache: Cache, sublayer_backward, out=None):
     dx, *rest = sublayer_backward(df, cache.sublayer)
     dx += ds                                        # the identity path
     return (dx, *rest, g_ln)
+
+
+def _add_dropped(x, f, p_drop, rng):
+    """``x + Dropout(f)``, in place on f (which is ours); ``(sum, dropout cache)``."""
+    if fused.active(x, f) and rng is not None and p_drop > 0.0 and isinstance(rng, philox.Philox):
+        return _fused_add_dropped(x, f, p_drop, rng)
+    f, c_drop = dropout.forward(f, p_drop, rng, inplace=True)
+    f += x
+    return f, c_drop
+
+
+# ---- fused: dropout + residual add -------------------------------------------------------------
+
+SOURCE = philox.DEVICE + r"""
+// f = x + dropout(f), in place over f, 8 elements a thread (a block of Philox)
+extern "C" __global__ void dropout_residual(float* f, const float* x, bool* keep, long long n,
+        unsigned int threshold, float scale, unsigned int k0, unsigned int k1,
+        unsigned long long first) {
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x, i = t * 8;
+    if (i >= n) return;
+    unsigned int u[8];
+    philox_draws16(first + t, k0, k1, u);
+    for (int j = 0; j < 8 && i + j < n; ++j) {
+        bool kept = u[j] >= threshold;
+        keep[i + j] = kept;
+        f[i + j] = (kept ? f[i + j] * scale : 0.0f) + x[i + j];
+    }
+}
+"""
+
+
+def _twin(f, x, keep, n, threshold, scale, k0, k1, first):
+    keep[...] = dropout.mask_of(f.shape, threshold, k0, k1, first)
+    f *= keep
+    f *= float(scale)
+    f += x
+
+
+KERNEL = fused.Kernel("dropout_residual", SOURCE, _twin)
+
+
+def _fused_add_dropped(x, f, p_drop, rng):
+    x, f = backend.xp.ascontiguousarray(x), backend.xp.ascontiguousarray(f)
+    keep = backend.xp.empty(f.shape, dtype=bool)
+    args = dropout.draw(rng, f.size, p_drop)
+    KERNEL(fused.grid_for(f.size, philox.KEEP_PER_BLOCK), (f, x, keep, fused.i64(f.size), *args))
+    return f, dropout.Cache(keep, float(args[1]))

@@ -52,12 +52,13 @@ class Model(Protocol):
         """Raise a clear error unless ``params`` fits ``cfg`` and lives on the active device."""
 
     def loss_and_grads(self, params: dict, cfg, a, b, rng=None, *, grads: bool = True,
-                       normalizer: float | None = None, out: dict | None = None
-                       ) -> tuple[dict, dict | None]:
+                       normalizer: float | None = None, out: dict | None = None,
+                       loss_scale=None) -> tuple[dict, dict | None]:
         """``(stats, grads)`` of one batch: stats has "loss" and "nll" (0-d arrays, normalised
         by ``normalizer``, default the batch's targets) and "tokens" (an int); grads is written
         into ``out`` when given (see the gradient rule in layers/__init__.py). ``rng``: dropout
-        masks (None: none)."""
+        masks (None: none). ``loss_scale``: a 0-d device array multiplying the gradients
+        (mixed precision, minitfm.gradscale)."""
 
     def batch_tokens(self, batch: tuple, cfg) -> int:
         """The number of targets of a batch, counted on the host."""

@@ -196,7 +196,7 @@ def check_blocks(cfg: LMConfig, x, y):
 
 
 def loss_and_grads(params, cfg: LMConfig, x, y, rng=None, *, grads=True, normalizer=None,
-                   out=None):
+                   out=None, loss_scale=None):
     """The cross-entropy of predicting ``y`` from ``x`` and, unless ``grads=False``, the gradient
     of every parameter.
 
@@ -207,6 +207,7 @@ def loss_and_grads(params, cfg: LMConfig, x, y, rng=None, *, grads=True, normali
         the target count of a whole accumulated update to make gradient accumulation exact).
     out: a dict of arrays with the keys and shapes of ``params`` into which the gradients are
         written, overwriting it; default: new arrays, in one flat buffer (:mod:`minitfm.flat`).
+    loss_scale: a 0-d device array multiplying the gradients (mixed precision's loss scale).
 
     Returns ``(stats, grads)`` as the translator's ``loss_and_grads`` does: stats has "loss" and
     "nll" (the same number: no label smoothing) as 0-d arrays of the backend, and "tokens" (B*T,
@@ -223,7 +224,8 @@ def loss_and_grads(params, cfg: LMConfig, x, y, rng=None, *, grads=True, normali
         out = flat.zeros_like(params)
     (loss_sum, _), dh, _ = output.forward_backward(
         h.reshape(n_tokens, d), {"table": params["emb"]}, y.reshape(-1), 0.0,
-        1.0 / norm if grads else None, {"table": out["emb"]} if grads else None)  # writes emb
+        1.0 / norm if grads else None, {"table": out["emb"]} if grads else None,  # writes emb
+        loss_scale)
     loss_sum /= norm
     stats = {"loss": loss_sum, "nll": loss_sum, "tokens": n_tokens}
     if not grads:

@@ -257,7 +257,8 @@ def check_batch(cfg: Config, src, tgt):
     return src, tgt, rows
 
 
-def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=None, out=None):
+def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=None, out=None,
+                   loss_scale=None):
     """The label-smoothed loss of a batch and, unless ``grads=False``, the gradients of every parameter.
 
     src (B, S): source ids, padded with ``cfg.pad_id``.
@@ -272,6 +273,8 @@ def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=No
     out: a dict of arrays with the keys and shapes of ``params`` (e.g. ``flat.zeros_like(params)``)
         into which the gradients are written, overwriting it; default: new arrays, in one flat
         buffer (:mod:`minitfm.flat`).
+    loss_scale: a 0-d device array the gradients are multiplied by (mixed precision's loss
+        scale, minitfm.gradscale); the stats are not scaled.
 
     Returns ``(stats, grads)``: stats has "loss" (normalised label-smoothed loss) and "nll"
     (normalised negative log-likelihood) as 0-d arrays of the backend -- ``float()`` reads them,
@@ -297,7 +300,7 @@ def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=No
     h_sel = h.reshape(b * t, d)[rows]                                     # (N, d)
     (loss_sum, nll_sum), dh_sel, _ = output.forward_backward(
         h_sel, {"table": params[tgt_name]}, tgt_out.reshape(-1)[rows], cfg.label_smoothing,
-        1.0 / norm if grads else None, {"table": out[tgt_name]} if grads else None)
+        1.0 / norm if grads else None, {"table": out[tgt_name]} if grads else None, loss_scale)
     loss_sum /= norm
     nll_sum /= norm
     stats = {"loss": loss_sum, "nll": nll_sum, "tokens": n_tokens}

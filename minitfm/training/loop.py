@@ -12,17 +12,18 @@ The update never waits for the device: parameters, gradients and Adam's moments 
 (:mod:`minitfm.flat`), so accumulating, clipping and Adam are a few whole-buffer operations;
 token counts are read from the host batches, and the loss, the gradient norm and the finite
 checks only when a log line is written. The loop never asks which model it trains: the config
-does (``models.of(cfg)``).
+does (``models.of(cfg)``). Under mixed precision (``--precision fp16``, minitfm.mixed) the
+products read a float16 copy of the parameters made for the update, the loss is scaled, and the
+gradients are unscaled, checked and the update skipped on the device when they overflowed
+(``state.scaler``, minitfm.gradscale).
 
 Reproducibility: the dropout masks of the i-th batch of update k come from
 ``backend.rng(seed, k, i)``, and ``batches(epoch)`` yields the same batches in the same order for
 the same epoch, so a resumed run skips the batches consumed and reaches the same parameters.
 
-Several workers (``mpiexec -n N``): every worker reads the same batch order and takes its
-``update_freq`` consecutive batches of each update's N x ``update_freq`` (``World.shard``); the
-gradients are normalised by the update's tokens over all workers and summed by one all-reduce
-of the flat buffer, so every update is that of one worker with N times the ``update_freq``. The
-time limit follows the slowest worker's clock; signals are gathered at the end of every update.
+Several workers (``mpiexec -n N``): each takes its ``update_freq`` consecutive batches of every
+update's N x ``update_freq`` (``World.shard``), normalised by the update's tokens over all of
+them and summed by one all-reduce: one worker's update with N times the ``update_freq``.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ from collections.abc import Callable, Iterable, Iterator
 
 from tqdm import tqdm
 
-from minitfm import backend, flat, models
+from minitfm import backend, flat, mixed, models
+from minitfm.gradscale import clip_grad_norm
 from minitfm.models import DROPOUTS
-from minitfm.optim import clip_grad_norm
 from minitfm.training.divergence import DivergenceWatch
 from minitfm.training.run import Run, due
 from minitfm.training.state import TrainState
@@ -86,23 +87,14 @@ def accumulate(state: TrainState, cfg, micro_batches: list, step: int, seed: int
         out = state.grads if i == 0 else state.scratch
         rng = backend.rng(seed, step, first + i)    # dropout masks: a function of the seed, the
                                                     # step and the batch's place in the update
-        s, _ = trained.loss_and_grads(state.params, cfg, a, b, rng, normalizer=total, out=out)
+        s, _ = trained.loss_and_grads(state.params, cfg, a, b, rng, normalizer=total, out=out,
+                                      **({} if state.scaler is None
+                                         else {"loss_scale": state.scaler.scale}))
         stats["loss"] = stats["loss"] + s["loss"]          # 0-d arrays: read at the log line
         stats["nll"] = stats["nll"] + s["nll"]
         if i > 0:
-            _add_into(state.grads, state.scratch)
+            flat.add_into(state.grads, state.scratch)
     return stats, state.grads
-
-
-def _add_into(total: dict, part: dict) -> None:
-    """total += part, for two gradient dicts of one layout (one operation on flat buffers)."""
-    buffers = flat.buffer_of(total, part)
-    if buffers is not None:
-        total_buffer, part_buffer = buffers
-        total_buffer += part_buffer
-        return
-    for name, g in total.items():
-        g += part[name]
 
 
 def update(run: Run, taken: list) -> dict:
@@ -119,14 +111,20 @@ def update(run: Run, taken: list) -> dict:
     time_fraction = run.time_fraction()
     if run.plan.dropout_off(step, time_fraction, state.record.dropout_from):
         cfg = dataclasses.replace(cfg, **{name: 0.0 for name in DROPOUTS})
-    stats, grads = accumulate(state, cfg, micro_batches, step, state.seed,
-                              first=world.rank * len(micro_batches), tokens=tokens)
+    with mixed.half_copies(state.params):        # fp16: the products' copy of the parameters
+        stats, grads = accumulate(state, cfg, micro_batches, step, state.seed,
+                                  first=world.rank * len(micro_batches), tokens=tokens)
     world.allreduce_sum(grads.buffer)            # one collective: the sum over all workers
-    if run.options.clip_norm is not None:
-        stats["grad_norm"] = clip_grad_norm(grads, run.options.clip_norm)  # NaN/Inf left alone
+    clip = run.options.clip_norm
+    if state.scaler is not None:                 # fp16: g / S, clipped; S updated, on the device
+        norm = state.scaler.unscale(grads, clip)
+    else:
+        norm = None if clip is None else clip_grad_norm(grads, clip)   # NaN/Inf left alone
+    if clip is not None:
+        stats["grad_norm"] = norm
     stats["lr"] = run.plan.schedule(step, time_fraction)
     with interrupts_deferred():
-        state.optimizer.update(state.params, grads, stats["lr"])
+        state.optimizer.update(state.params, grads, stats["lr"], state.scaler)
         state.step = step
         state.epoch, state.batches_done = taken[-1][:2]     # the position in the global order
         state.tokens += stats["tokens"]

@@ -38,7 +38,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from minitfm import checkpoint, distributed, flat, models, usable
+from minitfm import backend, checkpoint, distributed, flat, models, usable
+from minitfm.gradscale import LossScaler
 from minitfm.optim import Adam
 from minitfm.training.divergence import diverged
 from minitfm.training.plan import PlanError, plan
@@ -218,12 +219,15 @@ class Run:
         optimizer.load_state_dict(ckpt.optimizer_state)
         extra = ckpt.extra
         valid = extra.get("valid", {}) if record.last_validated == ckpt.step else {}
+        scaler = self._scaler()
+        if scaler is not None and "loss_scaler" in extra:
+            scaler.load_state_dict(extra["loss_scaler"])     # as it was: a resume continues exactly
         self.say(f"resuming from {ckpt.path} (step {ckpt.step})")
         return TrainState(params=params, optimizer=optimizer, seed=extra["seed"], step=ckpt.step,
                           epoch=extra["epoch"], batches_done=extra["batches_done"],
                           tokens=extra["tokens"], elapsed=extra["elapsed"],
                           last_checkpoint=ckpt.path, valid=dict(valid), record=record,
-                          out_of_patience=bool(options.patience)
+                          scaler=scaler, out_of_patience=bool(options.patience)
                           and record.since_best >= options.patience)
 
     def _fresh(self, params: dict | None) -> TrainState:
@@ -232,7 +236,12 @@ class Run:
         trained.check_params(params, self.cfg)
         return TrainState(params=params,
                           optimizer=Adam(params, weight_decay=self.options.weight_decay),
-                          seed=self.options.seed, record=Record(metric=self.options.best_metric))
+                          seed=self.options.seed, record=Record(metric=self.options.best_metric),
+                          scaler=self._scaler())
+
+    def _scaler(self) -> LossScaler | None:
+        """A loss scaler under mixed precision (``backend.precision() == "fp16"``), else None."""
+        return LossScaler(self.options.loss_scale) if backend.precision() == "fp16" else None
 
     def _share(self) -> None:
         """Every worker continues from rank 0's state, fresh or resumed: its parameters, Adam's
@@ -244,6 +253,8 @@ class Run:
             return
         for arrays in (state.params, state.optimizer.m, state.optimizer.v):
             world.broadcast_params(arrays)
+        if state.scaler is not None:
+            world.broadcast_params({"loss_scaler": state.scaler.state})
         numbers = world.broadcast_numbers([state.step, state.optimizer.step, state.epoch,
                                            state.batches_done, state.tokens, state.elapsed])
         (state.step, state.optimizer.step, state.epoch, state.batches_done,
@@ -287,7 +298,8 @@ class Run:
         extra = {"seed": state.seed, "epoch": state.epoch, "batches_done": state.batches_done,
                  "tokens": state.tokens, "elapsed": state.elapsed, "run_meta": self.run_meta,
                  "validation": state.record.to_dict(), **({"valid": validated} if validated
-                                                           else {})}
+                                                           else {}),
+                 **({"loss_scaler": state.scaler.state_dict()} if state.scaler else {})}
 
         def write(path: str) -> None:
             checkpoint.save(path, state.params, optimizer_state=state.optimizer.state_dict(),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from minitfm.gradscale import INITIAL_SCALE, LossScaler
 from minitfm.optim import Adam
 from minitfm.training.validation import Record
 
@@ -53,6 +54,7 @@ class TrainOptions:
     keep_best: int = 0                  # the checkpoints of the best validations, also kept
     patience: int = 0                   # stop after this many validations without improvement
     progress: bool = True               # tqdm bar and validation messages on the console
+    loss_scale: float = INITIAL_SCALE   # mixed precision (--precision fp16): the initial scale
     command: dict = field(default_factory=dict)   # every option as given: run.json's "args"
     defining: tuple[str, ...] = ()      # the options of command a resumed run may not change
 
@@ -79,3 +81,4 @@ class TrainState:
     record: Record = field(default_factory=Record)   # judged so far
     grads: dict | None = field(default=None, repr=False)     # flat gradient buffers, reused by
     scratch: dict | None = field(default=None, repr=False)   # every update (loop.accumulate)
+    scaler: LossScaler | None = None    # mixed precision's loss scale (--precision fp16)

@@ -38,8 +38,13 @@ class LogWindow:
         loss per token (the same on every worker)."""
         state, world = run.state, run.world
         read = [self.loss, self.nll] + ([stats["grad_norm"]] if "grad_norm" in stats else [])
-        sums = [float(v) for v in backend.to_host_together(*read)]   # wait for them here, once
+        scaler = [] if state.scaler is None else [state.scaler.state]
+        host = backend.to_host_together(*read, *scaler)              # wait for them here, once
+        scaled = host.pop() if scaler else None
+        sums = [float(v) for v in host]
         grad_norm = sums.pop() if "grad_norm" in stats else None
+        if scaler and scaled[3]:         # the latest update was skipped: its norm is not finite
+            grad_norm = None
         if world.distributed:
             sums = world.allreduce_numbers(sums)                     # this worker's part: sum
         loss, nll = sums[0] / self.tokens, sums[1] / self.tokens     # tokens: all workers'
@@ -49,6 +54,8 @@ class LogWindow:
                   "elapsed": round(state.elapsed, 3)}
         if grad_norm is not None:
             record["grad_norm"] = grad_norm
+        if scaler:                       # the loss scale now, and the updates skipped so far
+            record.update(loss_scale=float(scaled[0]), skipped=int(scaled[2]))
         if run.run_dir:
             run.run_dir.append_log(record, state.last_checkpoint)
         bar.set_postfix(loss=f"{loss:.3f}", lr=f"{record['lr']:.2e}",

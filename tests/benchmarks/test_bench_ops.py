@@ -141,3 +141,34 @@ def test_launches_on_cupys_path_include_philox(bench, numpy_backend):
     assert "philox" not in ops["by_module"]
     for module in ("layers.layernorm", "layers.linear"):
         assert launches[module] == ops["by_module"][module]      # one launch per operation
+
+
+def test_fused_kernels_cut_the_launches_and_nothing_waits(bench, numpy_backend):
+    """Plain and fused counts side by side: the fused update launches a fraction of the plain
+    one's kernels (Philox's masks drawn inside the kernels), and neither copies to the host."""
+    cfg = translator.Config.preset("tiny", dropout=0.1, attention_dropout=0.1, relu_dropout=0.1)
+    with cupy_double("14"):
+        result = bench.launches_per_update(cfg, 1, sentences=2, src_len=5, tgt_len=5,
+                                           clip_norm=1.0)
+    assert result["device_to_host"] == result["device_to_host_fused"] == 0, result
+    assert result["device_to_host_fp16"] == 0, result
+    assert "philox" in result["launches_by_module"]
+    assert "philox" not in result["launches_by_module_fused"]
+    assert result["launches_by_module_fused"]["fused kernels"] > 0
+    assert result["launches_fused"] < result["launches"] / 3, result
+    # fp16: float16 casts and GEMMs in mixed, the scaler's kernels; no float32 product left
+    assert result["launches_by_module_fp16"]["mixed"] > 0
+    assert result["launches_fp16"] < result["launches"] / 3, result
+
+
+@pytest.mark.slow
+def test_the_base_update_keeps_its_launch_budget(bench, numpy_backend):
+    """The budget itself: one ``base`` update of one batch with fused kernels and fp16 launches at
+    most bench_ops.LAUNCH_BUDGET kernels on the double (767 measured), and copies nothing to the
+    host (about 3 minutes: the base model, three paths, two runs each)."""
+    cfg = translator.Config.preset("base")
+    with cupy_double("14"):
+        result = bench.launches_per_update(cfg, 1, sentences=4, src_len=12, tgt_len=12,
+                                           clip_norm=1.0)
+    assert result["launches_fp16"] <= bench.LAUNCH_BUDGET, result["launches_by_module_fp16"]
+    assert result["device_to_host_fp16"] == result["device_to_host_fused"] == 0, result

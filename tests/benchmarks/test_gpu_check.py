@@ -80,7 +80,7 @@ def test_dense_peaks_by_card_name(modules, name, tf32):
 
 def check_report(report: dict, markdown: str) -> None:
     sections = report["sections"]
-    assert list(sections) == ["device", "pytest", "base", "big", "multi30k"]
+    assert list(sections) == ["device", "kernels", "pytest", "base", "big", "multi30k"]
     assert all(s["status"] == "ok" for s in sections.values()), sections
     device = sections["device"]
     assert device["cupy_double"] and device["compute_capability"] == "9.0"
@@ -88,17 +88,22 @@ def check_report(report: dict, markdown: str) -> None:
     assert device["memory_bytes"] == 4 << 20
     for key in ("gpu", "driver_cuda", "runtime_cuda", "cupy", "numpy", "pytorch", "python"):
         assert device[key], key
+    kernels = sections["kernels"]
+    assert kernels["all_equal"] and {r["kernel"] for r in kernels["rows"] if "kernel" in r}
     tests = sections["pytest"]
     assert tests["collected"] >= 3 and tests["failed"] == tests["errors"] == 0, tests
     assert tests["passed"] + tests["skipped"] + len(tests["interrupted"]) + \
         len(tests["left_out_for_time"]) == tests["collected"]
     base = sections["base"]
     rows = {(r["contender"], r["precision"]): r for r in base["rows"]}
-    assert len(rows) == 5 and 0 < base["batched_fp32_share"] < 1
-    for precision in ("fp32", "tf32"):
-        row = rows["minitfm", precision]
+    assert len(rows) == 7 and 0 < base["batched_fp32_share"] < 1
+    for who, precision in (("minitfm", "fp32"), ("minitfm", "tf32"), ("minitfm fused", "tf32"),
+                           ("minitfm fused", "fp16")):
+        row = rows[who, precision]
         assert row["step_s"] > 0 and row["target_tokens_per_s"] > 0, row
-        assert row["launches_per_update"] > 100 and "double" in row["launches_counted_by"]
+        assert row["launches_per_update"] > 20 and "double" in row["launches_counted_by"]
+    assert rows["minitfm fused", "tf32"]["launches_per_update"] < \
+        rows["minitfm", "tf32"]["launches_per_update"] / 2
     torch_rows = [r for (who, _), r in rows.items() if who != "minitfm"]
     assert all(r["status"] in ("ok", "skipped") for r in torch_rows), torch_rows
     big = sections["big"]
@@ -107,7 +112,7 @@ def check_report(report: dict, markdown: str) -> None:
     m30k = sections["multi30k"]
     assert m30k["valid_bleu"] >= 0 and m30k["tokens_per_s"] > 0 and m30k["steps"] == 3, m30k
     assert "precision tf32" in m30k["first_line"]
-    for title in ("## Device", "## pytest -m gpu", "## The base update", "| minitfm | tf32 |",
+    for title in ("## Device", "## Fused kernels against their plain twins", "## pytest -m gpu", "## The base update", "| minitfm | tf32 |",
                   "## The big preset's largest batch", "Greedy validation BLEU"):
         assert title in markdown, title
 

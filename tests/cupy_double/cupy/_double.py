@@ -4,7 +4,8 @@ Which CuPy release the double behaves as (``CUPY_DOUBLE_RULES=14|13``, default 1
 counters tests assert budgets with: every device-to-host copy (``device_to_host``), every
 random generator created (``generators``), every launch of device work (``launches``: a kernel
 or a memset, see :func:`launch`) and every float32 product of one cuBLAS GEMM, run on TF32
-tensor cores (``tf32_products``) or in plain float32 (``fp32_products``).
+tensor cores (``tf32_products``) or in plain float32 (``fp32_products``), and every float16 one
+(``fp16_products``: float32 sums).
 
     from cupy import _double
     _double.reset()
@@ -28,7 +29,8 @@ import json
 import os
 import sys
 
-__all__ = ["RULES", "counts", "reset", "counting", "events", "describe", "Counter", "launch"]
+__all__ = ["RULES", "counts", "reset", "counting", "events", "describe", "Counter", "launch",
+           "emulate"]
 
 
 def _rules() -> int:
@@ -42,18 +44,21 @@ def _rules() -> int:
 RULES = _rules()
 VERSION = {14: "14.2.0", 13: "13.6.0"}[RULES]
 TRACE = os.environ.get("CUPY_DOUBLE_TRACE", "") not in ("", "0")
-KINDS = ("device_to_host", "generators", "launches", "tf32_products", "fp32_products")
+KINDS = ("device_to_host", "generators", "launches", "tf32_products", "fp32_products",
+         "fp16_products")
 _UNTRACED = ("launches",)        # thousands per step: counted by site, not listed one by one
 
 _counts = dict.fromkeys(KINDS, 0)
 _events: list[dict] = []
 _counters: list[Counter] = []     # the open counting() blocks
+_inside_kernel = 0                # > 0 while a kernel's twin runs: its operations are the kernel
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 class Counter:
     """The counts inside one ``counting()`` block (attributes ``device_to_host``,
-    ``generators``, ``launches``, ``tf32_products``, ``fp32_products``; ``events``: where each copy, generator and
+    ``generators``, ``launches``, ``tf32_products``, ``fp32_products``, ``fp16_products``;
+    ``events``: where each copy, generator and
     product happened; ``launch_sites``: launches by ``file:line (function)``)."""
 
     def __init__(self) -> None:
@@ -103,7 +108,27 @@ def launch(what: str = "kernel") -> None:
     gather or scatter, a copy between arrays, a random draw, a matrix product, a collective)
     or a memset (``zeros``). One per CuPy call that launches work: the lower bound of what the
     device runs, since cuBLAS, CUB and CuPy's scans may launch several kernels for one call."""
-    record("launches", what)
+    if not _inside_kernel:
+        record("launches", what)
+
+
+def emulate(kernel, grid, block, args, twin) -> None:
+    """Launch ``kernel`` (a ``cupy.RawKernel``) as the double can: the launch checked as CuPy
+    checks it, then ``twin(*args)``, the kernel's plain twin, run in its place and counted as one
+    launch (its own operations are not counted). A twin must not copy to the host: that would
+    be a copy the kernel does not make, and is refused."""
+    global _inside_kernel
+    from cupy._core.raw import check_launch
+    check_launch(grid, block, args)
+    record("launches", f"kernel {kernel.name}")
+    before = _counts["device_to_host"]
+    _inside_kernel += 1
+    try:
+        twin(*args)
+    finally:
+        _inside_kernel -= 1
+    if _counts["device_to_host"] != before:
+        raise AssertionError(f"the twin of kernel {kernel.name!r} copied to the host")
 
 
 def device_to_host(what: str) -> None:

@@ -507,9 +507,13 @@ def array_equal(a1, a2, equal_nan=False):
 
 
 def nan_to_num(x, copy=True, nan=0.0, posinf=None, neginf=None):
+    """cupy/_math/misc.py nan_to_num: ``copy=False`` writes into x (one kernel either way)."""
     x = _array_arg(x, "x")
     result = numpy.nan_to_num(x._a, copy=copy, nan=nan, posinf=posinf, neginf=neginf)
-    return x if not copy else _wrap(result)
+    if not copy:
+        _double.launch()
+        return x
+    return _wrap(result)
 
 
 # ---- linear algebra (cupy/linalg/_product.py, cupy/_core/_routines_linalg.pyx) ---------------

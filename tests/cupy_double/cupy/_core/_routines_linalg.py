@@ -87,8 +87,13 @@ def _tf32(host: numpy.ndarray) -> numpy.ndarray:
 
 def core_operands(a: ndarray, b: ndarray):
     """The NumPy operands of a product CuPy runs through ``tensordot_core`` (cuBLAS GEMM with
-    the compute type of its result's dtype): rounded to TF32 under ``COMPUTE_TYPE_TF32``."""
+    the compute type of its result's dtype): rounded to TF32 under ``COMPUTE_TYPE_TF32``; float16
+    ones as float32 (``tensordot_core_v11``: ``gemmEx`` with float16 operands and
+    ``CUBLAS_COMPUTE_32F``: products summed in float32; the caller rounds the result to float16)."""
     result = numpy.result_type(a.dtype, b.dtype)
+    if result == numpy.float16 and not a.ndim == b.ndim == 1:
+        _double.record("fp16_products", "float16 GEMM, float32 sums")
+        return a._a.astype(numpy.float32), b._a.astype(numpy.float32)
     if a.ndim == b.ndim == 1 or result != numpy.float32:
         return a._a, b._a
     if get_compute_type(result) != COMPUTE_TYPE_TF32:
@@ -102,14 +107,15 @@ def dot(a, b, out=None):
     """cupy/_core/_routines_linalg.pyx dot: ``out`` must have the result's dtype
     (``ValueError('Not supported dtype combination.')``) and be C-contiguous."""
     a, b = _array_arg(a), _array_arg(b, "b")
+    result_type = numpy.result_type(a.dtype, b.dtype)
     if out is None:
-        return _wrap(numpy.dot(*core_operands(a, b)))
+        return _wrap(numpy.dot(*core_operands(a, b)).astype(result_type, copy=False))
     out = _out_arg(out)
     if numpy.result_type(a.dtype, b.dtype) != out.dtype:
         raise ValueError("Not supported dtype combination.")
     if not out._a.flags.c_contiguous:
         raise ValueError("Output array must be C-contiguous")
-    result = numpy.dot(*core_operands(a, b))
+    result = numpy.dot(*core_operands(a, b)).astype(result_type, copy=False)
     if result.size != out.size:
         raise ValueError("Output array has an invalid size")
     out._a[...] = numpy.reshape(result, out.shape)
@@ -166,12 +172,15 @@ class _MatMul:
         if keepdims:
             extra["keepdims"] = keepdims
         operands = core_operands(a, b) if max(a.ndim, b.ndim) <= 2 else (a._a, b._a)
+        result_type = numpy.result_type(a.dtype, b.dtype)
         if out is not None:
             target = _out_arg(out[0])
-            numpy.matmul(*operands, out=target._a, casting=casting, order=order, **extra)
+            target._a[...] = numpy.matmul(*operands, casting=casting, order=order,
+                                          **extra).astype(result_type, copy=False)
             _double.launch()
             return target
-        return _wrap(numpy.matmul(*operands, casting=casting, order=order, **extra))
+        return _wrap(numpy.matmul(*operands, casting=casting, order=order,
+                                  **extra).astype(result_type, copy=False))
 
     def __repr__(self):
         return "<cupy._core._gufuncs._GUFunc matmul>"

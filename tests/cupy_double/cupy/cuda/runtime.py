@@ -6,6 +6,8 @@ from __future__ import annotations
 from cupy.cuda import _state
 
 cudaSuccess = 0
+CUDA_R_32F = 0           # cudaDataType (library_types.h; _runtime_enum.pxd)
+CUDA_R_16F = 2
 cudaErrorMemoryAllocation = 2
 cudaErrorInvalidDevice = 101
 
