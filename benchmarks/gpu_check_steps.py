@@ -243,7 +243,7 @@ def multi30k(data: Path, out: Path, sizes: Sizes, minutes: float, timeout_s: flo
     run = out / "multi30k"
     command = [sys.executable, "train_wmt.py", "--trainpref", str(data / "train"),
                "--validpref", str(data / "val"), "--source-lang", "en", "--target-lang", "de",
-               "--preset", "small", "--backend", "cupy", "--time-limit", f"{minutes:.3f}",
+               "--preset", "small", "--backend", "cupy", "--time-limit", f"{minutes:.3f}m",
                "--valid-every", "0", "--valid-bleu-sentences", "100000", "--save-every", "0",
                "--quiet", "--out", str(run), "--data-dir", str(out / "multi30k-data"),
                *sizes.multi30k]
