@@ -286,16 +286,17 @@ def self_param_shapes(d_model: int) -> dict[str, tuple[int, ...]]:
             **_projection_shapes("o", d_model, d_model)}
 
 
-def self_forward(x, p, mask, n_heads, p_drop=0.0, rng=None):
+def self_forward(x, p, mask, n_heads, p_drop=0.0, rng=None, add_bias=True):
     """x (B, T, d_model); p has "w_qkv" (d, 3d), "b_qkv", "w_o" (d, d), "b_o".
 
     ``p_drop``: attention dropout on the weights, drawn from ``rng`` (see ``sdpa_forward``).
+    ``add_bias=False``: b_o is left to the caller (``linear.forward``).
     """
     qkv, c_qkv = linear.forward(x, {"w": p["w_qkv"], "b": p["b_qkv"]})              # (B, T, 3d)
     q, k, v = split_heads(qkv, 3, n_heads)                               # (B, H, T, d_k) each
     merged, (o,) = heads_buffer(*x.shape[:2], 1, n_heads, q.shape[-1], x.dtype)
     _, c_att = sdpa_forward(q, k, v, mask, o, p_drop, rng)               # into merged (B, T, d)
-    y, c_o = linear.forward(merged, {"w": p["w_o"], "b": p["b_o"]})                 # (B, T, d)
+    y, c_o = linear.forward(merged, {"w": p["w_o"], "b": p["b_o"]}, add_bias)       # (B, T, d)
     return y, SelfCache(c_qkv, c_att, c_o, n_heads)
 
 
@@ -341,11 +342,11 @@ def cross_param_shapes(d_model: int) -> dict[str, tuple[int, ...]]:
             **_projection_shapes("o", d_model, d_model)}
 
 
-def cross_forward(x, memory, p, mask, n_heads, p_drop=0.0, rng=None):
+def cross_forward(x, memory, p, mask, n_heads, p_drop=0.0, rng=None, add_bias=True):
     """x (B, T, d) decoder state, memory (B, S, d) encoder output.
 
     p has "w_q" (d, d), "b_q", "w_kv" (d, 2d), "b_kv", "w_o", "b_o". ``p_drop``: attention
-    dropout on the weights, drawn from ``rng`` (see ``sdpa_forward``).
+    dropout on the weights, drawn from ``rng`` (see ``sdpa_forward``); ``add_bias``: as above.
     """
     qp, c_q = linear.forward(x, {"w": p["w_q"], "b": p["b_q"]})                     # (B, T, d)
     kv, c_kv = linear.forward(memory, {"w": p["w_kv"], "b": p["b_kv"]})             # (B, S, 2d)
@@ -353,7 +354,7 @@ def cross_forward(x, memory, p, mask, n_heads, p_drop=0.0, rng=None):
     k, v = split_heads(kv, 2, n_heads)
     merged, (o,) = heads_buffer(*x.shape[:2], 1, n_heads, q.shape[-1], x.dtype)
     _, c_att = sdpa_forward(q, k, v, mask, o, p_drop, rng)               # into merged (B, T, d)
-    y, c_o = linear.forward(merged, {"w": p["w_o"], "b": p["b_o"]})
+    y, c_o = linear.forward(merged, {"w": p["w_o"], "b": p["b_o"]}, add_bias)
     return y, CrossCache(c_q, c_kv, c_att, c_o, n_heads)
 
 
