@@ -204,8 +204,7 @@ def add_evaluation_options(ev) -> None:
     ev.add_argument("--eval-only", action="store_true",
                     help="only translate and score the test set with --checkpoint")
     ev.add_argument("--checkpoint", help="checkpoint to score with --eval-only")
-    ev.add_argument("--beam", type=positive_int, default=4, help="beam size (default 4)")
-    ev.add_argument("--lenpen", type=number(0), default=0.6, help="length penalty (default 0.6)")
+    options.add_search_options(ev)
     ev.add_argument("--eval-batch-size", type=positive_int, default=64,
                     help="sentences per validation or decoding batch (default 64)")
     ev.add_argument("--test-max-sentences", type=positive_int,

@@ -2,13 +2,8 @@
 
 The paper's settings (section 6.1): "we used beam search with a beam size of 4 and length
 penalty alpha = 0.6 [...] We set the maximum output length during inference to input length +
-50, but terminate early when possible." These are the defaults here. The length penalty is that
-of Wu et al. (2016, GNMT):
-
-    lp(Y) = ((5 + |Y|) / 6)^alpha          score(Y) = log P(Y | X) / lp(Y)
-
-where |Y| counts the output tokens including the final EOS. Without it, beam search prefers short
-outputs, since every extra token lowers log P.
+50, but terminate early when possible." The output limit is here (:func:`output_limits`); beam
+search and its length penalties are in :mod:`minitfm.beam`, which builds on this module.
 
 Incremental decoding
 --------------------
@@ -29,8 +24,7 @@ beside the full-sequence ones they mirror: ``inputs.forward(..., offset=t)``,
 ``decoder.stack_step`` / ``layer_step``, ``attention.self_step`` / ``cross_step``; this module
 holds only the key/value arrays and the search.
 
-Beam search, and decoding many sentences in batches by length, are in :mod:`minitfm.beam`,
-beside the greedy decoding here; their names are importable from this module too.
+Beam search, and decoding many sentences in batches by length, are in :mod:`minitfm.beam`.
 
 Outputs are lists of token ids without BOS and EOS. Hypothesis bookkeeping (prefixes, finished
 lists) is host-side Python; the array work goes through ``backend.xp``.
@@ -40,20 +34,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass
 
 from minitfm import backend
 from minitfm.models import translator as model     # the model this module decodes
 
-__all__ = [
-    "EXTRA_LENGTH", "KVCache", "init_kv_cache", "step", "reorder", "length_penalty",
-    "output_limits", "greedy",
-]
+__all__ = ["EXTRA_LENGTH", "KVCache", "init_kv_cache", "step", "reorder", "output_limits",
+           "prepare_source", "forbid_special", "int_array", "greedy"]
 
 EXTRA_LENGTH = 50   # maximum output length = source length + 50 (section 6.1)
-
-Hypothesis = tuple[list[int], float]   # (tokens without BOS/EOS, length-normalised log-prob)
-
 
 # ---- the key/value cache ---------------------------------------------------------------------
 
@@ -61,9 +51,12 @@ Hypothesis = tuple[list[int], float]   # (tokens without BOS/EOS, length-normali
 class KVCache:
     """Per-layer keys and values for incremental decoding; axis 0 of every array is the row.
 
-    self_k, self_v    one (R, H, L, d_k) buffer per layer; slots < t are filled at step t
-    cross_k, cross_v  one (R, H, S, d_k) array per layer, from the encoder output
-    src_mask          (R, 1, 1, S) additive mask of the padded source positions
+    self_k, self_v    one (R, H, L, d_k) buffer per layer, a row per hypothesis; slots < t are
+                      filled at step t
+    cross_k, cross_v  one (n, H, S, d_k) array per layer, a row per sentence, from the encoder
+                      output: the R / n consecutive rows of its hypotheses share it
+    src_mask          (n, 1, 1, S) additive mask of the padded source positions
+    projection        (d, V) the output projection, contiguous (``model.output_projection``)
     """
 
     self_k: list
@@ -71,9 +64,14 @@ class KVCache:
     cross_k: list
     cross_v: list
     src_mask: object
+    projection: object
 
     @property
     def rows(self) -> int:
+        return int(self.self_k[0].shape[0])
+
+    @property
+    def sentences(self) -> int:
         return int(self.src_mask.shape[0])
 
     @property
@@ -84,8 +82,10 @@ class KVCache:
 
 def init_kv_cache(params: dict, cfg: model.Config, src, beam: int = 1,
                   capacity: int | None = None) -> KVCache:
-    """Encode ``src`` (B, S) and return a cache of B*beam rows (each sentence repeated ``beam``
-    times) with room for ``capacity`` decoding steps (default ``cfg.max_len``)."""
+    """Encode ``src`` (B, S) and return a cache of B*beam rows (``beam`` rows per sentence, which
+    share its encoder output) with room for ``capacity`` decoding steps (default
+    ``cfg.max_len``). The self-attention buffers start empty, not zeroed: no step reads a slot
+    before writing it."""
     xp = backend.xp
     capacity = cfg.max_len if capacity is None else capacity
     if not 1 <= capacity <= cfg.max_len:
@@ -97,13 +97,12 @@ def init_kv_cache(params: dict, cfg: model.Config, src, beam: int = 1,
     d_k = cfg.d_model // cfg.n_heads
 
     def buffer():
-        return xp.zeros((rows, cfg.n_heads, capacity, d_k), dtype=memory.dtype)
+        return xp.empty((rows, cfg.n_heads, capacity, d_k), dtype=memory.dtype)
 
     return KVCache(self_k=[buffer() for _ in range(cfg.n_layers)],
                    self_v=[buffer() for _ in range(cfg.n_layers)],
-                   cross_k=[xp.repeat(k, beam, axis=0) for k in cross_k],   # (B*beam, H, S, d_k)
-                   cross_v=[xp.repeat(v, beam, axis=0) for v in cross_v],
-                   src_mask=xp.repeat(src_mask, beam, axis=0))
+                   cross_k=cross_k, cross_v=cross_v, src_mask=src_mask,
+                   projection=model.output_projection(params, cfg))
 
 
 def reorder(kv: KVCache, rows: Sequence[int], filled: int) -> KVCache:
@@ -111,24 +110,29 @@ def reorder(kv: KVCache, rows: Sequence[int], filled: int) -> KVCache:
 
     Works in place: only the rows that change are copied (typically fewer than half of the
     beams change parent), and fewer rows (sentences leaving the batch) become a view of the
-    first ones, so no buffer is ever reallocated. ``rows`` must keep every row within its
-    sentence (beams move only within their sentence): the cross-attention arrays, the same for
-    all beams of a sentence, then need copying only when sentences leave.
+    first ones, so no buffer is ever reallocated. ``rows`` keeps the rows of a sentence together,
+    as many as before, each within its sentence (beams move only within their sentence): the
+    cross-attention arrays, a row per sentence, then change only when sentences leave.
     """
-    n = len(rows)
+    n, group = len(rows), kv.rows // kv.sentences                   # group: rows per sentence
     moved = [j for j, r in enumerate(rows) if r != j]
     if moved:
-        dst, src = _int_array(moved), _int_array([rows[j] for j in moved])
+        dst, src = int_array(moved), int_array([rows[j] for j in moved])
         for buf in kv.self_k + kv.self_v:
             buf[dst, :, :filled] = buf[src, :, :filled]               # (moved, H, filled, d_k)
-        if n < kv.rows:
-            for array in kv.cross_k + kv.cross_v + [kv.src_mask]:
-                array[dst] = array[src]
     if n == kv.rows:
         return kv
-    return KVCache(self_k=[b[:n] for b in kv.self_k], self_v=[b[:n] for b in kv.self_v],
-                   cross_k=[k[:n] for k in kv.cross_k], cross_v=[v[:n] for v in kv.cross_v],
-                   src_mask=kv.src_mask[:n])
+    sentences = [rows[j] // group for j in range(0, n, group)]       # each new sentence's old one
+    moved = [i for i, s in enumerate(sentences) if s != i]
+    if moved:
+        dst, src = int_array(moved), int_array([sentences[i] for i in moved])
+        for array in kv.cross_k + kv.cross_v + [kv.src_mask]:
+            array[dst] = array[src]
+    m = len(sentences)
+    return dataclasses.replace(
+        kv, self_k=[b[:n] for b in kv.self_k], self_v=[b[:n] for b in kv.self_v],
+        cross_k=[k[:m] for k in kv.cross_k], cross_v=[v[:m] for v in kv.cross_v],
+        src_mask=kv.src_mask[:m])
 
 
 # ---- one decoding step -----------------------------------------------------------------------
@@ -140,15 +144,10 @@ def step(params: dict, cfg: model.Config, kv: KVCache, tokens, t: int):
         raise ValueError(f"decoding step {t} is past the cache capacity {kv.capacity}")
     h = model.decoder_step(params, cfg, tokens, t, kv.self_k, kv.self_v,
                            kv.cross_k, kv.cross_v, kv.src_mask)                # (R, d)
-    return model.logits(params, cfg, h)                                         # (R, V)
+    return model.logits(params, cfg, h, kv.projection)                          # (R, V)
 
 
 # ---- search helpers --------------------------------------------------------------------------
-
-def length_penalty(length: int, alpha: float) -> float:
-    """GNMT's lp(Y) = ((5 + |Y|) / 6)^alpha."""
-    return ((5.0 + length) / 6.0) ** alpha
-
 
 def output_limits(src, cfg: model.Config, max_len: int | None = None) -> list[int]:
     """The most output tokens (EOS included) of each sentence of ``src`` (B, S).
@@ -164,66 +163,22 @@ def output_limits(src, cfg: model.Config, max_len: int | None = None) -> list[in
     return [min(int(n) + EXTRA_LENGTH, cfg.max_len) for n in lengths]
 
 
-def _prepare(params: dict, cfg: model.Config, src):
-    """``(src on the device, the output limits)``; the ids are checked, and the limits counted,
-    on the host (a host array costs no wait for the device; a device array one copy)."""
+def prepare_source(params: dict, cfg: model.Config, src):
+    """``(src on the device, src on the host)``: the ids are checked, and the output limits are
+    counted, on the host (a host array costs no wait for the device; a device array one copy)."""
     model.check_params(params, cfg)
     src = model.check_tokens(backend.host_copy(src, "src"), "src", cfg.src_vocab, cfg, host=True)
     return backend.to_device(src), src
 
 
-def _forbid_special(scores, cfg: model.Config):
+def forbid_special(scores, cfg: model.Config):
     """Padding and BOS are never generated: fed back, padding would be masked as a key."""
     scores[:, cfg.pad_id] = -math.inf
     scores[:, cfg.bos_id] = -math.inf
     return scores
 
 
-def _extend_scores(logits, scores):
-    """Every hypothesis' log-probability plus each next token's: scores (n, K) + log-softmax of
-    logits (n*K, V), as (n*K, V), computed in place over ``logits`` with one temporary array."""
-    xp = backend.xp
-    top = logits.max(axis=1, keepdims=True)                            # (R, 1)
-    e = logits - top
-    xp.exp(e, out=e)
-    log_z = top + xp.log(e.sum(axis=1, keepdims=True))                 # (R, 1) log-normaliser
-    logits -= log_z - scores.reshape(-1, 1)
-    return logits
-
-
-def _top_k(x, k: int, block: int = 128):
-    """The k largest entries of each row of x (n, m), best first: ``(values, indices)`` (n, k).
-
-    A full selection over the m = K*V candidates of a sentence would cost as much as a decoder
-    layer, so it runs on a shortlist: cut each row into blocks of ``block`` entries and keep the
-    k blocks with the largest maxima. Every one of the k best entries lies in them: an entry of
-    another block is beaten by the k block maxima, so at least k entries are larger. The
-    remainder that fills no whole block is always kept.
-    """
-    xp = backend.xp
-    n, m = x.shape
-    n_blocks, whole = m // block, (m // block) * block
-    if n_blocks <= k:                                                  # small rows: no shortlist
-        return _select(x, xp.broadcast_to(xp.arange(m), (n, m)), k)
-    blocks = x[:, :whole].reshape(n, n_blocks, block)                  # (n, m/block, block)
-    best = xp.argpartition(blocks.max(axis=2), n_blocks - k, axis=1)[:, n_blocks - k:]   # (n, k)
-    ids = (best[:, :, None] * block + xp.arange(block)).reshape(n, k * block)
-    ids = xp.concatenate([ids, xp.broadcast_to(xp.arange(whole, m), (n, m - whole))], axis=1)
-    return _select(xp.take_along_axis(x, ids, axis=1), ids, k)
-
-
-def _select(values, ids, k: int):
-    """The k largest ``values`` (n, c) of each row and their ``ids`` (n, c), best first."""
-    xp = backend.xp
-    c = values.shape[1]
-    top = xp.argpartition(values, c - k, axis=1)[:, c - k:]            # (n, k), unordered
-    top_values = xp.take_along_axis(values, top, axis=1)
-    order = xp.argsort(-top_values, axis=1)
-    return (xp.take_along_axis(top_values, order, axis=1),
-            xp.take_along_axis(xp.take_along_axis(ids, top, axis=1), order, axis=1))
-
-
-def _int_array(values: Sequence[int]):
+def int_array(values: Sequence[int]):
     xp = backend.xp
     return xp.asarray(list(values), dtype=xp.int64)
 
@@ -236,14 +191,14 @@ def greedy(params: dict, cfg: model.Config, src, max_len: int | None = None) -> 
     Stops a sentence at EOS or after its maximum number of output tokens (see
     :func:`output_limits`). Returns the token ids of each sentence, without BOS and EOS.
     """
-    src, host_src = _prepare(params, cfg, src)
+    src, host_src = prepare_source(params, cfg, src)
     limits = output_limits(host_src, cfg, max_len)
     kv = init_kv_cache(params, cfg, src, beam=1, capacity=max(limits))
     outputs: list[list[int]] = [[] for _ in limits]
     active = list(range(len(limits)))                       # the sentence of each cache row
     tokens = backend.xp.full((len(active),), cfg.bos_id, dtype=backend.xp.int64)   # (R,)
     for t in range(max(limits)):
-        logits = _forbid_special(step(params, cfg, kv, tokens, t), cfg)             # (R, V)
+        logits = forbid_special(step(params, cfg, kv, tokens, t), cfg)             # (R, V)
         tokens = logits.argmax(axis=-1)                                             # (R,)
         keep = []
         for row, (s, token) in enumerate(zip(active, backend.to_host(tokens).tolist())):
@@ -256,7 +211,7 @@ def greedy(params: dict, cfg: model.Config, src, max_len: int | None = None) -> 
             break
         if len(keep) < len(active):
             kv = reorder(kv, keep, filled=t + 1)
-            tokens = tokens[_int_array(keep)]
+            tokens = tokens[int_array(keep)]
             active = [active[r] for r in keep]
     return outputs
 

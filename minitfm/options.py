@@ -1,5 +1,5 @@
-"""The trainers' options: argparse types that check a value before any work, and the option
-groups the training commands share.
+"""The commands' shared options: argparse types that check a value before any work, and the
+option groups more than one command has.
 
 - every numeric option is checked by argparse with a ``type=`` from here (:func:`integer`,
   :func:`number`): a bad value is a usage error naming the option and its allowed range, before
@@ -7,7 +7,9 @@ groups the training commands share.
   point or length of a run (a fraction, ``<N>steps``, ``<x>epochs``, ``auto``);
 - ``add_*_options`` add one group each (optimiser, schedule, checkpoints, validation, logging,
   seed, precision) with the calling command's defaults, so that the same option means the same
-  thing, with the same help, in ``train_toy.py``, ``train_lm.py`` and ``train_wmt.py``.
+  thing, with the same help, in ``train_toy.py``, ``train_lm.py`` and ``train_wmt.py``;
+- :func:`add_search_options`: beam search's settings, the same in ``minitfm.translate``,
+  ``train_wmt.py --eval-only`` and ``minitfm.export``.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ import argparse
 import math
 from collections.abc import Callable, Sequence
 
-from minitfm import backend, fused, gradscale, phases
+from minitfm import backend, beam, fused, gradscale, phases
 
 __all__ = ["integer", "number", "positive_int", "phase", "add_optimiser_options",
            "add_schedule_options", "add_checkpoint_options", "BEST_METRICS",
            "add_validation_options", "check_validation_options", "validation_options",
            "add_max_epochs_option", "add_logging_options", "add_seed_option",
-           "add_precision_option", "precision_options", "add_kernels_option"]
+           "add_precision_option", "precision_options", "add_kernels_option",
+           "add_search_options"]
 
 
 # ---- option values ---------------------------------------------------------------------------
@@ -231,3 +234,22 @@ def add_kernels_option(group) -> None:
                             "... each in one launch) or the plain array code NumPy runs too "
                             "(default plain: fused becomes the default once a GPU run has shown "
                             "every kernel equal to its plain twin)")
+
+
+def add_search_options(group) -> None:
+    """``--beam``, ``--lenpen``, ``--lenpen-form`` and ``--stopping``: the settings of
+    ``beam.beam_search`` (its module docstring says what each does)."""
+    group.add_argument("--beam", type=positive_int, default=4, help="beam size (default 4)")
+    group.add_argument("--lenpen", type=number(0), default=0.6,
+                       help="length penalty alpha: a finished translation Y scores "
+                            "log P(Y) / lp(|Y|) (default 0.6)")
+    group.add_argument("--lenpen-form", choices=beam.LENGTH_PENALTIES, default="gnmt",
+                       help="lp: gnmt, ((5 + |Y|) / 6)^alpha, the paper's; power, |Y|^alpha, "
+                            "as CTranslate2, fairseq and Marian (|Y| counts the EOS; default "
+                            "gnmt)")
+    group.add_argument("--stopping", choices=beam.STOPPING_RULES, default="auto",
+                       help="when a sentence is done: exact, once no live hypothesis can beat "
+                            "the best finished one (the N best with --nbest) within the length "
+                            "limit; first-k, once --beam hypotheses have finished; auto, exact "
+                            "with --lenpen 0 and first-k otherwise, as chosen on validation "
+                            "(default auto)")

@@ -39,7 +39,8 @@ position t alone, writes its key and value into slot t of per-layer buffers (R, 
 lets its query attend to slots 0..t -- the row t of ``self_forward`` with a causal mask (no mask is
 needed: slots after t are never read). ``cross_step`` is the row t of ``cross_forward``; the keys
 and values of the encoder output do not change from step to step and are projected once, by
-``cross_kv``. Each step sits right below the forward pass it mirrors.
+``cross_kv``, and several rows may share one source's (the beams of a sentence). Each step sits
+right below the forward pass it mirrors.
 
 Fused (``--kernels fused``, on CuPy): the scaling, the mask and the softmax are one kernel over
 the scores, a block of threads per row (the max and the sum reduced in the block), and the
@@ -100,7 +101,9 @@ def sdpa_forward(q, k, v, mask=None, o_out=None, p_drop=0.0, rng=None):
     xp = backend.xp
     scale = 1.0 / math.sqrt(q.shape[-1])
     s = q @ k.swapaxes(-1, -2)                      # (B, H, T, S)
-    if fused.active(s, *(() if mask is None else (mask,))):
+    # the kernel takes (B, H, T, S) scores; beam search's cross-attention, several beams to a
+    # source (B, H, K, T, S), takes the plain lines
+    if s.ndim == 4 and fused.active(s, *(() if mask is None else (mask,))):
         p = _fused_softmax(s, scale, mask)
     else:
         p = _softmax(s, scale, mask)
@@ -367,13 +370,18 @@ def cross_kv(memory, p, n_heads):
 def cross_step(x, p, k, v, mask, n_heads: int):
     """Cross-attention of one position over precomputed keys and values; return y (R, d).
 
-    x (R, d_model); k and v (R, H, S, d_k) from ``cross_kv``; mask (R, 1, 1, S). Equals one row
-    of ``cross_forward``.
+    x (R, d_model), R = n * G: rows g*G .. g*G + G - 1 attend to row g of k and v
+    (n, H, S, d_k) from ``cross_kv`` and of mask (n, 1, 1, S) (G = 1: a source per row). The
+    shared row is broadcast, not copied: each row's products are the ones it would have over a
+    copy of its own. Each row equals one row of ``cross_forward``.
     """
+    n, h, s, d_k = k.shape
     qp, _ = linear.forward(x, {"w": p["w_q"], "b": p["b_q"]})                       # (R, d)
     (q,) = split_heads(qp[:, None], 1, n_heads)                          # (R, H, 1, d_k)
-    o, _ = sdpa_forward(q, k, v, mask)                                   # (R, H, 1, d_k)
-    y, _ = linear.forward(merge_heads(o)[:, 0], {"w": p["w_o"], "b": p["b_o"]})     # (R, d)
+    o, _ = sdpa_forward(q.reshape(n, -1, h, 1, d_k), k[:, None], v[:, None],
+                        mask[:, None])                                   # (n, G, H, 1, d_k)
+    merged = merge_heads(o.reshape(x.shape[0], h, 1, d_k))[:, 0]         # (R, d)
+    y, _ = linear.forward(merged, {"w": p["w_o"], "b": p["b_o"]})
     return y
 
 
