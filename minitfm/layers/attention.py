@@ -290,11 +290,9 @@ def self_param_shapes(d_model: int) -> dict[str, tuple[int, ...]]:
 
 
 def self_forward(x, p, mask, n_heads, p_drop=0.0, rng=None, add_bias=True):
-    """x (B, T, d_model); p has "w_qkv" (d, 3d), "b_qkv", "w_o" (d, d), "b_o".
-
-    ``p_drop``: attention dropout on the weights, drawn from ``rng`` (see ``sdpa_forward``).
-    ``add_bias=False``: b_o is left to the caller (``linear.forward``).
-    """
+    """x (B, T, d_model); p has "w_qkv" (d, 3d), "b_qkv", "w_o" (d, d), "b_o". ``p_drop``:
+    attention dropout on the weights, drawn from ``rng`` (see ``sdpa_forward``);
+    ``add_bias=False``: b_o is left to the caller (``linear.forward``)."""
     qkv, c_qkv = linear.forward(x, {"w": p["w_qkv"], "b": p["b_qkv"]})              # (B, T, 3d)
     q, k, v = split_heads(qkv, 3, n_heads)                               # (B, H, T, d_k) each
     merged, (o,) = heads_buffer(*x.shape[:2], 1, n_heads, q.shape[-1], x.dtype)
