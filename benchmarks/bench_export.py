@@ -1,9 +1,9 @@
 """Decoding speed against CTranslate2: one trained translator, exported, and the same sentences
-through minitfm's beam search and through CTranslate2 called as the export records it.
+through minitfm's beam search and through CTranslate2 float32 called as the export records it.
 
     python benchmarks/bench_export.py CHECKPOINT SOURCE [--ref REFERENCE] [--threads 1]
         [--beam 4] [--lenpen 0] [--lenpen-form gnmt|power] [--stopping auto|exact|first-k]
-        [--rounds 3] [--int8] [--sentences 1000] [--batch-size 64]
+        [--rounds 3] [--sentences 1000] [--batch-size 64]
 
 SOURCE (and REFERENCE, for BLEU) hold one sentence per line, plain or gzipped: e.g. Multi30k's
 test_2016_flickr.en.gz and .de.gz. Every engine gets the same token ids (the checkpoint's
@@ -18,7 +18,7 @@ median, with the median ratio of the processes' CPU times (which a shared machin
 does not inflate). minitfm runs with the BLAS threads limited by threadpoolctl; CTranslate2 with
 intra_threads (inter_threads 1). Printed for each engine: sentences per second (median round),
 BLEU (sacreBLEU, detokenized, when --ref is given) and the share of sentences whose output is
-minitfm's exactly. --int8 adds CTranslate2 int8 (its own weights: not the same outputs).
+minitfm's exactly.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ def parse_args(argv=None):
     options.add_search_options(p)
     p.set_defaults(lenpen=0.0)
     p.add_argument("--rounds", type=int, default=3, help="timed turns of each engine")
-    p.add_argument("--int8", action="store_true", help="also CTranslate2 with int8 weights")
     p.add_argument("--sentences", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=64)
     return p.parse_args(argv)
@@ -81,8 +80,8 @@ def main(argv=None) -> int:
             return [h[0][0] for h in found]
         return run
 
-    def ctranslate2_engine(directory, quantization, kwargs, threads):
-        translator = ctranslate2.Translator(directory, device="cpu", compute_type=quantization,
+    def ctranslate2_engine(directory, kwargs, threads):
+        translator = ctranslate2.Translator(directory, device="cpu", compute_type="float32",
                                             inter_threads=1, intra_threads=threads)
 
         def run(sentences):
@@ -92,20 +91,15 @@ def main(argv=None) -> int:
         return run
 
     with tempfile.TemporaryDirectory() as tmp:
-        exported = {}
-        for quantization in ("float32", "int8") if args.int8 else ("float32",):
-            directory = os.path.join(tmp, quantization)
-            with source.output_directory(directory) as out:
-                settings = export_ct2.export(loaded, out, quantization=quantization,
-                                             max_len=limit, warn=lambda m: print("warning:", m),
-                                             **search)
-            exported[quantization] = directory, settings
+        directory = os.path.join(tmp, "float32")
+        with source.output_directory(directory) as out:
+            settings = export_ct2.export(loaded, out, max_len=limit,
+                                         warn=lambda m: print("warning:", m), **search)
         engines = {}
         for threads in args.threads:
             engines["minitfm", threads] = minitfm_engine(threads)
-            for quantization, (directory, settings) in exported.items():
-                engines[f"ctranslate2 {quantization}", threads] = ctranslate2_engine(
-                    directory, quantization, settings["kwargs"], threads)
+            engines["ctranslate2 float32", threads] = ctranslate2_engine(
+                directory, settings["kwargs"], threads)
         times = {key: [] for key in engines}
         cpu_times = {key: [] for key in engines}
         outputs = {}
@@ -126,8 +120,7 @@ def main(argv=None) -> int:
           f"({args.lenpen_form}), stopping {beam.stopping_rule(args.stopping, args.lenpen)}, "
           f"at most {limit} output tokens, "
           f"batches of {args.batch_size}, {args.rounds} rounds")
-    for quantization, (_, settings) in exported.items():
-        print(f"CTranslate2 {quantization}: {export_ct2.call_example(settings)}")
+    print(f"CTranslate2 float32: {export_ct2.call_example(settings)}")
     print(f"{'engine':22} {'threads':>7} {'sent/s':>8} {'time / ct2 fp32':>16} "
           f"{'per round':>22} {'CPU time / ct2':>15} {'BLEU':>6} {'same as minitfm':>16}")
     for (name, threads), seconds in times.items():
