@@ -126,8 +126,8 @@ def timed(fn, *args, **kwargs):
 
 
 def bench_cache(args, params, cfg, sentences) -> dict:
-    from minitfm.beam import pad_batch
-    src = pad_batch(sentences[:args.greedy_sentences], cfg)
+    from minitfm import beam
+    src = beam.pad_batch(sentences[:args.greedy_sentences], cfg)
     greedy_cached(params, cfg, src[:2], 2)                             # warm up
     cached, t_cached = timed(greedy_cached, params, cfg, src, args.tokens)
     recomputed, t_recomputed = timed(greedy_recomputed, params, cfg, src, args.tokens)
@@ -139,8 +139,8 @@ def bench_cache(args, params, cfg, sentences) -> dict:
 
 
 def bench_beam(args, params, cfg, sentences) -> dict:
-    from minitfm.beam import translate_ids
-    results, seconds = timed(translate_ids, params, cfg, sentences, beam=args.beam,
+    from minitfm import beam
+    results, seconds = timed(beam.translate_ids, params, cfg, sentences, beam=args.beam,
                              alpha=args.alpha, max_len=args.max_len, batch_size=args.batch_size)
     out_tokens = sum(len(hyps[0][0]) for hyps in results)
     return {"sentences": len(sentences), "beam": args.beam, "batch_size": args.batch_size,

@@ -1,21 +1,24 @@
 """Decoding speed against CTranslate2: one trained translator, exported, and the same sentences
-through minitfm's beam search and through CTranslate2 in float32 and int8, on 1 and 2 threads.
+through minitfm's beam search and through CTranslate2 float32 called as the export records it.
 
-    python benchmarks/bench_export.py CHECKPOINT SOURCE [--ref REFERENCE] [--threads 1 2]
-        [--beam 4] [--lenpen 0] [--sentences 1000] [--batch-size 64] [--stop-early]
+    python benchmarks/bench_export.py CHECKPOINT SOURCE [--ref REFERENCE] [--threads 1]
+        [--beam 4] [--lenpen 0] [--lenpen-form gnmt|power] [--stopping auto|exact|first-k]
+        [--rounds 3] [--sentences 1000] [--batch-size 64]
 
 SOURCE (and REFERENCE, for BLEU) hold one sentence per line, plain or gzipped: e.g. Multi30k's
 test_2016_flickr.en.gz and .de.gz. Every engine gets the same token ids (the checkpoint's
 sentencepiece model encodes SOURCE once; tokenization is not timed) in batches of --batch-size
-sentences sorted by length, beam 4, length penalty 0 (where minitfm and CTranslate2 rank alike),
-and at most the longest source + 50 output tokens. Printed for each run: sentences per second,
-the time relative to CTranslate2 float32 on one thread, BLEU (sacreBLEU, detokenized, when
---ref is given) and the share of sentences whose output is minitfm's exactly.
+sentences sorted by length, at most the longest source + 50 output tokens. CTranslate2 float32
+runs the call that ``python -m minitfm.export`` writes into decoding.json for the same search
+settings (a warning says where no call decodes exactly as minitfm does).
 
-minitfm runs with the BLAS threads limited by threadpoolctl; CTranslate2 with intra_threads
-(inter_threads 1). --stop-early also times minitfm's beam search with ``stop_early=True`` (a
-sentence leaves the batch once no live hypothesis can beat its best finished one, as
-CTranslate2 does at length penalty 0; the same outputs).
+The engines take turns, round after round (minitfm, then CTranslate2, on each thread count), so
+that a busy machine slows both alike; each round's ratio of the two times is printed, and the
+median, with the median ratio of the processes' CPU times (which a shared machine's waiting
+does not inflate). minitfm runs with the BLAS threads limited by threadpoolctl; CTranslate2 with
+intra_threads (inter_threads 1). Printed for each engine: sentences per second (median round),
+BLEU (sacreBLEU, detokenized, when --ref is given) and the share of sentences whose output is
+minitfm's exactly.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -31,17 +35,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def parse_args(argv=None):
+    from minitfm import options
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("checkpoint", help="a trained translator (train_wmt.py), e.g. averaged.npz")
     p.add_argument("source", help="source sentences, one per line (.gz allowed)")
     p.add_argument("--ref", help="reference translations, for BLEU")
-    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--lenpen", type=float, default=0.0)
+    p.add_argument("--threads", type=int, nargs="+", default=[1])
+    options.add_search_options(p)
+    p.set_defaults(lenpen=0.0)
+    p.add_argument("--rounds", type=int, default=3, help="timed turns of each engine")
     p.add_argument("--sentences", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--stop-early", action="store_true",
-                   help="also time minitfm's beam search with stop_early=True")
     return p.parse_args(argv)
 
 
@@ -50,8 +54,7 @@ def main(argv=None) -> int:
     import ctranslate2
     from threadpoolctl import threadpool_limits
 
-    from minitfm import bleu, checkpoint, decode
-    from minitfm.beam import translate_ids
+    from minitfm import beam, bleu, checkpoint, decode
     from minitfm.data.corpus import read_lines
     from minitfm.data.vocab import Vocab
     from minitfm.export import ctranslate2 as export_ct2
@@ -66,65 +69,70 @@ def main(argv=None) -> int:
     limit = min(max(len(s) + 1 for s in ids) + decode.EXTRA_LENGTH, cfg.max_len)
     tokens, _ = export_ct2.vocabulary(loaded, cfg.src_vocab)
     token_ids = {t: i for i, t in enumerate(tokens)}
-    pieces = [[tokens[i] for i in s] for s in ids]
+    search = dict(beam=args.beam, alpha=args.lenpen, lenpen_form=args.lenpen_form,
+                  stopping=args.stopping)
 
-    rows, reference_output = [], None
+    def minitfm_engine(threads):
+        def run(sentences):
+            with threadpool_limits(threads):
+                found = beam.translate_ids(params, cfg, sentences, max_len=limit,
+                                           batch_size=args.batch_size, **search)
+            return [h[0][0] for h in found]
+        return run
 
-    def record(name, threads, outputs, seconds):
-        nonlocal reference_output
-        if reference_output is None:
-            reference_output = outputs
-        row = {"engine": name, "threads": threads, "seconds": round(seconds, 2),
-               "sentences_per_s": round(len(outputs) / seconds, 1),
-               "same_as_minitfm": round(sum(a == b for a, b in zip(outputs, reference_output))
-                                        / len(outputs), 4)}
-        if refs is not None:
-            row["bleu"] = round(bleu.corpus_bleu(vocab.decode(outputs), refs).bleu, 2)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+    def ctranslate2_engine(directory, kwargs, threads):
+        translator = ctranslate2.Translator(directory, device="cpu", compute_type="float32",
+                                            inter_threads=1, intra_threads=threads)
 
-    def minitfm_run(threads, **options):
-        with threadpool_limits(threads):
-            translate_ids(params, cfg, ids[:8], beam=args.beam, alpha=args.lenpen,
-                                 max_len=limit, batch_size=args.batch_size, **options)  # warm-up
-            start = time.perf_counter()
-            found = translate_ids(params, cfg, ids, beam=args.beam, alpha=args.lenpen,
-                                         max_len=limit, batch_size=args.batch_size, **options)
-            return [h[0][0] for h in found], time.perf_counter() - start
-
-    for threads in args.threads:
-        record("minitfm", threads, *minitfm_run(threads))
-        if args.stop_early:
-            record("minitfm stop_early", threads, *minitfm_run(threads, stop_early=True))
+        def run(sentences):
+            results = translator.translate_batch([[tokens[i] for i in s] for s in sentences],
+                                                 max_batch_size=args.batch_size, **kwargs)
+            return [[token_ids[t] for t in r.hypotheses[0]] for r in results]
+        return run
 
     with tempfile.TemporaryDirectory() as tmp:
-        for quantization in ("float32", "int8"):
-            directory = os.path.join(tmp, quantization)
-            with source.output_directory(directory) as out:
-                export_ct2.export(loaded, out, quantization=quantization, alpha=0.0,
-                                  max_len=limit, warn=lambda message: None)
-            kwargs = export_ct2.translate_kwargs(args.beam, export_ct2.ctranslate2_alpha(
-                args.lenpen), limit, cfg.max_len)
-            for threads in args.threads:
-                engine = ctranslate2.Translator(directory, device="cpu", compute_type=quantization,
-                                                inter_threads=1, intra_threads=threads)
-                engine.translate_batch(pieces[:8], **kwargs)                          # warm-up
-                start = time.perf_counter()
-                results = engine.translate_batch(pieces, max_batch_size=args.batch_size,
-                                                 **kwargs)
-                seconds = time.perf_counter() - start
-                record(f"ctranslate2 {quantization}", threads,
-                       [[token_ids[t] for t in r.hypotheses[0]] for r in results], seconds)
+        directory = os.path.join(tmp, "float32")
+        with source.output_directory(directory) as out:
+            settings = export_ct2.export(loaded, out, max_len=limit,
+                                         warn=lambda m: print("warning:", m), **search)
+        engines = {}
+        for threads in args.threads:
+            engines["minitfm", threads] = minitfm_engine(threads)
+            engines["ctranslate2 float32", threads] = ctranslate2_engine(
+                directory, settings["kwargs"], threads)
+        times = {key: [] for key in engines}
+        cpu_times = {key: [] for key in engines}
+        outputs = {}
+        for engine in engines.values():
+            engine(ids[:8])                                                  # warm-up
+        for _ in range(args.rounds):
+            for key, engine in engines.items():
+                start, start_cpu = time.perf_counter(), time.process_time()
+                outputs[key] = engine(ids)
+                times[key].append(time.perf_counter() - start)
+                cpu_times[key].append(time.process_time() - start_cpu)
+            print(json.dumps({f"{name} {threads}t": [round(t[-1], 2), round(c[-1], 2)]
+                              for ((name, threads), t), c in zip(times.items(),
+                                                                 cpu_times.values())}),
+                  flush=True)
 
-    base = next(r for r in rows if r["engine"] == "ctranslate2 float32" and r["threads"] == 1)
-    print(f"\n{len(lines)} sentences, beam {args.beam}, length penalty {args.lenpen:g}, at most "
-          f"{limit} output tokens, batches of {args.batch_size}")
-    print(f"{'engine':22} {'threads':>7} {'sent/s':>8} {'time / ct2 fp32 1t':>19} "
-          f"{'BLEU':>6} {'same as minitfm':>16}")
-    for r in rows:
-        print(f"{r['engine']:22} {r['threads']:7d} {r['sentences_per_s']:8.1f} "
-              f"{r['seconds'] / base['seconds']:18.2f}x {r.get('bleu', float('nan')):6.2f} "
-              f"{100 * r['same_as_minitfm']:15.1f}%")
+    print(f"\n{len(lines)} sentences, beam {args.beam}, length penalty {args.lenpen:g} "
+          f"({args.lenpen_form}), stopping {beam.stopping_rule(args.stopping, args.lenpen)}, "
+          f"at most {limit} output tokens, "
+          f"batches of {args.batch_size}, {args.rounds} rounds")
+    print(f"CTranslate2 float32: {export_ct2.call_example(settings)}")
+    print(f"{'engine':22} {'threads':>7} {'sent/s':>8} {'time / ct2 fp32':>16} "
+          f"{'per round':>22} {'CPU time / ct2':>15} {'BLEU':>6} {'same as minitfm':>16}")
+    for (name, threads), seconds in times.items():
+        ratios = [a / b for a, b in zip(seconds, times["ctranslate2 float32", threads])]
+        cpu = [a / b for a, b in zip(cpu_times[name, threads],
+                                     cpu_times["ctranslate2 float32", threads])]
+        same = sum(a == b for a, b in zip(outputs[name, threads], outputs["minitfm", threads]))
+        score = (bleu.corpus_bleu(vocab.decode(outputs[name, threads]), refs).bleu
+                 if refs is not None else float("nan"))
+        print(f"{name:22} {threads:7d} {len(ids) / statistics.median(seconds):8.1f} "
+              f"{statistics.median(ratios):15.2f}x {' '.join(f'{r:.2f}' for r in ratios):>22} "
+              f"{statistics.median(cpu):14.2f}x {score:6.2f} {100 * same / len(ids):15.2f}%")
     return 0
 
 

@@ -32,10 +32,9 @@ def main(argv=None) -> int:
     import cupy
     import numpy as np
 
-    from minitfm import backend, checkpoint, decode, flat, generation, optim
+    from minitfm import backend, beam, checkpoint, decode, flat, generation, optim
     from minitfm.training.validation import evaluate
     from tests.trainrun import train
-    from minitfm.beam import beam_search
     from minitfm.models import lm, translator
     from tests.test_train import CFG, epoch_batches, options, ragged_batch
     assert hasattr(cupy, "_double"), "the CuPy double was not found"
@@ -76,7 +75,7 @@ def main(argv=None) -> int:
     steps = 12
     copies, gens = count(lambda: decode.greedy(params, CFG, src, max_len=steps))
     rows.append(("greedy decoding", "step", copies / steps, "<= 1", gens))
-    copies, gens = count(lambda: beam_search(params, CFG, src, beam=4, max_len=steps))
+    copies, gens = count(lambda: beam.beam_search(params, CFG, src, beam=4, max_len=steps))
     rows.append(("beam search, beam 4", "step", copies / steps, "<= 1", gens))
 
     cfg = lm.LMConfig(vocab=11, n_layers=1, d_model=8, n_heads=2, d_ff=16, max_len=16)

@@ -2,13 +2,8 @@
 
 The paper's settings (section 6.1): "we used beam search with a beam size of 4 and length
 penalty alpha = 0.6 [...] We set the maximum output length during inference to input length +
-50, but terminate early when possible." These are the defaults here. The length penalty is that
-of Wu et al. (2016, GNMT):
-
-    lp(Y) = ((5 + |Y|) / 6)^alpha          score(Y) = log P(Y | X) / lp(Y)
-
-where |Y| counts the output tokens including the final EOS. Without it, beam search prefers short
-outputs, since every extra token lowers log P.
+50, but terminate early when possible." The output limit is here (:func:`output_limits`); beam
+search and its length penalties are in :mod:`minitfm.beam`, which builds on this module.
 
 Incremental decoding
 --------------------
@@ -29,8 +24,7 @@ beside the full-sequence ones they mirror: ``inputs.forward(..., offset=t)``,
 ``decoder.stack_step`` / ``layer_step``, ``attention.self_step`` / ``cross_step``; this module
 holds only the key/value arrays and the search.
 
-Beam search, and decoding many sentences in batches by length, are in :mod:`minitfm.beam`,
-which builds on this module (the cache, the step, the output limits).
+Beam search, and decoding many sentences in batches by length, are in :mod:`minitfm.beam`.
 
 Outputs are lists of token ids without BOS and EOS. Hypothesis bookkeeping (prefixes, finished
 lists) is host-side Python; the array work goes through ``backend.xp``.
@@ -40,20 +34,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass
 
 from minitfm import backend
 from minitfm.models import translator as model     # the model this module decodes
 
-__all__ = [
-    "EXTRA_LENGTH", "Hypothesis", "KVCache", "init_kv_cache", "step", "reorder",
-    "length_penalty", "output_limits", "prepare_source", "forbid_special", "int_array", "greedy",
-]
+__all__ = ["EXTRA_LENGTH", "KVCache", "init_kv_cache", "step", "reorder", "output_limits",
+           "prepare_source", "forbid_special", "int_array", "greedy"]
 
 EXTRA_LENGTH = 50   # maximum output length = source length + 50 (section 6.1)
-
-Hypothesis = tuple[list[int], float]   # (tokens without BOS/EOS, length-normalised log-prob)
-
 
 # ---- the key/value cache ---------------------------------------------------------------------
 
@@ -61,9 +51,12 @@ Hypothesis = tuple[list[int], float]   # (tokens without BOS/EOS, length-normali
 class KVCache:
     """Per-layer keys and values for incremental decoding; axis 0 of every array is the row.
 
-    self_k, self_v    one (R, H, L, d_k) buffer per layer; slots < t are filled at step t
-    cross_k, cross_v  one (R, H, S, d_k) array per layer, from the encoder output
-    src_mask          (R, 1, 1, S) additive mask of the padded source positions
+    self_k, self_v    one (R, H, L, d_k) buffer per layer, a row per hypothesis; slots < t are
+                      filled at step t
+    cross_k, cross_v  one (n, H, S, d_k) array per layer, a row per sentence, from the encoder
+                      output: the R / n consecutive rows of its hypotheses share it
+    src_mask          (n, 1, 1, S) additive mask of the padded source positions
+    projection        (d, V) the output projection, contiguous (``model.output_projection``)
     """
 
     self_k: list
@@ -71,9 +64,14 @@ class KVCache:
     cross_k: list
     cross_v: list
     src_mask: object
+    projection: object
 
     @property
     def rows(self) -> int:
+        return int(self.self_k[0].shape[0])
+
+    @property
+    def sentences(self) -> int:
         return int(self.src_mask.shape[0])
 
     @property
@@ -84,8 +82,10 @@ class KVCache:
 
 def init_kv_cache(params: dict, cfg: model.Config, src, beam: int = 1,
                   capacity: int | None = None) -> KVCache:
-    """Encode ``src`` (B, S) and return a cache of B*beam rows (each sentence repeated ``beam``
-    times) with room for ``capacity`` decoding steps (default ``cfg.max_len``)."""
+    """Encode ``src`` (B, S) and return a cache of B*beam rows (``beam`` rows per sentence, which
+    share its encoder output) with room for ``capacity`` decoding steps (default
+    ``cfg.max_len``). The self-attention buffers start empty, not zeroed: no step reads a slot
+    before writing it."""
     xp = backend.xp
     capacity = cfg.max_len if capacity is None else capacity
     if not 1 <= capacity <= cfg.max_len:
@@ -97,13 +97,12 @@ def init_kv_cache(params: dict, cfg: model.Config, src, beam: int = 1,
     d_k = cfg.d_model // cfg.n_heads
 
     def buffer():
-        return xp.zeros((rows, cfg.n_heads, capacity, d_k), dtype=memory.dtype)
+        return xp.empty((rows, cfg.n_heads, capacity, d_k), dtype=memory.dtype)
 
     return KVCache(self_k=[buffer() for _ in range(cfg.n_layers)],
                    self_v=[buffer() for _ in range(cfg.n_layers)],
-                   cross_k=[xp.repeat(k, beam, axis=0) for k in cross_k],   # (B*beam, H, S, d_k)
-                   cross_v=[xp.repeat(v, beam, axis=0) for v in cross_v],
-                   src_mask=xp.repeat(src_mask, beam, axis=0))
+                   cross_k=cross_k, cross_v=cross_v, src_mask=src_mask,
+                   projection=model.output_projection(params, cfg))
 
 
 def reorder(kv: KVCache, rows: Sequence[int], filled: int) -> KVCache:
@@ -111,24 +110,29 @@ def reorder(kv: KVCache, rows: Sequence[int], filled: int) -> KVCache:
 
     Works in place: only the rows that change are copied (typically fewer than half of the
     beams change parent), and fewer rows (sentences leaving the batch) become a view of the
-    first ones, so no buffer is ever reallocated. ``rows`` must keep every row within its
-    sentence (beams move only within their sentence): the cross-attention arrays, the same for
-    all beams of a sentence, then need copying only when sentences leave.
+    first ones, so no buffer is ever reallocated. ``rows`` keeps the rows of a sentence together,
+    as many as before, each within its sentence (beams move only within their sentence): the
+    cross-attention arrays, a row per sentence, then change only when sentences leave.
     """
-    n = len(rows)
+    n, group = len(rows), kv.rows // kv.sentences                   # group: rows per sentence
     moved = [j for j, r in enumerate(rows) if r != j]
     if moved:
         dst, src = int_array(moved), int_array([rows[j] for j in moved])
         for buf in kv.self_k + kv.self_v:
             buf[dst, :, :filled] = buf[src, :, :filled]               # (moved, H, filled, d_k)
-        if n < kv.rows:
-            for array in kv.cross_k + kv.cross_v + [kv.src_mask]:
-                array[dst] = array[src]
     if n == kv.rows:
         return kv
-    return KVCache(self_k=[b[:n] for b in kv.self_k], self_v=[b[:n] for b in kv.self_v],
-                   cross_k=[k[:n] for k in kv.cross_k], cross_v=[v[:n] for v in kv.cross_v],
-                   src_mask=kv.src_mask[:n])
+    sentences = [rows[j] // group for j in range(0, n, group)]       # each new sentence's old one
+    moved = [i for i, s in enumerate(sentences) if s != i]
+    if moved:
+        dst, src = int_array(moved), int_array([sentences[i] for i in moved])
+        for array in kv.cross_k + kv.cross_v + [kv.src_mask]:
+            array[dst] = array[src]
+    m = len(sentences)
+    return dataclasses.replace(
+        kv, self_k=[b[:n] for b in kv.self_k], self_v=[b[:n] for b in kv.self_v],
+        cross_k=[k[:m] for k in kv.cross_k], cross_v=[v[:m] for v in kv.cross_v],
+        src_mask=kv.src_mask[:m])
 
 
 # ---- one decoding step -----------------------------------------------------------------------
@@ -140,15 +144,10 @@ def step(params: dict, cfg: model.Config, kv: KVCache, tokens, t: int):
         raise ValueError(f"decoding step {t} is past the cache capacity {kv.capacity}")
     h = model.decoder_step(params, cfg, tokens, t, kv.self_k, kv.self_v,
                            kv.cross_k, kv.cross_v, kv.src_mask)                # (R, d)
-    return model.logits(params, cfg, h)                                         # (R, V)
+    return model.logits(params, cfg, h, kv.projection)                          # (R, V)
 
 
 # ---- search helpers --------------------------------------------------------------------------
-
-def length_penalty(length: int, alpha: float) -> float:
-    """GNMT's lp(Y) = ((5 + |Y|) / 6)^alpha."""
-    return ((5.0 + length) / 6.0) ** alpha
-
 
 def output_limits(src, cfg: model.Config, max_len: int | None = None) -> list[int]:
     """The most output tokens (EOS included) of each sentence of ``src`` (B, S).
@@ -165,8 +164,8 @@ def output_limits(src, cfg: model.Config, max_len: int | None = None) -> list[in
 
 
 def prepare_source(params: dict, cfg: model.Config, src):
-    """``(src on the device, src on the host)``; the ids are checked, and the limits counted,
-    on the host (a host array costs no wait for the device; a device array one copy)."""
+    """``(src on the device, src on the host)``: the ids are checked, and the output limits are
+    counted, on the host (a host array costs no wait for the device; a device array one copy)."""
     model.check_params(params, cfg)
     src = model.check_tokens(backend.host_copy(src, "src"), "src", cfg.src_vocab, cfg, host=True)
     return backend.to_device(src), src
@@ -180,7 +179,6 @@ def forbid_special(scores, cfg: model.Config):
 
 
 def int_array(values: Sequence[int]):
-    """Host integers as an int64 array of the backend (row indices)."""
     xp = backend.xp
     return xp.asarray(list(values), dtype=xp.int64)
 

@@ -28,7 +28,7 @@ import math
 
 from minitfm import backend, flat, fused
 
-__all__ = ["clip_grad_norm", "LossScaler", "INITIAL_SCALE", "GROWTH_INTERVAL"]
+__all__ = ["clip_grad_norm", "LossScaler", "decide", "INITIAL_SCALE", "GROWTH_INTERVAL"]
 
 INITIAL_SCALE = 2.0 ** 16
 GROWTH_INTERVAL = 2000          # finite updates in a row before the scale doubles
@@ -111,24 +111,10 @@ class LossScaler:
         g *= 1.0 / self.state[0]
         total = xp.sqrt(xp.vdot(g, g))
         xp.nan_to_num(g, copy=False, posinf=0.0, neginf=0.0)      # a skipped update reads zeros
-        clip = self._decide(total, max_norm)
+        clip = decide(self.state, total, max_norm, self.growth_interval)
         if max_norm:
             g *= clip
         return total
-
-    def _decide(self, total, max_norm):
-        """The clipping factor of norm ``total`` (0-d), and S and its record updated."""
-        xp = backend.xp
-        finite = xp.isfinite(total)
-        clip = xp.where(finite, xp.minimum((max_norm or 1.0) / xp.maximum(total, 1e-30), 1.0),
-                        1.0).astype(self.state.dtype)
-        scale, good, skipped = self.state[0], self.state[1], self.state[2]
-        good = xp.where(finite, good + 1, 0)
-        grow = good >= self.growth_interval
-        self.state[...] = xp.stack([
-            xp.where(finite, xp.where(grow, scale * 2.0, scale), scale * 0.5),
-            xp.where(grow, 0, good), skipped + ~finite, ~finite]).astype(self.state.dtype)
-        return clip
 
     def state_dict(self) -> dict:
         """The record as host numbers (a copy from the device: at checkpoints only)."""
@@ -141,6 +127,23 @@ class LossScaler:
         self.state[...] = backend.to_device(
             [record["scale"], record["good_steps"], record["skipped"], record["last_skipped"]],
             dtype="float32")
+
+
+def decide(state, total, max_norm: float | None, growth_interval: int):
+    """GradScaler's rule on a scaler's ``state`` given the norm ``total`` (0-d) of the unscaled
+    gradients, on the device: S halved and the update marked skipped if ``total`` is not finite,
+    else S doubled after ``growth_interval`` finite updates. Returns the clipping factor."""
+    xp = backend.xp
+    finite = xp.isfinite(total)
+    clip = xp.where(finite, xp.minimum((max_norm or 1.0) / xp.maximum(total, 1e-30), 1.0),
+                    1.0).astype(state.dtype)
+    scale, good, skipped = state[0], state[1], state[2]
+    good = xp.where(finite, good + 1, 0)
+    grow = good >= growth_interval
+    state[...] = xp.stack([
+        xp.where(finite, xp.where(grow, scale * 2.0, scale), scale * 0.5),
+        xp.where(grow, 0, good), skipped + ~finite, ~finite]).astype(state.dtype)
+    return clip
 
 
 PARTS = 1024        # the partial sums of the fused norm: a fixed number, a fixed order of sums
@@ -233,10 +236,8 @@ def _unscale_twin(g, state, partial, n):
 
 
 def _decide_twin(partial, parts, state, norm_clip, max_norm, interval):
-    scaler = LossScaler.__new__(LossScaler)
-    scaler.state, scaler.growth_interval = state, int(interval)
     total = backend.xp.sqrt(partial.sum())
-    norm_clip[0], norm_clip[1] = total, scaler._decide(total, float(max_norm) or None)
+    norm_clip[0], norm_clip[1] = total, decide(state, total, float(max_norm) or None, int(interval))
 
 
 UNSCALE = fused.Kernel("unscale_squares", SCALER_SOURCE, _unscale_twin)

@@ -75,13 +75,15 @@ def _feedforward():
 
 
 def _residual():
-    x, f, dy, gamma, beta = _inputs(7, (3, 11, 96), (3, 11, 96), (3, 11, 96), (96,), (96,))
+    x, f, dy, gamma, beta, bias = _inputs(7, (3, 11, 96), (3, 11, 96), (3, 11, 96), (96,), (96,),
+                                          (96,))
     out = {}
-    for pre_ln in (False, True):
+    for pre_ln, p_drop, b in ((False, 0.1, bias), (True, 0.1, None), (False, 0.0, bias)):
         y, cache = residual.forward(x, lambda h: (f.copy(), None), {"gamma": gamma, "beta": beta},
-                                    0.1, backend.rng(8, 1, 0), pre_ln)
+                                    p_drop, backend.rng(8, 1, 0), pre_ln, b)
         dx, _, grads = residual.backward(dy, cache, lambda df, c: (df.copy(), None))
-        out.update({f"pre_ln={pre_ln} {k}": a for k, a in {"y": y, "dx": dx, **grads}.items()})
+        name = f"pre_ln={pre_ln} p={p_drop} bias={b is not None}"
+        out.update({f"{name} {k}": a for k, a in {"y": y, "dx": dx, **grads}.items()})
     return out
 
 

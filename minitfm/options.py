@@ -1,11 +1,12 @@
-"""The trainers' options, one vocabulary: every option that ``train_toy.py``, ``train_wmt.py``
-and ``train_lm.py`` share is declared here once (:data:`VOCABULARY`: its name, its type, which
-checks the value before any work, its unit and its help) and means the same in all three.
+"""The commands' options, one vocabulary: every option that ``train_toy.py``, ``train_wmt.py``
+and ``train_lm.py`` share, and beam search's settings (``minitfm.translate``, ``train_wmt.py
+--eval-only``, ``minitfm.export``), is declared here once (:data:`VOCABULARY`: its name, its
+type, which checks the value before any work, its unit and its help) and means the same in each
+command.
 
-- a value's type is one of :func:`integer`, :func:`number`, :func:`duration` (``90s``, ``60m``,
-  ``1.5h``: the time limit, in one unit everywhere) and :func:`phase` (a point or length of a run:
-  a fraction, ``<N>steps``, ``<x>epochs``); a bad value is a usage error naming the option and
-  what it must be;
+- a value's type is one of :mod:`minitfm.argtypes` (integers and numbers in a range, a time with
+  its unit: ``90s``, ``60m``, ``1.5h``, the time limit in one unit everywhere, a phase of a run);
+  a bad value is a usage error naming the option and what it must be;
 - a trainer (:class:`Trainer`) names the shared options it has and gives its defaults in a
   table (a value, a table per preset or task, or words such as ``$MINITFM_BACKEND, else numpy``);
   its help shows them;
@@ -20,107 +21,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
-import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from minitfm import backend, fused, gradscale, limits
+from minitfm import backend, beam, fused, gradscale
+from minitfm.argtypes import duration, integer, number, phase, positive_int, vocab_size
 from minitfm.training import phases
 from minitfm.training.state import TrainOptions
 
-__all__ = ["integer", "number", "positive_int", "duration", "phase", "vocab_size",
-           "Option", "Words", "VOCABULARY", "BEST_METRICS", "Trainer",
-           "add", "parse", "check", "train_options"]
-
-
-# ---- option values ---------------------------------------------------------------------------
-
-def _bounds(low, high, low_open: bool, high_open: bool) -> str:
-    if low is not None and high is not None:
-        return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    if low is not None:
-        return f"{'>' if low_open else '>='} {low:g}"
-    if high is not None:
-        return f"{'<' if high_open else '<='} {high:g}"
-    return ""
-
-
-def integer(low: int | None = None, high: int | None = None) -> Callable[[str], int]:
-    """An argparse ``type=`` for an integer in [low, high] (None: unbounded)."""
-    def parse(text: str) -> int:
-        wanted = " ".join(filter(None, ("an integer", _bounds(low, high, False, False))))
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}") from None
-        if (low is not None and value < low) or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
-        return value
-    return parse
-
-
-positive_int = integer(1)
-
-
-def number(low: float | None = None, high: float | None = None, *, low_open: bool = False,
-           high_open: bool = False) -> Callable[[str], float]:
-    """An argparse ``type=`` for a finite number in the given range; NaN and infinity are
-    refused. ``low_open`` / ``high_open`` exclude the bound itself."""
-    def parse(text: str) -> float:
-        wanted = " ".join(filter(None, ("a finite number",
-                                         _bounds(low, high, low_open, high_open))))
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}") from None
-        if (not math.isfinite(value)
-                or (low is not None and (value < low or (low_open and value == low)))
-                or (high is not None and (value > high or (high_open and value == high)))):
-            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
-        return value
-    return parse
-
-
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def duration(text: str) -> float:
-    """An argparse ``type=`` for a length of time with its unit, in seconds: ``90s``, ``60m``,
-    ``1.5h`` (> 0). A bare number is refused: the unit is part of the value."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smh])\s*", text.lower())
-    if not match:
-        bare = text.strip()
-        hint = f" (a bare number: {bare}s or {bare}m?)" if re.fullmatch(r"[\d.]+", bare) else ""
-        raise argparse.ArgumentTypeError(f"must be a time with its unit, s, m or h (90s, 60m, "
-                                         f"1.5h), got {text!r}{hint}")
-    seconds = float(match.group(1)) * _UNITS[match.group(2)]
-    if not 0 < seconds < math.inf:
-        raise argparse.ArgumentTypeError(f"must be a time > 0, got {text!r}")
-    return seconds
-
-
-def phase(*, auto: bool = False) -> Callable[[str], float | str]:
-    """An argparse ``type=`` for a point or length of a run (minitfm.training.phases): a
-    fraction in [0, 1), ``<N>steps``, ``<x>epochs`` or, with ``auto``, ``auto``."""
-    def parse(text: str) -> float | str:
-        try:
-            return phases.parse(text, auto=auto)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    return parse
-
-
-def vocab_size(text: str) -> int:
-    """An argparse ``type=`` for ``--vocab-size``: an integer from 8 to sentencepiece's int32
-    limit (:data:`minitfm.limits.SENTENCEPIECE_MAX_VOCAB`)."""
-    value = integer(8)(text)
-    if value > limits.SENTENCEPIECE_MAX_VOCAB:
-        raise argparse.ArgumentTypeError(
-            f"must be at most {limits.SENTENCEPIECE_MAX_VOCAB} (sentencepiece stores the "
-            f"vocabulary size as a 32-bit integer), got {text!r}")
-    return value
+__all__ = ["Option", "Words", "VOCABULARY", "BEST_METRICS", "PLACEMENT", "RUN", "SEARCH",
+           "SEARCH_DEFAULTS", "Trainer", "add", "add_search_options", "parse", "check",
+           "train_options"]
 
 
 # ---- the vocabulary --------------------------------------------------------------------------
@@ -251,8 +163,22 @@ VOCABULARY = {option.dest: option for option in [
                         "each in one launch) or the plain array code NumPy runs too",
            choices=fused.CHOICES, absent="plain: fused becomes the default once a GPU run has "
                                          "shown every kernel equal to its plain twin"),
+    # beam search (beam.py's module docstring says what each does)
+    Option("--beam", "beam size", positive_int),
+    Option("--lenpen", "length penalty alpha: a finished translation Y scores "
+                       "log P(Y) / lp(|Y|)", number(0)),
+    Option("--lenpen-form", "lp: gnmt, ((5 + |Y|) / 6)^alpha, the paper's; power, |Y|^alpha, as "
+                            "CTranslate2, fairseq and Marian (|Y| counts the EOS)",
+           choices=beam.LENGTH_PENALTIES),
+    Option("--stopping", "when a sentence is done: exact, once no live hypothesis can beat the "
+                         "best finished one (the N best with --nbest) within the length limit; "
+                         "first-k, once --beam hypotheses have finished; auto, exact with "
+                         "--lenpen 0 and first-k otherwise, as chosen on validation",
+           choices=beam.STOPPING_RULES),
 ]}
 PLACEMENT = ("backend", "threads", "precision", "loss_scale", "kernels")
+SEARCH = ("beam", "lenpen", "lenpen_form", "stopping")
+SEARCH_DEFAULTS = {"beam": 4, "lenpen": 0.6, "lenpen_form": "gnmt", "stopping": "auto"}
 RUN = ("out", "resume", "quiet", "no_lock")
 
 
@@ -262,11 +188,13 @@ def _default_words(value) -> str:
     return f" {value:g}" if isinstance(value, float) else f" {value}"
 
 
-def add(group, *names: str, defaults: Mapping = {}, choices: Mapping = {}) -> None:
+def add(group, *names: str, defaults: Mapping = {}, choices: Mapping = {},
+        values: bool = False) -> None:
     """Add the options ``names`` (keys of :data:`VOCABULARY`) to ``group`` (a parser or an
     argument group), each with the default words of ``defaults`` (a value, a :class:`Words`)
     or its ``absent`` words, and ``choices`` where a command allows only some; its old names
-    too (hidden from the help)."""
+    too (hidden from the help). ``values``: the defaults that are values are argparse's too
+    (for a command without a :class:`Trainer`, which fills them in after parsing)."""
     for name in names:
         option = VOCABULARY[name]
         default = defaults.get(name, None if option.absent is None else Words(option.absent))
@@ -275,10 +203,18 @@ def add(group, *names: str, defaults: Mapping = {}, choices: Mapping = {}) -> No
                    "choices": choices.get(name, option.choices)})
         help = option.help if option.switch or default is None else \
             f"{option.help} (default{_default_words(default)})"
+        if values and default is not None and not isinstance(default, Words):
+            kwargs["default"] = default
         group.add_argument(option.flag, **kwargs, help=help)
         for alias in option.aliases:
             group.add_argument(alias, **kwargs, dest=option.dest, default=argparse.SUPPRESS,
                                help=argparse.SUPPRESS, action=_Renamed, new=option.flag)
+
+
+def add_search_options(group) -> None:
+    """Beam search's settings (:data:`SEARCH`), with their defaults, for a command that decodes
+    (``minitfm.translate``, ``minitfm.export``)."""
+    add(group, *SEARCH, defaults=SEARCH_DEFAULTS, values=True)
 
 
 class _Renamed(argparse.Action):

@@ -37,7 +37,7 @@ from minitfm.exits import UsageError
 from minitfm.layers import positional
 from minitfm.models import translator as model
 from minitfm.optim import LRSchedule
-from minitfm.options import integer, number, positive_int
+from minitfm.argtypes import integer, number, positive_int
 
 __all__ = [
     "PlotError", "attention_maps", "plot_attention", "plot_positional", "plot_lr_schedule",
@@ -120,12 +120,12 @@ def plot_attention(maps, rows: Sequence[str], cols: Sequence[str], path, title: 
 
 def _pair(params, cfg, vocab, source: str, target: str | None, beam: int):
     """Source ids (with EOS), decoder input ids (BOS + target) and the labels of both."""
-    from minitfm.beam import translate_ids
+    from minitfm import beam as search
     src_ids = vocab.encode([source])[0][:cfg.max_len - 1]
     if not src_ids:
         raise PlotError("the source sentence is empty")
     if target is None:
-        tgt_ids = translate_ids(params, cfg, [src_ids], beam=beam)[0][0][0]
+        tgt_ids = search.translate_ids(params, cfg, [src_ids], beam=beam)[0][0][0]
     else:
         tgt_ids = vocab.encode([target])[0]
     tgt_ids = tgt_ids[:cfg.max_len - 1]

@@ -7,7 +7,7 @@
 Reads one sentence per line (UTF-8, from standard input or ``--input``) and writes one
 translation per line, in the same order, detokenized with the sentencepiece model stored in the
 checkpoint. The search is beam search with the paper's settings by default (beam 4, length
-penalty 0.6, at most source length + 50 output tokens; see :mod:`minitfm.decode`).
+penalty 0.6, at most source length + 50 output tokens; see :mod:`minitfm.beam`).
 
 - An empty (or blank) line gives an empty line.
 - A line longer than the model accepts (``max_len`` tokens, EOS included) is truncated, with a
@@ -34,14 +34,13 @@ from typing import BinaryIO, TextIO
 
 from tqdm import tqdm
 
-from minitfm import checkpoint, limits, options, usable
-from minitfm.beam import translate_ids
+from minitfm import beam as search, checkpoint, limits, options, usable
 from minitfm.cli import placement_defaults, report_errors, select_backend
 from minitfm.data.reading import DataError, decompressed, raw_lines, stream_lines
 from minitfm.data.vocab import Vocab
 from minitfm.exits import UsageError
 from minitfm.models import translator as model
-from minitfm.options import number, positive_int
+from minitfm.argtypes import positive_int
 from minitfm.training.stops import interrupts_deferred
 
 __all__ = ["TranslateError", "load_translator", "encode_lines", "translate_lines",
@@ -105,13 +104,16 @@ def encode_lines(vocab: Vocab, cfg: model.Config, lines: Sequence[str], first_li
 
 def translate_lines(params: dict, cfg: model.Config, vocab: Vocab, lines: Sequence[str], *,
                     beam: int = 4, alpha: float = 0.6, nbest: int = 1, batch_size: int = 64,
-                    max_len: int | None = None, first_line: int = 1,
+                    max_len: int | None = None, first_line: int = 1, lenpen_form: str = "gnmt",
+                    stopping: str = "auto",
                     warn: Callable[[str], None] = _warn) -> list[list[Translation]]:
-    """The ``nbest`` best translations of each line, best first; ``[("", 0.0)]`` for a blank."""
+    """The ``nbest`` best translations of each line, best first; ``[("", 0.0)]`` for a blank.
+    The search settings are ``beam.translate_ids``'s."""
     encoded = encode_lines(vocab, cfg, lines, first_line, warn)
     todo = [i for i, ids in enumerate(encoded) if ids is not None]
-    found = translate_ids(params, cfg, [encoded[i] for i in todo], beam=beam, alpha=alpha,
-                                 max_len=max_len, nbest=nbest, batch_size=batch_size)
+    found = search.translate_ids(params, cfg, [encoded[i] for i in todo], beam=beam, alpha=alpha,
+                                 max_len=max_len, nbest=nbest, batch_size=batch_size,
+                                 lenpen_form=lenpen_form, stopping=stopping)
     results: list[list[Translation]] = [[("", 0.0)] for _ in lines]
     for i, hyps in zip(todo, found):
         texts = vocab.decode([tokens for tokens, _ in hyps])
@@ -121,15 +123,17 @@ def translate_lines(params: dict, cfg: model.Config, vocab: Vocab, lines: Sequen
 
 def translate_texts(params: dict, cfg: model.Config, vocab: Vocab, lines: Sequence[str], *,
                     beam: int = 4, alpha: float = 0.6, batch_size: int = 64,
-                    progress: bool = False, warn: Callable[[str], None] = _warn) -> list[str]:
-    """The best translation of each line (``beam=1``: greedy), with an optional progress bar."""
+                    progress: bool = False, lenpen_form: str = "gnmt",
+                    stopping: str = "auto",
+                    warn: Callable[[str], None] = _warn) -> list[str]:
+    """The best translation of each line, with an optional progress bar."""
     outputs: list[str] = []
     chunk = 4 * batch_size
     with tqdm(total=len(lines), desc="translate", unit=" sent", disable=not progress) as bar:
         for start in range(0, len(lines), chunk):
             results = translate_lines(params, cfg, vocab, lines[start:start + chunk], beam=beam,
                                       alpha=alpha, batch_size=batch_size, first_line=start + 1,
-                                      warn=warn)
+                                      lenpen_form=lenpen_form, stopping=stopping, warn=warn)
             outputs += [hyps[0][0] for hyps in results]
             bar.update(len(results))
     return outputs
@@ -188,9 +192,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Translate sentences (one per line) with a trained minitfm checkpoint.")
     p.add_argument("--checkpoint", required=True, help="checkpoint file (.npz) with a vocabulary")
     p.add_argument("--input", help="input text file, plain or gzipped (default: standard input)")
-    p.add_argument("--beam", type=positive_int, default=4, help="beam size (default 4; 1 is greedy)")
-    p.add_argument("--lenpen", type=number(0), default=0.6,
-                   help="length penalty alpha, ((5 + |Y|) / 6)^alpha (default 0.6)")
+    options.add_search_options(p)
     p.add_argument("--nbest", type=positive_int, default=None,
                    help="print the N best hypotheses with scores, 'INDEX ||| TEXT ||| SCORE'")
     p.add_argument("--max-len", type=positive_int, default=None,
@@ -230,7 +232,8 @@ def run(args: argparse.Namespace, stdin: BinaryIO, stdout: TextIO) -> int:
         results = translate_lines(params, cfg, vocab, lines, beam=args.beam,
                                   alpha=args.lenpen, nbest=args.nbest or 1,
                                   batch_size=args.batch_size, max_len=args.max_len,
-                                  first_line=done + 1)
+                                  first_line=done + 1, lenpen_form=args.lenpen_form,
+                                  stopping=args.stopping)
         with interrupts_deferred():
             for out in format_translations(results, done, args.nbest is not None):
                 stdout.write(out + "\n")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from minitfm import average, backend, checkpoint, distributed, files, limits, translate
+from minitfm import average, backend, beam, checkpoint, distributed, files, limits, translate
 from minitfm.bleu import BleuScore, corpus_bleu
 from minitfm.data import (BatchPlan, CleanOptions, DataError, EncodedCorpus, ParallelText,
                           SubwordDropout, Vocab, cached_joint_vocab, clean_parallel,
@@ -169,7 +169,7 @@ def bleu_metric(vocab: Vocab, valid: ParallelText, args: argparse.Namespace):
     references = valid.tgt[:args.valid_bleu_sentences]
 
     def valid_bleu(params: dict, cfg: Config) -> dict:
-        hypotheses = translate.translate_texts(params, cfg, vocab, sources, beam=1,
+        hypotheses = translate.translate_texts(params, cfg, vocab, sources, beam=1, alpha=0.0,
                                                batch_size=args.eval_batch_size,
                                                warn=lambda message: None)
         return {"valid_bleu": corpus_bleu(hypotheses, references,
@@ -183,13 +183,16 @@ def score_test(params: dict, cfg: Config, vocab: Vocab, test: ParallelText, stem
     started = time.perf_counter()
     hypotheses = translate.translate_texts(params, cfg, vocab, test.src, beam=args.beam,
                                            alpha=args.lenpen, batch_size=args.eval_batch_size,
-                                           progress=not args.quiet)
+                                           progress=not args.quiet,
+                                           lenpen_form=args.lenpen_form, stopping=args.stopping)
     seconds = time.perf_counter() - started
     score = corpus_bleu(hypotheses, test.tgt, tokenize=args.bleu_tokenize)
     hyp_path = os.path.join(out_dir, f"{stem}.test.hyp.{args.target_lang}")
     record = {**score.to_dict(), **info, "test_src": str(test.src_path),
               "test_ref": str(test.tgt_path), "hypotheses": hyp_path, "beam": args.beam,
-              "lenpen": args.lenpen, "decode_seconds": round(seconds, 1)}
+              "lenpen": args.lenpen, "lenpen_form": args.lenpen_form,
+              "stopping": beam.stopping_rule(args.stopping, args.lenpen),
+              "decode_seconds": round(seconds, 1)}
     advice = f"BLEU {score.bleu:.2f}; free space or pass another --out, and score again"
     write_text(hyp_path, "".join(line + "\n" for line in hypotheses), "hypotheses", advice)
     write_text(os.path.join(out_dir, f"{stem}.test.bleu.json"),

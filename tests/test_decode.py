@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minitfm import beam as search
 from minitfm import decode
-from minitfm.beam import beam_search, pad_batch, top_k, translate_ids
 from minitfm.models import translator
 
 TINY = translator.Config.preset("tiny")
@@ -25,7 +25,7 @@ def tiny(pre_ln=False, seed=0, dtype=np.float64, **overrides):
 def sources(lengths, seed=0, vocab=11):
     """A padded source batch: random ordinary tokens, EOS, padding."""
     rng = np.random.default_rng(seed)
-    return pad_batch([rng.integers(4, vocab, size=n).tolist() for n in lengths], TINY)
+    return search.pad_batch([rng.integers(4, vocab, size=n).tolist() for n in lengths], TINY)
 
 
 # ---- the cache against the full forward pass ---------------------------------------------------
@@ -76,11 +76,14 @@ def test_reorder_gathers_rows_and_drops_sentences():
     before = [k.copy() for k in kv.self_k]
     kv = decode.reorder(kv, [1, 1, 2, 3], filled=2)             # beam 0 of sentence 0 is pruned
     np.testing.assert_array_equal(kv.self_k[0][:, :, :2], before[0][[1, 1, 2, 3], :, :2])
+    cross, mask = kv.cross_k[0].copy(), kv.src_mask.copy()   # a row per sentence
+    assert cross.shape[0] == 2 and mask[0].min() < 0 == mask[1].min()   # sentence 0 is padded
     kv = decode.reorder(kv, [3, 2], filled=2)                   # sentence 0 leaves the batch
-    assert kv.rows == 2
+    assert kv.rows == 2 and kv.sentences == 1
     for i in range(cfg.n_layers):
         np.testing.assert_array_equal(kv.self_k[i][:, :, :2], before[i][[3, 2], :, :2])
-    np.testing.assert_array_equal(kv.src_mask[:, 0, 0], sources([3, 5])[[1, 1]] == 0)
+    np.testing.assert_array_equal(kv.cross_k[0], cross[[1]])
+    np.testing.assert_array_equal(kv.src_mask, mask[[1]])
 
 
 # ---- search on the real (tiny, random) model ---------------------------------------------------
@@ -92,10 +95,15 @@ MIXED_SEEDS = [1, 6, 7, 11]
 @pytest.mark.parametrize("pre_ln", [False, True])
 @pytest.mark.parametrize("seed", MIXED_SEEDS)
 def test_beam_size_one_is_greedy(pre_ln, seed):
+    """Beam 1 stopping at its first finished hypothesis: first-k, or exact without a penalty
+    (with one, the exact rule may search past an EOS that a longer hypothesis can beat)."""
     params, cfg = tiny(pre_ln, seed)
     src = sources([1, 8, 3, 5, 0], seed)
-    beam = beam_search(params, cfg, src, beam=1, max_len=20)
-    assert [hyps[0][0] for hyps in beam] == decode.greedy(params, cfg, src, max_len=20)
+    greedy = decode.greedy(params, cfg, src, max_len=20)
+    for alpha, stopping in ((0.6, "first-k"), (0.0, "exact")):
+        beam = search.beam_search(params, cfg, src, beam=1, alpha=alpha, max_len=20,
+                                  stopping=stopping)
+        assert [hyps[0][0] for hyps in beam] == greedy
 
 
 @pytest.mark.parametrize("seed", MIXED_SEEDS)
@@ -103,11 +111,11 @@ def test_batch_equals_one_at_a_time(seed):
     params, cfg = tiny(seed=seed)
     lengths = [1, 8, 3, 5, 0]
     src = sources(lengths, seed=seed)
-    batched = beam_search(params, cfg, src, beam=3, nbest=3, max_len=20)
+    batched = search.beam_search(params, cfg, src, beam=3, nbest=3, max_len=20)
     greedy = decode.greedy(params, cfg, src, max_len=20)
     for i, n in enumerate(lengths):
         alone = src[i:i + 1, :n + 1]                                  # no padding at all
-        one = beam_search(params, cfg, alone, beam=3, nbest=3, max_len=20)[0]
+        one = search.beam_search(params, cfg, alone, beam=3, nbest=3, max_len=20)[0]
         assert [h[0] for h in one] == [h[0] for h in batched[i]]
         np.testing.assert_allclose([h[1] for h in one], [h[1] for h in batched[i]], atol=1e-10)
         assert decode.greedy(params, cfg, alone, max_len=20)[0] == greedy[i]
@@ -149,20 +157,20 @@ def sequence_log_prob(params, cfg, src_row, tokens, with_eos=True):
 def test_scores_are_length_normalised_log_probs():
     params, cfg = tiny(seed=6)
     src = sources([1, 8, 3, 5, 0], seed=6)
-    results = beam_search(params, cfg, src, beam=4, nbest=4, max_len=12)
+    results = search.beam_search(params, cfg, src, beam=4, nbest=4, max_len=12)
     for row, hyps in zip(src, results):
         assert [h[1] for h in hyps] == sorted((h[1] for h in hyps), reverse=True)
         for tokens, score in hyps:
             ended = len(tokens) < 12                                  # else stopped by max_len
             logp = sequence_log_prob(params, cfg, row, tokens, with_eos=ended)
             length = len(tokens) + ended
-            assert score == pytest.approx(logp / decode.length_penalty(length, 0.6), abs=1e-9)
+            assert score == pytest.approx(logp / search.length_penalty(length, 0.6), abs=1e-9)
 
 
 def test_float32_params_decode():
     params, cfg = tiny(seed=1, dtype=np.float32)
     src = sources([3, 5], seed=1)
-    hyps = beam_search(params, cfg, src, beam=2)
+    hyps = search.beam_search(params, cfg, src, beam=2)
     assert all(isinstance(h[0][1], float) and math.isfinite(h[0][1]) for h in hyps)
     assert len(decode.greedy(params, cfg, src)) == 2
 
@@ -178,7 +186,7 @@ def test_special_tokens_are_never_generated_nor_fed(monkeypatch):
     real_step = decode.step
     monkeypatch.setattr(decode, "step", spy)
     src = sources([3, 6, 1], seed=2)
-    outputs = [h[0] for hyps in beam_search(params, cfg, src, beam=4, nbest=4) for h in hyps]
+    outputs = [h[0] for hyps in search.beam_search(params, cfg, src, beam=4, nbest=4) for h in hyps]
     outputs += decode.greedy(params, cfg, src)
     for t, tokens in fed:
         assert set(tokens) == {cfg.bos_id} if t == 0 else not set(tokens) & {0, 2, 3}
@@ -227,7 +235,7 @@ def test_beam_search_finds_what_greedy_misses(monkeypatch):
     monkeypatch.setattr(decode, "step", markov_step(greedy_trap()))
     src = sources([3])
     assert decode.greedy(params, cfg, src) == [[A, C]]
-    (best,) = beam_search(params, cfg, src, beam=4, alpha=0.6)[0]
+    (best,) = search.beam_search(params, cfg, src, beam=4, alpha=0.6)[0]
     assert best[0] == [B]
     assert best[1] == pytest.approx(math.log(0.4 * 0.9) / ((5 + 2) / 6) ** 0.6)
     greedy_score = math.log(0.5 * 0.3 * 0.9) / ((5 + 3) / 6) ** 0.6
@@ -238,60 +246,11 @@ def test_finished_hypotheses_are_never_extended(monkeypatch):
     params, cfg = tiny()
     fake = markov_step(greedy_trap())
     monkeypatch.setattr(decode, "step", fake)
-    results = beam_search(params, cfg, sources([3, 5]), beam=3, nbest=3)
+    results = search.beam_search(params, cfg, sources([3, 5]), beam=3, nbest=3)
     assert all(cfg.eos_id not in tokens for tokens in fake.fed)
     for hyps in results:
         assert len(hyps) == 3
         assert all(cfg.eos_id not in h[0] for h in hyps)
-
-
-def random_chain(seed):
-    """A stand-in for decode.step: the next-token distribution depends on the step and the last
-    token, drawn at random with EOS often likely, so hypotheses end at many different steps."""
-    rng = np.random.default_rng(seed)
-    tables = np.log(rng.dirichlet(np.full(11, 0.4), size=(30, 11)))    # (t, last token, next)
-
-    def fake_step(params, cfg, kv, tokens, t):
-        fake_step.steps += 1
-        fake_step.rows += len(tokens)
-        return tables[t][np.asarray(tokens)].copy()                      # (R, V) logits
-
-    fake_step.steps = fake_step.rows = 0
-    return fake_step
-
-
-@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.5])
-@pytest.mark.parametrize("beam, nbest", [(1, 1), (4, 1), (4, 3), (5, 2)])
-def test_stopping_early_gives_the_same_results(monkeypatch, alpha, beam, nbest):
-    params, cfg = tiny()
-    src = sources([3, 8, 1, 5, 0, 9])
-    saved_rows = 0
-    for seed in range(12):
-        plain, early = random_chain(seed), random_chain(seed)
-        monkeypatch.setattr(decode, "step", plain)
-        expected = beam_search(params, cfg, src, beam, alpha, max_len=12, nbest=nbest)
-        monkeypatch.setattr(decode, "step", early)
-        found = beam_search(params, cfg, src, beam, alpha, max_len=12, nbest=nbest,
-                                   stop_early=True)
-        assert found == expected, seed
-        assert early.rows <= plain.rows
-        saved_rows += plain.rows - early.rows
-    if beam > 1 and nbest == 1:                 # (beam 1 ends each sentence at its EOS anyway)
-        assert saved_rows > 0
-
-
-@pytest.mark.parametrize("pre_ln", [False, True])
-def test_stopping_early_on_a_model(pre_ln):
-    params, cfg = tiny(pre_ln, seed=3)
-    params["emb"][cfg.eos_id] *= 4.0            # EOS likely: hypotheses end at different steps
-    src = sources([3, 8, 1, 5, 0, 9], seed=3)
-    for alpha in (0.0, 0.6):
-        assert translate_ids(params, cfg, [[4, 5, 6], [7], [8, 9, 10, 4, 5]], alpha=alpha,
-                                    batch_size=2, stop_early=True) == \
-            translate_ids(params, cfg, [[4, 5, 6], [7], [8, 9, 10, 4, 5]], alpha=alpha,
-                                 batch_size=2)
-        assert beam_search(params, cfg, src, alpha=alpha, nbest=2, stop_early=True) == \
-            beam_search(params, cfg, src, alpha=alpha, nbest=2)
 
 
 def never_ends():
@@ -300,22 +259,22 @@ def never_ends():
     return table / table.sum(axis=1, keepdims=True)
 
 
-@pytest.mark.parametrize("search", ["greedy", "beam"])
-def test_default_max_length_is_source_length_plus_50(monkeypatch, search):
+@pytest.mark.parametrize("method", ["greedy", "beam"])
+def test_default_max_length_is_source_length_plus_50(monkeypatch, method):
     params, cfg = tiny()
     monkeypatch.setattr(decode, "step", markov_step(never_ends()))
     src = sources([2, 5, 30])                  # 3, 6 and 31 positions with EOS; max_len is 64
-    if search == "greedy":
+    if method == "greedy":
         outputs = decode.greedy(params, cfg, src)
     else:
-        outputs = [hyps[0][0] for hyps in beam_search(params, cfg, src, beam=2)]
+        outputs = [hyps[0][0] for hyps in search.beam_search(params, cfg, src, beam=2)]
     assert [len(o) for o in outputs] == [3 + 50, 6 + 50, cfg.max_len]
 
 
 def test_explicit_max_length_is_respected():
     params, cfg = tiny(seed=3)
     src = sources([4, 9], seed=3)
-    for hyps in beam_search(params, cfg, src, beam=3, nbest=3, max_len=5):
+    for hyps in search.beam_search(params, cfg, src, beam=3, nbest=3, max_len=5):
         assert all(len(h[0]) <= 5 for h in hyps)
     assert all(len(o) <= 5 for o in decode.greedy(params, cfg, src, max_len=5))
     with pytest.raises(ValueError, match="max_len"):
@@ -325,12 +284,12 @@ def test_explicit_max_length_is_respected():
 # ---- pieces ------------------------------------------------------------------------------------
 
 def test_length_penalty_formula():
-    assert decode.length_penalty(1, 0.6) == 1.0                       # ((5 + 1) / 6)^a
-    assert decode.length_penalty(10, 0.6) == pytest.approx((15 / 6) ** 0.6)
-    assert decode.length_penalty(30, 0.0) == 1.0                      # alpha 0: raw log-prob
-    assert decode.length_penalty(20, 1.0) == pytest.approx(25 / 6)
+    assert search.length_penalty(1, 0.6) == 1.0                       # ((5 + 1) / 6)^a
+    assert search.length_penalty(10, 0.6) == pytest.approx((15 / 6) ** 0.6)
+    assert search.length_penalty(30, 0.0) == 1.0                      # alpha 0: raw log-prob
+    assert search.length_penalty(20, 1.0) == pytest.approx(25 / 6)
     lengths = range(1, 100)
-    assert all(decode.length_penalty(n, 0.6) < decode.length_penalty(n + 1, 0.6) for n in lengths)
+    assert all(search.length_penalty(n, 0.6) < search.length_penalty(n + 1, 0.6) for n in lengths)
 
 
 @settings(max_examples=30, deadline=None)
@@ -339,7 +298,7 @@ def test_length_penalty_formula():
 def test_top_k_matches_a_full_sort(rows, width, k, seed):
     k = min(k, width)
     x = np.random.default_rng(seed).normal(size=(rows, width))
-    values, ids = top_k(x, k, block=16)
+    values, ids = search.top_k(x, k, block=16)
     np.testing.assert_array_equal(values, -np.sort(-x, axis=1)[:, :k])
     np.testing.assert_array_equal(np.take_along_axis(x, ids, axis=1), values)
 
@@ -348,10 +307,10 @@ def test_translate_ids_sorts_batches_and_restores_order():
     params, cfg = tiny(seed=4)
     rng = np.random.default_rng(4)
     sentences = [rng.integers(4, 11, size=n).tolist() for n in (5, 1, 7, 0, 3)]
-    results = translate_ids(params, cfg, sentences, beam=2, nbest=2, batch_size=2)
+    results = search.translate_ids(params, cfg, sentences, beam=2, nbest=2, batch_size=2)
     assert len(results) == 5 and all(len(hyps) == 2 for hyps in results)
     for sentence, hyps in zip(sentences, results):
-        alone = beam_search(params, cfg, pad_batch([sentence], cfg), beam=2, nbest=2)
+        alone = search.beam_search(params, cfg, search.pad_batch([sentence], cfg), beam=2, nbest=2)
         assert [h[0] for h in alone[0]] == [h[0] for h in hyps]
 
 
@@ -359,10 +318,10 @@ def test_bad_search_settings_are_rejected():
     params, cfg = tiny()
     src = sources([2])
     with pytest.raises(ValueError, match="nbest"):
-        beam_search(params, cfg, src, beam=2, nbest=3)
+        search.beam_search(params, cfg, src, beam=2, nbest=3)
     with pytest.raises(ValueError, match="beam size"):
-        beam_search(params, cfg, src, beam=0)
+        search.beam_search(params, cfg, src, beam=0)
     with pytest.raises(ValueError, match="alpha"):
-        beam_search(params, cfg, src, alpha=-1.0)
+        search.beam_search(params, cfg, src, alpha=-1.0)
     with pytest.raises(ValueError, match="batch_size"):
-        translate_ids(params, cfg, [[A]], batch_size=0)
+        search.translate_ids(params, cfg, [[A]], batch_size=0)

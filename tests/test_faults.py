@@ -24,12 +24,11 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from minitfm import backend, checkpoint, exits, translate, wmt
+from minitfm import backend, beam, checkpoint, exits, translate, wmt
 from minitfm.training import rundir, validation
 from minitfm.training.rundir import LOG_NAME
 from minitfm.training.state import TrainOptions
 from tests import trainrun
-from minitfm.beam import translate_ids
 from minitfm.models import translator
 from minitfm.data import EncodedCorpus, epoch_batches, eval_arrays
 from tests.test_train_wmt import TINY, corpus, corpus_args, run, sentence_pairs, train_wmt  # noqa: F401
@@ -278,7 +277,7 @@ def test_length_limit_for_train_valid_and_test():
                for n in map(len, sources)]
     assert [len(ids) for ids in encoded] == [cfg.max_len - 2, cfg.max_len - 1, cfg.max_len - 1]
     assert len(warnings) == 1 and "line 1" in warnings[0]
-    assert len(translate_ids(params, cfg, encoded, beam=1)) == 3
+    assert len(beam.translate_ids(params, cfg, encoded, beam=1)) == 3
 
 
 class _Pieces:

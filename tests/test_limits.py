@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from minitfm import backend, limits, options
+from minitfm import argtypes, backend, limits
 from minitfm.models import lm, translator
 from tests.test_translate import write_checkpoint
 
@@ -220,7 +220,7 @@ def test_the_model_options_keep_the_config_valid():
 
 
 def test_vocab_size_option_and_the_corpus_bound(tmp_path):
-    parse = options.vocab_size
+    parse = argtypes.vocab_size
     assert parse(str(2**31 - 1)) == 2**31 - 1
     for bad in (str(2**31), "7", "x"):
         with pytest.raises(argparse.ArgumentTypeError):

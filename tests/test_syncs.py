@@ -20,8 +20,7 @@ Counting needs the double; on a real device (``pytest -m gpu``) these tests skip
 import numpy as np
 import pytest
 
-from minitfm import backend, checkpoint, decode, flat, generation, optim
-from minitfm.beam import beam_search
+from minitfm import backend, beam as search, checkpoint, decode, flat, generation, optim
 from minitfm.models import lm
 from minitfm.models import translator as model
 
@@ -95,7 +94,7 @@ def test_a_decoding_step_copies_at_most_once(counted, beam):
         if beam == 1:
             decode.greedy(params, CFG, src, max_len=steps)
         else:
-            beam_search(params, CFG, src, beam=beam, max_len=steps)
+            search.beam_search(params, CFG, src, beam=beam, max_len=steps)
     assert seen.device_to_host <= steps, counted.describe(seen.events)
 
 

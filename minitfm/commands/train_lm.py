@@ -35,7 +35,7 @@ from minitfm.data import text as textdata
 from minitfm.data import tokenizers
 from minitfm.exits import UsageError
 from minitfm.models import lm
-from minitfm.options import integer, number, positive_int
+from minitfm.argtypes import integer, number, positive_int
 from minitfm.training import loop, phases
 from minitfm.training.run import Run
 from minitfm.training.validation import evaluate

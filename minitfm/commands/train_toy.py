@@ -24,7 +24,8 @@ from minitfm.decode import greedy
 from minitfm.exits import UsageError
 from minitfm.models import translator
 from minitfm.models.translator import PRESETS, Config
-from minitfm.options import Words, integer, positive_int
+from minitfm.argtypes import integer, positive_int
+from minitfm.options import Words
 from minitfm.training import loop, phases
 from minitfm.training.run import Run
 

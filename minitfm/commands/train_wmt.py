@@ -56,7 +56,8 @@ from minitfm import backend, cli, distributed, options, wmt
 from minitfm.data import epoch_batches, eval_arrays, read_parallel, token_batches
 from minitfm.exits import UsageError
 from minitfm.models import translator as model
-from minitfm.options import Words, integer, number, positive_int
+from minitfm.argtypes import integer, number, positive_int
+from minitfm.options import Words
 from minitfm.training import loop, phases
 from minitfm.training.run import Run
 
@@ -77,12 +78,13 @@ TRAINER = options.Trainer(
             "time_limit", "update_freq", "warmup", "lr_factor", "weight_decay", "clip_norm",
             "schedule", "lr", "min_lr", "cooldown", "seed", "log_every", "valid_every",
             "save_every", "keep_last", "best_metric", "keep_best", "patience", "checkpoint",
-            *options.PLACEMENT, *options.RUN),
+            *options.SEARCH, *options.PLACEMENT, *options.RUN),
     defaults=dict(preset="small", layers=PRESET, d_model=PRESET, d_ff=PRESET, heads=PRESET,
                   dropout=PRESET, label_smoothing=PRESET, dropout_start=0.0,
                   dropout_start_margin=0.02, lr_factor=1.0, weight_decay=0.0, min_lr=0.0,
                   seed=0, log_every=10, keep_last=5, keep_best=0, patience=0,
-                  **cli.placement_defaults("auto", None), **cli.run_defaults("wmt-<preset>")),
+                  **options.SEARCH_DEFAULTS, **cli.placement_defaults("auto", None),
+                  **cli.run_defaults("wmt-<preset>")),
     by="preset", varying=PRESET_DEFAULTS,
     choices=dict(preset=tuple(PRESET_DEFAULTS), best_metric=("bleu", "loss")),
     # the options that define a run: --resume refuses to change them
@@ -157,8 +159,7 @@ def add_evaluation_options(ev) -> None:
     ev.add_argument("--eval-only", action="store_true",
                     help="only translate and score the test set with --checkpoint")
     TRAINER.add_options(ev, ["checkpoint"])
-    ev.add_argument("--beam", type=positive_int, default=4, help="beam size (default 4)")
-    ev.add_argument("--lenpen", type=number(0), default=0.6, help="length penalty (default 0.6)")
+    TRAINER.add_options(ev, options.SEARCH)
     ev.add_argument("--eval-batch-size", type=positive_int, default=64,
                     help="sentences per validation or decoding batch (default 64)")
     ev.add_argument("--test-max-sentences", type=positive_int,

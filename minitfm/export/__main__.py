@@ -7,13 +7,15 @@ import os
 import sys
 from collections.abc import Sequence
 
+from minitfm import options
+from minitfm.argtypes import positive_int
 from minitfm.cli import report_errors
 from minitfm.export import source
 from minitfm.export.source import ExportError
-from minitfm.options import number, positive_int
 
 EXAMPLES = """examples:
   python -m minitfm.export run/checkpoint_00010000.npz --to ctranslate2 --out model-ct2
+  python -m minitfm.export model.npz --to ctranslate2 --lenpen-form power --lenpen 1 --out model-ct2
   python -m minitfm.export model.npz --to ctranslate2 --quantization int8 --out model-ct2-int8
   python -m minitfm.export model.npz --to safetensors --out model.safetensors
   python -m minitfm.export model.safetensors --from safetensors --out model.npz
@@ -38,13 +40,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ct2 = p.add_argument_group("ctranslate2")
     ct2.add_argument("--quantization", help="weight type: int8, int8_float32, int16 (CPU), "
                      "float16, int8_float16, bfloat16 (GPU); default float32")
-    ct2.add_argument("--beam", type=positive_int, default=4,
-                     help="beam size recorded in decoding.json (default 4)")
-    ct2.add_argument("--lenpen", type=number(0), default=0.6,
-                     help="minitfm's length penalty alpha (default 0.6); CTranslate2 agrees "
-                          "with it exactly only at 0")
-    ct2.add_argument("--max-len", type=positive_int,
-                     help="most output tokens (default: the model's max_len)")
+    search = p.add_argument_group(
+        "search", "minitfm's beam search settings, written into decoding.json as the "
+                  "CTranslate2 call that searches alike (a warning where none does)")
+    options.add_search_options(search)
+    search.add_argument("--max-len", type=positive_int,
+                        help="most output tokens (default: the model's max_len)")
     return p.parse_args(argv)
 
 
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     with source.output_directory(args.out, args.force) as tmp:
         settings = ctranslate2.export(loaded, tmp, quantization=args.quantization,
                                       beam=args.beam, alpha=args.lenpen, max_len=args.max_len,
+                                      lenpen_form=args.lenpen_form, stopping=args.stopping,
                                       warn=_warn)
     kind = "ctranslate2.Translator" if settings["method"] == "translate_batch" \
         else "ctranslate2.Generator"

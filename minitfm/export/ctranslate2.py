@@ -26,10 +26,24 @@ does. LayerNorm epsilon 1e-5 (layers/layernorm.py). The source gets EOS appended
 (``add_source_eos``) and decoding starts from ``<s>``, as in minitfm.
 
 Decoding settings are arguments of ``translate_batch`` / ``generate_batch``, not part of the
-model: they go to ``decoding.json`` beside it. minitfm's length penalty is GNMT's
-((5 + |Y|) / 6)^alpha, CTranslate2 divides by |Y|^alpha: the two rank alike only at alpha = 0.
-:func:`ctranslate2_alpha` gives the CTranslate2 exponent that has the same slope in log length
-at a typical output length, and the export warns when alpha != 0.
+model: they go to ``decoding.json`` beside it, chosen so that CTranslate2 searches as minitfm's
+``beam.beam_search`` does with the same settings (read from CTranslate2's ``BeamSearch``):
+
+- the score: CTranslate2 divides log P(Y, EOS) by |Y|^length_penalty, |Y| counting the EOS (its
+  hypotheses keep the EOS while scored, and lose it afterwards): minitfm's power form, exactly.
+  GNMT's ((5 + |Y|) / 6)^alpha has no CTranslate2 equivalent; :func:`ctranslate2_alpha` gives
+  the exponent with the same slope in log length at a typical output length, with a warning.
+- when a sentence is done: at length_penalty 0 CTranslate2 stops once the best candidate of a
+  step ends in EOS, which gives the outputs of minitfm's exact rule; with a penalty it stops once
+  round(beam_size * patience) hypotheses have finished, which is minitfm's first-k rule at
+  patience 1 (at alpha 0 through a length_penalty that changes no score,
+  ``UNIT_LENGTH_PENALTY``). minitfm's exact rule with a penalty settles on what a search to the
+  length limit finds, so the call that reproduces it has a patience no count can reach (at most
+  beam_size hypotheses finish per step): CTranslate2 then decodes every batch to
+  max_decoding_length. The cases with no exact call (GNMT's penalty; exact stopping with a
+  penalty at beam 1, where CTranslate2 decodes greedily) warn.
+- at the length limit both finish a sentence's K best candidates as they are, and both score
+  the one-row first step (BOS alone) before they expand it to K rows.
 """
 
 from __future__ import annotations
@@ -40,6 +54,7 @@ import os
 import numpy
 
 from minitfm import backend
+from minitfm.beam import stopping_rule
 from minitfm.export.source import ExportError, Loaded, model
 from minitfm.layers import positional
 
@@ -48,6 +63,10 @@ QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16
 DECODING_FILE = "decoding.json"
 SENTENCEPIECE_FILE = "sentencepiece.model"
 TYPICAL_LENGTH = 20        # output tokens, for the length-penalty translation
+# |Y|^1e-9 rounds to exactly 1 in float32 for every length (1 + 1e-9 ln |Y| is within half an
+# ulp of 1): a length_penalty that changes no score, yet is not 0, so that CTranslate2 stops by
+# counting finished hypotheses (first-k) rather than at the first best EOS
+UNIT_LENGTH_PENALTY = 1e-9
 
 
 def _import_ctranslate2():
@@ -168,33 +187,53 @@ def ctranslate2_alpha(alpha: float, length: int = TYPICAL_LENGTH) -> float:
 
 
 def decoding_settings(loaded: Loaded, beam: int, alpha: float, max_len: int | None,
-                      warn) -> dict:
-    """The JSON written beside the model, and the keyword arguments of the matching call."""
+                      warn, lenpen_form: str = "gnmt", stopping: str = "auto") -> dict:
+    """The JSON written beside the model, and the keyword arguments of the matching call: the
+    call that gives minitfm's search exactly where one exists, a warning where none does."""
     cfg = loaded.config
     limit = cfg.max_len if max_len is None else max_len
-    if loaded.kind == model.KIND:
-        call = translate_kwargs(beam, 0.0, limit, cfg.max_len)
-        if alpha:
-            equivalent = round(ctranslate2_alpha(alpha), 3)
-            call["length_penalty"] = equivalent
-            warn(f"minitfm's length penalty ((5 + |Y|) / 6)^alpha and CTranslate2's |Y|^alpha "
-                 f"agree only at alpha = 0; for outputs of about {TYPICAL_LENGTH} tokens "
-                 f"length_penalty={equivalent} ranks like minitfm's alpha={alpha:g}, and is the "
-                 f"one written: translations may still differ from minitfm's")
-        return {"method": "translate_batch", "kwargs": call, "minitfm": {
-            "beam": beam, "alpha": alpha, "max_len": max_len,
-            "note": "minitfm stops each sentence after its source length + 50 tokens by "
-                    "default; CTranslate2 takes one max_decoding_length for all"}}
-    call = generate_kwargs(limit)
-    return {"method": "generate_batch", "kwargs": call, "minitfm": {
-        "note": f"the prompt plus max_length must stay within the model's context of "
-                f"{cfg.max_len} tokens: CTranslate2 does not slide the window as minitfm does"}}
+    if loaded.kind != model.KIND:
+        return {"method": "generate_batch", "kwargs": generate_kwargs(limit), "minitfm": {
+            "note": f"the prompt plus max_length must stay within the model's context of "
+                    f"{cfg.max_len} tokens: CTranslate2 does not slide the window as minitfm "
+                    f"does"}}
+    exact, patience, stopping = True, 1, stopping_rule(stopping, alpha)
+    length_penalty = alpha if lenpen_form == "power" else 0.0
+    if alpha and lenpen_form == "gnmt" and beam > 1:
+        exact, length_penalty = False, round(ctranslate2_alpha(alpha), 3)
+        warn(f"minitfm's length penalty ((5 + |Y|) / 6)^alpha and CTranslate2's |Y|^alpha "
+             f"agree only at alpha = 0; for outputs of about {TYPICAL_LENGTH} tokens "
+             f"length_penalty={length_penalty} ranks like minitfm's alpha={alpha:g}, and is the "
+             f"one written: translations may still differ from minitfm's. --lenpen-form power "
+             f"scores as CTranslate2 does")
+    if beam == 1 and alpha and stopping == "exact":
+        exact = False
+        warn("with beam 1 CTranslate2 decodes greedily, to the first EOS; minitfm's exact "
+             "stopping with a length penalty may search past it: with --stopping first-k both "
+             "decode greedily")
+    elif beam > 1 and not alpha and stopping == "first-k":
+        length_penalty = UNIT_LENGTH_PENALTY    # no score changes, but CTranslate2 counts
+    elif beam > 1 and alpha and stopping == "exact":
+        patience = limit + 1         # no count of finished hypotheses may stop CTranslate2 early
+    call = translate_kwargs(beam, length_penalty, limit, cfg.max_len, patience)
+    notes = ["minitfm stops each sentence after its source length + 50 tokens by default; "
+             "CTranslate2 takes one max_decoding_length for all: give minitfm the same --max-len "
+             "for the same translations"]
+    if patience > 1:
+        notes.append(f"patience {patience}: minitfm's exact stopping with a length penalty "
+                     f"keeps what a search to the length limit finds, and so must CTranslate2, "
+                     f"which then decodes every batch for max_decoding_length steps")
+    return {"method": "translate_batch", "kwargs": call, "minitfm": {
+        "beam": beam, "alpha": alpha, "lenpen_form": lenpen_form, "stopping": stopping,
+        "max_len": max_len, "exact": exact, "note": " ".join(notes)}}
 
 
-def translate_kwargs(beam: int, length_penalty: float, max_len: int, max_input: int) -> dict:
+def translate_kwargs(beam: int, length_penalty: float, max_len: int, max_input: int,
+                     patience: float = 1) -> dict:
     """``translate_batch``'s arguments that decode as ``beam.beam_search`` does (``beam=1``:
-    ``decode.greedy``): an empty output allowed (CTranslate2's default minimum is 1 token), at
-    most ``max_len`` output tokens with EOS.
+    ``decode.greedy``; see :func:`decoding_settings` for the penalty and the stopping rule): an
+    empty output allowed (CTranslate2's default minimum is 1 token), at most ``max_len`` output
+    tokens with EOS.
 
     minitfm never generates <pad> or <s>: it drops them after the softmax, so the scores stay
     log-probabilities of the model. CTranslate2 can only drop tokens before its softmax
@@ -202,8 +241,8 @@ def translate_kwargs(beam: int, length_penalty: float, max_len: int, max_input: 
     and CTranslate2 would pick <pad> or <s> only where they rank among the best, which a trained
     model never does (neither is ever a training target). Add
     ``suppress_sequences=[["<pad>"], ["<s>"]]`` to rule them out at that small cost."""
-    return {"beam_size": beam, "length_penalty": length_penalty, "max_decoding_length": max_len,
-            "min_decoding_length": 0, "max_input_length": max_input}
+    return {"beam_size": beam, "length_penalty": length_penalty, "patience": patience,
+            "max_decoding_length": max_len, "min_decoding_length": 0, "max_input_length": max_input}
 
 
 def generate_kwargs(max_new_tokens: int) -> dict:
@@ -257,7 +296,8 @@ def vocabulary(loaded: Loaded, size: int) -> tuple[list[str], bytes | None]:
 # ---- the export -------------------------------------------------------------------------------
 
 def export(loaded: Loaded, directory: str, *, quantization: str | None = None, beam: int = 4,
-           alpha: float = 0.6, max_len: int | None = None, warn=print) -> dict:
+           alpha: float = 0.6, max_len: int | None = None, lenpen_form: str = "gnmt",
+           stopping: str = "auto", warn=print) -> dict:
     """Write the CTranslate2 model of ``loaded`` into the (new, empty) ``directory``: model.bin,
     config.json, the vocabulary, sentencepiece.model where there is one, and decoding.json.
     Returns the decoding settings."""
@@ -274,7 +314,7 @@ def export(loaded: Loaded, directory: str, *, quantization: str | None = None, b
     else:
         tokens, src_spm = vocabulary(loaded, cfg.vocab)
         spec = language_model_spec(loaded.params, cfg, tokens)
-    settings = decoding_settings(loaded, beam, alpha, max_len, warn)
+    settings = decoding_settings(loaded, beam, alpha, max_len, warn, lenpen_form, stopping)
     write_spec(spec, directory, quantization)
     if src_spm is not None:
         with open(os.path.join(directory, SENTENCEPIECE_FILE), "wb") as f:

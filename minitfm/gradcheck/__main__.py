@@ -12,7 +12,7 @@ from minitfm.cli import placement_defaults, report_errors, select_backend
 from minitfm.exits import UsageError
 from minitfm.gradcheck.cases import CASES, MODEL_CASES
 from minitfm.gradcheck.check import STEP, TOLERANCE, check_case
-from minitfm.options import integer, number
+from minitfm.argtypes import integer, number
 
 
 def main(argv=None) -> int:

@@ -39,7 +39,8 @@ position t alone, writes its key and value into slot t of per-layer buffers (R, 
 lets its query attend to slots 0..t -- the row t of ``self_forward`` with a causal mask (no mask is
 needed: slots after t are never read). ``cross_step`` is the row t of ``cross_forward``; the keys
 and values of the encoder output do not change from step to step and are projected once, by
-``cross_kv``. Each step sits right below the forward pass it mirrors.
+``cross_kv``, and several rows may share one source's (the beams of a sentence). Each step sits
+right below the forward pass it mirrors.
 
 Fused (``--kernels fused``, on CuPy): the scaling, the mask and the softmax are one kernel over
 the scores, a block of threads per row (the max and the sum reduced in the block), and the
@@ -100,7 +101,9 @@ def sdpa_forward(q, k, v, mask=None, o_out=None, p_drop=0.0, rng=None):
     xp = backend.xp
     scale = 1.0 / math.sqrt(q.shape[-1])
     s = q @ k.swapaxes(-1, -2)                      # (B, H, T, S)
-    if fused.active(s, *(() if mask is None else (mask,))):
+    # the kernel takes (B, H, T, S) scores; beam search's cross-attention, several beams to a
+    # source (B, H, K, T, S), takes the plain lines
+    if s.ndim == 4 and fused.active(s, *(() if mask is None else (mask,))):
         p = _fused_softmax(s, scale, mask)
     else:
         p = _softmax(s, scale, mask)
@@ -286,16 +289,15 @@ def self_param_shapes(d_model: int) -> dict[str, tuple[int, ...]]:
             **_projection_shapes("o", d_model, d_model)}
 
 
-def self_forward(x, p, mask, n_heads, p_drop=0.0, rng=None):
-    """x (B, T, d_model); p has "w_qkv" (d, 3d), "b_qkv", "w_o" (d, d), "b_o".
-
-    ``p_drop``: attention dropout on the weights, drawn from ``rng`` (see ``sdpa_forward``).
-    """
+def self_forward(x, p, mask, n_heads, p_drop=0.0, rng=None, add_bias=True):
+    """x (B, T, d_model); p has "w_qkv" (d, 3d), "b_qkv", "w_o" (d, d), "b_o". ``p_drop``:
+    attention dropout on the weights, drawn from ``rng`` (see ``sdpa_forward``);
+    ``add_bias=False``: b_o is left to the caller (``linear.forward``)."""
     qkv, c_qkv = linear.forward(x, {"w": p["w_qkv"], "b": p["b_qkv"]})              # (B, T, 3d)
     q, k, v = split_heads(qkv, 3, n_heads)                               # (B, H, T, d_k) each
     merged, (o,) = heads_buffer(*x.shape[:2], 1, n_heads, q.shape[-1], x.dtype)
     _, c_att = sdpa_forward(q, k, v, mask, o, p_drop, rng)               # into merged (B, T, d)
-    y, c_o = linear.forward(merged, {"w": p["w_o"], "b": p["b_o"]})                 # (B, T, d)
+    y, c_o = linear.forward(merged, {"w": p["w_o"], "b": p["b_o"]}, add_bias)       # (B, T, d)
     return y, SelfCache(c_qkv, c_att, c_o, n_heads)
 
 
@@ -341,11 +343,11 @@ def cross_param_shapes(d_model: int) -> dict[str, tuple[int, ...]]:
             **_projection_shapes("o", d_model, d_model)}
 
 
-def cross_forward(x, memory, p, mask, n_heads, p_drop=0.0, rng=None):
+def cross_forward(x, memory, p, mask, n_heads, p_drop=0.0, rng=None, add_bias=True):
     """x (B, T, d) decoder state, memory (B, S, d) encoder output.
 
     p has "w_q" (d, d), "b_q", "w_kv" (d, 2d), "b_kv", "w_o", "b_o". ``p_drop``: attention
-    dropout on the weights, drawn from ``rng`` (see ``sdpa_forward``).
+    dropout on the weights, drawn from ``rng`` (see ``sdpa_forward``); ``add_bias``: as above.
     """
     qp, c_q = linear.forward(x, {"w": p["w_q"], "b": p["b_q"]})                     # (B, T, d)
     kv, c_kv = linear.forward(memory, {"w": p["w_kv"], "b": p["b_kv"]})             # (B, S, 2d)
@@ -353,7 +355,7 @@ def cross_forward(x, memory, p, mask, n_heads, p_drop=0.0, rng=None):
     k, v = split_heads(kv, 2, n_heads)
     merged, (o,) = heads_buffer(*x.shape[:2], 1, n_heads, q.shape[-1], x.dtype)
     _, c_att = sdpa_forward(q, k, v, mask, o, p_drop, rng)               # into merged (B, T, d)
-    y, c_o = linear.forward(merged, {"w": p["w_o"], "b": p["b_o"]})
+    y, c_o = linear.forward(merged, {"w": p["w_o"], "b": p["b_o"]}, add_bias)
     return y, CrossCache(c_q, c_kv, c_att, c_o, n_heads)
 
 
@@ -366,13 +368,18 @@ def cross_kv(memory, p, n_heads):
 def cross_step(x, p, k, v, mask, n_heads: int):
     """Cross-attention of one position over precomputed keys and values; return y (R, d).
 
-    x (R, d_model); k and v (R, H, S, d_k) from ``cross_kv``; mask (R, 1, 1, S). Equals one row
-    of ``cross_forward``.
+    x (R, d_model), R = n * G: rows g*G .. g*G + G - 1 attend to row g of k and v
+    (n, H, S, d_k) from ``cross_kv`` and of mask (n, 1, 1, S) (G = 1: a source per row). The
+    shared row is broadcast, not copied: each row's products are the ones it would have over a
+    copy of its own. Each row equals one row of ``cross_forward``.
     """
+    n, h, s, d_k = k.shape
     qp, _ = linear.forward(x, {"w": p["w_q"], "b": p["b_q"]})                       # (R, d)
     (q,) = split_heads(qp[:, None], 1, n_heads)                          # (R, H, 1, d_k)
-    o, _ = sdpa_forward(q, k, v, mask)                                   # (R, H, 1, d_k)
-    y, _ = linear.forward(merge_heads(o)[:, 0], {"w": p["w_o"], "b": p["b_o"]})     # (R, d)
+    o, _ = sdpa_forward(q.reshape(n, -1, h, 1, d_k), k[:, None], v[:, None],
+                        mask[:, None])                                   # (n, G, H, 1, d_k)
+    merged = merge_heads(o.reshape(x.shape[0], h, 1, d_k))[:, 0]         # (R, d)
+    y, _ = linear.forward(merged, {"w": p["w_o"], "b": p["b_o"]})
     return y
 
 

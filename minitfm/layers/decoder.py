@@ -19,7 +19,8 @@ cross-attention, so its gradient is the sum over the N layers.
 Incremental decoding: ``layer_step`` and ``stack_step`` are ``layer_forward`` and
 ``stack_forward`` on one position t, x (R, d_model), over per-layer keys and values: the
 self-attention's buffers (R, H, L, d_k), of which step t fills slot t, and the cross-attention's
-keys and values of the encoder output (R, H, S, d_k), computed once by ``stack_cross_kv``.
+keys and values of the encoder output (n, H, S, d_k), computed once by ``stack_cross_kv``, each
+shared by R / n consecutive rows (the beams of one sentence).
 """
 
 from __future__ import annotations
@@ -59,17 +60,17 @@ def param_shapes(cfg) -> dict[str, tuple[int, ...]]:
 def layer_forward(x, memory, p, self_mask, cross_mask, cfg, rng):
     """x (B, T, d_model), memory (B, S, d_model)."""
     sa, ca, ff = subdict(p, "self_attn."), subdict(p, "cross_attn."), subdict(p, "ff.")
-    x, c_sa = residual.forward(
+    x, c_sa = residual.forward(             # each sub-layer's last bias: the residual's kernel
         x, lambda h: attention.self_forward(h, sa, self_mask, cfg.n_heads,
-                                         cfg.attention_dropout, rng),
-        subdict(p, "ln1."), cfg.dropout, rng, cfg.pre_ln)
+                                         cfg.attention_dropout, rng, add_bias=False),
+        subdict(p, "ln1."), cfg.dropout, rng, cfg.pre_ln, bias=sa["b_o"])
     x, c_ca = residual.forward(
         x, lambda h: attention.cross_forward(h, memory, ca, cross_mask, cfg.n_heads,
-                                          cfg.attention_dropout, rng),
-        subdict(p, "ln2."), cfg.dropout, rng, cfg.pre_ln)
+                                          cfg.attention_dropout, rng, add_bias=False),
+        subdict(p, "ln2."), cfg.dropout, rng, cfg.pre_ln, bias=ca["b_o"])
     x, c_ff = residual.forward(
-        x, lambda h: feedforward.forward(h, ff, cfg.relu_dropout, rng), subdict(p, "ln3."),
-        cfg.dropout, rng, cfg.pre_ln)
+        x, lambda h: feedforward.forward(h, ff, cfg.relu_dropout, rng, add_bias=False),
+        subdict(p, "ln3."), cfg.dropout, rng, cfg.pre_ln, bias=ff["b2"])
     return x, LayerCache(c_sa, c_ca, c_ff)
 
 
@@ -77,8 +78,9 @@ def layer_step(x, p, self_k, self_v, cross_k, cross_v, cross_mask, t: int, cfg):
     """``layer_forward`` on position t alone, x (R, d_model) -> (R, d_model); no dropout.
 
     self_k, self_v (R, H, L, d_k): this layer's self-attention buffers, slot t written here;
-    cross_k, cross_v (R, H, S, d_k): its cross-attention keys and values; cross_mask
-    (R, 1, 1, S). The rows stay 2-D so that every projection is one plain matrix product.
+    cross_k, cross_v (n, H, S, d_k): its cross-attention keys and values, and cross_mask
+    (n, 1, 1, S), each row shared by R / n consecutive rows of x (``attention.cross_step``). The
+    rows stay 2-D so that every projection is one plain matrix product.
     """
     sa, ca, ff = subdict(p, "self_attn."), subdict(p, "cross_attn."), subdict(p, "ff.")
     x = residual.step(x, lambda h: attention.self_step(h, sa, self_k, self_v, t, cfg.n_heads),

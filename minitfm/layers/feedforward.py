@@ -44,17 +44,18 @@ def param_shapes(d_model: int, d_ff: int) -> dict[str, tuple[int, ...]]:
     return {"w1": first["w"], "b1": first["b"], "w2": second["w"], "b2": second["b"]}
 
 
-def forward(x, p, p_drop=0.0, rng=None):
+def forward(x, p, p_drop=0.0, rng=None, add_bias=True):
     """Return ``(y, cache)``; the ReLU (and its dropout) is applied in place on h.
 
     ``p_drop``: ReLU dropout, drawn from ``rng`` (none when ``rng`` is None: evaluation).
+    ``add_bias=False``: b2 is left to the caller (``linear.forward``).
     """
     if fused.active(x, p["w1"]) and (rng is None or isinstance(rng, philox.Philox)):
-        return _fused_forward(x, p, p_drop, rng)
+        return _fused_forward(x, p, p_drop, rng, add_bias)
     h, c_first = linear.forward(x, {"w": p["w1"], "b": p["b1"]})        # (..., d_ff)
     a = backend.xp.maximum(h, 0, out=h)                                # in place: a = max(0, h)
     a, c_drop = dropout.forward(a, p_drop, rng, inplace=True)          # a is ours
-    y, c_second = linear.forward(a, {"w": p["w2"], "b": p["b2"]})       # (..., d_model)
+    y, c_second = linear.forward(a, {"w": p["w2"], "b": p["b2"]}, add_bias)   # (..., d_model)
     return y, Cache(c_first, a, c_drop, c_second)
 
 
@@ -136,7 +137,7 @@ def _backward_twin(da, a, dh, n, scale):
 BACKWARD = fused.Kernel("relu_dropout_backward", BACKWARD_SOURCE, _backward_twin)
 
 
-def _fused_forward(x, p, p_drop, rng):
+def _fused_forward(x, p, p_drop, rng, add_bias):
     xp = backend.xp
     h, c_first = linear.forward(x, {"w": p["w1"]})                      # (..., d_ff), no bias
     drop = rng is not None and p_drop > 0.0
@@ -152,6 +153,6 @@ def _fused_forward(x, p, p_drop, rng):
     if half_out:
         mixed.remember(h, a16)
     c_drop = dropout.Cache(keep, float(args[1])) if drop else None
-    y, c_second = linear.forward(h, {"w": p["w2"], "b": p["b2"]})
+    y, c_second = linear.forward(h, {"w": p["w2"], "b": p["b2"]}, add_bias)
     # the kernel added b1: the first layer's bias gradient is linear's row sum, as without fusion
     return y, Cache(c_first._replace(has_bias=True), h, c_drop, c_second)

@@ -36,19 +36,21 @@ def param_shapes(d_in: int, d_out: int) -> dict[str, tuple[int, ...]]:
     return {"w": (d_in, d_out), "b": (d_out,)}
 
 
-def forward(x, p):
-    """Return ``(x @ p["w"] + p["b"], cache)``."""
+def forward(x, p, add_bias=True):
+    """Return ``(x @ p["w"] + p["b"], cache)``; with ``add_bias=False``, ``x @ p["w"]``: the caller
+    adds b with its own work (the residual connection's kernel), b's gradient is still this
+    layer's."""
     w, b = p["w"], p.get("b")
     d_in, d_out = w.shape
     if mixed.enabled(x, w):
         x16 = mixed.half(x)
         y = mixed.matmul(x16.reshape(-1, d_in), mixed.half_of(w))             # (N, d_out)
-        if b is not None:
+        if b is not None and add_bias:
             y += b
         return y.reshape(*x.shape[:-1], d_out), Cache(x16, w, b is not None)
     # one (N, d_in) @ (d_in, d_out) product: a stacked (B, T, d_in) @ w would run B small ones
     y = (x.reshape(-1, d_in) @ w).reshape(*x.shape[:-1], d_out)
-    if b is not None:
+    if b is not None and add_bias:
         y += b
     return y, Cache(x, w, b is not None)
 

@@ -28,9 +28,15 @@ LOGIT_CHUNK = 1 << 24    # logits computed at once, in elements (64 MiB in float
 
 def logits(h, p):
     """The projection alone, for decoding: h (..., d) -> (..., V)."""
+    return project(h, p["table"].T)
+
+
+def project(h, w):
+    """h (..., d) @ w (d, V), the table's transpose or a contiguous copy of it kept for many
+    decoding steps."""
     if mixed.enabled(h):                        # float16 operands, as in training
-        return linear.forward(h, {"w": p["table"].T})[0]
-    return h @ p["table"].T
+        return linear.forward(h, {"w": w})[0]
+    return h @ w
 
 
 def forward_backward(h, p, targets, smoothing, dloss=None, out=None, loss_scale=None):

@@ -164,7 +164,7 @@ def test_fused_kernels_cut_the_launches_and_nothing_waits(bench, numpy_backend):
 @pytest.mark.slow
 def test_the_base_update_keeps_its_launch_budget(bench, numpy_backend):
     """The budget itself: one ``base`` update of one batch with fused kernels and fp16 launches at
-    most bench_ops.LAUNCH_BUDGET kernels on the double (767 measured), and copies nothing to the
+    most bench_ops.LAUNCH_BUDGET kernels on the double (737 measured), and copies nothing to the
     host (about 3 minutes: the base model, three paths, two runs each)."""
     cfg = translator.Config.preset("base")
     with cupy_double("14"):

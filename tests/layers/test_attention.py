@@ -37,3 +37,20 @@ def test_cross_step_equals_cross_forward(rows, src_len, d, heads):
     for t in range(4):
         y = attention.cross_step(x[:, t], p, k, v, mask, heads)
         np.testing.assert_allclose(y, full[:, t], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("group", [2, 4])
+def test_cross_step_rows_sharing_a_source_equal_rows_with_their_own(group):
+    """G consecutive rows over one row of keys and values (the beams of a sentence) give what
+    each row gives over its own copy of them."""
+    rng = np.random.default_rng(group)
+    d, heads, sentences, src_len = 8, 2, 3, 5
+    p = _params(attention.cross_param_shapes(d), rng, d)
+    memory = rng.standard_normal((sentences, src_len, d))
+    pad = np.arange(src_len)[None] >= np.array([5, 2, 4])[:, None]
+    mask = np.where(pad, attention.MASKED, 0.0)[:, None, None, :]     # (n, 1, 1, S)
+    k, v = attention.cross_kv(memory, p, heads)
+    x = rng.standard_normal((sentences * group, d))
+    shared = attention.cross_step(x, p, k, v, mask, heads)
+    own = attention.cross_step(x, p, *(np.repeat(a, group, axis=0) for a in (k, v, mask)), heads)
+    np.testing.assert_allclose(shared, own, rtol=0, atol=1e-12)
