@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.slow        # on the double: ~8 minutes (every finite difference, op by op)
 def test_gradient_checks_pass_on_cupy(cupy_backend, capsys):
-    assert gradcheck_main([]) == 0
+    assert gradcheck_main(["--backend", "cupy"]) == 0
     assert "backend cupy" in capsys.readouterr().out
 
 
