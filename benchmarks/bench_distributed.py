@@ -3,7 +3,7 @@
     python benchmarks/bench_distributed.py                  # small preset, 3 rounds
     python benchmarks/bench_distributed.py --preset tiny --steps 20 --rounds 1 --json
 
-Every configuration trains the same updates through ``minitfm.train.train``: each update is the
+Every configuration trains the same updates through ``minitfm.training.loop.train``: each update is the
 same two batches of ``--batch`` sentences x ``--length`` tokens per side, as
 
     1 worker,  update_freq 2, BLAS on every core      (the baseline)
@@ -49,8 +49,11 @@ THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"
 
 def run_worker(preset: str, batch: int, length: int, steps: int, warmup: int) -> dict | None:
     """Train ``warmup + steps`` updates of two batches; rank 0 returns the timings."""
-    from minitfm import backend, distributed, train
+    from minitfm import backend, distributed
     from minitfm.models import translator
+    from minitfm.training import loop
+    from minitfm.training.run import Run
+    from minitfm.training.state import TrainOptions
 
     world = distributed.world()
     cfg = translator.Config.preset(preset)
@@ -66,16 +69,17 @@ def run_worker(preset: str, batch: int, length: int, steps: int, warmup: int) ->
                 record.append((started, time.perf_counter() - started))
         return wrapper
 
-    update = train._update
-    train._update = lambda *args: (starts.append(time.perf_counter()), update(*args))[1]
+    update = loop.update
+    loop.update = lambda *args: (starts.append(time.perf_counter()), update(*args))[1]
     world.allreduce_sum = timed(world.allreduce_sum, in_allreduce)
     world.allreduce_numbers = timed(world.allreduce_numbers, in_numbers)
     world.stop_requests = timed(world.stop_requests, in_numbers)
     total = warmup + steps
-    options = train.TrainOptions(steps=total + 1, update_freq=2 // world.size, log_every=10**6,
-                                 progress=False)
-    with world.fail_together():
-        state = train.train(cfg, batches, options)
+    options = TrainOptions(max_steps=total + 1, update_freq=2 // world.size, log_every=10**6,
+                           progress=False)
+    with world.fail_together(), Run(options, translator.KIND) as run:
+        run.start(cfg)
+        state = loop.train(run, batches)
         bare = []
         for _ in range(10):
             world.barrier()

@@ -176,9 +176,9 @@ def main(argv=None) -> int:
     report = {"shape": args.shape, "tokens_per_step": tokens, "median_step_s": results,
               "torch_version": torch.__version__}
     if args.breakdown:
-        import bench_ops             # the operation counter, here with its clock on
-        seconds = bench_ops.clocked(lambda: MinitfmStep(cfg, x, y), args.steps)
-        products, others = bench_ops.split_seconds(seconds)
+        import op_counter            # the operation counter, here with its clock on
+        seconds = op_counter.clocked(lambda: MinitfmStep(cfg, x, y), args.steps)
+        products, others = op_counter.split_seconds(seconds)
         other = sum(others.values())
         torch_1 = results[f"PyTorch {torch.__version__} eager, 1 thread"]
         top = ", ".join(f"{module} {1000 * s:.1f}" for module, s in others.most_common(5))

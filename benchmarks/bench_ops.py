@@ -1,35 +1,31 @@
-"""How much array work one training update issues, counted independently of the device.
+"""How much work one training update issues: array operations and host syncs, counted
+independently of the device, and the kernel launches of CuPy's path.
 
     python benchmarks/bench_ops.py                          # base preset, 1 and 6 micro-batches
     python benchmarks/bench_ops.py --preset small --micro-batches 1 2 --json
 
-On a GPU every array operation is (at least) one kernel launch, and every conversion of a device
-array to a Python number or a host array stalls the queue until the device catches up. Wall time
-on a CPU hides both; this benchmark counts them. It runs real training updates through
-``minitfm.train.train`` with the backend's array module replaced by a counting stand-in:
+On a GPU every array operation is (at least) one kernel launch, which costs the host time
+whatever the array's size, and every conversion of a device array to a Python number or a host
+array stalls the queue until the device catches up. Wall time on a CPU hides both; this
+benchmark counts them:
 
-- an *operation* is one call of an array-creating or array-transforming function of the module
-  (``xp.exp``, ``xp.zeros``, ``xp.einsum``, ...), one ufunc call or reduction on an array
-  (``a + b``, ``a @ b``, ``a *= s``, ``a.sum()``), one fancy-index read (``a[ids]``), one write
-  through an index (``a[idx] = b``), one copy (``a.copy()``, ``a.astype(t)``, a ``reshape`` that
-  cannot be a view), one random draw, one host-to-device copy. Views (slices, transposes,
-  reshapes of contiguous arrays) are free, as on a GPU, and so are allocations that write nothing
-  (``xp.empty``, ``xp.empty_like``: memory from the pool, no kernel). A function that runs several operations
-  internally counts once: the count is what the library asks for, not how NumPy does it.
-- a *sync* is one conversion of an array to a Python number or a host array (``float(a)``,
-  ``int(a)``, ``bool(a)``, ``a.item()``, ``a.tolist()``, ``backend.to_host(a)``), and one
-  operation whose result's shape depends on the data (``xp.flatnonzero``, ``xp.nonzero``,
-  ``xp.unique``, ``a[boolean_mask]``): the host must wait to learn that shape.
-
-Whole reductions return 0-d arrays, as on a GPU (NumPy would return a host scalar), so reading
-one counts as a sync.
+- *operations* and *syncs*: real training updates through ``minitfm.training.loop.train`` with NumPy's
+  module replaced by the counting stand-in of ``op_counter.py`` (which says what counts), by
+  phase and module;
+- *launches*: the same updates on the CuPy path, run by the CuPy double (tests/cupy_double,
+  imported as ``cupy``), which counts one launch for every CuPy call that writes device memory
+  (its RULES.md), by the module that asked for it. The CuPy path differs from NumPy's where the
+  backend does: dropout masks come from Philox computed with array operations (``philox``),
+  the embedding's scatter-add is a sorted segment sum (``backend``). One per call is the lower
+  bound: cuBLAS, CUB and CuPy's scans may run several kernels for one call. Counted three
+  times: the plain array code in float32, ``--kernels fused`` (minitfm.fused: the double runs
+  each kernel's twin as one launch) in float32, and fused with ``--precision fp16`` (mixed
+  precision: casts to float16 around the products, the loss scaler), the last beside the budget
+  of :data:`LAUNCH_BUDGET` launches per update; and the device-to-host copies of an update (none
+  may wait for the device).
 
 Per update: the difference between a run of ``S + 1`` and a run of ``S`` updates from the same
-start (set-up, the final log line and the like cancel out). Every operation is attributed to the
-innermost ``minitfm`` module on the call stack (``layers.layernorm``, ``optim``, ``train``, ...)
-and to a phase: ``optimizer`` (anything under ``minitfm.optim``), ``backward`` (under a function
-named ``backward`` or ``*_backward``), ``forward`` (other model and layer code), ``loop`` (the
-training loop itself: accumulation, checks, logging).
+start (set-up, the final log line and the like cancel out).
 
 Batches are small (the count does not depend on the batch size, except for the number of logits
 chunks, printed) so that a count of the ``base`` model takes seconds.
@@ -39,322 +35,23 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import json
+import os
 import sys
-import time
-import types
+from pathlib import Path
 
 import numpy
 
-from minitfm import backend, train
-from minitfm.layers import output
-from minitfm.models import base, translator
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-# ---- the counting stand-in ---------------------------------------------------------------------
+from op_counter import TALLY, counting_backend  # noqa: E402
 
-
-class Tally:
-    """Operations and syncs, each by (phase, module); with ``clock`` set, seconds as well."""
-
-    def __init__(self):
-        self.ops = collections.Counter()
-        self.syncs = collections.Counter()
-        self.depth = 0            # > 0 inside a counted call: nested work is not counted again
-        self.clock = None         # a Counter: seconds by (phase, module, operation name)
-
-    def where(self) -> tuple[str, str]:
-        frame = sys._getframe(2)
-        module = phase = None
-        while frame is not None:
-            name = frame.f_globals.get("__name__", "")
-            if name.startswith("minitfm.") and name != "minitfm.backend":
-                short = name[len("minitfm."):]
-                if module is None:
-                    module = short
-                func = frame.f_code.co_name
-                if phase is None and short == "optim":
-                    phase = "optimizer"
-                if phase is None and (func == "backward" or func.endswith("_backward")):
-                    phase = "backward"
-            frame = frame.f_back
-        module = module or "other"
-        if phase is None:
-            phase = "loop" if module in ("train", "other") else "forward"
-        return phase, module
-
-    def op(self, n: int = 1) -> None:
-        if self.depth == 0:
-            self.ops[self.where()] += n
-
-    def sync(self) -> None:
-        if self.depth == 0:
-            self.syncs[self.where()] += 1
-
-    @contextlib.contextmanager
-    def inside(self, name: str):
-        """The work of one operation ``name``: nested calls are not counted again, and with
-        ``clock`` set the outermost one is timed."""
-        key = None
-        if self.clock is not None and self.depth == 0:
-            key = (*self.where(), name)
-            start = time.perf_counter()
-        self.depth += 1
-        try:
-            yield
-        finally:
-            self.depth -= 1
-            if key is not None:
-                self.clock[key] += time.perf_counter() - start
-
-
-TALLY = Tally()
-
-
-def _plain(value):
-    """Strip the counting subclass from arrays, also inside lists, tuples and dicts."""
-    if isinstance(value, Counted):
-        return value.view(numpy.ndarray)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_plain(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
-def _counted(value):
-    """Arrays (and NumPy scalars, which a GPU would return as 0-d arrays) as counted arrays."""
-    if isinstance(value, numpy.ndarray) and not isinstance(value, Counted):
-        return value.view(Counted)
-    if isinstance(value, numpy.generic):
-        return numpy.asarray(value).view(Counted)
-    if isinstance(value, tuple):
-        return tuple(_counted(v) for v in value)
-    if isinstance(value, list):
-        return [_counted(v) for v in value]
-    return value
-
-
-def _shares(result, base) -> bool:
-    return (isinstance(result, numpy.ndarray)
-            and numpy.shares_memory(_plain(result), base.view(numpy.ndarray)))
-
-
-class Counted(numpy.ndarray):
-    """An ndarray whose operations are counted in TALLY."""
-
-    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        TALLY.op()
-        out = kwargs.get("out")
-        name = ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}"
-        with TALLY.inside(name):
-            result = getattr(ufunc, method)(*_plain(inputs), **_plain(kwargs))
-        if out is not None:
-            return out[0] if len(out) == 1 else out
-        return None if method == "at" else _counted(result)
-
-    def __array_function__(self, func, types_, args, kwargs):
-        TALLY.op()
-        with TALLY.inside(func.__name__):
-            result = func(*_plain(args), **_plain(kwargs))
-        return _counted(result)
-
-    def __getitem__(self, index):
-        if any(getattr(i, "dtype", None) == bool for i in (index if isinstance(index, tuple)
-                                                            else (index,))):
-            TALLY.sync()                                # a boolean mask: shape from the data
-        with TALLY.inside("gather"):
-            result = numpy.ndarray.__getitem__(self.view(numpy.ndarray), _plain(index))
-        if isinstance(result, numpy.ndarray) and not _shares(result, self):
-            TALLY.op()                                  # fancy index: a gather
-        return _counted(result)
-
-    def __setitem__(self, index, value):
-        TALLY.op()                                      # a write through an index: a copy
-        with TALLY.inside("write"):
-            numpy.ndarray.__setitem__(self.view(numpy.ndarray), _plain(index), _plain(value))
-
-    def copy(self, *args, **kwargs):
-        TALLY.op()
-        with TALLY.inside("copy"):
-            return _counted(self.view(numpy.ndarray).copy(*args, **kwargs))
-
-    def astype(self, dtype, *args, **kwargs):
-        with TALLY.inside("astype"):
-            result = self.view(numpy.ndarray).astype(dtype, *args, **kwargs)
-        if not _shares(result, self):
-            TALLY.op()
-        return _counted(result)
-
-    def reshape(self, *shape, **kwargs):
-        with TALLY.inside("reshape"):
-            result = self.view(numpy.ndarray).reshape(*shape, **kwargs)
-        if not _shares(result, self):
-            TALLY.op()                                  # not a view: a copy
-        return _counted(result)
-
-    def ravel(self, *args, **kwargs):
-        with TALLY.inside("ravel"):
-            result = self.view(numpy.ndarray).ravel(*args, **kwargs)
-        if not _shares(result, self):
-            TALLY.op()
-        return _counted(result)
-
-    def _reduction(name):
-        def method(self, *args, **kwargs):
-            TALLY.op()                                  # one reduction, as one kernel
-            with TALLY.inside(name):
-                result = getattr(self.view(numpy.ndarray), name)(*_plain(args), **_plain(kwargs))
-            return _counted(result)
-        method.__name__ = name
-        return method
-
-    mean, var, std = _reduction("mean"), _reduction("var"), _reduction("std")
-
-    def _sync(name):
-        def method(self, *args):
-            TALLY.sync()
-            return getattr(self.view(numpy.ndarray), name)(*args)
-        method.__name__ = name
-        return method
-
-    __float__, __int__, __bool__, __index__ = (_sync("__float__"), _sync("__int__"),
-                                               _sync("__bool__"), _sync("__index__"))
-    item, tolist = _sync("item"), _sync("tolist")
-
-    def nonzero(self):
-        TALLY.op()
-        TALLY.sync()                                    # the count of non-zeros: from the data
-        with TALLY.inside("nonzero"):
-            return _counted(self.view(numpy.ndarray).nonzero())
-
-
-class CountingRNG:
-    """A generator whose draws are counted operations returning counted arrays."""
-
-    def __init__(self, generator):
-        self._generator = generator
-
-    def __getattr__(self, name):
-        attr = getattr(self._generator, name)
-        if not callable(attr):
-            return attr
-
-        def draw(*args, **kwargs):
-            TALLY.op()
-            with TALLY.inside(f"random.{name}"):
-                return _counted(attr(*_plain(args), **_plain(kwargs)))
-        return draw
-
-
-def _counting_module(module, submodules=("random", "linalg")):
-    """A stand-in for ``module`` whose functions count one operation per call."""
-    stand_in = types.SimpleNamespace()
-    for name in dir(module):
-        if name.startswith("__"):
-            continue
-        attr = getattr(module, name)
-        if isinstance(attr, types.ModuleType):
-            if name in submodules:
-                setattr(stand_in, name, _counting_module(attr, ()))
-            continue
-        if isinstance(attr, type) or not callable(attr):
-            setattr(stand_in, name, attr)               # dtypes, ndarray, constants: as they are
-            continue
-        setattr(stand_in, name, _counting_function(attr))
-    return stand_in
-
-
-DATA_DEPENDENT_SHAPES = {"nonzero", "flatnonzero", "argwhere", "unique", "compress", "extract"}
-ALLOCATIONS = {"empty", "empty_like"}        # no kernel: not an operation
-
-
-def _counting_function(func):
-    shape_from_data = getattr(func, "__name__", "") in DATA_DEPENDENT_SHAPES
-    allocation = getattr(func, "__name__", "") in ALLOCATIONS
-
-    def call(*args, **kwargs):
-        if not allocation:
-            TALLY.op()
-        if shape_from_data:
-            TALLY.sync()
-        with TALLY.inside(call.__name__):
-            result = func(*_plain(args), **_plain(kwargs))
-        if isinstance(result, numpy.random.Generator):
-            return CountingRNG(result)
-        return _counted(result)
-    call.__name__ = getattr(func, "__name__", "function")
-    return call
-
-
-@contextlib.contextmanager
-def counting_backend():
-    """Run the NumPy backend through the counting stand-in."""
-    backend.use("numpy")
-    saved = {name: getattr(backend, name) for name in ("xp", "to_device", "to_host", "dropout_keep")}
-    original_to_device, original_keep = backend.to_device, backend.dropout_keep
-
-    def to_device(array, dtype=None):
-        if isinstance(array, Counted) and (dtype is None or array.dtype == dtype):
-            return array
-        TALLY.op()                                      # host -> device copy
-        with TALLY.inside("to_device"):
-            return _counted(original_to_device(_plain(array), dtype))
-
-    def to_host(array):
-        if isinstance(array, Counted):
-            TALLY.sync()
-        return _plain(array)
-
-    def dropout_keep(generator, shape, p):
-        TALLY.op(2)                                     # draw, compare (as on any backend)
-        with TALLY.inside("dropout_keep"):
-            keep, scale = original_keep(getattr(generator, "_generator", generator), shape, p)
-        return _counted(keep), scale
-
-    backend.xp = _counting_module(numpy)
-    backend.to_device, backend.to_host, backend.dropout_keep = to_device, to_host, dropout_keep
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(backend, name, value)
-
-
-MATRIX_PRODUCTS = {"matmul", "dot", "tensordot"}
-
-
-def clocked(make_step, steps: int, warmup: int = 1) -> collections.Counter:
-    """Seconds per step of every array operation, by (phase, module, operation name).
-
-    ``make_step()`` builds the step's state (so that its arrays are the stand-in's) and returns a
-    function running one step; ``warmup`` steps run untimed first. Each operation is timed around
-    the NumPy call alone: the stand-in's own Python overhead is not in the figures.
-    """
-    with counting_backend():
-        step = make_step()
-        for _ in range(warmup):
-            step()
-        TALLY.clock = collections.Counter()
-        try:
-            for _ in range(steps):
-                step()
-            seconds = TALLY.clock
-        finally:
-            TALLY.clock = None
-    return collections.Counter({key: s / steps for key, s in seconds.items()})
-
-
-def split_seconds(seconds: collections.Counter) -> tuple[float, collections.Counter]:
-    """(seconds in matrix products, the other operations' seconds by module)."""
-    products, others = 0.0, collections.Counter()
-    for (_, module, name), s in seconds.items():
-        if name in MATRIX_PRODUCTS:
-            products += s
-        else:
-            others[module] += s
-    return products, others
-
+from minitfm import backend, fused  # noqa: E402
+from minitfm.layers import output  # noqa: E402
+from minitfm.models import base, translator  # noqa: E402
+from minitfm.training import loop  # noqa: E402
+from minitfm.training.run import Run  # noqa: E402
+from minitfm.training.state import TrainOptions  # noqa: E402
 
 # ---- one update, counted ---------------------------------------------------------------------
 
@@ -375,15 +72,23 @@ def make_batches(cfg: translator.Config, n: int, sentences: int, src_len: int, t
     return batches
 
 
+def run_updates(cfg: translator.Config, batches: list, steps: int, update_freq: int,
+                clip_norm: float | None) -> None:
+    """``steps`` updates of a fresh model on the active backend, set-up included."""
+    options = TrainOptions(max_steps=steps, update_freq=update_freq, clip_norm=clip_norm,
+                           log_every=10 ** 9, progress=False, warmup=10)
+    with Run(options, translator.KIND) as run:
+        run.start(cfg, params=translator.init_params(cfg, seed=0))
+        loop.train(run, batches)
+
+
 def count_run(cfg: translator.Config, batches: list, steps: int, update_freq: int,
               clip_norm: float | None) -> tuple[collections.Counter, collections.Counter]:
     """Operations and syncs of ``steps`` updates of a fresh model, set-up included."""
-    options = train.TrainOptions(steps=steps, update_freq=update_freq, clip_norm=clip_norm,
-                                 log_every=10 ** 9, progress=False, warmup=10)
     TALLY.ops.clear()
     TALLY.syncs.clear()
     with counting_backend():
-        train.train(cfg, batches, options, params=translator.init_params(cfg, seed=0))
+        run_updates(cfg, batches, steps, update_freq, clip_norm)
     return collections.Counter(TALLY.ops), collections.Counter(TALLY.syncs)
 
 
@@ -403,6 +108,81 @@ def per_update(cfg: translator.Config, update_freq: int, sentences: int, src_len
             "syncs_by_module": {f"{p}/{m}": n for (p, m), n in syncs.most_common()}}
 
 
+# ---- the CuPy path's kernel launches, on the double -------------------------------------------
+
+DOUBLE = Path(__file__).resolve().parents[1] / "tests" / "cupy_double"
+
+
+def import_double():
+    """The CuPy double, imported as ``cupy`` (this process must not hold the real CuPy)."""
+    loaded = sys.modules.get("cupy")
+    if loaded is not None:
+        if not hasattr(loaded, "_double"):
+            raise SystemExit("launches are counted on the CuPy double: run bench_ops.py in a "
+                             "process that has not imported the real CuPy")
+        return loaded
+    sys.path.insert(0, str(DOUBLE))
+    import cupy
+    return cupy
+
+
+def module_of(site: str) -> str:
+    """``layers.attention`` for a call site ``.../minitfm/layers/attention.py:97 (forward)``."""
+    parts = Path(site.rsplit(":", 1)[0]).with_suffix("").parts
+    if "minitfm" not in parts:
+        return "other"
+    return ".".join(parts[len(parts) - parts[::-1].index("minitfm"):])
+
+
+LAUNCH_BUDGET = 800     # kernel launches per base update (one batch), fused kernels and fp16
+PATHS = {"": ("plain", "fp32"), "_fused": ("fused", "fp32"), "_fp16": ("fused", "fp16")}
+
+
+def launch_run(cupy, cfg: translator.Config, batches: list, steps: int, update_freq: int,
+               clip_norm: float | None, kernels: str = "plain",
+               precision: str = "fp32") -> collections.Counter:
+    """Kernel launches of ``steps`` updates on the double, by module (the fused kernels as one),
+    and the device-to-host copies (``device_to_host``)."""
+    fused.use(kernels)
+    backend.set_precision(precision)
+    try:
+        with cupy._double.counting() as counted:
+            run_updates(cfg, batches, steps, update_freq, clip_norm)
+    finally:
+        fused.use("plain")
+        backend.set_precision("fp32")
+    by_module = collections.Counter()
+    for site, n in counted.launch_sites.items():
+        by_module[module_of(site)] += n
+    if "fused" in by_module:                    # every kernel is launched by fused.Kernel
+        by_module["fused kernels"] = by_module.pop("fused")
+    by_module["device_to_host"] = counted.device_to_host
+    return by_module
+
+
+def launches_per_update(cfg: translator.Config, update_freq: int, sentences: int, src_len: int,
+                        tgt_len: int, clip_norm: float | None) -> dict:
+    """Kernel launches of one update on CuPy's path (the double), by module, for each of
+    :data:`PATHS` (plain float32, fused float32, fused fp16)."""
+    cupy = import_double()
+    previous = backend.name
+    backend.use("cupy")
+    result = {}
+    try:
+        batches = make_batches(cfg, update_freq, sentences, src_len, tgt_len)
+        for suffix, (kernels, precision) in PATHS.items():
+            one = launch_run(cupy, cfg, batches, 1, update_freq, clip_norm, kernels, precision)
+            two = launch_run(cupy, cfg, batches, 2, update_freq, clip_norm, kernels, precision)
+            copies = two.pop("device_to_host") - one.pop("device_to_host")
+            launches = two - one
+            result.update({f"launches{suffix}": sum(launches.values()),
+                           f"launches_by_module{suffix}": dict(launches.most_common()),
+                           f"device_to_host{suffix}": copies})
+    finally:
+        backend.use(previous)
+    return result
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -414,6 +194,8 @@ def main(argv=None) -> int:
     parser.add_argument("--clip-norm", type=float, default=1.0,
                         help="global gradient-norm clipping (0: none); default 1.0")
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    parser.add_argument("--no-launches", action="store_true",
+                        help="count operations and syncs only (not CuPy's launches)")
     args = parser.parse_args(argv)
     cfg = translator.Config.preset(args.preset)
     clip = args.clip_norm or None
@@ -422,19 +204,38 @@ def main(argv=None) -> int:
           f"{len(translator.parameter_shapes(cfg))} arrays; batch {args.sentences} x "
           f"{args.src_len}/{args.tgt_len} tokens (logits in chunks of {rows_per_chunk} rows); "
           f"clip_norm {clip}")
-    results = [per_update(cfg, k, args.sentences, args.src_len, args.tgt_len, clip)
-               for k in args.micro_batches]
+    sizes = (args.sentences, args.src_len, args.tgt_len, clip)
+    results = [per_update(cfg, k, *sizes) for k in args.micro_batches]
+    for r in results if not args.no_launches else []:
+        r.update(launches_per_update(cfg, r["micro_batches"], *sizes))
     for r in results:
         print(f"\n{r['micro_batches']} micro-batch(es) per update: {r['ops']:,} operations, "
               f"{r['syncs']} syncs")
+        if "launches" in r:
+            budget = ("" if r["micro_batches"] != 1 else ": within the budget of "
+                      f"{LAUNCH_BUDGET}" if r["launches_fp16"] <= LAUNCH_BUDGET
+                      else f": OVER the budget of {LAUNCH_BUDGET}")
+            print(f"  on CuPy's path: {r['launches']:,} kernel launches (plain, fp32), "
+                  f"{r['launches_fused']:,} (fused, fp32), {r['launches_fp16']:,} (fused, fp16"
+                  f"{budget}); device-to-host copies "
+                  f"{r['device_to_host']}, {r['device_to_host_fused']}, {r['device_to_host_fp16']}")
         print("  by phase:  " + ", ".join(f"{k} {v:,}" for k, v in r["by_phase"].items()))
         print("  by module: " + ", ".join(f"{k} {v:,}" for k, v in r["by_module"].items()))
         if r["syncs"]:
             print("  syncs:     " + ", ".join(f"{k} {v}" for k, v in r["syncs_by_module"].items()))
+        for suffix, what in PATHS.items():
+            if "launches" + suffix in r:
+                print(f"  launches by module (CuPy double, {', '.join(what)}): " + ", ".join(
+                    f"{k} {v:,}" for k, v in r["launches_by_module" + suffix].items()))
     if len(results) > 1:
         first, last = results[0], results[-1]
-        extra = (last["ops"] - first["ops"]) / (last["micro_batches"] - first["micro_batches"])
-        print(f"\neach additional micro-batch: {extra:,.0f} operations")
+        micro = last["micro_batches"] - first["micro_batches"]
+        extra = (last["ops"] - first["ops"]) / micro
+        launches = (f", {(last['launches'] - first['launches']) / micro:,.0f} kernel launches "
+                    f"({(last['launches_fused'] - first['launches_fused']) / micro:,.0f} fused, "
+                    f"{(last['launches_fp16'] - first['launches_fp16']) / micro:,.0f} fused fp16)"
+                    if "launches" in last else "")
+        print(f"\neach additional micro-batch: {extra:,.0f} operations{launches}")
     if args.json:
         print(json.dumps(results, indent=1))
     return 0

@@ -9,7 +9,7 @@ The command is the hour with a cool-down of docs/results.md ("The same hour on b
 
     mpiexec -n 2 python train_wmt.py --trainpref DATA/train --validpref DATA/val \\
         --source-lang en --target-lang de --preset small --max-tokens 1536 --warmup 400 \\
-        --cooldown 0.2 --time-limit 60 --valid-every 500 --valid-bleu-sentences 1014 \\
+        --cooldown 0.2 --time-limit 60m --valid-every 500 --valid-bleu-sentences 1014 \\
         --save-every 50 --keep-last 10 --out runs/multi30k-cool
 
 with its options as written, shortened by ``--max-steps`` (default 60), and with ``--data-dir``
@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
 RESULTS_OPTIONS = ["--source-lang", "en", "--target-lang", "de", "--preset", "small",
                    "--max-tokens", "1536", "--warmup", "400", "--cooldown", "0.2",
-                   "--time-limit", "60", "--valid-every", "500", "--valid-bleu-sentences", "1014",
+                   "--time-limit", "60m", "--valid-every", "500", "--valid-bleu-sentences", "1014",
                    "--save-every", "50", "--keep-last", "10"]
 
 

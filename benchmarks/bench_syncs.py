@@ -32,7 +32,9 @@ def main(argv=None) -> int:
     import cupy
     import numpy as np
 
-    from minitfm import backend, beam, checkpoint, decode, flat, generation, optim, train
+    from minitfm import backend, beam, checkpoint, decode, flat, generation, optim
+    from minitfm.training.validation import evaluate
+    from tests.trainrun import train
     from minitfm.models import lm, translator
     from tests.test_train import CFG, epoch_batches, options, ragged_batch
     assert hasattr(cupy, "_double"), "the CuPy double was not found"
@@ -47,8 +49,8 @@ def main(argv=None) -> int:
     rows = []   # (phase, per, copies, budget, generators)
 
     def training(steps, log_every):
-        return count(lambda: train.train(CFG, epoch_batches,
-                                         options(steps=steps, log_every=log_every)))
+        return count(lambda: train(CFG, epoch_batches,
+                                   options(max_steps=steps, log_every=log_every)))
     base, gens = training(4, 4)
     more, _ = training(12, 12)
     rows.append(("training update", "update", (more - base) / 8, "0", gens))
@@ -58,7 +60,7 @@ def main(argv=None) -> int:
 
     params = translator.init_params(CFG, 0)
     batches = [ragged_batch(seed) for seed in range(5)]
-    copies, gens = count(lambda: train.evaluate(params, CFG, batches))
+    copies, gens = count(lambda: evaluate(params, CFG, batches))
     rows.append(("validation", "batch", copies / len(batches), "<= 1", gens))
 
     flat_params = flat.flatten(params)

@@ -1,5 +1,8 @@
 """The same training step in PyTorch (eager, CPU) and in minitfm, measured in one run.
 
+PyTorch's model and step (:func:`torch_model`, :func:`torch_step`) serve the GPU check as well
+(``gpu_check.py``: on a CUDA device, in float32, TF32 and AMP).
+
     pip install torch            # not a dependency of minitfm; only this comparison needs it
     python benchmarks/bench_torch.py [--preset small] [--steps 5] [--extra-dropout 0.1]
 
@@ -32,11 +35,12 @@ from minitfm import backend, cli, flat, optim  # noqa: E402
 from minitfm.models import translator  # noqa: E402
 
 
-def torch_step_seconds(cfg: translator.Config, src, tgt, steps: int, warmup: int) -> float:
+def torch_model(cfg: translator.Config):
+    """The PyTorch twin of minitfm's translator for ``cfg`` (see the module docstring), on the
+    CPU; its ``forward(src, tgt_in)`` returns the logits."""
     import torch
     import torch.nn as nn
 
-    torch.manual_seed(0)
     d = cfg.d_model
 
     class Seq2Seq(nn.Module):
@@ -65,26 +69,64 @@ def torch_step_seconds(cfg: translator.Config, src, tgt, steps: int, warmup: int
 
         def forward(self, src, tgt_in):
             t = tgt_in.shape[1]
-            causal = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)   # True: masked
+            causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=src.device),
+                                diagonal=1)                      # True: masked
             h = self.core(self.embed(src), self.embed(tgt_in), tgt_mask=causal,
                           src_key_padding_mask=src == cfg.pad_id,
                           tgt_key_padding_mask=tgt_in == cfg.pad_id,
                           memory_key_padding_mask=src == cfg.pad_id)
             return h @ self.emb.weight.T                        # tied output projection
 
-    net = Seq2Seq()
+    torch.manual_seed(0)
+    return Seq2Seq()
+
+
+TORCH_PRECISIONS = ("fp32", "tf32", "amp")
+
+
+def torch_step(cfg: translator.Config, src, tgt, device: str = "cpu", precision: str = "fp32"):
+    """A function running one training step (forward, backward, Adam) of :func:`torch_model` on
+    the host batch ``src``, ``tgt``, on ``device``, returning the loss (a tensor: reading it
+    waits for the device). ``precision``: ``fp32``; ``tf32``, float32 products on a CUDA
+    device's TF32 tensor cores (PyTorch's ``allow_tf32``, batched products included); ``amp``,
+    autocast to float16 with loss scaling (CUDA)."""
+    import torch
+    import torch.nn as nn
+
+    if precision not in TORCH_PRECISIONS:
+        raise ValueError(f"precision {precision!r}: use one of {', '.join(TORCH_PRECISIONS)}")
+    if precision != "fp32" and not str(device).startswith("cuda"):
+        raise ValueError(f"precision {precision} needs a CUDA device, not {device}")
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    net = torch_model(cfg).to(device)
     opt = torch.optim.Adam(net.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
     loss_fn = nn.CrossEntropyLoss(ignore_index=cfg.pad_id, label_smoothing=cfg.label_smoothing)
-    src_t = torch.from_numpy(backend.to_host(src).astype("int64"))
-    tgt_t = torch.from_numpy(backend.to_host(tgt).astype("int64"))
+    scaler = torch.amp.GradScaler("cuda") if precision == "amp" else None
+    src_t = torch.from_numpy(backend.to_host(src).astype("int64")).to(device)
+    tgt_t = torch.from_numpy(backend.to_host(tgt).astype("int64")).to(device)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.float16, enabled=scaler is not None):
+            logits = net(src_t, tgt_t[:, :-1])
+            loss = loss_fn(logits.reshape(-1, logits.shape[-1]), tgt_t[:, 1:].reshape(-1))
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        return loss.detach()
+    return step
+
+
+def torch_step_seconds(cfg: translator.Config, src, tgt, steps: int, warmup: int) -> float:
+    step = torch_step(cfg, src, tgt)
     times = []
     for _ in range(warmup + steps):
         start = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        logits = net(src_t, tgt_t[:, :-1])
-        loss = loss_fn(logits.reshape(-1, logits.shape[-1]), tgt_t[:, 1:].reshape(-1))
-        loss.backward()
-        opt.step()
+        step()
         times.append(time.perf_counter() - start)
     return sorted(times[warmup:])[steps // 2]
 

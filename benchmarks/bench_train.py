@@ -3,16 +3,18 @@
     python benchmarks/bench_train.py                       # toy, small, base on the active backend
     python benchmarks/bench_train.py --presets small --steps 10
     python benchmarks/bench_train.py --presets small base --breakdown   # where the time goes
-    MINITFM_BACKEND=cupy python benchmarks/bench_train.py  # the same on a GPU
+    MINITFM_BACKEND=cupy python benchmarks/bench_train.py  # the same on a GPU (TF32 where it has it)
+    MINITFM_BACKEND=cupy python benchmarks/bench_train.py --precision fp32   # plain float32
 
-In one run it measures:
-1. the float32 matrix-multiply peak: large square products through the active backend;
+In one run it measures, at ``--precision`` (as the trainers: TF32 on a GPU that has it, else
+float32; minitfm.backend.set_precision):
+1. the matrix-multiply peak: large square float32 products through the active backend;
 2. for each preset, in a fresh process (so its peak resident memory is its own): the time of a
    full training step (forward, backward, Adam update), target tokens/s, the model FLOPs of the
    step counted analytically (every matrix product of the forward and backward passes), the
    fraction of the measured peak this reaches, and the peak resident memory;
-3. with ``--breakdown`` (NumPy), the same steps again through the operation counter of
-   ``bench_ops.py`` with a clock around every array operation: the seconds per step spent in
+3. with ``--breakdown`` (NumPy), the same steps again through bench_ops.py's operation counter
+   (``op_counter.py``) with a clock around every array operation: the seconds per step spent in
    matrix products and in all other operations (by layer), and the fraction of peak the step
    would reach if everything but the matrix products took no time -- the ceiling of any work on
    the elementwise passes.
@@ -32,7 +34,7 @@ import subprocess
 import sys
 import time
 
-from minitfm import backend, cli, flat, optim
+from minitfm import backend, cli, flat, gradscale, mixed, optim, options
 from minitfm.models import base, translator
 
 BATCHES = {"toy": (128, 24, 24), "small": (128, 24, 24), "base": (128, 32, 32)}
@@ -85,6 +87,17 @@ def step_flops(cfg: translator.Config, batch: int, src_len: int, tgt_len: int, n
     return 3.0 * (enc + dec + out)
 
 
+def batched_product_flops(cfg: translator.Config, batch: int, src_len: int, tgt_len: int) -> float:
+    """The FLOPs of ``step_flops`` in batched products: attention's Q K^T and P V (forward and
+    backward), the products CuPy runs through a batched GEMM, which it never hands to TF32
+    tensor cores; the rest (2-D products: projections, feed-forward, output) can use TF32."""
+    d = cfg.d_model
+    scores = lambda q_len, k_len: 2 * 2 * batch * q_len * k_len * d      # noqa: E731
+    per_layer_enc = scores(src_len, src_len)
+    per_layer_dec = scores(tgt_len, tgt_len) + scores(tgt_len, src_len)
+    return 3.0 * cfg.n_layers * (per_layer_enc + per_layer_dec)
+
+
 def make_batch(cfg, batch, src_len, tgt_len, seed=0):
     """Random ids; sentences of full length (the figures are per real token)."""
     rng = backend.host_rng(seed)
@@ -97,17 +110,24 @@ def make_batch(cfg, batch, src_len, tgt_len, seed=0):
 
 
 def make_step(cfg: translator.Config, batch: int, src_len: int, tgt_len: int):
-    """A function running one full training step on a fixed batch; it returns the step's stats."""
+    """A function running one full training step on a fixed batch; it returns the step's stats.
+    Under ``--precision fp16`` the step is train()'s: float16 copies of the parameters for the
+    products, the loss scale, the gradients unscaled, the masked update."""
     params = translator.init_params(cfg, 0)
     adam = optim.Adam(params)
     grads = flat.zeros_like(params)         # one gradient buffer for the run, as train() keeps
     src, tgt = make_batch(cfg, batch, src_len, tgt_len)
     count = itertools.count()
+    scaler = gradscale.LossScaler() if backend.precision() == "fp16" else None
 
     def step() -> dict:
-        stats, _ = translator.loss_and_grads(params, cfg, src, tgt, backend.rng(0, next(count)),
-                                        out=grads)
-        adam.update(params, grads, 1e-4)
+        with mixed.half_copies(params):
+            stats, _ = translator.loss_and_grads(
+                params, cfg, src, tgt, backend.rng(0, next(count)), out=grads,
+                **({} if scaler is None else {"loss_scale": scaler.scale}))
+        if scaler is not None:
+            scaler.unscale(grads)
+        adam.update(params, grads, 1e-4, scaler)
         return stats
     step.params = params
     return step
@@ -142,11 +162,11 @@ def run_preset(name: str, steps: int, warmup: int) -> dict:
 
 def breakdown(name: str, steps: int) -> dict:
     """Seconds per step in matrix products and, by module, in every other array operation."""
-    import bench_ops                 # the operation counter, here with its clock on
+    import op_counter                # the operation counter, here with its clock on
     batch, src_len, tgt_len = BATCHES[name]
     cfg = preset_config(name)
-    seconds = bench_ops.clocked(lambda: make_step(cfg, batch, src_len, tgt_len), steps)
-    products, others = bench_ops.split_seconds(seconds)
+    seconds = op_counter.clocked(lambda: make_step(cfg, batch, src_len, tgt_len), steps)
+    products, others = op_counter.split_seconds(seconds)
     return {"matmul_s": products, "other_s": sum(others.values()),
             "other_s_by_module": dict(others.most_common())}
 
@@ -162,8 +182,13 @@ def main(argv=None) -> int:
                         help="also time every array operation (NumPy only): the seconds in matrix "
                              "products, in everything else by layer, and the fraction of peak the "
                              "step would reach if everything but the matrix products were free")
+    options.add(parser, "precision")
     parser.add_argument("--worker", help=argparse.SUPPRESS)    # one preset, in this process
     args = parser.parse_args(argv)
+    try:
+        precision, why = backend.set_precision(args.precision)     # before the first product
+    except backend.BackendError as exc:
+        parser.error(f"--precision {args.precision}: {exc}")
 
     if args.breakdown and backend.is_gpu():
         parser.error("--breakdown times NumPy operations: run it with the numpy backend")
@@ -179,7 +204,8 @@ def main(argv=None) -> int:
     rows = []
     for name in args.presets:
         cmd = [sys.executable, __file__, "--worker", name, "--steps", str(args.steps),
-               "--warmup", str(args.warmup)] + (["--breakdown"] if args.breakdown else [])
+               "--warmup", str(args.warmup), "--precision", precision] + (
+                   ["--breakdown"] if args.breakdown else [])
         out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
         if out.returncode != 0:
             print(out.stderr, file=sys.stderr)
@@ -188,8 +214,8 @@ def main(argv=None) -> int:
         row["fraction_of_peak"] = row["gflop_per_s"] / peak
         rows.append(row)
     peak_after = matmul_peak()       # the machine is shared: bracket the run
-    print(f"backend {backend.name}; float32 matmul peak {peak:.1f} GFLOP/s before, "
-          f"{peak_after:.1f} after (fractions use the higher)")
+    print(f"backend {backend.name}, precision {precision} ({why}); float32 matmul peak "
+          f"{peak:.1f} GFLOP/s before, {peak_after:.1f} after (fractions use the higher)")
     peak = max(peak, peak_after)
     print(f"{'preset':<7} {'batch':>10} {'step s':>8} {'tgt tok/s':>10} {'GFLOP':>8} "
           f"{'GFLOP/s':>8} {'of peak':>8} {'peak RSS MiB':>13}")
@@ -207,8 +233,8 @@ def main(argv=None) -> int:
               f"operations {row['other_s']:.3f} s ({top}, ...); with everything but the "
               f"products free, the step would reach "
               f"{row['fraction_of_peak_products_alone']:.1%} of peak")
-    print(json.dumps({"backend": backend.name, "matmul_peak_gflop_per_s": peak, "presets": rows},
-                     indent=1))
+    print(json.dumps({"backend": backend.name, "precision": precision,
+                      "matmul_peak_gflop_per_s": peak, "presets": rows}, indent=1))
     return 0
 
 

@@ -35,11 +35,12 @@ from collections.abc import Sequence
 
 import numpy
 
-from minitfm import checkpoint, usable, validation
+from minitfm import checkpoint, usable
+from minitfm.training import validation
 from minitfm.checkpoint import Checkpoint, CheckpointError
 from minitfm.cli import report_errors
-from minitfm.options import positive_int
-from minitfm.rundir import BEST_NAME, WriteFailed
+from minitfm.argtypes import positive_int
+from minitfm.training.rundir import BEST_NAME, WriteFailed
 
 __all__ = ["average", "average_checkpoints", "save_average", "best_checkpoints", "main"]
 

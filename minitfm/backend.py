@@ -15,6 +15,9 @@ CUDA device). It never silently falls back to the CPU: ``auto`` records why it c
 :func:`describe` says so. The environment variable is read when ``xp`` or ``name`` is first
 needed, not at import, so a bad value is reported where the commands report their errors.
 
+The precision of matrix products (:func:`set_precision`: TF32, float32, or float16 operands with
+float32 sums) is chosen here, once per process, before the first product.
+
 What the layers need beyond the common NumPy/CuPy API lives here too: host<->device copies,
 scatter-add (the embedding backward), seeded random generators (NumPy's on the CPU; on the GPU
 the counter-based :mod:`minitfm.philox`, which creates nothing on the device), the default float
@@ -27,11 +30,13 @@ import os
 
 import numpy
 
+from minitfm import philox    # the CuPy backend's generator: computes with the xp it is given
+
 __all__ = [
     "BackendError", "xp", "name", "use", "float_dtype", "set_float_dtype",
     "to_device", "to_host", "to_host_together", "is_host_array", "host_copy", "scatter_add", "sorted_scatter_add", "dropout_keep", "rng",
     "host_rng", "check_array", "is_gpu", "describe", "environment_choice", "available_memory",
-    "host_available_memory",
+    "host_available_memory", "memory_in_words", "PRECISIONS", "set_precision", "precision",
 ]
 
 
@@ -131,6 +136,23 @@ def describe() -> str:
     return f"numpy (auto: {_auto_fallback})" if _auto_fallback else "numpy"
 
 
+def memory_in_words() -> str:
+    """The memory the active backend's arrays live in, for a message that it ran out: ``GPU 0
+    (NVIDIA A100-SXM4-40GB, 39.4 GiB)`` on CuPy, ``the host's memory`` on NumPy (and before any
+    backend is chosen: none is chosen for it)."""
+    if globals().get("name") != "cupy":
+        return "the host's memory"
+    cupy = _active()
+    try:
+        device = cupy.cuda.Device().id
+        properties = cupy.cuda.runtime.getDeviceProperties(device)
+    except Exception:        # pragma: no cover - a device that fails to say (CUDARuntimeError)
+        return "the GPU"
+    name = properties["name"]
+    name = name.decode() if isinstance(name, bytes) else name
+    return f"GPU {device} ({name}, {properties['totalGlobalMem'] / 2**30:.1f} GiB)"
+
+
 def available_memory() -> tuple[int, str] | None:
     """``(bytes, where the number comes from)`` that new arrays of the active backend can still
     take: on CuPy the current device's free memory (``cudaMemGetInfo``), on NumPy the host's
@@ -170,6 +192,52 @@ def set_float_dtype(dtype) -> None:
     if dtype not in (numpy.float32, numpy.float64):
         raise ValueError(f"float dtype must be float32 or float64, got {dtype}")
     _float_dtype = dtype.type
+
+
+PRECISIONS = ("fp32", "tf32", "fp16")
+TF32_CAPABILITY = 80        # compute capability 8.0 (Ampere) and later have TF32 tensor cores
+_precision = "fp32"
+
+
+def precision() -> str:
+    """The precision :func:`set_precision` chose (``fp32`` before it is called)."""
+    return _precision
+
+
+def set_precision(choice: str | None = None) -> tuple[str, str]:
+    """Choose how float32 matrix products run, before the first one; return ``(precision, why)``.
+
+    ``fp32``: plain float32 products. ``tf32``: on CuPy, float32 products on the GPU's TF32
+    tensor cores (each operand rounded to a 10-bit mantissa, sums in float32), set with
+    ``cupy._core.set_compute_type``. CuPy applies it to the products it hands to one cuBLAS
+    GEMM: ``dot``, ``tensordot`` and ``matmul`` of 2-D arrays (every linear layer and the output
+    projection); a batched ``matmul`` (attention's ``Q K^T`` and ``P V``) stays float32. None:
+    ``tf32`` on a GPU of compute capability 8.0 or higher, else ``fp32``. NumPy's products are
+    float32 only, and an older GPU has no TF32: ``tf32`` there raises :class:`BackendError`.
+    float64 products (gradient checks) are never affected. ``fp16``: :mod:`minitfm.mixed`."""
+    global _precision
+    if choice not in (None, *PRECISIONS):
+        why = " (NumPy has no bfloat16, CuPy's batched products none: docs/gpu.md)"
+        raise BackendError(f"unknown precision {choice!r}: use {', '.join(PRECISIONS)}"
+                           + (why if choice == "bf16" else ""))
+    if _active_name() == "numpy":
+        if choice == "tf32":
+            raise BackendError("tf32 runs on a GPU's tensor cores (the cupy backend, compute "
+                               "capability 8.0 or higher); NumPy's products are float32: use fp32")
+        _precision = choice or "fp32"
+        return _precision, "NumPy: float32 only" if choice is None else "asked"
+    cupy = _active()
+    capability = int(cupy.cuda.Device().compute_capability)
+    where = f"compute capability {capability // 10}.{capability % 10}"
+    if choice == "tf32" and capability < TF32_CAPABILITY:
+        raise BackendError(f"tf32 needs TF32 tensor cores (compute capability 8.0 or higher); "
+                           f"this GPU has {where}: use fp32")
+    chosen = _precision = choice or ("tf32" if capability >= TF32_CAPABILITY else "fp32")
+    from cupy._core import _routines_linalg     # CuPy's home of the COMPUTE_TYPE_* constants
+    compute = (_routines_linalg.COMPUTE_TYPE_TF32 if chosen == "tf32"
+               else _routines_linalg.COMPUTE_TYPE_DEFAULT)
+    cupy._core.set_compute_type(numpy.float32, compute)
+    return chosen, f"the default on {where}" if choice is None else "asked"
 
 
 def to_device(array, dtype=None):
@@ -279,7 +347,6 @@ def dropout_keep(generator, shape, p: float):
         size = int(numpy.prod(shape))
         draws = numpy.frombuffer(generator.bytes(2 * size), dtype=numpy.uint16).reshape(shape)
         return draws >= threshold, scale
-    from minitfm import philox    # imported here: philox computes with this module's xp
     if isinstance(generator, philox.Philox):
         return generator.keep(shape, threshold), scale
     raise TypeError(f"dropout on the {_active_name()} backend draws from a generator of "
@@ -301,8 +368,7 @@ def rng(seed: int, *stream: int):
     state per GPU thread, for every batch). The two backends draw different masks from one seed.
     """
     if _active_name() == "cupy":
-        from minitfm import philox    # imported here: philox computes with this module's xp
-        return philox.Philox.seeded(seed, *stream)
+        return philox.Philox.seeded(seed, *stream, xp=_active())
     return numpy.random.default_rng([int(seed), *[int(s) for s in stream]])
 
 

@@ -198,10 +198,15 @@ def load(path: str | os.PathLike, *, with_optimizer: bool = True) -> Checkpoint:
     checkpoint, or has an unknown format version; ``FileNotFoundError`` if it does not exist.
     """
     path = os.fspath(path)
-    if os.path.isdir(path):
+    kind = files.kind_of(path)
+    if kind == "a directory":
         raise CheckpointError(
             f"{path} is a directory: pass a checkpoint file, e.g. {checkpoint_path(path, 1)} "
             f"(or use --resume / python -m minitfm.average for run directories)")
+    if kind is not None:
+        raise CheckpointError(
+            f"{path} is {kind}, not a file: a checkpoint is read out of order (an .npz is a "
+            f"zip archive), which a pipe cannot do; save it to a file and give that")
     try:
         with numpy.load(path, allow_pickle=False) as archive:
             meta = _read_meta(archive, path)

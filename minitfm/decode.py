@@ -22,7 +22,7 @@ projections and O(t) attention. No mask is needed in the self-attention, because
 are never read and decoding never feeds a padding token. The one-position computations sit
 beside the full-sequence ones they mirror: ``inputs.forward(..., offset=t)``,
 ``decoder.stack_step`` / ``layer_step``, ``attention.self_step`` / ``cross_step``; this module
-holds only the key/value arrays (with the output projection, laid out once) and the search.
+holds only the key/value arrays and the search.
 
 Beam search, and decoding many sentences in batches by length, are in :mod:`minitfm.beam`.
 
@@ -32,9 +32,9 @@ lists) is host-side Python; the array work goes through ``backend.xp``.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass
 
 from minitfm import backend
@@ -214,15 +214,3 @@ def greedy(params: dict, cfg: model.Config, src, max_len: int | None = None) -> 
             tokens = tokens[int_array(keep)]
             active = [active[r] for r in keep]
     return outputs
-
-
-_BEAM_NAMES = ("beam_search", "pad_batch")     # read through this module by the export's tests
-
-
-def __getattr__(name: str):
-    """``beam_search`` and ``pad_batch`` of :mod:`minitfm.beam`, read through this module
-    (imported on first use: beam search builds on this module)."""
-    if name in _BEAM_NAMES:
-        from minitfm import beam
-        return getattr(beam, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

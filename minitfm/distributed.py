@@ -110,9 +110,9 @@ class World:
 
     ``rank`` (0 .. size-1), ``size``, ``local_rank`` and ``local_size`` (the workers on this
     machine), ``is_root`` (rank 0: the one that writes checkpoints and logs). Collectives --
-    broadcast_params, broadcast_numbers, broadcast_text, allreduce_sum, allreduce_numbers,
-    barrier, root_first, stop_requests, finish -- must be called by every worker, in the same
-    order; the other methods are local."""
+    broadcast_params, broadcast_numbers, broadcast_text, broadcast_bytes, allreduce_sum,
+    allreduce_numbers, barrier, root_first, stop_requests, finish -- must be called by every
+    worker, in the same order; the other methods are local."""
 
     def __init__(self, comm=None) -> None:
         """``comm``: an mpi4py communicator (COMM_WORLD), or None for a world of one process."""
@@ -233,11 +233,15 @@ class World:
     def broadcast_text(self, text: str) -> str:
         """Rank 0's ``text`` on every worker (a run directory chosen from the clock, say); the
         others pass any string."""
+        return self.broadcast_bytes(text.encode()).decode()
+
+    def broadcast_bytes(self, data: bytes) -> bytes:
+        """Rank 0's ``data`` on every worker (a tokenizer read from a checkpoint, say); the
+        others pass any bytes."""
         if not self.distributed:
-            return text
-        data = text.encode() if self.is_root else b""
-        size = int(self.broadcast_numbers([len(data)])[0])
-        return self._broadcast_bytes(data if self.is_root else bytes(size)).decode()
+            return data
+        size = int(self.broadcast_numbers([len(data) if self.is_root else 0])[0])
+        return self._broadcast_bytes(data if self.is_root else bytes(size))
 
     def barrier(self) -> None:
         """Wait until every worker has come here."""
@@ -301,6 +305,7 @@ class World:
         sys.stdout.flush()
         print(f"worker {self.rank} of {self.size} (pid {pid} on {host}) {what}; ending all "
               f"{self.size} workers", file=sys.stderr, flush=True)
+        _wait_until_read(1, 2)
         self._comm.Abort(status)
 
     def _abort_on_uncaught_exceptions(self) -> None:
@@ -364,3 +369,30 @@ def world() -> World:
     if _world is None:
         _world = World.from_environment()
     return _world
+
+
+def _wait_until_read(*fds: int, timeout: float = 10.0) -> None:
+    """Wait, at most ``timeout`` seconds, until what this process wrote to the pipes ``fds`` has
+    been read at their other end. Under a launcher a worker's output goes through pipes to its
+    proxy, and an abort that reaches the proxy before the last lines do ends the job without
+    them (seen on a loaded machine: the message saying which worker failed, and why, lost).
+    Host-only; a descriptor that is not a pipe is not waited for."""
+    import fcntl
+    import stat
+    import termios
+    import time
+    pipes = []
+    for fd in fds:
+        try:
+            if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                pipes.append(fd)
+        except OSError:
+            pass
+    deadline = time.monotonic() + timeout
+    unread = array.array("i", [0])
+    for fd in pipes:
+        while time.monotonic() < deadline:
+            fcntl.ioctl(fd, termios.FIONREAD, unread)      # bytes still in the pipe
+            if unread[0] == 0:
+                break
+            time.sleep(0.005)

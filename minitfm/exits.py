@@ -25,13 +25,16 @@ from __future__ import annotations
 
 import json
 
+from minitfm import backend
 from minitfm.backend import BackendError
 from minitfm.checkpoint import CheckpointError
 from minitfm.data import DataError
-from minitfm.divergence import TrainingDiverged
 from minitfm.export.source import ExportError
 from minitfm.placement import PlacementError
-from minitfm.rundir import LockUnsupported, RunDirectoryBusy, WriteFailed
+from minitfm.training.divergence import TrainingDiverged
+from minitfm.training.plan import PlanError
+from minitfm.training.rundir import (LockUnsupported, NotARunDirectory, RunDirectoryBusy,
+                                     WriteFailed)
 
 __all__ = ["DONE", "FAILED", "BAD_INPUT", "UsageError", "BAD_INPUT_ERRORS", "FAILURES",
            "status_of", "for_signal", "message"]
@@ -42,14 +45,15 @@ BAD_INPUT = 2       # bad usage or bad input (argparse's status for a bad option
 
 
 class UsageError(Exception):
-    """Options that do not fit together; the message says what to change."""
+    """Options that do not fit together; the message says what to change. (Options that do
+    not fit the run's data, found once it is read: ``minitfm.training.plan.PlanError``.)"""
 
 
 # Checked in this order: the first row whose classes include the error's class gives the status.
 FAILURES = (TrainingDiverged, WriteFailed, MemoryError)
 BAD_INPUT_ERRORS = (
-    UsageError, DataError, CheckpointError, BackendError, PlacementError, ExportError,
-    RunDirectoryBusy, LockUnsupported,
+    UsageError, PlanError, DataError, CheckpointError, BackendError, PlacementError, ExportError,
+    RunDirectoryBusy, LockUnsupported, NotARunDirectory,
     # a path the user named that cannot be used as asked
     FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError,
     # a file whose text is not UTF-8, or whose JSON does not parse
@@ -74,10 +78,13 @@ def for_signal(signum: int) -> int:
     return 128 + int(signum)
 
 
-def message(exc: BaseException) -> str:
-    """The one ``error:`` line for ``exc``."""
+def message(exc: BaseException, sizes: str | None = None) -> str:
+    """The one ``error:`` line for ``exc``; ``sizes``: the command's options that set how much
+    memory it takes (``--max-tokens``), which a message that memory ran out names."""
     if isinstance(exc, MemoryError):
-        return f"error: out of memory{': ' + str(exc) if str(exc) else ''}; use smaller sizes"
+        return (f"error: out of memory on {backend.memory_in_words()}"
+                f"{': ' + str(exc).rstrip('.') if str(exc) else ''}; lower "
+                f"{sizes or 'the sizes the command was given'}, or use a device with more memory")
     if isinstance(exc, OSError) and exc.strerror:
         return f"error: {exc.filename or 'a file'}: {exc.strerror}"
     return f"error: {exc}"

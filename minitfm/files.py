@@ -5,13 +5,18 @@ A reader (a resumed run, ``latest()``, another command) sees the old file or the
 half of one: the temporary's name starts with "." and ends with ".tmp", so nothing mistakes it for
 a result, and an error or interrupt on the way removes it and leaves the destination as it was.
 
-Every whole file the project writes goes through :func:`replacing`: checkpoints and averaged
-models, the vocabulary model and its metadata, the token caches and their manifests, ``run.json``,
-the export's outputs, prepared corpora, test hypotheses and scores, plots. A write that fails for
-lack of room or rights (a full disk, a file too large, a read-only file system) raises
-:class:`WriteError`, an ``OSError`` whose ``filename`` is the destination (not the temporary) and
-whose ``strerror`` adds the folder and the space free there, so that every message built from
-them says which file, and where to make room.
+Every whole file the project writes goes through :func:`replacing` (a folder, the CTranslate2
+export, through :func:`replacing_directory`): checkpoints and averaged models, the vocabulary
+model and its metadata, the token caches and their manifests, ``run.json``, the export's outputs,
+prepared corpora, test hypotheses and scores, plots. A write that fails for lack of room or rights
+(a full disk, a file too large, a read-only file system) raises :class:`WriteError`, an
+``OSError`` whose ``filename`` is the destination (not the temporary) and whose ``strerror`` adds
+the folder and the space free there, so that every message built from them says which file, and
+where to make room.
+
+A temporary is named after the process that writes it (host and pid): one that a ``kill -9`` or
+a crash left behind is removed by the next run of the same run directory or export
+(:func:`remove_stale_temporaries`), never one whose writer still runs.
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ import contextlib
 import errno
 import os
 import shutil
+import socket
 import stat
 import uuid
 from collections.abc import Iterator
 
-__all__ = ["WriteError", "write_error", "temporary_beside", "replacing", "fsync_directory"]
+__all__ = ["WriteError", "write_error", "temporary_beside", "remove_stale_temporaries",
+           "replacing", "replacing_directory", "fsync_directory", "kind_of"]
 
 # the errors that say the destination has no room or cannot be written, whichever file raised them
 _NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
@@ -58,9 +65,51 @@ def write_error(path: str | os.PathLike, exc: OSError) -> WriteError:
 
 
 def temporary_beside(path: str | os.PathLike) -> str:
-    """A new hidden name in ``path``'s folder: ``.NAME.<random>.tmp``."""
+    """A new hidden name in ``path``'s folder, ``.NAME.<host>.<pid>.<random>.tmp``: it says which
+    process writes it, so that once that process is gone (killed while writing) a later one can
+    tell it is left over (:func:`remove_stale_temporaries`)."""
     directory, name = os.path.split(os.path.abspath(path))
-    return os.path.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
+    return os.path.join(directory, f".{name}.{socket.gethostname()}.{os.getpid()}."
+                                   f"{uuid.uuid4().hex[:16]}.tmp")
+
+
+def remove_stale_temporaries(folder: str | os.PathLike, name: str | None = None) -> int:
+    """Remove the temporaries in ``folder`` (those of the destination ``name`` alone, when given)
+    whose writer, a process of this machine, is gone: a write that ``kill -9``, a crash or a
+    power cut ended. Those of live processes, of other machines, or of an older naming stay.
+    Returns how many were removed."""
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return 0
+    host, removed = socket.gethostname(), 0
+    for entry in entries:
+        parts = entry[1:].rsplit(".", 3)        # NAME.<host>, <pid>, <random>, "tmp"
+        if (not entry.startswith(".") or len(parts) != 4 or parts[3] != "tmp"
+                or not parts[1].isdigit() or not parts[0].endswith("." + host)
+                or (name is not None and parts[0] != f"{name}.{host}")
+                or _running(int(parts[1]))):
+            continue
+        stale = os.path.join(folder, entry)
+        try:
+            if os.path.isdir(stale) and not os.path.islink(stale):
+                shutil.rmtree(stale)
+            else:
+                os.remove(stale)
+            removed += 1
+        except OSError:
+            pass
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass                    # another user's: it runs
+    return True
 
 
 def fsync_directory(directory: str) -> None:
@@ -77,13 +126,25 @@ def fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
-def _special(path: str | os.PathLike) -> bool:
-    """Whether ``path`` exists and is something other than a regular file or a folder."""
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def kind_of(path: str | os.PathLike) -> str | None:
+    """What ``path`` is, in words, when it exists and is not a regular file: "a directory", "a
+    named pipe" (also a shell's ``<(...)``), "a character device" (``/dev/stdin`` on a terminal,
+    ``/dev/zero``), "a block device" or "a socket"; None for a regular file or nothing at all."""
     try:
         mode = os.stat(path).st_mode
-    except OSError:
-        return False
-    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+    except (OSError, ValueError):
+        return None
+    return next((words for test, words in _KINDS if test(mode)), None)
+
+
+def _special(path: str | os.PathLike) -> bool:
+    """Whether ``path`` exists and is something other than a regular file or a folder."""
+    return kind_of(path) not in (None, "a directory")
 
 
 @contextlib.contextmanager
@@ -112,10 +173,7 @@ def replacing(path: str | os.PathLike) -> Iterator[str]:
                 os.fsync(f.fileno())
             os.replace(tmp, path)
         except OSError as exc:
-            # an error of this write (not, say, of a file the caller reads meanwhile)
-            name = exc.filename
-            name = os.fspath(name) if isinstance(name, os.PathLike) else name
-            if exc.errno in _NO_ROOM or name in (None, tmp, os.fspath(path), directory):
+            if _of_this_write(exc, tmp, path):
                 raise write_error(path, exc) from exc
             raise
     except BaseException:
@@ -123,3 +181,50 @@ def replacing(path: str | os.PathLike) -> Iterator[str]:
             os.remove(tmp)
         raise
     fsync_directory(directory)
+
+
+@contextlib.contextmanager
+def replacing_directory(path: str | os.PathLike) -> Iterator[str]:
+    """:func:`replacing` for a folder: yield a new empty folder beside ``path`` for the caller to
+    fill; when the block ends its files are fsync'ed and it takes the place of ``path`` (an
+    existing ``path`` is moved aside, then removed); on any error or interrupt it is removed and
+    ``path`` is untouched. A failed write raises :class:`WriteError` naming ``path``."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = temporary_beside(path)
+    try:
+        try:
+            os.makedirs(directory, exist_ok=True)
+            os.mkdir(tmp)
+            yield tmp
+            for root, _, names in os.walk(tmp):
+                for name in names:
+                    with open(os.path.join(root, name), "rb+") as f:
+                        os.fsync(f.fileno())
+            old = temporary_beside(path) if os.path.lexists(path) else None
+            if old:
+                os.rename(path, old)
+            try:
+                os.rename(tmp, path)
+            except OSError:
+                if old:
+                    os.rename(old, path)
+                raise
+        except OSError as exc:
+            if _of_this_write(exc, tmp, path):
+                raise write_error(path, exc) from exc
+            raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_directory(directory)
+    if old:
+        shutil.rmtree(old, ignore_errors=True) if os.path.isdir(old) else os.remove(old)
+
+
+def _of_this_write(exc: OSError, tmp: str, path: str | os.PathLike) -> bool:
+    """Whether ``exc`` is an error of writing ``tmp`` for ``path`` (not, say, of a file the
+    caller reads meanwhile): no room or rights, or an error naming no file, or one of theirs."""
+    name = exc.filename
+    name = os.fspath(name) if isinstance(name, os.PathLike) else name
+    return (exc.errno in _NO_ROOM or name is None or name.startswith(tmp)
+            or name in (os.fspath(path), os.path.dirname(os.path.abspath(path))))

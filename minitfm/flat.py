@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 
 from minitfm import backend
 
-__all__ = ["FlatDict", "zeros", "flatten", "zeros_like", "buffer_of", "to_host"]
+__all__ = ["FlatDict", "zeros", "flatten", "zeros_like", "buffer_of", "add_into", "to_host"]
 
 
 class FlatDict(dict):
@@ -88,6 +88,18 @@ def buffer_of(*dicts):
         if d.buffer.dtype != first.buffer.dtype or d.shapes() != layout:
             return None
     return tuple(d.buffer for d in dicts)
+
+
+def add_into(total: Mapping, part: Mapping) -> None:
+    """total += part, for two dicts of arrays of one layout: one operation on flat buffers,
+    else one per array (the sum of an update's gradients, batch after batch)."""
+    buffers = buffer_of(total, part)
+    if buffers is not None:
+        total_buffer, part_buffer = buffers
+        total_buffer += part_buffer
+        return
+    for name, g in total.items():
+        g += part[name]
 
 
 def to_host(arrays: Mapping) -> dict:

@@ -5,7 +5,7 @@ limits and against the memory there is, so that an absurd size ends at once with
 Library limits
 --------------
 - sentencepiece stores the vocabulary size as a C ``int32``: ``--vocab-size`` is at most
-  ``2**31 - 1`` (:data:`SENTENCEPIECE_MAX_VOCAB`, checked by :func:`vocab_size_option`);
+  ``2**31 - 1`` (:data:`SENTENCEPIECE_MAX_VOCAB`, checked by ``minitfm.argtypes.vocab_size``);
 - a BPE vocabulary has at most one piece per character of its text (every piece but the
   specials is a character or a merge of two pieces, and each merge needs an occurrence): a plain
   text file of ``n`` bytes holds at most ``n`` characters, so ``--vocab-size`` above ``n`` plus
@@ -24,14 +24,16 @@ positions, ``N_s = B S`` and ``N_t = B T`` tokens::
 
     model state  (4 + s) P f          parameters, gradients, Adam's m and v; s = 1 with
                                       --update-freq > 1 (the second gradient buffer)
-    one batch    f L (6 N_s d + 2 N_s d_ff + B H S^2)                        encoder layers
+    one batch    the model's own count (``Model.batch_bytes``), e.g. the translator's
+                 f L (6 N_s d + 2 N_s d_ff + B H S^2)                        encoder layers
                + f L (10 N_t d + 2 N_t d_ff + B H T^2 + B H T S)             decoder layers
                + 2 f N_t V                       the logits and their gradient
 
 The language model has no encoder and no cross-attention: ``f L (6 N d + 2 N d_ff + B H T^2)
-+ 2 f N V``, plus ``20 B T`` bytes of host blocks (int64 indices and windows, int32 ``x``, ``y``).
-Token-count batches (``train_wmt.py``) take ``N_s = N_t = --max-tokens`` and leave the
-``B H T^2`` terms out: they depend on the sentence lengths, and short sentences make them small.
++ 2 f N V``, plus ``20 B T`` bytes of host blocks (int64 indices and windows, int32 ``x``, ``y``)
+(``lm.batch_bytes``). Token-count batches (``train_wmt.py``) take ``N_s = N_t = --max-tokens``
+and leave the ``B H T^2`` terms out: they depend on the sentence lengths, and short sentences
+make them small.
 
 Decoding (:func:`decoding_estimate`), beam search (greedy: beam 1) over ``R = sentences x beam``
 rows, ``C`` output positions, ``S`` source positions::
@@ -61,29 +63,24 @@ system does not say, only the library limits are checked.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from minitfm import backend, models
+from minitfm import backend, files, models
 from minitfm.exits import UsageError
 from minitfm.ids import EOS_ID
-from minitfm.models import lm
-from minitfm.options import integer
 
-__all__ = ["SENTENCEPIECE_MAX_VOCAB", "TooLarge", "Estimate", "vocab_size_option",
-           "check_vocab_for_corpus", "parameter_count", "training_estimate",
-           "decoding_estimate", "sampling_estimate", "state_estimate", "check_fits", "human_bytes",
-           "model_sizes", "with_model_sizes"]
+__all__ = ["SENTENCEPIECE_MAX_VOCAB", "TooLarge", "Estimate", "check_vocab_for_corpus",
+           "parameter_count", "training_estimate", "decoding_estimate", "sampling_estimate",
+           "state_estimate", "check_fits", "human_bytes", "model_sizes", "with_model_sizes"]
 
 SENTENCEPIECE_MAX_VOCAB = 2**31 - 1     # sentencepiece's TrainerSpec.vocab_size is an int32
 DEFAULT_EXTRA_OUTPUT = 50               # decode.EXTRA_LENGTH: the default output limit S + 50
 SAMPLING_STEP_COPIES = 6                # float64 (R, V) arrays of one sampling step
 HOST_BYTES_PER_TOKEN = 48               # a kept token: a list slot, an int object, its text
-LM_HOST_BYTES_PER_TOKEN = 20            # train_lm's host blocks, per token of a batch
 GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -131,28 +128,15 @@ def human_bytes(n: float) -> str:
 
 # ---- library limits --------------------------------------------------------------------------
 
-def vocab_size_option(low: int = 8) -> Callable[[str], int]:
-    """An argparse ``type=`` for ``--vocab-size``: an integer from ``low`` to sentencepiece's
-    int32 limit."""
-    check = integer(low)
-
-    def parse(text: str) -> int:
-        value = check(text)
-        if value > SENTENCEPIECE_MAX_VOCAB:
-            raise argparse.ArgumentTypeError(
-                f"must be at most {SENTENCEPIECE_MAX_VOCAB} (sentencepiece stores the "
-                f"vocabulary size as a 32-bit integer), got {text!r}")
-        return value
-    return parse
-
-
 def check_vocab_for_corpus(vocab_size: int, paths: Sequence[str | os.PathLike],
                            option: str = "--vocab-size") -> None:
     """Refuse a vocabulary larger than the plain text files ``paths`` can make (one piece per
-    character at most, plus the special pieces); gzipped or unreadable files are left to the
-    vocabulary's training, which reports its own bound."""
+    character at most, plus the special pieces); gzipped or unreadable files, and anything but a
+    regular file, are left to the vocabulary's training and the data checks."""
     characters = 0
     for path in paths:
+        if files.kind_of(path) is not None:        # never opened here: a pipe would block
+            return                                  # the data checks refuse it
         try:
             with open(path, "rb") as f:
                 if f.read(2) == GZIP_MAGIC:
@@ -193,22 +177,11 @@ def training_estimate(cfg, *, rows: int, src_len: int, tgt_len: int, update_freq
                       attention: bool = True) -> Estimate:
     """The model state and one batch of ``rows`` x ``src_len`` / ``tgt_len`` positions (the
     language model: ``tgt_len`` only); ``attention=False`` leaves out the ``B H T^2`` terms."""
-    f = _float_bytes()
-    d, d_ff, heads, layers = cfg.d_model, cfg.d_ff, cfg.n_heads, cfg.n_layers
     state = state_estimate(cfg, update_freq).device["model and Adam"]
-    n_t = rows * tgt_len
-    if isinstance(cfg, lm.LMConfig):
-        scores = rows * heads * tgt_len ** 2 if attention else 0
-        batch = f * (layers * (6 * n_t * d + 2 * n_t * d_ff + scores) + 2 * n_t * cfg.vocab)
-        return Estimate({"model and Adam": state, "one batch": batch},
-                        {"blocks": LM_HOST_BYTES_PER_TOKEN * n_t})
-    n_s = rows * src_len
-    enc_scores = rows * heads * src_len ** 2 if attention else 0
-    dec_scores = rows * heads * (tgt_len ** 2 + tgt_len * src_len) if attention else 0
-    batch = f * (layers * (6 * n_s * d + 2 * n_s * d_ff + enc_scores)
-                 + layers * (10 * n_t * d + 2 * n_t * d_ff + dec_scores)
-                 + 2 * n_t * cfg.tgt_vocab)
-    return Estimate({"model and Adam": state, "one batch": batch})
+    device, host = models.of(cfg).batch_bytes(cfg, rows=rows, src_len=src_len, tgt_len=tgt_len,
+                                              float_bytes=_float_bytes(), attention=attention)
+    return Estimate({"model and Adam": state, "one batch": device},
+                    {"host batches": host} if host else {})
 
 
 def decoding_estimate(cfg, *, rows: int, src_len: int = 2, out_len: int | None = None,
@@ -220,17 +193,17 @@ def decoding_estimate(cfg, *, rows: int, src_len: int = 2, out_len: int | None =
     out_len = min(src_len + DEFAULT_EXTRA_OUTPUT, cfg.max_len) if out_len is None else out_len
     parts = {"parameters": parameter_count(cfg) * f} if params else {}
     parts["key/value cache"] = 2 * f * cfg.n_layers * rows * (out_len + src_len) * cfg.d_model
-    parts["step scores"] = 3 * f * rows * cfg.tgt_vocab
+    parts["step scores"] = 3 * f * rows * models.of(cfg).output_vocab(cfg)
     return Estimate(parts)
 
 
-def sampling_estimate(cfg: lm.LMConfig, *, new_tokens: int, rows: int = 1,
+def sampling_estimate(cfg, *, new_tokens: int, rows: int = 1,
                       params: bool = True) -> Estimate:
     """Drawing ``new_tokens`` tokens for ``rows`` sequences at once over the model's cache."""
     f = _float_bytes()
     parts = {"parameters": parameter_count(cfg) * f} if params else {}
     parts["key/value cache"] = 2 * f * cfg.n_layers * rows * cfg.max_len * cfg.d_model
-    parts["sampling step"] = SAMPLING_STEP_COPIES * 8 * rows * cfg.vocab
+    parts["sampling step"] = SAMPLING_STEP_COPIES * 8 * rows * models.of(cfg).output_vocab(cfg)
     return Estimate(parts, {"sampled tokens": HOST_BYTES_PER_TOKEN * rows * new_tokens})
 
 

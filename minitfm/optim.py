@@ -1,4 +1,4 @@
-"""Adam (with optional decoupled weight decay), learning-rate schedules, gradient-norm clipping.
+"""Adam (with optional decoupled weight decay) and learning-rate schedules.
 
 Section 5.3 of the paper: "We used the Adam optimizer with beta1 = 0.9, beta2 = 0.98 and
 epsilon = 1e-9. We varied the learning rate over the course of training, according to the formula
@@ -32,7 +32,9 @@ keys. The update works in place: the parameter arrays are never reallocated, so 
 a reference to them (the model, a weight-tied view) sees the new values, and float32 parameters
 stay float32 (every scalar is a Python float, which does not promote an array's dtype).
 
-Array math goes through ``backend.xp``, so the same code runs on NumPy and on CuPy.
+Array math goes through ``backend.xp``, so the same code runs on NumPy and on CuPy. Fused
+(``--kernels fused``, on CuPy, flat buffers): the Adam step is one kernel over the four buffers;
+its twin is ``adam_step``. (Clipping and loss scaling, before the update: :mod:`minitfm.gradscale`.)
 """
 
 from __future__ import annotations
@@ -41,10 +43,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from minitfm import backend, flat
+from minitfm import backend, flat, fused
 
 __all__ = ["Adam", "LRSchedule", "WarmupDecaySchedule", "Cooldown", "run_progress",
-           "decays_by_default", "clip_grad_norm"]
+           "decays_by_default", "adam_step", "coefficients"]
 
 
 def _check_same_keys(expected: dict, given: dict, what: str) -> None:
@@ -245,48 +247,42 @@ class Adam:
                     f"has {p.shape} {p.dtype} (optimizer state {self.m[name].shape}): "
                     f"gradients must match their parameters exactly")
 
-    def update(self, params: dict, grads: dict, lr: float) -> None:
+    def update(self, params: dict, grads: dict, lr: float, scaler=None) -> None:
         """One Adam(W) step at learning rate ``lr``: ``params`` change in place, ``step`` += 1.
 
         When parameters and gradients are flat buffers of one layout (:mod:`minitfm.flat`), the
-        step is a dozen operations on whole buffers; otherwise it runs array by array.
+        step is a dozen operations on whole buffers; otherwise it runs array by array. With a
+        ``scaler`` (mixed precision, :class:`minitfm.gradscale.LossScaler`), an update whose
+        gradients were not finite changes nothing, decided on the device, and the bias
+        corrections count the updates applied (``step`` counts them all).
         """
         self._check(params, grads)
         self.step += 1
-        # lr * m_hat / (sqrt(v_hat) + eps) == step_size * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-        step_size = float(lr) / (1.0 - self.beta1 ** self.step)
-        v_scale = 1.0 / math.sqrt(1.0 - self.beta2 ** self.step)
         decay = float(lr) * self.weight_decay             # AdamW: p -= lr * weight_decay * p
+        state = None if scaler is None else scaler.state
         buffers = flat.buffer_of(params, grads, self.m, self.v)
+        if buffers is not None and fused.active(*buffers):
+            p, g, m, v = buffers
+            mask = self._flat_decay_mask(params) if decay and self.decayed else p
+            ADAM(fused.grid_for(p.size), (p, g, m, v, mask, fused.i64(p.size), fused.i32(
+                mask is not p), fused.f32(1.0 - decay), fused.f64(self.beta1),
+                fused.f64(self.beta2), fused.f32(self.eps), fused.i64(self.step),
+                fused.f64(lr), p if state is None else state, fused.i32(state is not None)))
+            return
+        b1, b2, step_size, v_scale, keep = coefficients(self.beta1, self.beta2, self.step, lr,
+                                                        1.0 - decay, state)
         if buffers is not None:
             p, g, m, v = buffers
             if decay and self.decayed:
                 xp = backend.xp     # 1 - lr * decay where a parameter decays, 1 elsewhere
-                p *= xp.where(self._flat_decay_mask(params), 1.0 - decay, 1.0).astype(p.dtype)
-            self._adam(p, g, m, v, step_size, v_scale)
+                p *= xp.where(self._flat_decay_mask(params), keep, 1.0).astype(p.dtype)
+            adam_step(p, g, m, v, b1, b2, self.eps, step_size, v_scale)
             return
         for name, p in params.items():
             if decay and name in self.decayed:
-                p *= 1.0 - decay
-            self._adam(p, grads[name], self.m[name], self.v[name], step_size, v_scale)
-
-    def _adam(self, p, g, m, v, step_size: float, v_scale: float) -> None:
-        """The Adam step of one array (or of one flat buffer), in place."""
-        xp = backend.xp
-        b1, b2 = self.beta1, self.beta2
-        buf = xp.multiply(g, 1.0 - b1)          # the only scratch array
-        m *= b1
-        m += buf                                # m = b1 m + (1 - b1) g
-        xp.multiply(g, g, out=buf)
-        buf *= 1.0 - b2
-        v *= b2
-        v += buf                                # v = b2 v + (1 - b2) g^2
-        xp.sqrt(v, out=buf)
-        buf *= v_scale
-        buf += self.eps                         # sqrt(v_hat) + eps
-        xp.divide(m, buf, out=buf)
-        buf *= step_size
-        p -= buf                                # p -= lr m_hat / (sqrt(v_hat) + eps)
+                p *= keep
+            adam_step(p, grads[name], self.m[name], self.v[name], b1, b2, self.eps, step_size,
+                      v_scale)
 
     def _flat_decay_mask(self, params: dict):
         """A flat bool buffer, True at the decayed parameters' positions."""
@@ -317,28 +313,66 @@ class Adam:
         self.step = int(state["step"])
 
 
-def clip_grad_norm(grads: dict, max_norm: float):
-    """Scale all gradients in place so their global L2 norm is at most ``max_norm``.
+def coefficients(beta1: float, beta2: float, step: int, lr: float, keep: float, state=None):
+    """``(b1, b2, step_size, v_scale, keep)`` of update ``step``, with
+    lr * m_hat / (sqrt(v_hat) + eps) == step_size * m / (sqrt(v) * v_scale + eps): host numbers,
+    or with a loss scaler's ``state`` 0-d arrays on the device that make a skipped update
+    (``state[3]``) a no-op (b = 1, step_size = 0, keep = 1) and count the updates applied,
+    ``t = step - state[2]``."""
+    if state is None:
+        return (beta1, beta2, float(lr) / (1.0 - beta1 ** step),
+                1.0 / math.sqrt(1.0 - beta2 ** step), keep)
+    xp, skip = backend.xp, state[3] != 0
+    t = xp.maximum(step - state[2], 1.0)          # the updates applied, this one included
+    return tuple(a.astype(state.dtype) for a in (
+        xp.where(skip, 1.0, beta1), xp.where(skip, 1.0, beta2),
+        xp.where(skip, 0.0, float(lr) / (1.0 - beta1 ** t)), 1.0 / xp.sqrt(1.0 - beta2 ** t),
+        xp.where(skip, 1.0, keep)))
 
-        norm  = sqrt(sum of g^2 over every gradient)
-        g    *= min(1, max_norm / norm)          (not at all when norm is NaN or Inf)
 
-    Returns the norm before clipping as a 0-d array of the backend: the clipping itself never
-    waits for the device, and the caller reads the number (``float(norm)``) only when it needs it.
-    A non-finite norm (an overflow or NaN somewhere) leaves the gradients untouched, so the
-    caller can see it and skip the step. Flat gradients (:mod:`minitfm.flat`) take two passes.
-    """
-    if not max_norm > 0:
-        raise ValueError(f"max_norm must be positive, got {max_norm}")
+def adam_step(p, g, m, v, b1, b2, eps: float, step_size, v_scale) -> None:
+    """The Adam step of one array (or of one flat buffer), in place."""
     xp = backend.xp
-    buffers = flat.buffer_of(grads)
-    arrays = [buffers[0]] if buffers is not None else [g.ravel() for g in grads.values()]
-    if not arrays:
-        return xp.zeros((), dtype=backend.float_dtype())
-    total = xp.asarray(sum(xp.vdot(g, g) for g in arrays))              # 0-d, on the device
-    xp.sqrt(total, out=total)
-    scale = xp.minimum(float(max_norm) / xp.maximum(total, 1e-30), 1.0)
-    scale = xp.where(xp.isfinite(total), scale, 1.0).astype(arrays[0].dtype)
-    for g in arrays:
-        g *= scale
-    return total
+    buf = xp.multiply(g, 1.0 - b1)          # the only scratch array
+    m *= b1
+    m += buf                                # m = b1 m + (1 - b1) g
+    xp.multiply(g, g, out=buf)
+    buf *= 1.0 - b2
+    v *= b2
+    v += buf                                # v = b2 v + (1 - b2) g^2
+    xp.sqrt(v, out=buf)
+    buf *= v_scale
+    buf += eps                              # sqrt(v_hat) + eps
+    xp.divide(m, buf, out=buf)
+    buf *= step_size
+    p -= buf                                # p -= lr m_hat / (sqrt(v_hat) + eps)
+
+
+ADAM_SOURCE = r"""
+// AdamW over flat buffers: the operations of adam_step, one element a thread
+extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, const bool* decays,
+        long long n, int decay, float keep, double beta1, double beta2, float eps, long long step,
+        double lr, const float* scaler, int scaled) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n || (scaled && scaler[3] != 0.0f)) return;       // a skipped update: no change
+    double t = scaled ? fmax((double)step - scaler[2], 1.0) : (double)step;
+    float b1 = (float)beta1, c1 = (float)(1.0 - beta1), b2 = (float)beta2, c2 = (float)(1.0 - beta2);
+    float step_size = (float)(lr / (1.0 - pow(beta1, t))), v_scale = (float)(1.0 / sqrt(1.0 - pow(beta2, t)));
+    float pi = (decay && decays[i]) ? p[i] * keep : p[i], gi = g[i];
+    float mi = m[i] * b1 + gi * c1, vi = v[i] * b2 + gi * gi * c2;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi - mi / (sqrtf(vi) * v_scale + eps) * step_size;
+}
+"""
+
+
+def _adam_twin(p, g, m, v, decays, n, decay, keep, b1, b2, eps, step, lr, state, scaled):
+    b1, b2, step_size, v_scale, keep = coefficients(float(b1), float(b2), int(step), float(lr),
+                                                    float(keep), state if scaled else None)
+    if decay:
+        p *= backend.xp.where(decays, keep, 1.0).astype(p.dtype)
+    adam_step(p, g, m, v, b1, b2, float(eps), step_size, v_scale)
+
+
+ADAM = fused.Kernel("adam", ADAM_SOURCE, _adam_twin)

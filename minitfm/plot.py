@@ -37,7 +37,7 @@ from minitfm.exits import UsageError
 from minitfm.layers import positional
 from minitfm.models import translator as model
 from minitfm.optim import LRSchedule
-from minitfm.options import number, positive_int
+from minitfm.argtypes import integer, number, positive_int
 
 __all__ = [
     "PlotError", "attention_maps", "plot_attention", "plot_positional", "plot_lr_schedule",
@@ -284,7 +284,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.add_argument("--checkpoint", required=True, help="checkpoint with a vocabulary")
     a.add_argument("--source", required=True, help="source sentence")
     a.add_argument("--target", help="target sentence (default: the model's translation)")
-    a.add_argument("--layer", type=int, default=-1, help="layer, from 0; negative from the end")
+    a.add_argument("--layer", type=integer(), default=-1, help="layer, from 0; negative from the end")
     a.add_argument("--beam", type=positive_int, default=4, help="beam size when translating")
     a.add_argument("--out-dir", default=".", help="directory for the three PNG files")
     a.add_argument("--backend", choices=["numpy", "cupy", "auto"], default=None)

@@ -87,7 +87,7 @@ def to_batch(inputs: numpy.ndarray, outputs: numpy.ndarray) -> Batch:
 
 def train_batches(task: str, *, vocab: int, length: int, batch_size: int,
                   seed: int) -> Callable[[int], Iterator[Batch]]:
-    """A batch factory for :func:`minitfm.train.train`: ``factory(epoch)`` yields batches forever.
+    """A batch factory for :func:`minitfm.training.loop.train`: ``factory(epoch)`` yields batches forever.
 
     The stream is endless, so training stays in epoch 0; batch ``i`` depends only on
     ``(seed, i)`` (and the epoch, should one ever end).

@@ -19,13 +19,14 @@ penalty 0.6, at most source length + 50 output tokens; see :mod:`minitfm.beam`).
 Input is split on ``\\n`` only, and invalid UTF-8 is replaced rather than fatal (with one warning
 at the end naming the lines), so the output always has exactly as many lines (or n-best groups) as
 the input. Gzipped input (``--input`` or standard input) is recognised by its first bytes and
-decompressed, as the corpora are; a truncated one is an error.
+decompressed, as the corpora are; a truncated one is an error. The input is read once, as it
+comes: ``--input`` may be a pipe (``--input <(zcat test.en.gz)``) or ``/dev/stdin``. A line
+longer than 1 MiB (a file that is not text) is an error naming the line.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
@@ -34,14 +35,13 @@ from typing import BinaryIO, TextIO
 from tqdm import tqdm
 
 from minitfm import beam as search, checkpoint, limits, options, usable
-from minitfm.cli import UsageError, add_backend_option, report_errors, select_backend
-from minitfm.data.corpus import DataError, raw_lines
+from minitfm.cli import placement_defaults, report_errors, select_backend
+from minitfm.data.reading import DataError, decompressed, raw_lines, stream_lines
 from minitfm.data.vocab import Vocab
+from minitfm.exits import UsageError
 from minitfm.models import translator as model
-from minitfm.options import positive_int
-from minitfm.stops import interrupts_deferred
-
-GZIP_MAGIC = b"\x1f\x8b"
+from minitfm.argtypes import positive_int
+from minitfm.training.stops import interrupts_deferred
 
 __all__ = ["TranslateError", "load_translator", "encode_lines", "translate_lines",
            "translate_texts", "main"]
@@ -149,18 +149,9 @@ class InputLines:
         self.invalid: list[int] = []
 
     def _raw(self) -> Iterator[bytes]:
-        if self.path is not None:
-            yield from raw_lines(self.path)              # gzip by magic, DataError if truncated
-            return
-        stream = self.stream
-        if hasattr(stream, "peek") and stream.peek(2)[:2] == GZIP_MAGIC:
-            stream = gzip.GzipFile(fileobj=stream)
-        try:
-            for raw in stream:
-                yield raw.rstrip(b"\n").rstrip(b"\r")
-        except (OSError, EOFError) as exc:
-            raise DataError(f"standard input: read failed ({exc}); the gzip stream is corrupt "
-                            f"or truncated") from exc
+        if self.path is not None:                        # a file, a pipe, /dev/stdin: read once
+            return raw_lines(self.path, streamed=True)
+        return stream_lines(decompressed(self.stream), "standard input")
 
     def __iter__(self) -> Iterator[str]:
         for line_number, raw in enumerate(self._raw(), start=1):
@@ -208,7 +199,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="most output tokens (default: source length + 50)")
     p.add_argument("--batch-size", type=positive_int, default=64,
                    help="sentences decoded together")
-    add_backend_option(p, "numpy")
+    options.add(p, "backend", defaults=placement_defaults("numpy", None))
     args = p.parse_args(argv)
     if args.nbest is not None and not args.nbest <= args.beam:
         p.error(f"--nbest must be between 1 and --beam ({args.beam}), got {args.nbest}")
@@ -257,7 +248,8 @@ def main(argv: list[str] | None = None, stdin: BinaryIO | None = None,
          stdout: TextIO | None = None) -> int:
     args = parse_args(argv)
     return report_errors(lambda: run(args, stdin if stdin is not None else sys.stdin.buffer,
-                                     stdout if stdout is not None else sys.stdout))
+                                     stdout if stdout is not None else sys.stdout),
+                         sizes="--batch-size or --beam")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy
 
-from minitfm import checkpoint, models
+from minitfm import checkpoint, files, models
 from minitfm.checkpoint import Checkpoint, CheckpointError
 
 __all__ = ["FLOAT_DTYPES", "UnusableCheckpoint", "Usable", "problem", "check", "load",
@@ -182,7 +182,7 @@ def load(path: str | os.PathLike, kind: str | None = None, *,
     except UnusableCheckpoint:
         raise
     except CheckpointError as exc:
-        if os.path.isdir(path):
+        if files.kind_of(path) is not None:       # a directory, a pipe: said as it is
             raise
         # its message says already how to move it aside
         raise _refuse(path, None, str(exc).rstrip("."), kind, with_optimizer,

@@ -1,7 +1,8 @@
 """The translation recipe of ``train_wmt.py``, beside its command line: the corpora and the
-vocabulary, subword dropout, validation BLEU, the learning-rate schedule, scoring the test set
-and the lines the run prints. Each function takes the parsed options (``argparse.Namespace``) of
-``train_wmt.py``; the front end parses and calls.
+vocabulary, the sizes checked against the memory, subword dropout, validation BLEU, scoring the
+test set and the lines the run prints. Each function takes the parsed options
+(``argparse.Namespace``) of ``train_wmt.py``; the front end parses and calls, and calls nothing
+here that calls back into it.
 """
 
 from __future__ import annotations
@@ -15,45 +16,20 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from minitfm import (average, backend, beam, checkpoint, cli, distributed, files, optim,
-                     phases, train, translate, validation)
+from minitfm import average, backend, beam, checkpoint, distributed, files, limits, translate
 from minitfm.bleu import BleuScore, corpus_bleu
-from minitfm.cli import UsageError
 from minitfm.data import (BatchPlan, CleanOptions, DataError, EncodedCorpus, ParallelText,
                           SubwordDropout, Vocab, cached_joint_vocab, clean_parallel,
                           encode_corpus, prepare_wmt14, read_parallel, read_parallel_files,
                           require_pairs)
+from minitfm.exits import UsageError
 from minitfm.models import translator as model
 from minitfm.models.translator import Config
+from minitfm.training import phases, validation
+from minitfm.training.plan import Plan
+from minitfm.training.state import TrainState
 
 VOCAB_SEED = 0          # the vocabulary does not depend on --seed, so runs can share it
-
-
-def peak_lr(args: argparse.Namespace, cfg: Config) -> float:
-    """The peak of a decay: ``--lr``, by default the paper's rate at the end of the warmup."""
-    return args.lr or args.lr_factor * (cfg.d_model * args.warmup) ** -0.5
-
-
-def lr_schedule(args: argparse.Namespace, cfg: Config, steps: int, epoch_updates: float):
-    """The learning rate of each of the run's ``steps`` updates: ``--schedule``, then
-    ``--cooldown`` (a fraction of the run, or a count of updates or epochs of
-    ``epoch_updates`` updates each, before the last update)."""
-    try:
-        schedule = cli.lr_schedule(args.schedule, d_model=cfg.d_model, warmup=args.warmup,
-                                   steps=steps,
-                                   lr=args.lr_factor if args.schedule == "paper"
-                                   else peak_lr(args, cfg), min_lr=args.min_lr)
-        if not args.cooldown:
-            return schedule
-        if phases.is_fraction(args.cooldown):
-            return optim.Cooldown(schedule, steps, args.cooldown)
-        length = phases.in_steps(args.cooldown, epoch_updates)
-        if length > steps:
-            raise ValueError(f"--cooldown {args.cooldown} is {length} updates, more than the "
-                             f"run's {steps}")
-        return optim.Cooldown(schedule, steps, length / steps, follow_clock=False)
-    except ValueError as exc:
-        raise UsageError(f"learning-rate options: {exc}") from exc
 
 
 def epoch_updates(args: argparse.Namespace, plan: BatchPlan) -> float:
@@ -62,22 +38,40 @@ def epoch_updates(args: argparse.Namespace, plan: BatchPlan) -> float:
     return len(plan) / (args.update_freq * distributed.world().size)
 
 
-def run_steps(args: argparse.Namespace, plan: BatchPlan) -> int:
-    """The updates of the run: ``--max-steps``, or fewer where ``--max-epochs`` ends it first."""
-    return phases.budget_steps(args.max_steps, args.max_epochs, epoch_updates(args, plan))
+def train_positions(args: argparse.Namespace, cfg: Config) -> int:
+    """The longest sentence trained on, as batching's ``max_positions``: what fits a batch of
+    ``--max-tokens`` (a row costs up to max_positions + 1 entries) and the model. The model
+    checks the whole target array, BOS to EOS (max_positions + 1 entries), against max_len."""
+    return min(cfg.max_len - 1, args.max_tokens - 1)
 
 
-def dropout_start(args: argparse.Namespace, steps: int, epoch_updates: float) -> dict:
-    """The TrainOptions fields of ``--dropout-start`` (and ``--dropout-start-margin``)."""
-    if args.dropout_start == phases.AUTO:
-        return {"dropout_start_auto": args.dropout_start_margin}
-    if phases.is_fraction(args.dropout_start):
-        return {"dropout_start": args.dropout_start}
-    first = phases.in_steps(args.dropout_start, epoch_updates)
-    if first >= steps:
-        raise UsageError(f"--dropout-start {args.dropout_start} is {first} updates, but the run "
-                         f"has {steps}: dropout would never start")
-    return {"dropout_start_step": first}
+def check_sizes(args: argparse.Namespace, cfg: Config) -> None:
+    """The size options against the memory there is, before any data is read (minitfm.limits):
+    training on token-count batches, then the test's beam search with the model state kept;
+    ``cfg``: the model of the options, with a vocabulary of ``--vocab-size``."""
+    sizes = {"--vocab-size": (args.vocab_size, range(8, args.vocab_size + 1)),
+             "--max-tokens": (args.max_tokens, range(3, args.max_tokens + 1)),
+             **limits.model_sizes(cfg)}
+
+    def config(values: dict) -> Config:
+        vocab = values["--vocab-size"]
+        return limits.with_model_sizes(cfg, values, src_vocab=vocab, tgt_vocab=vocab)
+
+    limits.check_fits("training", sizes, lambda v: limits.training_estimate(
+        config(v), rows=1, src_len=v["--max-tokens"], tgt_len=v["--max-tokens"],
+        update_freq=args.update_freq, attention=False))
+    del sizes["--max-tokens"]
+    check_decoding(args, sizes, lambda v: limits.state_estimate(config(v), args.update_freq),
+                   config)
+
+
+def check_decoding(args: argparse.Namespace, sizes: dict, kept, config) -> None:
+    """The test's beam search (``--beam`` x ``--eval-batch-size`` rows) fits, with ``kept(values)``
+    (the model state) in memory too."""
+    sizes = {**sizes, "--beam": (args.beam, range(1, args.beam + 1)),
+             "--eval-batch-size": (args.eval_batch_size, range(1, args.eval_batch_size + 1))}
+    limits.check_fits("beam search", sizes, lambda v: kept(v) + limits.decoding_estimate(
+        config(v), rows=v["--beam"] * v["--eval-batch-size"], params=False))
 
 
 def say(text: str) -> None:
@@ -208,7 +202,7 @@ def score_test(params: dict, cfg: Config, vocab: Vocab, test: ParallelText, stem
     return score
 
 
-def model_to_test(args: argparse.Namespace, state: train.TrainState) -> tuple[dict, str, dict]:
+def model_to_test(args: argparse.Namespace, state: TrainState) -> tuple[dict, str, dict]:
     """``(params, stem, info)`` of the model to test: the average of the last ``--average-last``
     checkpoints, or of the ``--average-best`` best by validation, saved as ``averaged.npz``; when
     there is only one to average, the final parameters (with ``--average-best``, the best)."""
@@ -242,8 +236,9 @@ def model_to_test(args: argparse.Namespace, state: train.TrainState) -> tuple[di
 
 
 def describe_run(args: argparse.Namespace, corpora: dict, vocab: Vocab, cfg: Config,
-                 test: ParallelText | None, plan: BatchPlan) -> str:
-    """The summary printed before training; ``plan`` is the first epoch's batches."""
+                 test: ParallelText | None, plan: BatchPlan, run_plan: Plan) -> str:
+    """The summary printed before training; ``plan`` is the first epoch's batches, ``run_plan``
+    the run's updates and schedule."""
     train_corpus, manifest = corpora["train"], corpora["train"].manifest
     world = distributed.world()
     per_update = (int(train_corpus.tgt_lengths.sum()) + len(train_corpus)) / len(plan) \
@@ -277,24 +272,14 @@ def describe_run(args: argparse.Namespace, corpora: dict, vocab: Vocab, cfg: Con
         f"batch  {plan.summary()} per epoch; <= {args.max_tokens} tokens x {args.update_freq} "
         + (f"x {world.size} workers " if world.distributed else "")
         + f"= ~{per_update:.0f} target tokens per update",
-        f"train  {run_steps(args, plan)} steps"
+        f"train  {run_plan.steps} steps"
         + (f" ({args.max_epochs:g} epochs of {epoch_updates(args, plan):.4g} updates)"
            if args.max_epochs else "")
-        + (f" or {args.time_limit:g} min" if args.time_limit else "")
-        + f", warmup {args.warmup}, {describe_schedule(args, cfg)}; run {args.out}"]
+        + (f" or {phases.describe_duration(args.time_limit)}" if args.time_limit else "")
+        + f", warmup {args.warmup}, {run_plan.schedule_words}; run {args.out}"]
     if world.distributed:
         lines.append(f"workers  {world.describe()}")
     return "\n".join(lines)
-
-
-def describe_schedule(args: argparse.Namespace, cfg: Config) -> str:
-    """The learning rate in words, for the line that already says when training ends."""
-    length = phases.describe(args.cooldown).removesuffix(" of the run") if args.cooldown else ""
-    cooldown = f", cool-down over the last {length}" if args.cooldown else ""
-    if args.schedule == "paper":
-        return f"the paper's schedule, lr factor {args.lr_factor:g}{cooldown}"
-    return (f"peak lr {peak_lr(args, cfg):.3g}, {args.schedule} decay to {args.min_lr:g} at the "
-            f"end{cooldown}")
 
 
 def prepare_data(args: argparse.Namespace) -> tuple[Vocab, dict, ParallelText | None]:
@@ -333,7 +318,7 @@ def subword_dropout(args: argparse.Namespace, vocab: Vocab,
     return sampler
 
 
-def final_summary(state: train.TrainState, score: BleuScore | None, seconds: float) -> str:
+def final_summary(state: TrainState, score: BleuScore | None, seconds: float) -> str:
     parts = [f"done: step {state.step}, {state.elapsed / 60:.1f} min of training, "
              f"{seconds / 60:.1f} min in all"]
     if "valid_ppl" in state.valid:
@@ -347,3 +332,29 @@ def final_summary(state: train.TrainState, score: BleuScore | None, seconds: flo
     if score is not None:
         parts.append(f"test BLEU {score.bleu:.2f} ({score.signature})")
     return "; ".join(parts)
+
+
+# ---- scoring a checkpoint ---------------------------------------------------------------------
+
+def score_checkpoint(args: argparse.Namespace) -> int:
+    """``--eval-only``: translate and score the test set with ``--checkpoint``."""
+    resolve_corpora(args)
+    test = read_test_set(args)
+    if test is None:
+        raise UsageError("--eval-only needs a test set: --testpref PREFIX, --test-src FILE "
+                         "--test-ref FILE, or --prepare DIR")
+    try:
+        params, cfg, vocab = translate.load_translator(args.checkpoint)
+    except translate.TranslateError as exc:
+        raise UsageError(str(exc)) from exc
+    check_decoding(args, {}, lambda v: limits.Estimate(), lambda v: cfg)
+    check_test_lengths(test, vocab, cfg, f"the model of {args.checkpoint}",
+                       fix="Score a model trained with a larger --max-len, or a test set "
+                           "without those lines")
+    step = checkpoint.load(args.checkpoint, with_optimizer=False).step
+    out_dir = args.out or os.path.dirname(os.path.abspath(args.checkpoint))
+    say(f"scoring {args.checkpoint} (step {step}) on {len(test)} test pairs; "
+        f"backend {backend.describe()}")
+    score_test(params, cfg, vocab, test, Path(args.checkpoint).stem, args, out_dir,
+               {"checkpoint": args.checkpoint, "step": step})
+    return 0

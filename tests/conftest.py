@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+from threadpoolctl import ThreadpoolController
 
 from minitfm import backend
 
@@ -15,6 +16,37 @@ settings.register_profile("default", deadline=None, print_blob=True,
 settings.register_profile("ci", parent=settings.get_profile("default"), derandomize=True)
 settings.load_profile("ci" if os.environ.get("CI") else "default")
 
+# The tests' models are tiny: a second BLAS thread costs more than it brings, and on a machine
+# whose cores are busy its waiting spins cost many times the work (a 300-update training, 2 s of
+# CPU on one thread, took 30 s on two). Each test, and the fixtures it sets up, start with one,
+# whatever an earlier test's placement set; commands the tests start choose their own threads.
+BLAS = ThreadpoolController()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    BLAS.limit(limits=1, user_api="blas")
+
+
+# Both cores of a 2-core machine: a plain `pytest` runs its files on as many pytest-xdist workers
+# as there are cores, up to 4, a file's tests on one worker (its module fixtures made once).
+# Not where `-n` was given, in a worker, for collection or --pdb, nor with `-m gpu` (one device,
+# and the GPU check times the run itself); without pytest-xdist the tests run in one process.
+MAX_WORKERS = 4
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    option = config.option
+    if (not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput")
+            or getattr(option, "numprocesses", None) is not None or option.collectonly
+            or option.usepdb or real_gpu_run(config)):
+        return
+    workers = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                  else os.cpu_count() or 1, MAX_WORKERS)
+    if workers > 1:
+        option.numprocesses, option.dist = workers, "loadfile"
+
 
 def cupy_device_available() -> bool:
     try:
@@ -22,6 +54,16 @@ def cupy_device_available() -> bool:
         return bool(cupy.is_available())
     except Exception:
         return False
+
+
+@pytest.fixture(autouse=True)
+def process_choices_restored():
+    """The precision and the kernels a test chooses are the process's (as a command's are):
+    put back afterwards, so that no other test runs in fp16 or with fused kernels by chance."""
+    from minitfm import fused
+    precision, kernels = backend.precision(), fused.choice()
+    yield
+    backend._precision, fused._choice = precision, kernels
 
 
 @pytest.fixture

@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitfm import average, checkpoint, exits, files, rundir
+from minitfm import average, checkpoint, exits, files
+from minitfm.training import rundir
 from minitfm.models import lm
 from tests.test_train_wmt import sentence_pairs, write_split
 
@@ -34,7 +35,7 @@ WMT = ["--layers", "1", "--d-model", "16", "--heads", "2", "--d-ff", "32", "--vo
        "--source-lang", "en", "--target-lang", "de", "--max-steps", "2"]
 LM = ["--layers", "1", "--d-model", "16", "--heads", "2", "--d-ff", "32", "--block-size", "16",
       "--batch-size", "4", "--warmup", "1", "--quiet", "--samples", "0", "--eval-blocks", "2",
-      "--steps", "2"]
+      "--max-steps", "2"]
 
 
 @pytest.fixture

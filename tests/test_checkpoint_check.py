@@ -247,8 +247,8 @@ def runs(tmp_path_factory) -> dict[str, tuple[Path, list]]:
     for split, n, seed in (("train", 300, 0), ("val", 30, 1)):
         write_split(base / split, *sentence_pairs(n, seed))
     made = {
-        "train_toy": ["train_toy.py", *TOY, "--steps", "{steps}", "--save-every", "2"],
-        "train_lm": ["train_lm.py", "--data", text, *LM, "--steps", "{steps}",
+        "train_toy": ["train_toy.py", *TOY, "--max-steps", "{steps}", "--save-every", "2"],
+        "train_lm": ["train_lm.py", "--data", text, *LM, "--max-steps", "{steps}",
                      "--save-every", "2"],
         "train_wmt": ["train_wmt.py", *WMT, "--trainpref", base / "train", "--validpref",
                       base / "val", "--max-steps", "{steps}", "--save-every", "2"],
@@ -291,7 +291,7 @@ def test_a_divergence_after_resuming_names_a_checkpoint_that_passes(runs, tmp_pa
     made, argv = runs["train_toy"]
     out = tmp_path / "run"
     shutil.copytree(made, out)
-    done = command(*[str(a).format(out=out) for a in argv], "--steps", "20",
+    done = command(*[str(a).format(out=out) for a in argv], "--max-steps", "20",
                    "--lr-factor", "1e6", "--warmup", "2")
     err = done.stderr.decode()
     assert done.returncode != 0 and "Traceback" not in err, err

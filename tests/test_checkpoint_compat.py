@@ -13,11 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitfm import checkpoint, generation, models, train, translate
+from minitfm import checkpoint, generation, models, translate
 from minitfm.models import lm, translator
 from tests.test_same_losses import (LM_LOSSES, TRANSLATOR_LOSSES, lm_batches, lm_config,
                                     logged_losses, options, translator_batches,
                                     translator_config)
+from tests.trainrun import train
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # what the code of that time printed for the translator checkpoint (beam 2, 2-best) ...
@@ -46,9 +47,8 @@ def test_old_checkpoints_resume_to_the_recorded_losses(name, config, batches, re
                                                        numpy_backend):
     shutil.copy(FIXTURES / name, tmp_path / "checkpoint_00000003.npz")
     ckpt = checkpoint.load(FIXTURES / name, with_optimizer=False)
-    state = train.train(config(), batches(),
-                        options(tmp_path, resume=True, vocab_id=ckpt.vocab_id,
-                                vocab_model=ckpt.vocab_model))
+    state = train(config(), batches(), options(tmp_path, resume=True), vocab_id=ckpt.vocab_id,
+                  vocab_model=ckpt.vocab_model)
     assert state.step == 6
     losses = logged_losses(tmp_path)
     np.testing.assert_allclose([losses[k] for k in (4, 5, 6)], recorded[3:], rtol=1e-6, atol=0)

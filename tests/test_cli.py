@@ -1,5 +1,9 @@
-"""minitfm.cli's process settings: keeping freed memory saves a step its page faults."""
+"""minitfm.cli's process settings: keeping freed memory saves a step its page faults. And the
+commands: the installed ones point at each command's main, and the scripts at the top of
+the repository run the same commands."""
 
+import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,3 +43,32 @@ def test_reused_memory_costs_no_page_faults():
     default, reused = faults("default"), faults("reuse")
     assert default > 20_000            # fresh pages every time: over 60,000 faults here
     assert reused < default / 10
+
+
+COMMANDS = {"minitfm-train-toy", "minitfm-train-wmt", "minitfm-train-lm", "minitfm-translate",
+            "minitfm-average", "minitfm-plot", "minitfm-gradcheck", "minitfm-kernelcheck",
+            "minitfm-export"}
+
+
+def project_scripts() -> dict[str, str]:
+    """pyproject.toml's [project.scripts] (read plainly: tomllib is Python 3.11's)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    table = text.split("[project.scripts]\n", 1)[1].split("\n[", 1)[0]
+    return dict(re.findall(r'^([\w-]+) = "([\w.:]+)"$', table, flags=re.M))
+
+
+def test_every_installed_command_is_a_commands_main():
+    scripts = project_scripts()
+    assert set(scripts) == COMMANDS
+    for name, target in scripts.items():
+        module, _, function = target.partition(":")
+        assert function == "main", name
+        assert callable(getattr(importlib.import_module(module), function)), name
+
+
+@pytest.mark.parametrize("script", ["train_toy.py", "train_wmt.py", "train_lm.py"])
+def test_the_scripts_at_the_top_run_the_commands(script):
+    done = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: {script} ") and "--max-steps" in done.stdout

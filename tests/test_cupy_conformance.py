@@ -26,10 +26,10 @@ import numpy
 import pytest
 
 from .conftest import cupy_double
+from .cupy_signatures import doc_parameters, parameters, same_parameters
 
 
 pytestmark = pytest.mark.cupy
-NO_DEFAULT = "<required>"
 
 
 @pytest.fixture(scope="module")
@@ -66,84 +66,6 @@ def double(real, rules):
     with cupy_double(rules, devices=2) as module:
         assert module is not real
         yield module
-
-
-# ---- signatures ------------------------------------------------------------------------------
-
-def _default_text(value) -> str:
-    if value is inspect.Parameter.empty:
-        return NO_DEFAULT
-    if isinstance(value, type):
-        return value.__name__ if value.__module__ == "builtins" else f"numpy.{value.__name__}"
-    return repr(value)
-
-
-def _split_top_level(text: str) -> list[str]:
-    parts, depth, current = [], 0, ""
-    for char in text:
-        if char in "([{":
-            depth += 1
-        elif char in ")]}":
-            depth -= 1
-        if char == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += char
-    return parts + ([current] if current.strip() else [])
-
-
-def _doc_parameters(doc: str) -> list[tuple[str, str]]:
-    """Parameters from the first line of a Cython docstring (``embedsignature``):
-    ``_ndarray_base.sum(self, axis=None, dtype=None, out=None, keepdims=False) -> ...``; Cython
-    types (``int axis=-1``, ``_ndarray_base b``) are dropped, ``u'C'`` read as ``'C'``."""
-    first = doc.strip().splitlines()[0].replace("\\*", "*")
-    match = re.match(r"^[\w.]+\((.*)\)(\s*->.*)?$", first)
-    assert match, f"no signature in the docstring line {first!r}"
-    result = []
-    for part in _split_top_level(match.group(1)):
-        part = part.strip()
-        if part in ("/", "self", ""):
-            continue
-        if part.startswith("**") or part.startswith("*"):
-            result.append((part.split()[-1], "*"))
-            continue
-        head, eq, default = part.partition("=")
-        name = head.split()[-1]
-        if eq:
-            default = re.sub(r"^u'", "'", default.strip())
-            default = {"float": "float"}.get(default, default)
-        result.append((name, default if eq else NO_DEFAULT))
-    return result
-
-
-def _parameters(function) -> list[tuple[str, str]]:
-    """``(name, default)`` of each parameter, ``self`` and positional-only markers left out;
-    ``*args``, ``**kwargs`` and the keyword-only marker ``*`` as ``(name, "*")``."""
-    try:
-        signature = inspect.signature(function)
-    except (TypeError, ValueError):
-        return _doc_parameters(function.__doc__ or "")
-    result, star = [], False
-    for p in signature.parameters.values():
-        if p.name == "self":
-            continue
-        if p.kind is p.VAR_POSITIONAL:
-            result.append(("*" + p.name, "*"))
-            star = True
-        elif p.kind is p.VAR_KEYWORD:
-            result.append(("**" + p.name, "*"))
-        else:
-            if p.kind is p.KEYWORD_ONLY and not star:
-                result.append(("*", "*"))
-                star = True
-            result.append((p.name, _default_text(p.default)))
-    return result
-
-
-def _same_parameters(mine, theirs, what: str) -> list[str]:
-    a, b = _parameters(mine), _parameters(theirs)
-    return [] if a == b else [f"{what}: the double has {a}, CuPy has {b}"]
 
 
 def _public(namespace) -> dict:
@@ -189,13 +111,13 @@ def test_every_routine_exists_in_cupy_with_the_same_parameters(double, real):
             continue          # classes: their methods are checked below
         if name == "matmul":
             continue          # test_matmul_keywords
-        problems += _same_parameters(mine, theirs, f"cupy.{name}")
+        problems += same_parameters(mine, theirs, f"cupy.{name}")
     for name, mine in _public(double.linalg).items():
         if callable(mine) and not isinstance(mine, types.ModuleType):
             if not hasattr(real.linalg, name):
                 problems.append(f"cupy.linalg.{name} is missing")
             elif name != "matmul":
-                problems += _same_parameters(mine, getattr(real.linalg, name), f"cupy.linalg.{name}")
+                problems += same_parameters(mine, getattr(real.linalg, name), f"cupy.linalg.{name}")
     assert not problems, "\n".join(problems)
 
 
@@ -210,8 +132,8 @@ def test_ndarray_methods_exist_in_cupy_with_the_same_parameters(double, real):
         mine = inspect.getattr_static(double.ndarray, name)
         if isinstance(mine, property):
             continue
-        problems += _same_parameters(getattr(double.ndarray, name), getattr(real.ndarray, name),
-                                     f"cupy.ndarray.{name}")
+        problems += same_parameters(getattr(double.ndarray, name), getattr(real.ndarray, name),
+                                    f"cupy.ndarray.{name}")
     assert not problems, "\n".join(problems)
 
 
@@ -264,7 +186,7 @@ def test_ufuncs_refuse_the_keywords_cupy_refuses(double, real):
             if a != b:
                 problems.append(f"cupy.{name}({keyword}=...): the double "
                                 f"{'accepts' if a else 'refuses'} it, CuPy {'accepts' if b else 'refuses'}")
-        doc = _doc_parameters(theirs.__doc__)
+        doc = doc_parameters(theirs.__doc__)
         if {n for n, _ in doc} - {"x", "x1", "x2", "*"} != set(GOOD_KEYWORDS):
             problems.append(f"cupy.{name} documents {doc}")
     assert not problems, "\n".join(problems)
@@ -280,7 +202,7 @@ def test_einsum_takes_only_dtype_and_optimize(double, real):
     popped = set(re.findall(r"kwargs\.pop\('(\w+)'", source))
     assert popped == {"dtype", "optimize"}, popped
     assert "Did not understand the following kwargs: %s" in source
-    assert _parameters(double.einsum) == _parameters(real.einsum) == [("*operands", "*"), ("**kwargs", "*")]
+    assert parameters(double.einsum) == parameters(real.einsum) == [("*operands", "*"), ("**kwargs", "*")]
     x = double.ones((2, 3))
     for keyword in ("out", "order", "casting"):
         with pytest.raises(TypeError, match=rf"Did not understand the following kwargs: \['{keyword}'\]"):
@@ -292,7 +214,7 @@ def test_matmul_keywords(double, real, rules):
     call = type(real.matmul).__call__
     try:
         inspect.signature(call)
-        explicit = [n for n, _ in _parameters(call) if not n.startswith("*")]
+        explicit = [n for n, _ in parameters(call) if not n.startswith("*")]
     except (TypeError, ValueError):
         explicit = []
     if not explicit:      # (*args, **kwargs): the keywords it pops, from its source
@@ -307,7 +229,7 @@ def test_matmul_keywords(double, real, rules):
     with pytest.raises(unknown):
         double.matmul(x, x, foo=1)
     if rules == "14":
-        assert _parameters(type(double.matmul).__call__) == _parameters(call)
+        assert parameters(type(double.matmul).__call__) == parameters(call)
 
 
 def test_generator_has_cupys_methods_only(double, real):
@@ -317,9 +239,9 @@ def test_generator_has_cupys_methods_only(double, real):
     assert not {"choice", "permutation", "shuffle", "normal", "bytes"} & theirs
     problems = []
     for name in sorted(mine):
-        problems += _same_parameters(getattr(double.random.Generator, name),
-                                     getattr(real.random.Generator, name), f"Generator.{name}")
-    problems += _same_parameters(double.random.default_rng, real.random.default_rng, "default_rng")
+        problems += same_parameters(getattr(double.random.Generator, name),
+                                    getattr(real.random.Generator, name), f"Generator.{name}")
+    problems += same_parameters(double.random.default_rng, real.random.default_rng, "default_rng")
     assert not problems, "\n".join(problems)
 
 
@@ -328,6 +250,7 @@ def test_cuda_names_and_errors(double, real):
     for path in ("Device", "Stream", "get_current_stream", "runtime.getDeviceCount",
                  "runtime.getDevice", "runtime.setDevice", "runtime.getDeviceProperties",
                  "runtime.memGetInfo", "runtime.deviceSynchronize", "runtime.CUDARuntimeError",
+                 "runtime.runtimeGetVersion", "runtime.driverGetVersion", "Device.compute_capability",
                  "memory.OutOfMemoryError", "MemoryPointer", "Device.use", "Device.synchronize",
                  "Stream.synchronize", "Stream.use"):
         mine, theirs = double.cuda, real.cuda
@@ -339,13 +262,43 @@ def test_cuda_names_and_errors(double, real):
             problems.append(f"cupy.cuda.{path} is missing in the double")
         elif path in ("Stream", "runtime.getDeviceProperties", "runtime.setDevice",
                       "get_current_stream"):
-            problems += _same_parameters(mine, theirs, f"cupy.cuda.{path}")
+            problems += same_parameters(mine, theirs, f"cupy.cuda.{path}")
     assert not problems, "\n".join(problems)
     assert issubclass(real.cuda.runtime.CUDARuntimeError, RuntimeError)
     assert issubclass(double.cuda.runtime.CUDARuntimeError, RuntimeError)
     assert str(double.cuda.runtime.CUDARuntimeError(101)) == str(real.cuda.runtime.CUDARuntimeError(101))
     assert str(double.cuda.memory.OutOfMemoryError(1024, 512)) == str(real.cuda.memory.OutOfMemoryError(1024, 512))
     assert issubclass(double.cuda.memory.OutOfMemoryError, MemoryError)
+
+
+COMPUTE_TYPES = ("TBD", "DEFAULT", "PEDANTIC", "FP16", "FP32", "FP64", "BF16", "TF32")
+
+
+def test_compute_types_match(double, real):
+    """cupy._core.set_compute_type / get_compute_type and the COMPUTE_TYPE_* constants of
+    cupy._core._routines_linalg: the same values, parameters and refusals (those that need no
+    device; the compute-capability warning is read from the v14.2.0 source, RULES.md)."""
+    from cupy._core import _routines_linalg as mine      # the double's, while it is `cupy`
+    theirs = importlib.import_module(real.__name__ + "._core._routines_linalg")
+    for name in COMPUTE_TYPES:
+        assert getattr(mine, f"COMPUTE_TYPE_{name}") == getattr(theirs, f"COMPUTE_TYPE_{name}")
+    problems = []
+    for name in ("set_compute_type", "get_compute_type"):
+        problems += same_parameters(getattr(double._core, name), getattr(real._core, name),
+                                    f"cupy._core.{name}")
+    assert not problems, "\n".join(problems)
+    for module in (double, real):
+        with pytest.raises(ValueError, match="^Unknown compute type: 99$"):
+            module._core.set_compute_type(numpy.float32, 99)
+        with pytest.raises(TypeError, match="dtype is not supported: int32"):
+            module._core.set_compute_type(numpy.dtype(numpy.int32), 1)
+    refusals = []
+    for module in (double, real):
+        try:
+            module._core.get_compute_type(numpy.int32)
+        except Exception as exc:             # CuPy 14 reads `.name` of the type: AttributeError
+            refusals.append(type(exc))
+    assert len(refusals) == 2 and refusals[0] is refusals[1], refusals
 
 
 def _nccl_documentation() -> str:
@@ -387,3 +340,45 @@ def test_the_double_is_stricter_than_numpy_where_cupy_is(double):
     with pytest.raises(TypeError, match="Unsupported type <class 'numpy.ndarray'>"):
         x + numpy.ones(3)
     assert "cupy" in sys.modules and sys.modules["cupy"] is double
+
+
+def test_raw_kernel_has_cupys_parameters(double, real):
+    """cupy.RawKernel (cupy/_core/raw.pyx): the constructor's parameters, read from the class's
+    docstring (Cython embeds the signature there), and ``__call__(grid, block, args, *,
+    shared_mem=0)`` from its docstring's second signature line."""
+    from .cupy_signatures import parameters
+    theirs = doc_parameters(real.RawKernel.__doc__)
+    assert parameters(double.RawKernel.__init__) == theirs, theirs
+    call_doc = [line for line in real.RawKernel.__call__.__doc__.splitlines()
+                if line.strip().startswith("__call__(")][0].replace("__call__", "RawKernel.__call__")
+    assert parameters(double.RawKernel.__call__) == doc_parameters(call_doc)
+
+
+def _cublas_documentation() -> str:
+    """The text of CuPy's cuBLAS binding: gemmEx's docstring where libcublas loads, else the
+    strings compiled into the extension module (the docstrings are among them)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from cupy_backends.cuda.libs import cublas
+        return cublas.gemmEx.__doc__ or ""
+    except ImportError:
+        spec = importlib.util.find_spec("cupy_backends.cuda.libs.cublas")
+        assert spec is not None and spec.origin, "CuPy ships no cuBLAS binding"
+        with open(spec.origin, "rb") as f:
+            return f.read().decode("latin-1")
+
+
+def test_gemm_ex_and_its_constants_match(double, real):
+    """The double's ``cupy.cuda.cublas.gemmEx`` (mixed precision's products) has the binding's
+    parameters, ``cupy.cuda.get_cublas_handle`` exists, and the data types it is given are
+    CuPy's numbers (cuBLAS's enum values, CUBLAS_OP_N 0 / T 1, CUBLAS_COMPUTE_32F 68,
+    CUBLAS_GEMM_DEFAULT_TENSOR_OP 99, are cuBLAS's ABI: cublas_api.h)."""
+    from .cupy_signatures import parameters
+    text = _cublas_documentation()
+    line = re.search(r"gemmEx\((intptr_t handle[^)]*)\)", text)
+    assert line, "no gemmEx signature in CuPy's cuBLAS binding"
+    assert parameters(double.cuda.cublas.gemmEx) == doc_parameters(f"gemmEx({line.group(1)})")
+    assert callable(real.cuda.get_cublas_handle) and callable(double.cuda.get_cublas_handle)
+    assert (double.cuda.runtime.CUDA_R_16F, double.cuda.runtime.CUDA_R_32F) == \
+        (real.cuda.runtime.CUDA_R_16F, real.cuda.runtime.CUDA_R_32F)

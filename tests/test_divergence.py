@@ -1,4 +1,4 @@
-"""Tests of minitfm.divergence: NaN and Inf in a logged window, a loss far above chance (at once)
+"""Tests of minitfm.training.divergence: NaN and Inf in a logged window, a loss far above chance (at once)
 or above twice chance for windows in a row, the warmup included, and which checkpoint the error
 names as good."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from minitfm import divergence
-from minitfm.divergence import (DIVERGED_WINDOWS, FAR_ABOVE_CHANCE, DivergenceWatch,
+from minitfm.training import divergence
+from minitfm.training.divergence import (DIVERGED_WINDOWS, FAR_ABOVE_CHANCE, DivergenceWatch,
                                  TrainingDiverged)
 
 
@@ -121,7 +121,7 @@ def test_a_run_that_diverges_in_the_warmup_stops_at_the_first_log_line(tmp_path)
     done = subprocess.run(
         [sys.executable, str(root / "train_toy.py"), "--task", "copy", "--length", "5", "--vocab",
          "5", "--batch-size", "8", "--preset", "tiny", "--eval-size", "10", "--quiet",
-         "--steps", "200", "--warmup", "1000", "--lr-factor", "1e5", "--clip-norm", "1",
+         "--max-steps", "200", "--warmup", "1000", "--lr-factor", "1e5", "--clip-norm", "1",
          "--out", str(out)],
         capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": str(root), "MINITFM_BACKEND": "numpy"})

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from minitfm import gradcheck
+from minitfm.gradcheck.cases import CASES, MODEL_CASES
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "gradients.md"
@@ -65,7 +65,7 @@ def test_section_check_command_runs_checks(name):
     text = sections().get(name, "")
     commands = re.findall(r"^python -m minitfm\.gradcheck (.+)$", text, flags=re.M)
     assert commands, f"{name}: the section gives no gradient-check command"
-    names = [case.name.lower() for case in gradcheck.CASES + gradcheck.MODEL_CASES]
+    names = [case.name.lower() for case in CASES + MODEL_CASES]
     for command in commands:
         (only,) = shlex.split(command)
         assert any(only.lower() in case for case in names), (

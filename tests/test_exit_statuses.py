@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitfm import checkpoint, exits
-from minitfm.rundir import HOLDER_NAME, LOCK_NAME
+from minitfm import checkpoint, cli, exits
+from minitfm.training.rundir import HOLDER_NAME, LOCK_NAME
 from tests.test_translate import vocab, write_checkpoint  # noqa: F401  (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "MINITFM_BACKEND": "numpy"}
 TOY = ["--task", "copy", "--length", "5", "--vocab", "5", "--batch-size", "8", "--preset", "tiny",
        "--eval-size", "10", "--examples", "0", "--quiet"]
-LM = ["--steps", "4", "--warmup", "1", "--layers", "1", "--d-model", "16", "--heads", "2",
+LM = ["--max-steps", "4", "--warmup", "1", "--layers", "1", "--d-model", "16", "--heads", "2",
       "--d-ff", "16", "--block-size", "8", "--batch-size", "2", "--samples", "0", "--quiet"]
 TEXT = "the quick brown fox jumps over the lazy dog.\n" * 40
 
@@ -63,7 +63,7 @@ def assert_intact(saved: dict[str, bytes], directory: Path) -> None:
 def toy_run(tmp_path_factory):
     """A finished train_toy.py run: its directory."""
     out = tmp_path_factory.mktemp("toy") / "run"
-    code, _, err = command("train_toy.py", *TOY, "--steps", 3, "--save-every", 1, "--out", out)
+    code, _, err = command("train_toy.py", *TOY, "--max-steps", 3, "--save-every", 1, "--out", out)
     assert code == exits.DONE, err
     return out
 
@@ -84,9 +84,9 @@ def test_the_table():
     assert (exits.DONE, exits.FAILED, exits.BAD_INPUT) == (0, 1, 2)
     assert exits.for_signal(signal.SIGINT) == 130 and exits.for_signal(signal.SIGTERM) == 143
     from minitfm.checkpoint import CheckpointError
-    from minitfm.cli import UsageError
-    from minitfm.rundir import RunDirectoryBusy, WriteFailed
-    from minitfm.train import TrainingDiverged
+    from minitfm.exits import UsageError
+    from minitfm.training.divergence import TrainingDiverged
+    from minitfm.training.rundir import RunDirectoryBusy, WriteFailed
     for error in (UsageError("x"), CheckpointError("x"), FileNotFoundError("x"),
                   RunDirectoryBusy("x"), PermissionError(13, "x"),
                   json.JSONDecodeError("x", "{", 1), UnicodeDecodeError("utf-8", b"\xff", 0, 1, "x")):
@@ -102,14 +102,35 @@ def test_the_table():
 
 def test_train_toy(toy_run, tmp_path):
     saved = snapshot(toy_run)
-    assert_error(command("train_toy.py", *TOY, "--steps", 0), 2)                 # argparse
+    assert_error(command("train_toy.py", *TOY, "--max-steps", 0), 2)                 # argparse
     assert_error(command("train_toy.py", *TOY, "--length", 70, "--out", tmp_path / "a"), 2,
                  "--length 70 is too long")
-    assert_error(command("train_toy.py", *TOY, "--steps", 5, "--out", toy_run), 2,
+    assert_error(command("train_toy.py", *TOY, "--max-steps", 5, "--out", toy_run), 2,
                  "already holds checkpoints")                        # needs --resume
-    assert_error(command("train_toy.py", *TOY, "--steps", 5, "--out", toy_run, "--resume",
-                         "--seed", 9), 2, "belongs to another run")
+    assert_error(command("train_toy.py", *TOY, "--max-steps", 5, "--out", toy_run, "--resume",
+                         "--seed", 9), 2, "cannot resume")
     assert_intact(saved, toy_run)
+    a_file = tmp_path / "notes.txt"                  # issue: status 1, and advice to --resume
+    a_file.write_text("my notes\n")
+    for resume in ((), ("--resume",)):
+        assert_error(command("train_toy.py", *TOY, "--max-steps", 5, "--out", a_file, *resume), 2,
+                     f"--out {a_file} is a file, not a run directory: give a directory")
+    assert a_file.read_text() == "my notes\n"
+
+
+@pytest.mark.gpu
+def test_out_of_memory_names_the_device_its_memory_and_what_to_lower(cupy_backend, capsys):
+    """The issue: "out of memory: ...; use smaller sizes" said nothing of the GPU. Here the
+    device's own error (the CuPy double's memory is bounded, as a GPU's)."""
+    total = cupy_backend.cuda.runtime.getDeviceProperties(0)["totalGlobalMem"]
+    status = cli.report_errors(lambda: cupy_backend.zeros(total + 1, dtype="uint8") is None,
+                               sizes="--max-tokens")
+    err = capsys.readouterr().err
+    assert status == exits.FAILED and err.count("error:") == 1 and "Traceback" not in err
+    name = cupy_backend.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    assert err.startswith(f"error: out of memory on GPU 0 ({name}, {total / 2**30:.1f} GiB): "
+                          f"Out of memory allocating ")
+    assert err.rstrip().endswith("; lower --max-tokens, or use a device with more memory")
 
 
 def test_a_checkpoint_with_a_renamed_parameter_is_bad_input(toy_run, tmp_path):
@@ -129,7 +150,7 @@ def test_a_checkpoint_with_a_renamed_parameter_is_bad_input(toy_run, tmp_path):
     with open(target, "wb") as f:
         np.savez(f, **arrays)
     saved = snapshot(run)
-    assert_error(command("train_toy.py", *TOY, "--steps", 5, "--out", run, "--resume"), 2,
+    assert_error(command("train_toy.py", *TOY, "--max-steps", 5, "--out", run, "--resume"), 2,
                  "renamed.")
     assert_intact(saved, run)
 
@@ -137,7 +158,7 @@ def test_a_checkpoint_with_a_renamed_parameter_is_bad_input(toy_run, tmp_path):
 def test_train_toy_signal(tmp_path):
     out = tmp_path / "run"
     process = subprocess.Popen([sys.executable, str(ROOT / "train_toy.py"), *TOY,
-                                "--steps", "100000", "--out", str(out)],
+                                "--max-steps", "100000", "--out", str(out)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     deadline = time.monotonic() + 60
     while not (out / "log.jsonl").exists():
@@ -161,7 +182,7 @@ def test_train_lm(text_file, tmp_path):
                          "--out", tmp_path / "b"), 2, "missing.txt")
     assert_error(command("train_lm.py", "--sample", "--checkpoint", tmp_path / "missing.npz"), 2,
                  "missing.npz")
-    assert_error(command("train_lm.py", "--data", text_file, *LM, "--steps", 6, "--d-model", 32,
+    assert_error(command("train_lm.py", "--data", text_file, *LM, "--max-steps", 6, "--d-model", 32,
                          "--out", out, "--resume"), 2, "--d-model")
     code, sample, err = command("train_lm.py", "--sample", "--checkpoint",
                                 checkpoint.latest(out), "--max-new-tokens", 5)
@@ -238,12 +259,21 @@ def test_gradcheck():
                  2, "CuPy")
     code, out, err = command("-m", "minitfm.gradcheck", "layernorm")
     assert code == exits.DONE and "0 failed" in out, err
-    code, out, err = command("-m", "minitfm.gradcheck", "layernorm", "--tolerance", -1)
+    # issue: accepted, and every check "failed" (1); --seed -1 a traceback
+    for option, value, words in (("--tolerance", "nan", "a finite number > 0"),
+                                 ("--tolerance", -1, "a finite number > 0"),
+                                 ("--seed", -1, "an integer >= 0")):
+        assert_error(command("-m", "minitfm.gradcheck", "layernorm", option, value), 2,
+                     f"argument {option}: must be {words}")
+    code, out, err = command("-m", "minitfm.gradcheck", "layernorm", "--tolerance", 1e-30)
     assert code == exits.FAILED and "FAIL" in out, err              # a check that fails
 
 
 def test_export(toy_run, tmp_path):
     assert_error(command("-m", "minitfm.export", "x.npz", "--to", "onnx", "--out", "y"), 2)
+    for option, value in (("--lenpen", "nan"), ("--lenpen", -1), ("--beam", 0)):   # as anywhere
+        assert_error(command("-m", "minitfm.export", "x.npz", "--to", "ctranslate2", "--out", "y",
+                             option, value), 2, f"argument {option}: must be a")
     assert_error(command("-m", "minitfm.export", tmp_path / "none.npz", "--to", "safetensors",
                          "--out", tmp_path / "m.safetensors"), 2, "none.npz")
     assert not (tmp_path / "m.safetensors").exists()

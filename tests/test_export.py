@@ -20,14 +20,18 @@ import sys
 import numpy as np
 import pytest
 
-from minitfm import backend, checkpoint, decode, generation, tasks, train
+from minitfm import backend, checkpoint, decode, generation, tasks
+from minitfm.beam import beam_search, pad_batch
 from minitfm.models import lm
 from minitfm.models import translator as model
 from minitfm.data import text as textdata
+from minitfm.data.tokenizers import CharTokenizer
 from minitfm.data.vocab import train_vocab
 from minitfm.export import source
 from minitfm.export.__main__ import main
 from minitfm.export.source import ExportError
+from minitfm.training.state import TrainOptions
+from tests.trainrun import train
 from minitfm.usable import UnusableCheckpoint
 
 HAVE = {name: importlib.util.find_spec(name) is not None for name in ("ctranslate2", "safetensors")}
@@ -71,9 +75,9 @@ def translator(request, vocab, tmp_path_factory):
     run = tmp_path_factory.mktemp("translator")
     batches = tasks.train_batches("copy", vocab=vocab.size - tasks.FIRST_SYMBOL, length=5,
                                   batch_size=32, seed=0)
-    train.train(cfg, batches, train.TrainOptions(
-        steps=100, warmup=40, lr_factor=2.0, out_dir=str(run / "run"), progress=False,
-        log_every=100, vocab_id=vocab.identifier, vocab_model=vocab.serialized_model()))
+    train(cfg, batches, TrainOptions(max_steps=100, warmup=40, lr_factor=2.0,
+                                     out_dir=str(run / "run"), progress=False, log_every=100),
+          vocab_id=vocab.identifier, vocab_model=vocab.serialized_model())
     path = checkpoint.latest(run / "run")
     assert main([path, "--to", "ctranslate2", "--out", str(run / "ct2"), "--lenpen", "0"]) == 0
     return path, str(run / "ct2")
@@ -132,13 +136,14 @@ def check_equal(ours, theirs, margin_of, what):
     assert len(ties) <= ALLOWED_TIES * len(ours), f"{what}: {len(ties)} near-ties"
 
 
-def ctranslate2_outputs(translator_dir, sentences, beam):
+def ctranslate2_outputs(translator_dir, sentences, beam, compute_type="default"):
     import ctranslate2
     from minitfm.export import ctranslate2 as export_ct2
     with open(os.path.join(translator_dir, "shared_vocabulary.json"), encoding="utf-8") as f:
         tokens = json.load(f)
     ids = {token: i for i, token in enumerate(tokens)}
-    engine = ctranslate2.Translator(translator_dir, device="cpu", intra_threads=1)
+    engine = ctranslate2.Translator(translator_dir, device="cpu", intra_threads=1,
+                                    compute_type=compute_type)
     results = engine.translate_batch(
         [[tokens[i] for i in s] for s in sentences], return_scores=True,
         **export_ct2.translate_kwargs(beam, 0.0, MAX_OUT, 32))
@@ -152,7 +157,7 @@ def test_greedy_is_minitfm_token_for_token(translator):
     path, exported = translator
     params, cfg = load_params(path)
     sentences = test_sources(cfg)
-    ours = decode.greedy(params, cfg, decode.pad_batch(sentences, cfg), max_len=MAX_OUT)
+    ours = decode.greedy(params, cfg, pad_batch(sentences, cfg), max_len=MAX_OUT)
     theirs, _ = ctranslate2_outputs(exported, sentences, beam=1)
     assert len({len(o) for o in ours}) > 1, "the test model should not be this trivial"
     check_equal(ours, theirs, lambda i, a, b: first_step_margin(
@@ -164,7 +169,7 @@ def test_beam_4_is_minitfm_token_for_token_and_scores_agree(translator):
     path, exported = translator
     params, cfg = load_params(path)
     sentences = test_sources(cfg)
-    found = decode.beam_search(params, cfg, decode.pad_batch(sentences, cfg), beam=4, alpha=0.0,
+    found = beam_search(params, cfg, pad_batch(sentences, cfg), beam=4, alpha=0.0,
                                max_len=MAX_OUT)
     ours, our_scores = [h[0][0] for h in found], [h[0][1] for h in found]
     theirs, their_scores = ctranslate2_outputs(exported, sentences, beam=4)
@@ -204,7 +209,7 @@ STORY = "\n".join(f"{name} {verb} {thing}." for name in ("anna", "bob", "the cat
 @pytest.fixture(scope="module", params=list(LANGUAGE_MODELS))
 def language_model(request, tmp_path_factory):
     pre_ln, learned = LANGUAGE_MODELS[request.param]
-    tokenizer = textdata.CharTokenizer.from_text(STORY)
+    tokenizer = CharTokenizer.from_text(STORY)
     tokens = tokenizer.encode(STORY * 4)
     cfg = lm.LMConfig(vocab=tokenizer.size, n_layers=2, d_model=32, d_ff=64, n_heads=4,
                       pre_ln=pre_ln, learned_positions=learned, max_len=32)
@@ -216,10 +221,9 @@ def language_model(request, tmp_path_factory):
             yield textdata.random_blocks(tokens, 16, 32, 0, step)
             step += 1
 
-    train.train(cfg, batches, train.TrainOptions(
-        steps=100, warmup=20, lr_factor=2.0, out_dir=str(run / "run"), progress=False,
-        log_every=100, vocab_id=f"char:{tokenizer.identifier}",
-        vocab_model=tokenizer.as_array().tobytes()))
+    train(cfg, batches, TrainOptions(max_steps=100, warmup=20, lr_factor=2.0,
+                                     out_dir=str(run / "run"), progress=False, log_every=100),
+          vocab_id=f"char:{tokenizer.identifier}", vocab_model=tokenizer.as_array().tobytes())
     path = checkpoint.latest(run / "run")
     assert main([path, "--to", "ctranslate2", "--out", str(run / "ct2")]) == 0
     return path, str(run / "ct2"), tokenizer, tokens
@@ -422,17 +426,71 @@ def test_a_length_penalty_warns_and_records_ctranslate2s_equivalent(translator, 
     assert settings["minitfm"]["alpha"] == 0.6
 
 
+# ---- int8 --------------------------------------------------------------------------------------
+
+INT8_SCORE_BOUND = 0.1      # nats per token: int8 weights, float32 arithmetic, against float32
+
+
+@pytest.fixture(scope="module")
+def confident_translator(vocab, tmp_path_factory):
+    """A model that has learned the copy task (on sequences of 5): every greedy step wins by
+    several nats (at least 3.2 over six seeds), so that an output is the model's, not a
+    rounding's."""
+    cfg = translator_config(vocab.size, pre_ln=False, share=True)
+    run = tmp_path_factory.mktemp("confident")
+    symbols = vocab.size - tasks.FIRST_SYMBOL
+    train(cfg, tasks.train_batches("copy", vocab=symbols, length=5, batch_size=64, seed=0),
+          TrainOptions(max_steps=500, warmup=100, lr_factor=0.5, out_dir=str(run / "run"),
+                       progress=False, log_every=500),
+          vocab_id=vocab.identifier, vocab_model=vocab.serialized_model())
+    inputs, _ = tasks.held_out("copy", 100, vocab=symbols, length=5, seed=0)
+    return checkpoint.latest(run / "run"), inputs.tolist()
+
+
 @needs["ctranslate2"]
-def test_an_int8_export_loads_and_translates(translator, tmp_path):
-    path, _ = translator
+def test_an_int8_export_stores_int8_weights_that_translate_as_minitfm(confident_translator,
+                                                                      tmp_path):
+    """What the export guarantees on every machine, and only that. CTranslate2's int8 products
+    round differently by instruction set: AVX2 multiplies u8 x s8 pairs into int16 that can
+    saturate (a token's log-probability off by 3 nats was seen), AVX-512 VNNI does not. So the
+    int8 arithmetic is only run, not compared. The stored weights are compared: loaded with
+    float32 arithmetic, the int8 export scores every token of minitfm's output within
+    INT8_SCORE_BOUND of float32 minitfm (weight rounding alone: at most 0.019 over six seeds),
+    and wherever minitfm's every greedy step wins by more than twice the bound, it translates as
+    minitfm does."""
+    import ctranslate2
+    path, sentences = confident_translator
     params, cfg = load_params(path)
-    assert main([path, "--to", "ctranslate2", "--quantization", "int8", "--lenpen", "0",
-                 "--out", str(tmp_path / "int8")]) == 0
-    sentences = test_sources(cfg, n=50)
-    ours = decode.greedy(params, cfg, decode.pad_batch(sentences, cfg), max_len=MAX_OUT)
-    theirs, _ = ctranslate2_outputs(str(tmp_path / "int8"), sentences, beam=1)
-    # int8 weights round: most, not all, outputs stay the same
-    assert sum(a == b for a, b in zip(ours, theirs)) >= 0.5 * len(ours)
+    for quantization in ("int8", "float32"):
+        assert main([path, "--to", "ctranslate2", "--quantization", quantization, "--lenpen", "0",
+                     "--out", str(tmp_path / quantization)]) == 0
+    size = {q: (tmp_path / q / "model.bin").stat().st_size for q in ("int8", "float32")}
+    assert size["int8"] < 0.4 * size["float32"], size                 # int8 weights, stored
+    out = str(tmp_path / "int8")
+    tokens = json.loads((tmp_path / "int8" / "shared_vocabulary.json").read_text(encoding="utf-8"))
+    ours = decode.greedy(params, cfg, pad_batch(sentences, cfg), max_len=MAX_OUT)
+
+    # int8 arithmetic, as a user runs it: an output for every sentence, within the length limit
+    assert ctranslate2.Translator(out, device="cpu").compute_type.startswith("int8")
+    outputs, scores = ctranslate2_outputs(out, sentences, beam=1)
+    assert all(len(o) <= MAX_OUT for o in outputs) and np.isfinite(scores).all()
+
+    # the stored weights, with float32 arithmetic
+    theirs, _ = ctranslate2_outputs(out, sentences, beam=1, compute_type="float32")
+    scored = ctranslate2.Translator(out, device="cpu", intra_threads=1,
+                                    compute_type="float32").score_batch(
+        [[tokens[i] for i in s] for s in sentences], [[tokens[i] for i in o] for o in ours])
+    decided = 0
+    for src, mine, score, their_output in zip(sentences, ours, scored, theirs):
+        lp = log_probs(params, cfg, src, mine)                         # (len(mine) + 1, V)
+        target = mine + [cfg.eos_id]
+        np.testing.assert_allclose(score.log_probs, lp[np.arange(len(target)), target],
+                                   atol=INT8_SCORE_BOUND)
+        top2 = np.sort(lp, axis=-1)[:, -2:]
+        if (top2[:, 1] - top2[:, 0]).min() > 2 * INT8_SCORE_BOUND:
+            decided += 1
+            assert their_output == mine
+    assert decided >= 0.9 * len(sentences), "the test model should have learned the task"
 
 
 def test_help_runs():

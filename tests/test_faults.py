@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import gzip
-import importlib.util
 import os
 import resource
 import signal
@@ -25,7 +24,11 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from minitfm import backend, beam, checkpoint, exits, rundir, train, translate
+from minitfm import backend, beam, checkpoint, exits, translate, wmt
+from minitfm.training import rundir, validation
+from minitfm.training.rundir import LOG_NAME
+from minitfm.training.state import TrainOptions
+from tests import trainrun
 from minitfm.models import translator
 from minitfm.data import EncodedCorpus, epoch_batches, eval_arrays
 from tests.test_train_wmt import TINY, corpus, corpus_args, run, sentence_pairs, train_wmt  # noqa: F401
@@ -74,10 +77,10 @@ def assert_clean_error(err: str) -> None:
 def test_disk_full_at_a_checkpoint_keeps_the_previous_one(tmp_path):
     """A real EFBIG (RLIMIT_FSIZE in the child) while saving: one error line naming the file, the
     reason and the intact previous checkpoint, which is byte-identical and loads."""
-    assert finish(toy("--steps", 4, "--out", tmp_path))[0] == 0
+    assert finish(toy("--max-steps", 4, "--out", tmp_path))[0] == 0
     [previous] = [Path(p) for _, p in checkpoint.list_checkpoints(tmp_path)]
     before = previous.read_bytes()
-    code, _, err = finish(toy("--steps", 8, "--out", tmp_path, "--resume",
+    code, _, err = finish(toy("--max-steps", 8, "--out", tmp_path, "--resume",
                               limit_file_size=len(before) // 2))
     assert code == 1
     assert_clean_error(err)
@@ -86,20 +89,20 @@ def test_disk_full_at_a_checkpoint_keeps_the_previous_one(tmp_path):
     assert "--resume" in err
     assert previous.read_bytes() == before and checkpoint.load(previous).step == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == [previous.name, "log.jsonl",
-                                                          rundir.LOCK_NAME]
+                                                          rundir.RUN_INFO_NAME, rundir.LOCK_NAME]
 
 
 def test_unwritable_log_names_the_log_and_the_checkpoint(tmp_path, monkeypatch, capsys):
     import builtins
 
     def read_only_log(path, mode="r", *args, **kwargs):
-        if str(path).endswith(train.LOG_NAME) and "a" in mode:
+        if str(path).endswith(LOG_NAME) and "a" in mode:
             raise OSError(errno.EROFS, "Read-only file system", str(path))
         return builtins.open(path, mode, *args, **kwargs)
 
     module = load_toy()
     monkeypatch.setattr(rundir, "open", read_only_log, raising=False)
-    assert module.main(TOY + ["--steps", "12", "--save-every", "5", "--out", str(tmp_path)]) == 1
+    assert module.main(TOY + ["--max-steps", "12", "--save-every", "5", "--out", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert_clean_error(err)
     assert f"cannot write the log {tmp_path / 'log.jsonl'}: Read-only file system" in err
@@ -110,13 +113,13 @@ def test_unwritable_log_names_the_log_and_the_checkpoint(tmp_path, monkeypatch, 
 def test_run_directory_that_cannot_be_created(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    code, _, err = finish(toy("--steps", 2, "--out", blocker / "run"))
+    code, _, err = finish(toy("--max-steps", 2, "--out", blocker / "run"))
     assert code == 1 and "cannot write the run directory" in err and "Not a directory" in err
     assert_clean_error(err)
 
 
 def test_average_output_that_cannot_be_written(tmp_path):
-    assert finish(toy("--steps", 4, "--save-every", 2, "--out", tmp_path))[0] == 0
+    assert finish(toy("--max-steps", 4, "--save-every", 2, "--out", tmp_path))[0] == 0
     size = os.path.getsize(checkpoint.latest(tmp_path))
     output = tmp_path / "averaged.npz"
     output.write_bytes(b"an earlier average")
@@ -148,34 +151,30 @@ def test_eval_only_hypotheses_that_cannot_be_written(corpus, tmp_path, capsys): 
 
 
 def load_toy():
-    """train_toy.py as a fresh module (it sets BLAS thread variables: restore the environment)."""
-    from tests.test_train_toy import SCRIPT
-    with mock.patch.dict(os.environ):
-        spec = importlib.util.spec_from_file_location("train_toy_faults", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return module
+    """train_toy.py's command module."""
+    from minitfm.commands import train_toy
+    return train_toy
 
 
 # ---- 2, 3. signals ----------------------------------------------------------------------------
 
 def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
-    process = toy("--steps", 1_000_000, "--out", tmp_path)
-    wait_for(tmp_path / train.LOG_NAME, process)
+    process = toy("--max-steps", 1_000_000, "--out", tmp_path)
+    wait_for(tmp_path / LOG_NAME, process)
     process.send_signal(signal.SIGTERM)
     code, out, err = finish(process)
     assert code == 128 + signal.SIGTERM, err
     assert "stopped by SIGTERM at step" in out and "--resume" in out and "Traceback" not in err
     [(step, path)] = checkpoint.list_checkpoints(tmp_path)
     assert checkpoint.load(path).step == step >= 10
-    code, out, err = finish(toy("--steps", step + 3, "--out", tmp_path, "--resume",
+    code, out, err = finish(toy("--max-steps", step + 3, "--out", tmp_path, "--resume",
                                 "--examples", 0))
     assert code == 0 and "exact match on 10 held-out sequences" in out and "->" not in out
 
 
 def test_a_second_ctrl_c_does_not_cut_the_save_short(tmp_path):
-    process = toy("--steps", 1_000_000, "--out", tmp_path)
-    wait_for(tmp_path / train.LOG_NAME, process)
+    process = toy("--max-steps", 1_000_000, "--out", tmp_path)
+    wait_for(tmp_path / LOG_NAME, process)
     for _ in range(3):                        # Ctrl-C, then impatient repeats during the save
         process.send_signal(signal.SIGINT)
         time.sleep(0.002)
@@ -208,8 +207,8 @@ def test_ctrl_c_arriving_during_the_save_waits_for_it(tmp_path, monkeypatch):
 
     monkeypatch.setattr(checkpoint, "save", slow_save)
     before = signal.getsignal(signal.SIGINT)    # default_int_handler; SIG_IGN in a background job
-    state = train.train(cfg, batches, train.TrainOptions(steps=50, out_dir=str(tmp_path),
-                                                         warmup=5, progress=False))
+    state = trainrun.train(cfg, batches, TrainOptions(max_steps=50, out_dir=str(tmp_path),
+                                                      warmup=5, progress=False))
     assert state.interrupted and state.stop_signal == signal.SIGINT and state.step == 3
     assert checkpoint.load(saves[-1]).step == 3
     assert signal.getsignal(signal.SIGINT) is before
@@ -264,14 +263,14 @@ def test_length_limit_for_train_valid_and_test():
     corpus = EncodedCorpus.from_ids([[5] * n for n in lengths], [[6] * n for n in lengths])
     args = train_wmt.parse_args(["--trainpref", "x", "--max-tokens", "1000"])
     batches = list(epoch_batches(corpus, 1000, seed=0,
-                                 max_positions=train_wmt.train_positions(args, cfg))(0))
+                                 max_positions=wmt.train_positions(args, cfg))(0))
     kept = sorted(int((row != cfg.pad_id).sum()) - 2 for _, tgt in batches for row in tgt)
     assert kept == lengths[:2]                     # BOS and EOS are not target tokens
     for src, tgt in batches:
         translator.loss_and_grads(params, cfg, src, tgt)
     valid = eval_arrays(corpus, 8, max_positions=cfg.max_len - 1)
     assert sum(len(src) for src, _ in valid) == 3
-    train.evaluate(params, cfg, valid)
+    validation.evaluate(params, cfg, valid)
     sources = [[5] * n for n in (cfg.max_len - 2, cfg.max_len - 1, cfg.max_len)]
     warnings = []
     encoded = [translate.encode_lines(_Pieces(), cfg, [" ".join("x" * n)], warn=warnings.append)[0]
@@ -321,7 +320,7 @@ def test_translate_warns_once_about_invalid_utf8(ckpt):  # noqa: F811
 # ---- 8. MINITFM_BACKEND ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("command", [
-    [str(ROOT / "train_toy.py"), "--steps", "1"],
+    [str(ROOT / "train_toy.py"), "--max-steps", "1"],
     [str(ROOT / "train_wmt.py"), "--trainpref", "nowhere"],
     ["-m", "minitfm.translate", "--checkpoint", "nowhere.npz"],
 ])
@@ -341,7 +340,7 @@ def test_bad_backend_variable_is_an_error_message(command, tmp_path):
     ("translate", "--lenpen", "nan"), ("translate", "--beam", "0"),
     ("train_toy", "--lr-factor", "nan"), ("train_toy", "--batch-size", "0"),
     ("train_toy", "--batch-size", "-1"), ("train_toy", "--eval-size", "0"),
-    ("train_toy", "--steps", "ten"), ("average", "--last", "0"),
+    ("train_toy", "--max-steps", "ten"), ("average", "--last", "0"),
     ("plot", "--d-model", "-4"),
 ])
 def test_bad_option_values_are_usage_errors_naming_the_option(command, option, value, capsys):
@@ -366,7 +365,7 @@ def test_length_too_long_for_the_preset(tmp_path, capsys):
 # ---- 10. silent divergence ------------------------------------------------------------------------
 
 def test_a_loss_far_above_chance_stops_the_run(tmp_path):
-    code, _, err = finish(toy("--steps", 60, "--out", tmp_path, "--lr-factor", 300,
+    code, _, err = finish(toy("--max-steps", 60, "--out", tmp_path, "--lr-factor", 300,
                               "--clip-norm", 1, "--warmup", 5, "--save-every", 5))
     assert code == 1
     assert_clean_error(err.replace("RuntimeWarning", ""))
@@ -391,7 +390,7 @@ def test_checkpoint_that_is_a_directory_or_holds_objects(tmp_path, capsys):
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_nan_advice_names_options_the_command_has(tmp_path, capsys):
     module = load_toy()
-    code = module.main(TOY + ["--steps", "20", "--lr-factor", "1e6", "--warmup", "2",
+    code = module.main(TOY + ["--max-steps", "20", "--lr-factor", "1e6", "--warmup", "2",
                               "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 1 and "--clip-norm" in err and "clip_norm" not in err

@@ -3,7 +3,9 @@
 import numpy as np
 import pytest
 
-from minitfm import backend, gradcheck
+from minitfm import backend
+from minitfm.gradcheck.cases import translation_batch
+from minitfm.gradcheck.__main__ import main as gradcheck_main
 from minitfm.models import translator
 
 pytestmark = pytest.mark.gpu
@@ -11,13 +13,13 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.slow        # on the double: ~8 minutes (every finite difference, op by op)
 def test_gradient_checks_pass_on_cupy(cupy_backend, capsys):
-    assert gradcheck.main([]) == 0
+    assert gradcheck_main(["--backend", "cupy"]) == 0
     assert "backend cupy" in capsys.readouterr().out
 
 
 def test_cupy_step_matches_numpy(cupy_backend):
     cfg = translator.Config.preset("tiny", d_model=16, d_ff=32, n_heads=4)
-    src, tgt = gradcheck.translation_batch(backend.host_rng(0), cfg, 3, 5, 6)
+    src, tgt = translation_batch(backend.host_rng(0), cfg, 3, 5, 6)
     src, tgt = backend.to_host(src), backend.to_host(tgt)
     results = {}
     for name in ("numpy", "cupy"):

@@ -32,6 +32,7 @@ TIMEOUT = 300
 WMT_TINY = ["--layers", "1", "--d-model", "16", "--heads", "2", "--d-ff", "32",
             "--vocab-size", "64", "--max-tokens", "256", "--warmup", "10",
             "--valid-bleu-sentences", "8", "--backend", "cupy", "--quiet"]
+TOY_TINY = ["--preset", "tiny", "--length", "5", "--vocab", "5", "--eval-size", "10"]
 
 
 def on_double(env: dict) -> bool:
@@ -76,13 +77,29 @@ def assert_no_generators(directory: Path, env: dict, processes: int = 1) -> list
     return found
 
 
+def toy_accuracy(stdout: str) -> float:
+    return float(re.search(r"exact match on \d+ held-out sequences: ([\d.]+) %",
+                           stdout).group(1))
+
+
+@pytest.mark.slow
 def test_train_toy_learns_the_copy_task(cupy_env, tmp_path):
+    """The README's first command, whole (about 30 s on the double: ``slow``, which CI runs)."""
     env = with_report(cupy_env, tmp_path)
     done = command(["train_toy.py", "--backend", "cupy", "--out", tmp_path / "run"], env)
-    accuracy = float(re.search(r"exact match on \d+ held-out sequences: ([\d.]+) %",
-                               done.stdout).group(1))
-    assert accuracy >= 99.0, done.stdout[-2000:]
+    assert toy_accuracy(done.stdout) >= 99.0, done.stdout[-2000:]
     assert "backend cupy" in done.stdout
+    assert_no_generators(tmp_path, env)
+
+
+def test_train_toy_runs_start_to_end(cupy_env, tmp_path):
+    """A short run of the same command: trains, saves, evaluates and reports on the CuPy path
+    (that the default run learns is the slow test above)."""
+    env = with_report(cupy_env, tmp_path)
+    done = command(["train_toy.py", "--backend", "cupy", *TOY_TINY, "--max-steps", 20,
+                    "--out", tmp_path / "run"], env)
+    assert 0.0 <= toy_accuracy(done.stdout) <= 100.0 and "backend cupy" in done.stdout
+    assert checkpoint.load(checkpoint.latest(tmp_path / "run")).step == 20
     assert_no_generators(tmp_path, env)
 
 
@@ -144,11 +161,11 @@ def test_two_workers_take_one_device_each(cupy_env, script, tmp_path):
     """Each worker selects the device of its local rank (the double's NCCL, like NCCL, refuses
     two ranks on one device, so the run itself proves it) and says so in its first lines."""
     if script == "train_toy.py":
-        args = [script, "--steps", 6, "--out", tmp_path / "run"]
+        args = [script, *TOY_TINY, "--max-steps", 6, "--out", tmp_path / "run"]
     else:
         text = tmp_path / "text.txt"
         text.write_text("anna sees the ball. bob has a hat.\n" * 60, encoding="utf-8")
-        args = [script, "--data", text, *LM_SMALL, "--steps", 6, "--out", tmp_path / "run",
+        args = [script, "--data", text, *LM_SMALL, "--max-steps", 6, "--out", tmp_path / "run",
                 "--cache-dir", tmp_path / "cache"]
     env = with_report(cupy_env, tmp_path, devices=2)
     done = command([*args, "--backend", "cupy"], env, workers=2)
@@ -164,7 +181,7 @@ def test_train_lm_trains_and_samples(cupy_env, tmp_path):
                     encoding="utf-8")
     env = with_report(cupy_env, tmp_path)
     out = tmp_path / "run"
-    command(["train_lm.py", "--data", text, *LM_SMALL, "--steps", 20, "--out", out,
+    command(["train_lm.py", "--data", text, *LM_SMALL, "--max-steps", 20, "--out", out,
              "--cache-dir", tmp_path / "cache", "--backend", "cupy"], env)
     new_tokens = 20
     sampled = with_report(cupy_env, tmp_path / "sample")

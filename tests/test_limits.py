@@ -11,12 +11,11 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from minitfm import backend, limits
+from minitfm import argtypes, backend, limits
 from minitfm.models import lm, translator
 from tests.test_translate import write_checkpoint
 
@@ -30,11 +29,13 @@ def numpy_only(numpy_backend):
     """Every test here runs on NumPy unless it asks for the CuPy double."""
 
 
-def command(*args, stdin: str = "") -> tuple[int, str, str, float]:
-    started = time.perf_counter()
+def command(*args, stdin: str = "") -> tuple[int, str, str]:
+    """``python ARGS``: its status, output and errors. That a refusal comes before the work is
+    shown by what the command did not do (no run directory, nothing read or printed), never
+    by a clock."""
     done = subprocess.run([sys.executable, *map(str, args)], input=stdin, capture_output=True,
                           text=True, env=ENV, timeout=60)
-    return done.returncode, done.stdout, done.stderr, time.perf_counter() - started
+    return done.returncode, done.stdout, done.stderr
 
 
 def assert_one_error(err: str) -> str:
@@ -55,16 +56,16 @@ def text(tmp_path) -> Path:
 # ---- the known cases, through the command lines -----------------------------------------------
 
 def test_a_vocabulary_above_sentencepieces_int32_is_a_usage_error(text, tmp_path):
-    code, _, err, seconds = command(ROOT / "train_lm.py", "--data", text, "--tokenizer", "bpe",
+    code, _, err = command(ROOT / "train_lm.py", "--data", text, "--tokenizer", "bpe",
                                     "--vocab-size", 10**12, "--out", tmp_path / "run", "--quiet")
-    assert code == 2 and seconds < 10
+    assert code == 2
     line = assert_one_error(err)
     assert "--vocab-size: must be at most 2147483647" in line and "32-bit" in line
     assert not (tmp_path / "run").exists()
 
 
 def test_a_vocabulary_the_text_cannot_make_is_refused_before_it_is_read(text, tmp_path):
-    code, _, err, _ = command(ROOT / "train_lm.py", "--data", text, "--tokenizer", "bpe",
+    code, _, err = command(ROOT / "train_lm.py", "--data", text, "--tokenizer", "bpe",
                               "--vocab-size", 100_000, "--out", tmp_path / "run", "--quiet")
     assert code == 2
     size = text.stat().st_size
@@ -75,9 +76,9 @@ def test_a_vocabulary_the_text_cannot_make_is_refused_before_it_is_read(text, tm
 
 
 def test_a_batch_that_cannot_fit_is_refused_before_the_data_is_read(text, tmp_path):
-    code, out, err, seconds = command(ROOT / "train_lm.py", "--data", text, "--batch-size",
+    code, out, err = command(ROOT / "train_lm.py", "--data", text, "--batch-size",
                                       10**9, "--out", tmp_path / "run", "--quiet")
-    assert code == 2 and seconds < 10
+    assert code == 2
     line = assert_one_error(err)
     assert line.startswith("error: training needs about ") and " TiB of memory (" in line
     assert re.search(r"more than the [\d.]+ [KMGT]iB available \(", line), line
@@ -92,9 +93,9 @@ def test_a_beam_that_cannot_fit_is_refused_before_the_input_is_read(tmp_path):
     ckpt = write_checkpoint(tmp_path / "tiny.npz", train_vocab(TEXT * 4, 40,
                                                                hard_vocab_limit=False,
                                                                num_threads=1))
-    code, out, err, seconds = command("-m", "minitfm.translate", "--checkpoint", ckpt,
+    code, out, err = command("-m", "minitfm.translate", "--checkpoint", ckpt,
                                       "--beam", 10**6, stdin="a man\n")
-    assert code == 2 and seconds < 10 and out == ""
+    assert code == 2 and out == ""
     line = assert_one_error(err)
     assert line.startswith("error: beam search needs about ") and "key/value cache" in line
     assert re.search(r"unchanged: .*--beam \d+", line), line
@@ -121,7 +122,7 @@ def test_training_estimate_of_the_tiny_language_model():
     assert estimate.device == {
         "model and Adam": 4 * 1168 * 4,                                    # 18,688
         "one batch": 4 * (2 * (6 * n * 8 + 2 * n * 12 + 2 * 2 * 16 ** 2) + 2 * n * 11)}   # 29,440
-    assert estimate.host == {"blocks": 20 * n}
+    assert estimate.host == {"host batches": 20 * n}
     assert estimate.total == 18_688 + 29_440 + 640
     no_attention = limits.training_estimate(cfg, rows=2, src_len=0, tgt_len=16,
                                             attention=False)
@@ -219,7 +220,7 @@ def test_the_model_options_keep_the_config_valid():
 
 
 def test_vocab_size_option_and_the_corpus_bound(tmp_path):
-    parse = limits.vocab_size_option(8)
+    parse = argtypes.vocab_size
     assert parse(str(2**31 - 1)) == 2**31 - 1
     for bad in (str(2**31), "7", "x"):
         with pytest.raises(argparse.ArgumentTypeError):

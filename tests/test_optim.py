@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from minitfm import backend, flat
-from minitfm.optim import (Adam, Cooldown, LRSchedule, WarmupDecaySchedule, clip_grad_norm,
-                           decays_by_default)
+from minitfm.gradscale import clip_grad_norm
+from minitfm.optim import Adam, Cooldown, LRSchedule, WarmupDecaySchedule, decays_by_default
 
 
 # --- learning-rate schedule --------------------------------------------------------------------

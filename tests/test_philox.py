@@ -25,7 +25,7 @@ U64 = np.uint64
 def block_of(counter, key):
     """The block function on one counter: 4 words -> 4 words (host ints)."""
     c = [np.array([w], dtype=U64) for w in counter]
-    return [int(w[0]) for w in philox.block(*c, *key)]
+    return [int(w[0]) for w in philox.block(*c, *key, np)]
 
 
 # Known answers for Philox4x32-10, from the kat_vectors file of the Random123 distribution
@@ -49,12 +49,12 @@ def test_block_function_gives_the_published_answers(counter, key, expected):
 def test_stream_gives_the_cpp_standards_answer():
     """C++26 [rand.predef], philox4x32: the 10000th value of a default-constructed engine (key
     (20111115, 0), counter 0; the words of block 0, then block 1, ...) is 1955073260."""
-    assert int(Philox(20111115).words(10000)[9999]) == 1955073260
+    assert int(Philox(20111115, xp=np).words(10000)[9999]) == 1955073260
 
 
 def test_block_function_works_on_whole_arrays():
     counters = [np.array([KAT_4X32_10[i][0][w] for i in (0, 2)], dtype=U64) for w in range(4)]
-    out = philox.block(*counters, *KAT_4X32_10[2][1])
+    out = philox.block(*counters, *KAT_4X32_10[2][1], np)
     assert [int(w[1]) for w in out] == list(KAT_4X32_10[2][2])
     assert all(w.dtype == U64 and w.shape == (2,) for w in out)
 
@@ -81,7 +81,7 @@ def test_block_function_equals_randomgen(key, counter):
                                           (12345, 2**32 - 3), (2**63 + 7, 2**64 - 41)])
 def test_stream_equals_randomgen_word_for_word(key, counter):
     """Counters crossing 2^32 carry into c1; the last case ends at the top of the 2^64 blocks."""
-    g = Philox(key, counter)
+    g = Philox(key, counter, xp=np)
     words = g.words(157)                                 # 39 blocks and one word of a 40th
     assert words.dtype == U64 and words.shape == (157,)
     np.testing.assert_array_equal(words, reference_stream(key, counter, 157))
@@ -90,7 +90,7 @@ def test_stream_equals_randomgen_word_for_word(key, counter):
 
 
 def test_stream_ends_after_2_to_the_64_blocks():
-    g = Philox(1, 2**64 - 2)
+    g = Philox(1, 2**64 - 2, xp=np)
     g.words(8)
     with pytest.raises(ValueError, match="used up"):
         g.words(1)
@@ -98,9 +98,9 @@ def test_stream_ends_after_2_to_the_64_blocks():
 
 def test_key_and_counter_are_checked():
     with pytest.raises(ValueError, match="key and counter"):
-        Philox(2**64)
+        Philox(2**64, xp=np)
     with pytest.raises(ValueError, match="key and counter"):
-        Philox(0, -1)
+        Philox(0, -1, xp=np)
 
 
 # ---- keys from (seed, *stream) -------------------------------------------------------------
@@ -114,11 +114,11 @@ def test_key_is_the_blake2b_hash_of_the_numbers():
 
 def test_stream_names_must_be_integers():
     with pytest.raises(TypeError, match="named by integers.*0.5"):
-        Philox.seeded(1, 0.5)
+        Philox.seeded(1, 0.5, xp=np)
 
 
 def masks(seed, step, batch, shape=(33, 17), threshold=6554):
-    return Philox.seeded(seed, step, batch).keep(shape, threshold)
+    return Philox.seeded(seed, step, batch, xp=np).keep(shape, threshold)
 
 
 def test_masks_are_a_function_of_seed_step_and_batch():
@@ -129,7 +129,7 @@ def test_masks_are_a_function_of_seed_step_and_batch():
 
 
 def test_successive_draws_differ_and_replay():
-    g, h = Philox.seeded(3, 1), Philox.seeded(3, 1)
+    g, h = Philox.seeded(3, 1, xp=np), Philox.seeded(3, 1, xp=np)
     first, second = g.keep((9, 7), 30000), g.keep((9, 7), 30000)
     assert (first != second).any()
     np.testing.assert_array_equal(h.keep((9, 7), 30000), first)
@@ -144,19 +144,19 @@ def test_successive_draws_differ_and_replay():
 @pytest.mark.parametrize("shape", [(), 1, 3, (5,), (7, 3), (3, 5, 7), (2, 0, 3)])
 def test_values_are_made_from_the_words_as_documented(shape):
     size = int(np.prod(shape))
-    words = Philox(99).words(4 * size + 4)
+    words = Philox(99, xp=np).words(4 * size + 4)
 
-    u32 = Philox(99).random(shape, dtype=np.float32)
+    u32 = Philox(99, xp=np).random(shape, dtype=np.float32)
     assert u32.dtype == np.float32 and u32.shape == np.empty(shape).shape
     np.testing.assert_array_equal(u32.reshape(-1), (words[:size] >> 8) * 2.0 ** -24)
 
-    u64 = Philox(99).random(shape)
+    u64 = Philox(99, xp=np).random(shape)
     assert u64.dtype == np.float64 and u64.shape == np.empty(shape).shape
     pairs = words[:2 * size].reshape(-1, 2)
     bits = ((pairs[:, 0] << U64(32)) | pairs[:, 1]) >> U64(11)
     np.testing.assert_array_equal(u64.reshape(-1), bits * 2.0 ** -53)
 
-    keep = Philox(99).keep(shape, 20000)
+    keep = Philox(99, xp=np).keep(shape, 20000)
     halves = np.stack([words & 0xFFFF, words >> 16], axis=-1).reshape(-1)[:size]
     assert keep.dtype == bool and keep.shape == np.empty(shape).shape
     np.testing.assert_array_equal(keep.reshape(-1), halves >= 20000)
@@ -165,17 +165,18 @@ def test_values_are_made_from_the_words_as_documented(shape):
 def test_odd_sizes_are_prefixes_of_the_next_even_ones():
     """A draw uses whole blocks: an odd size takes the first elements of the rounded-up draw."""
     for size in (1, 3, 5, 7, 9, 1001):
-        np.testing.assert_array_equal(Philox(5).keep(size, 40000),
-                                      Philox(5).keep(size + 1, 40000)[:size])
-        np.testing.assert_array_equal(Philox(5).random(size, dtype=np.float32),
-                                      Philox(5).random(size + 3, dtype=np.float32)[:size])
+        np.testing.assert_array_equal(Philox(5, xp=np).keep(size, 40000),
+                                      Philox(5, xp=np).keep(size + 1, 40000)[:size])
+        np.testing.assert_array_equal(
+            Philox(5, xp=np).random(size, dtype=np.float32),
+            Philox(5, xp=np).random(size + 3, dtype=np.float32)[:size])
 
 
 def test_random_refuses_other_dtypes():
     with pytest.raises(ValueError, match="float32 or float64"):
-        Philox(0).random(3, dtype=np.float16)
+        Philox(0, xp=np).random(3, dtype=np.float16)
     with pytest.raises(ValueError, match="negative"):
-        Philox(0).random((2, -1))
+        Philox(0, xp=np).random((2, -1))
 
 
 # ---- distributions (fixed seeds) ---------------------------------------------------------------
@@ -183,7 +184,7 @@ def test_random_refuses_other_dtypes():
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5, 0.9])
 def test_keep_fraction_is_one_minus_p(p):
     threshold = round(p * 2**16)
-    keep = Philox.seeded(11, round(p * 10)).keep((1001, 999), threshold)     # odd size
+    keep = Philox.seeded(11, round(p * 10), xp=np).keep((1001, 999), threshold)     # odd size
     q = 1 - threshold / 2**16
     assert abs(keep.mean() - q) < 5 * np.sqrt(q * (1 - q) / keep.size)
     # the low and the high halves of the words are kept at the same rate
@@ -192,14 +193,14 @@ def test_keep_fraction_is_one_minus_p(p):
 
 
 def test_backend_dropout_keep_uses_the_philox_mask():
-    keep, scale = backend.dropout_keep(Philox.seeded(2, 3, 4), (31, 13), 0.1)
+    keep, scale = backend.dropout_keep(Philox.seeded(2, 3, 4, xp=np), (31, 13), 0.1)
     np.testing.assert_array_equal(keep, masks(2, 3, 4, shape=(31, 13), threshold=6554))
     assert scale == 2**16 / (2**16 - 6554)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_uniforms_are_uniform_in_0_1(dtype):
-    u = Philox.seeded(4, 2).random((999, 1001), dtype=dtype)
+    u = Philox.seeded(4, 2, xp=np).random((999, 1001), dtype=dtype)
     assert u.min() >= 0.0 and u.max() < 1.0
     n = u.size
     assert abs(u.mean() - 0.5) < 5 * np.sqrt(1 / 12 / n)
@@ -213,10 +214,11 @@ def test_sampling_draws_with_a_philox_generator():
     """sampling.draw takes one uniform per row: a Philox generator gives the right frequencies."""
     from minitfm.sampling import draw
     q = np.array([0.5, 0.25, 0.125, 0.125])
-    ids = draw(np.tile(np.log(q), (40_000, 1)), Philox.seeded(1))
+    ids = draw(np.tile(np.log(q), (40_000, 1)), Philox.seeded(1, xp=np))
     counts = np.bincount(ids, minlength=4)
     assert (((counts - 40_000 * q) ** 2) / (40_000 * q)).sum() < 21.1    # chi-square 3 dof, 0.9999
-    np.testing.assert_array_equal(draw(np.tile(np.log(q), (50, 1)), Philox.seeded(1)), ids[:50])
+    np.testing.assert_array_equal(draw(np.tile(np.log(q), (50, 1)), Philox.seeded(1, xp=np)),
+                                  ids[:50])
 
 
 # ---- the CuPy backend (a CUDA device, or the CuPy double) -------------------------------------
@@ -236,11 +238,11 @@ def _forbid_array_library_generators(monkeypatch, cupy):
 @pytest.mark.gpu
 def test_cupy_draws_the_same_words_as_numpy(cupy_backend):
     import cupy
-    g = Philox(0x299f31d0a4093822, 2**32 - 3)
+    g = Philox(0x299f31d0a4093822, 2**32 - 3, xp=cupy)
     words = g.words(157)
     assert isinstance(words, cupy.ndarray)
     backend.use("numpy")
-    np.testing.assert_array_equal(Philox(0x299f31d0a4093822, 2**32 - 3).words(157),
+    np.testing.assert_array_equal(Philox(0x299f31d0a4093822, 2**32 - 3, xp=np).words(157),
                                   cupy.asnumpy(words))
     backend.use("cupy")
     assert isinstance(backend.rng(0, 1, 2), Philox)
@@ -253,8 +255,10 @@ def test_training_updates_on_cupy_create_no_generator_and_replay_their_masks(cup
     worker's share), equal to the NumPy-computed Philox masks of (seed, step, i)."""
     import cupy
 
-    from minitfm import tasks, train
+    from minitfm import tasks
     from minitfm.models import translator as model
+    from minitfm.training.loop import accumulate
+    from minitfm.training.state import TrainState
     created = _forbid_array_library_generators(monkeypatch, cupy)
     drawn = []
     keep_of = backend.dropout_keep
@@ -272,8 +276,8 @@ def test_training_updates_on_cupy_create_no_generator_and_replay_their_masks(cup
 
     def masks_of(micro_batches, first=0):
         drawn.clear()
-        state = train.TrainState(params=model.init_params(cfg, 0), optimizer=None, seed=4)
-        train._accumulate(state, cfg, micro_batches, step=3, seed=4, first=first)
+        state = TrainState(params=model.init_params(cfg, 0), optimizer=None, seed=4)
+        accumulate(state, cfg, micro_batches, step=3, seed=4, first=first)
         return [(key, cupy.asnumpy(keep)) for key, keep in drawn]
 
     whole = masks_of(batches)
@@ -290,7 +294,7 @@ def test_training_updates_on_cupy_create_no_generator_and_replay_their_masks(cup
     first_key, first_mask = whole[0]
     assert first_key == philox.key_of(4, 3, 0)
     backend.use("numpy")
-    expected = Philox.seeded(4, 3, 0).keep(first_mask.shape, round(0.1 * 2**16))
+    expected = Philox.seeded(4, 3, 0, xp=np).keep(first_mask.shape, round(0.1 * 2**16))
     backend.use("cupy")
     np.testing.assert_array_equal(first_mask, expected)
 

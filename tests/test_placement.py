@@ -138,9 +138,11 @@ def test_the_placement_in_words(record, text):
 
 
 def expected_line(workers: int, cap: int | None) -> str:
-    """What ``placement.place`` says with no thread variable set, on this machine's cores."""
+    """What a trainer prints first with no thread variable set, on this machine's cores: where
+    ``placement.place`` put it, and the precision of its products."""
     threads, why = blas_threads(workers, cap=cap, environ={})
-    return Placement(0, workers, why, threads=threads).describe()
+    return (f"{Placement(0, workers, why, threads=threads).describe()}; "
+            f"precision fp32 (NumPy: float32 only)")
 
 
 def run_command(argv: list[str], env: dict, workers: int = 1) -> subprocess.CompletedProcess:
@@ -149,7 +151,7 @@ def run_command(argv: list[str], env: dict, workers: int = 1) -> subprocess.Comp
                           env=env, timeout=TIMEOUT)
 
 
-TOY = [str(ROOT / "train_toy.py"), "--preset", "tiny", "--steps", "2", "--eval-size", "10",
+TOY = [str(ROOT / "train_toy.py"), "--preset", "tiny", "--max-steps", "2", "--eval-size", "10",
        "--examples", "0", "--quiet"]
 
 
@@ -174,7 +176,7 @@ def text_file(tmp_path_factory):
     return path
 
 
-LM = ["--steps", "3", "--warmup", "1", "--layers", "1", "--d-model", "16", "--heads", "2",
+LM = ["--max-steps", "3", "--warmup", "1", "--layers", "1", "--d-model", "16", "--heads", "2",
       "--d-ff", "32", "--block-size", "16", "--batch-size", "4", "--samples", "0", "--quiet"]
 
 

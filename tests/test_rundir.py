@@ -1,4 +1,4 @@
-"""Tests of minitfm.rundir: the layout of a run directory, the log cut back on resume, run.json,
+"""Tests of minitfm.training.rundir: the layout of a run directory, the log cut back on resume, run.json,
 checkpoint rotation, and errors that name the file that could not be written."""
 
 import errno
@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from minitfm import checkpoint, rundir
-from minitfm.rundir import (HOLDER_NAME, LOCK_NAME, LOG_NAME, RUN_INFO_NAME, RunDirectory,
+from minitfm import checkpoint
+from minitfm.training import rundir
+from minitfm.training.rundir import (HOLDER_NAME, LOCK_NAME, LOG_NAME, RUN_INFO_NAME, RunDirectory,
                             WriteFailed)
 
 

@@ -12,7 +12,10 @@ import os
 import numpy as np
 import pytest
 
-from minitfm import tasks, train
+from minitfm import tasks
+from minitfm.training.rundir import LOG_NAME
+from minitfm.training.state import TrainOptions
+from tests import trainrun
 from minitfm.models import lm, translator
 
 TRANSLATOR_LOSSES = [4.005090713500977, 3.4246416091918945, 3.044092814127604,
@@ -43,15 +46,15 @@ def lm_batches():
     return [(b[:, :-1], b[:, 1:]) for b in (rng.integers(0, 11, size=(3, 9)) for _ in range(4))]
 
 
-def options(out_dir, **overrides) -> train.TrainOptions:
+def options(out_dir, **overrides) -> TrainOptions:
     """The recorded runs' options: 6 steps of 2 batches, warmup 3, a checkpoint every 3 steps."""
-    settings = dict(steps=6, out_dir=str(out_dir), seed=3, warmup=3, log_every=1, save_every=3,
-                    keep_last=5, update_freq=2, progress=False)
-    return train.TrainOptions(**{**settings, **overrides})
+    settings = dict(max_steps=6, out_dir=str(out_dir), seed=3, warmup=3, log_every=1,
+                    save_every=3, keep_last=5, update_freq=2, progress=False)
+    return TrainOptions(**{**settings, **overrides})
 
 
 def logged_losses(out_dir) -> dict[int, float]:
-    with open(os.path.join(out_dir, train.LOG_NAME)) as f:
+    with open(os.path.join(out_dir, LOG_NAME)) as f:
         return {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
 
 
@@ -60,7 +63,7 @@ def logged_losses(out_dir) -> dict[int, float]:
     (lm_config, lm_batches, LM_LOSSES),
 ], ids=["translator", "lm"])
 def test_training_reaches_the_recorded_losses(config, batches, recorded, tmp_path, numpy_backend):
-    train.train(config(), batches(), options(tmp_path))
+    trainrun.train(config(), batches(), options(tmp_path))
     losses = logged_losses(tmp_path)
     assert sorted(losses) == list(range(1, 7))
     np.testing.assert_allclose([losses[k] for k in range(1, 7)], recorded, rtol=1e-6, atol=0)

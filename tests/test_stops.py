@@ -1,4 +1,4 @@
-"""Tests of minitfm.stops: a signal while training stops the run, never inside an update or a
+"""Tests of minitfm.training.stops: a signal while training stops the run, never inside an update or a
 save, and once stopping, further signals are counted and ignored."""
 
 import os
@@ -6,7 +6,8 @@ import signal
 
 import pytest
 
-from minitfm import distributed, stops
+from minitfm import distributed
+from minitfm.training import stops
 
 
 def send(signum=signal.SIGINT):

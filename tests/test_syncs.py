@@ -20,11 +20,12 @@ Counting needs the double; on a real device (``pytest -m gpu``) these tests skip
 import numpy as np
 import pytest
 
-from minitfm import backend, beam as search, checkpoint, decode, flat, generation, optim, train
+from minitfm import backend, beam as search, checkpoint, decode, flat, generation, optim
 from minitfm.models import lm
 from minitfm.models import translator as model
 
-from tests.test_train import CFG, epoch_batches, options, ragged_batch
+from minitfm.training.validation import evaluate
+from tests.test_train import CFG, epoch_batches, options, ragged_batch, train
 
 pytestmark = pytest.mark.gpu
 
@@ -40,8 +41,8 @@ def counted(cupy_backend):
 
 def run_steps(counted, steps: int, log_every: int, **overrides):
     with counted.counting() as seen:
-        state = train.train(CFG, epoch_batches, options(steps=steps, log_every=log_every,
-                                                        **overrides))
+        state = train(CFG, epoch_batches, options(max_steps=steps, log_every=log_every,
+                                                  **overrides))
     return seen, state
 
 
@@ -67,7 +68,7 @@ def test_validation_copies_at_most_once_per_batch(counted):
     params = model.init_params(CFG, 0)
     batches = [ragged_batch(seed) for seed in range(5)]
     with counted.counting() as seen:
-        results = train.evaluate(params, CFG, batches)
+        results = evaluate(params, CFG, batches)
     assert seen.device_to_host <= len(batches), counted.describe(seen.events)
     assert np.isfinite(results["valid_loss"])
 

@@ -2,7 +2,6 @@
 resumed run is bit-identical, sampling is reproducible from its seed, bad options are usage
 errors."""
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -11,7 +10,9 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from minitfm import checkpoint, train
+from minitfm import checkpoint
+from minitfm.commands import train_lm as commands_train_lm
+from minitfm.training.rundir import LOG_NAME
 from minitfm.models import lm, translator
 
 SCRIPT = Path(__file__).resolve().parents[1] / "train_lm.py"
@@ -22,12 +23,9 @@ SMALL = ["--layers", "1", "--d-model", "32", "--heads", "2", "--d-ff", "64", "--
 
 @pytest.fixture(scope="module")
 def train_lm():
-    """The script as a module (it sets BLAS thread variables on import: restore the environment)."""
+    """The command's module (a placement sets BLAS thread variables: restore the environment)."""
     with mock.patch.dict(os.environ):
-        spec = importlib.util.spec_from_file_location("train_lm", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return module
+        yield commands_train_lm
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +41,13 @@ def text_file(tmp_path_factory):
 
 
 def read_log(directory):
-    with open(os.path.join(directory, train.LOG_NAME)) as f:
+    with open(os.path.join(directory, LOG_NAME)) as f:
         return [json.loads(line) for line in f]
 
 
 def test_a_short_run_learns_and_prints_samples(train_lm, text_file, tmp_path, capsys):
     out = tmp_path / "run"
-    assert train_lm.main(["--data", str(text_file), *SMALL, "--steps", "60", "--out", str(out),
+    assert train_lm.main(["--data", str(text_file), *SMALL, "--max-steps", "60", "--out", str(out),
                           "--samples", "2", "--cache-dir", str(tmp_path / "cache")]) == 0
     assert len(list((tmp_path / "cache").glob("story.txt.char-*.tokens.npy"))) == 1
     log = read_log(out)
@@ -66,7 +64,7 @@ def test_a_short_run_learns_and_prints_samples(train_lm, text_file, tmp_path, ca
 
 
 def test_resume_after_ctrl_c_is_bit_identical(train_lm, text_file, tmp_path, monkeypatch, capsys):
-    run = ["--data", str(text_file), *SMALL, "--steps", "20", "--samples", "0",
+    run = ["--data", str(text_file), *SMALL, "--max-steps", "20", "--samples", "0",
            "--learned-positions", "--dropout", "0.1"]
     assert train_lm.main(run + ["--out", str(tmp_path / "straight")]) == 0
 
@@ -103,7 +101,7 @@ def test_resume_after_ctrl_c_is_bit_identical(train_lm, text_file, tmp_path, mon
 def trained(train_lm, text_file, tmp_path_factory):
     out = tmp_path_factory.mktemp("trained")
     with mock.patch("sys.stdout"):
-        assert train_lm.main(["--data", str(text_file), *SMALL, "--steps", "30", "--samples",
+        assert train_lm.main(["--data", str(text_file), *SMALL, "--max-steps", "30", "--samples",
                               "0", "--out", str(out)]) == 0
     return checkpoint.latest(out)
 
@@ -155,12 +153,15 @@ def test_defaults_are_the_cpu_preset(train_lm, text_file):
 @pytest.mark.parametrize("schedule, expected", [
     ("cosine", 1e-3),                                   # the last step reaches --min-lr
     ("linear", 1e-3),
-    ("paper", 1e-2 * 32 ** -0.5 * min(10 ** -0.5, 10 * 5 ** -1.5)),    # equation 3 times --lr
+    ("paper", 1e-2 * 32 ** -0.5 * min(10 ** -0.5, 10 * 5 ** -1.5)),    # eq. 3 x --lr-factor
 ])
 def test_schedules(train_lm, text_file, tmp_path, schedule, expected):
     out = tmp_path / schedule
-    assert train_lm.main(["--data", str(text_file), *SMALL, "--steps", "10", "--samples", "0",
-                          "--schedule", schedule, "--out", str(out)]) == 0
+    rate = ["--lr-factor", "1e-2"] if schedule == "paper" else ["--lr", "1e-2"]
+    at = SMALL.index("--lr")
+    small = SMALL[:at] + SMALL[at + 2:]                 # the rate of each schedule: given below
+    assert train_lm.main(["--data", str(text_file), *small, *rate, "--max-steps", "10",
+                          "--samples", "0", "--schedule", schedule, "--out", str(out)]) == 0
     (logged,) = [r for r in read_log(out) if "lr" in r]
     assert logged["step"] == 10 and logged["lr"] == pytest.approx(expected, rel=1e-12)
 
@@ -168,19 +169,20 @@ def test_schedules(train_lm, text_file, tmp_path, schedule, expected):
 def test_bpe_tokenizer_run(train_lm, text_file, tmp_path, capsys):
     out = tmp_path / "bpe"
     assert train_lm.main(["--data", str(text_file), *SMALL, "--tokenizer", "bpe",
-                          "--vocab-size", "40", "--steps", "8", "--samples", "1",
+                          "--vocab-size", "40", "--max-steps", "8", "--samples", "1",
                           "--out", str(out)]) == 0
     assert checkpoint.load(checkpoint.latest(out)).vocab_id.startswith("bpe:")
     assert "--- sample 1" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--steps", "0"], "argument --steps: must be an integer >= 1"),
+    (["--max-steps", "0"], "argument --max-steps: must be an integer >= 1"),
+    (["--schedule", "paper", "--lr", "1e-3"], "--lr is the peak of --schedule linear or cosine"),
     (["--lr", "nan"], "argument --lr: must be a finite number > 0"),
     (["--top-p", "0"], "argument --top-p: must be a finite number in (0, 1]"),
     (["--block-size", "-3"], "argument --block-size"),
     (["--tokenizer", "word"], "argument --tokenizer: invalid choice"),
-    (["--warmup", "50", "--steps", "50"], "--warmup 50 must be below --steps 50"),
+    (["--warmup", "50", "--max-steps", "50"], "--warmup 50 must be below --max-steps 50"),
     (["--min-lr", "1", "--lr", "0.1"], "--min-lr 1 is above --lr 0.1"),
     (["--checkpoint", "x.npz"], "--checkpoint is for --sample"),
 ])

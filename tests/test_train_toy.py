@@ -1,7 +1,6 @@
 """Tests of train_toy.py: a shortened copy task learns in seconds; Ctrl-C and --resume work from
 the command line."""
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -9,7 +8,9 @@ from unittest import mock
 
 import pytest
 
-from minitfm import checkpoint, cli, exits, train
+from minitfm import checkpoint, cli, exits
+from minitfm.commands import train_toy as commands_train_toy
+from minitfm.training.rundir import LOG_NAME
 
 SCRIPT = Path(__file__).resolve().parents[1] / "train_toy.py"
 SHORT_COPY = ["--task", "copy", "--length", "5", "--vocab", "5", "--batch-size", "32",
@@ -18,21 +19,18 @@ SHORT_COPY = ["--task", "copy", "--length", "5", "--vocab", "5", "--batch-size",
 
 @pytest.fixture(scope="module")
 def train_toy():
-    """The script as a module (it sets BLAS thread variables on import: restore the environment)."""
+    """The command's module (a placement sets BLAS thread variables: restore the environment)."""
     with mock.patch.dict(os.environ):
-        spec = importlib.util.spec_from_file_location("train_toy", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return module
+        yield commands_train_toy
 
 
 def read_log(directory):
-    with open(os.path.join(directory, train.LOG_NAME)) as f:
+    with open(os.path.join(directory, LOG_NAME)) as f:
         return [json.loads(line) for line in f]
 
 
 def test_short_copy_run_learns(train_toy, tmp_path, capsys):
-    assert train_toy.main(SHORT_COPY + ["--steps", "150", "--out", str(tmp_path)]) == 0
+    assert train_toy.main(SHORT_COPY + ["--max-steps", "150", "--out", str(tmp_path)]) == 0
     log = read_log(tmp_path)
     losses = [r["nll"] for r in log if "nll" in r]
     assert losses[-1] < 0.25 * losses[0]
@@ -44,7 +42,7 @@ def test_short_copy_run_learns(train_toy, tmp_path, capsys):
 
 
 def test_interrupt_and_resume_from_the_command_line(train_toy, tmp_path, capsys, monkeypatch):
-    run = ["--steps", "20", "--out", str(tmp_path), "--eval-size", "10"]
+    run = ["--max-steps", "20", "--out", str(tmp_path), "--eval-size", "10"]
     calls = []
 
     def interrupted_batches(task, **kwargs):           # Ctrl-C while reading the 13th batch
@@ -73,14 +71,14 @@ def test_interrupt_and_resume_from_the_command_line(train_toy, tmp_path, capsys,
     assert train_toy.main(SHORT_COPY + run) == exits.BAD_INPUT
     assert "already holds checkpoints" in capsys.readouterr().err
     assert train_toy.main(SHORT_COPY + run + ["--resume", "--length", "6"]) == exits.BAD_INPUT
-    assert "'length': checkpoint has 5, current run has 6" in capsys.readouterr().err
+    assert "--length: the run has 5, now 6" in capsys.readouterr().err
 
 
 def test_task_defaults_and_overrides(train_toy, tmp_path):
     args = train_toy.parse_args(["--task", "sort", "--out", str(tmp_path)])
-    assert (args.steps, args.batch_size) == (train_toy.TASK_DEFAULTS["sort"]["steps"],
+    assert (args.max_steps, args.batch_size) == (train_toy.TASK_DEFAULTS["sort"]["max_steps"],
                                               train_toy.TASK_DEFAULTS["sort"]["batch_size"])
-    args = train_toy.parse_args(["--task", "sort", "--steps", "7", "--d-model", "32",
+    args = train_toy.parse_args(["--task", "sort", "--max-steps", "7", "--d-model", "32",
                                  "--vocab", "6", "--out", str(tmp_path)])
     cfg = train_toy.model_config(args)
-    assert args.steps == 7 and cfg.d_model == 32 and cfg.src_vocab == cfg.tgt_vocab == 10
+    assert args.max_steps == 7 and cfg.d_model == 32 and cfg.src_vocab == cfg.tgt_vocab == 10

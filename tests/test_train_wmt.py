@@ -9,7 +9,6 @@ files written, resuming, the time limit, evaluation only, and the errors a user 
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import random
 import subprocess
@@ -20,6 +19,7 @@ import pytest
 
 from minitfm import checkpoint, exits, optim
 from minitfm.bleu import corpus_bleu
+from minitfm.commands import train_wmt
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ("the a cat dog sees big small red house tree runs under over green blue man woman eats "
@@ -30,14 +30,6 @@ TINY = ["--layers", "1", "--d-model", "16", "--heads", "2", "--d-ff", "32", "--v
         "--backend", "numpy", "--quiet"]
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("train_wmt", ROOT / "train_wmt.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-train_wmt = load_script()
 
 
 def sentence_pairs(n: int, seed: int) -> tuple[list[str], list[str]]:
@@ -167,7 +159,7 @@ def test_vocabulary_is_reused_and_a_changed_one_is_refused_on_resume(corpus, tmp
 
 def test_time_limit_stops_early_with_a_checkpoint(corpus, tmp_path, capsys):
     out = tmp_path / "run"
-    assert run(*corpus_args(corpus), *TINY, "--max-steps", 1000, "--time-limit", 1e-5,
+    assert run(*corpus_args(corpus), *TINY, "--max-steps", 1000, "--time-limit", "0.0006s",
                "--out", out) == 0
     steps = steps_on_disk(out)
     assert len(steps) == 1 and 1 <= steps[0] < 1000

@@ -9,7 +9,6 @@ model learns the letters' frequencies, then rises as it learns the rule.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -19,24 +18,24 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from minitfm import average, checkpoint, exits, optim, phases, train, validating, validation
-from minitfm.rundir import BEST_NAME
+from minitfm import average, checkpoint, exits, optim
+from minitfm.commands import train_lm as commands_train_lm
+from minitfm.commands import train_toy
+from minitfm.training import phases, validation
+from minitfm.training.rundir import BEST_NAME, LOG_NAME
 from tests.test_train_wmt import TINY, corpus, train_wmt    # noqa: F401 (corpus: a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 LM = ["--layers", "1", "--d-model", "32", "--heads", "2", "--d-ff", "64", "--block-size", "16",
       "--batch-size", "8", "--warmup", "5", "--lr", "3e-3", "--min-lr", "3e-3", "--dropout", "0",
-      "--samples", "0", "--quiet", "--eval-every", "5"]
+      "--samples", "0", "--quiet", "--valid-every", "5"]
 
 
 @pytest.fixture(scope="module")
 def train_lm():
-    """The script as a module (it sets BLAS thread variables on import: restore the environment)."""
+    """The command's module (a placement sets BLAS thread variables: restore the environment)."""
     with mock.patch.dict(os.environ):
-        spec = importlib.util.spec_from_file_location("train_lm", ROOT / "train_lm.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return module
+        yield commands_train_lm
 
 
 @pytest.fixture(autouse=True)
@@ -62,7 +61,7 @@ def peaking_text(tmp_path_factory) -> Path:
 
 
 def read_log(directory) -> list[dict]:
-    return [json.loads(line) for line in Path(directory, train.LOG_NAME).read_text().splitlines()]
+    return [json.loads(line) for line in Path(directory, LOG_NAME).read_text().splitlines()]
 
 
 def validations(directory) -> list[dict]:
@@ -91,7 +90,7 @@ def assert_same_checkpoint(a: checkpoint.Checkpoint, b: checkpoint.Checkpoint) -
 def test_an_early_peak_is_kept_as_best_and_average_best_picks_it(train_lm, peaking_text,
                                                                   tmp_path):
     out = tmp_path / "run"
-    assert train_lm.main(["--data", str(peaking_text), *LM, "--steps", "40", "--best-metric",
+    assert train_lm.main(["--data", str(peaking_text), *LM, "--max-steps", "40", "--best-metric",
                           "loss", "--keep-best", "2", "--out", str(out)]) == 0
     valid = validations(out)
     assert [r["step"] for r in valid] == list(range(5, 41, 5))
@@ -131,7 +130,7 @@ def test_an_early_peak_is_kept_as_best_and_average_best_picks_it(train_lm, peaki
 def test_average_best_refuses_checkpoints_without_a_recorded_metric(train_lm, peaking_text,
                                                                      tmp_path, capsys):
     out = tmp_path / "plain"                     # no --best-metric: nothing is ranked
-    assert train_lm.main(["--data", str(peaking_text), *LM, "--steps", "10", "--out",
+    assert train_lm.main(["--data", str(peaking_text), *LM, "--max-steps", "10", "--out",
                           str(out)]) == 0
     capsys.readouterr()
     output = tmp_path / "avg.npz"
@@ -160,7 +159,7 @@ def test_rotation_never_deletes_a_kept_best_checkpoint(tmp_path):
 
 def test_patience_stops_the_run_and_says_so(train_lm, peaking_text, tmp_path, capsys):
     out = tmp_path / "run"
-    common = ["--data", str(peaking_text), *LM, "--steps", "200", "--best-metric", "loss",
+    common = ["--data", str(peaking_text), *LM, "--max-steps", "200", "--best-metric", "loss",
               "--patience", "3", "--out", str(out)]
     assert train_lm.main(common) == 0
     valid = validations(out)
@@ -194,11 +193,11 @@ def test_resume_keeps_the_best_the_kept_set_and_the_patience_count(train_lm, pea
     """Ctrl-C while reading the 13th batch (after step 12), or during the third validation
     (step 15: the checkpoint of step 15 is saved without it, and the resumed run makes it
     first): the resumed run ends as the uninterrupted one, file for file."""
-    run = ["--data", str(peaking_text), *LM, "--steps", "40", "--best-metric", "loss",
+    run = ["--data", str(peaking_text), *LM, "--max-steps", "40", "--best-metric", "loss",
            "--keep-best", "2", "--patience", "20"]
     assert train_lm.main(run + ["--out", str(tmp_path / "straight")]) == 0
     target, name, at = ((train_lm.textdata, "random_blocks", 13) if cut == "batches"
-                        else (validating, "evaluate", 3))
+                        else (validation, "evaluate", 3))
     original, calls = getattr(target, name), []
 
     def interrupted(*args, **kwargs):
@@ -343,11 +342,8 @@ def test_translation_chooses_by_bleu_stops_on_patience_and_tests_the_best(corpus
 
 
 def test_toy_chooses_by_exact_match(tmp_path):
-    spec = importlib.util.spec_from_file_location("train_toy", ROOT / "train_toy.py")
-    train_toy = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train_toy)
     out = tmp_path / "run"
-    assert train_toy.main(["--steps", "20", "--valid-every", "10", "--best-metric", "acc",
+    assert train_toy.main(["--max-steps", "20", "--valid-every", "10", "--best-metric", "acc",
                            "--eval-size", "20", "--examples", "0", "--quiet", "--out",
                            str(out)]) == 0
     valid = [r for r in read_log(out) if "valid_acc" in r]
@@ -410,6 +406,4 @@ def test_a_record_judges_in_the_metrics_direction_and_ranks_ties_by_step():
     assert [loss.judge(s, {"valid_loss": v}, keep_best=0)[0]
             for s, v in [(1, 2.0), (2, 1.0), (3, 1.5)]] == [True, True, False]
     with pytest.raises(ValueError, match="unknown validation metric"):
-        train.TrainOptions(steps=1, best_metric="valid_cheer")
-    with pytest.raises(ValueError, match="best_metric"):
-        train.TrainOptions(steps=1, patience=2)
+        validation.check_metric("valid_cheer")

@@ -1,6 +1,8 @@
 """The data pipeline: from released corpora to padded batches of token ids.
 
     prepare      download WMT14 English-German and write plain train/valid/test text files
+    reading      a text file read once: refused before reading unless it can be read as asked,
+                 gzip sniffed from the same stream, lines of bounded length
     corpus       read aligned text (plain, gzipped, WMT SGML), never silently misaligned
     clean        drop empty, too short/long and badly proportioned pairs (Moses' rules)
     vocab        the joint sentencepiece BPE vocabulary, with fixed special ids
@@ -20,20 +22,19 @@ special ids) raise :class:`DataError`, a ``ValueError`` whose message says what 
 from .batching import (BatchPlan, SubwordDropout, collate, epoch_batches, eval_arrays,
                        eval_batches, iterate_batches, token_batches)
 from .clean import CleanOptions, CleanReport, clean_parallel
-from .corpus import (DataError, ParallelReader, ParallelText, file_stamp, parallel_files,
-                     raw_lines, read_lines, read_parallel, read_parallel_files, read_sgm,
-                     require_pairs)
+from .corpus import (ParallelReader, ParallelText, file_stamp, parallel_files, read_lines,
+                     read_parallel, read_parallel_files, read_sgm, require_pairs)
 from .encoded import EncodedCorpus, encode_corpus
 from .prepare import prepare_wmt14
-from .text import (BPETokenizer, CharTokenizer, TextData, load_text, load_tokenizer,
-                   random_blocks, validation_blocks)
-from .vocab import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocab, cached_joint_vocab, train_joint_vocab,
-                    train_vocab)
+from .reading import DataError, check_input, raw_lines
+from .text import TextData, load_text, random_blocks, validation_blocks
+from .tokenizers import BPETokenizer, CharTokenizer, load_tokenizer
+from .vocab import Vocab, cached_joint_vocab, train_joint_vocab, train_vocab
 
 __all__ = [
-    "DataError", "PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID",
+    "DataError",
     "ParallelReader", "ParallelText", "file_stamp", "parallel_files", "require_pairs",
-    "raw_lines", "read_lines", "read_parallel",
+    "check_input", "raw_lines", "read_lines", "read_parallel",
     "read_parallel_files", "read_sgm",
     "CleanOptions", "CleanReport", "clean_parallel",
     "Vocab", "train_vocab", "train_joint_vocab", "cached_joint_vocab",

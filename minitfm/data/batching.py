@@ -30,9 +30,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .corpus import DataError
+from minitfm.ids import BOS_ID, EOS_ID, PAD_ID
+
 from .encoded import EncodedCorpus
-from .vocab import BOS_ID, EOS_ID, PAD_ID, Vocab
+from .reading import DataError
+from .vocab import Vocab
 
 __all__ = ["BatchPlan", "token_batches", "eval_batches", "collate", "iterate_batches",
            "epoch_batches", "eval_arrays", "SubwordDropout"]
@@ -165,7 +167,7 @@ def epoch_batches(corpus: EncodedCorpus, max_tokens: int, *, seed: int,
                   max_positions: int | None = None,
                   subword_dropout: SubwordDropout | None = None
                   ) -> Callable[[int], Iterator[tuple]]:
-    """``batches(epoch)`` for ``minitfm.train.train``: the padded ``(src, tgt)`` arrays of the
+    """``batches(epoch)`` for ``minitfm.training.loop.train``: the padded ``(src, tgt)`` arrays of the
     token-count batches of ``epoch`` (:func:`token_batches` from ``seed`` and the epoch).
 
     With ``subword_dropout``, once it is started, the same batches hold the same pairs, each

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
-from .corpus import DataError
+from .reading import DataError
 
 __all__ = ["CleanOptions", "CleanReport", "DROP_REASONS", "clean_parallel", "drop_reason",
            "normalize_space"]

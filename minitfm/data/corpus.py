@@ -16,59 +16,27 @@ Alignment is the one thing a reader must never get wrong, so:
 - invalid UTF-8 is an error naming the file and line, or, when the caller asks with
   ``skip_invalid=True``, the *pair* is dropped from both sides and counted.
 
-Gzip is detected from the file's first bytes, not its name.
+Files are read by :mod:`minitfm.data.reading`: gzip detected from the first bytes, not the name;
+every file a regular one (a corpus is read more than once), refused before any reading
+otherwise; lines at most MAX_LINE_BYTES long.
 """
 
 from __future__ import annotations
 
-import gzip
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import NamedTuple
+
+from .reading import DataError, raw_lines
 
 __all__ = [
-    "DataError", "ParallelText", "ParallelReader", "Segment",
-    "file_stamp", "parallel_files", "require_pairs", "raw_lines", "read_parallel", "read_parallel_files", "read_lines",
-    "read_sgm",
-    "unescape_xml",
+    "ParallelText", "ParallelReader", "Segment", "file_stamp", "parallel_files", "require_pairs",
+    "read_parallel", "read_parallel_files", "read_lines", "read_sgm", "unescape_xml",
 ]
-
-_GZIP_MAGIC = b"\x1f\x8b"
-_UTF8_BOM = b"\xef\xbb\xbf"
-
-
-class DataError(ValueError):
-    """Input data is missing, unreadable, misaligned or malformed; the message says what to do."""
-
-
-# ----------------------------------------------------------------------------- opening files
-
-def _open_bytes(path: Path) -> BinaryIO:
-    """Open ``path`` for binary reading, transparently decompressing gzip."""
-    try:
-        with open(path, "rb") as probe:
-            magic = probe.read(2)
-        return gzip.open(path, "rb") if magic == _GZIP_MAGIC else open(path, "rb")
-    except FileNotFoundError:
-        raise DataError(f"{path}: file not found") from None
-    except OSError as exc:
-        raise DataError(f"{path}: cannot open ({exc.strerror or exc})") from exc
-
-
-def _iter_raw_lines(path: Path) -> Iterator[bytes]:
-    """Yield the lines of ``path`` as bytes without their line ending (``\\n`` or ``\\r\\n``)."""
-    with _open_bytes(path) as stream:
-        try:
-            for number, line in enumerate(stream, start=1):
-                if number == 1 and line.startswith(_UTF8_BOM):
-                    line = line[len(_UTF8_BOM):]
-                yield line.rstrip(b"\n").rstrip(b"\r")
-        except (OSError, EOFError) as exc:  # truncated or corrupt gzip, I/O error
-            raise DataError(f"{path}: read failed ({exc}); the file is corrupt or truncated, "
-                            "re-create or re-download it") from exc
 
 
 def _decode(line: bytes, path: Path, number: int) -> str:
@@ -80,16 +48,10 @@ def _decode(line: bytes, path: Path, number: int) -> str:
             "fix the file or read it with skip_invalid=True to drop such pairs") from None
 
 
-def raw_lines(path: str | Path) -> Iterator[bytes]:
-    """The lines of a plain or gzipped file as bytes, without line endings (and without a UTF-8
-    byte-order mark); a truncated or corrupt gzip file raises :class:`DataError`."""
-    return _iter_raw_lines(Path(path))
-
-
 def read_lines(path: str | Path) -> list[str]:
     """All lines of a plain or gzipped UTF-8 text file, without line endings."""
     path = Path(path)
-    return [_decode(line, path, n) for n, line in enumerate(_iter_raw_lines(path), start=1)]
+    return [_decode(line, path, n) for n, line in enumerate(raw_lines(path), start=1)]
 
 
 def file_stamp(path: str | Path) -> dict:
@@ -119,7 +81,7 @@ def require_pairs(prefix: str | Path, src_lang: str, tgt_lang: str) -> None:
     paths = parallel_files(prefix, src_lang, tgt_lang)
     empty = []
     for path in paths:
-        lines = _iter_raw_lines(path)
+        lines = raw_lines(path)
         if next(lines, None) is None:
             empty.append(str(path))
         lines.close()
@@ -131,7 +93,7 @@ def require_pairs(prefix: str | Path, src_lang: str, tgt_lang: str) -> None:
 
 def _find_side(prefix: str | Path, lang: str) -> Path:
     candidates = [Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")]
-    found = [path for path in candidates if path.is_file()]
+    found = [path for path in candidates if os.path.lexists(path)]
     if not found:
         looked = ", ".join(str(path) for path in candidates)
         raise DataError(f"corpus {prefix!s}: no '{lang}' side found (looked for {looked})")
@@ -159,8 +121,8 @@ class ParallelReader:
     def __iter__(self) -> Iterator[tuple[str, str]]:
         self.lines = self.skipped_invalid = 0
         src_count = tgt_count = 0
-        for src_raw, tgt_raw in zip_longest(_iter_raw_lines(self.src_path),
-                                            _iter_raw_lines(self.tgt_path)):
+        for src_raw, tgt_raw in zip_longest(raw_lines(self.src_path),
+                                            raw_lines(self.tgt_path)):
             src_count += src_raw is not None
             tgt_count += tgt_raw is not None
             if src_raw is None or tgt_raw is None:
@@ -267,7 +229,7 @@ def _is_sgm(path: Path) -> bool:
 
 def _read_segments(path: Path, skip_invalid: bool) -> list[Segment]:
     segments, docid = [], ""
-    for number, line in enumerate(_iter_raw_lines(path), start=1):
+    for number, line in enumerate(raw_lines(path), start=1):
         if line.lstrip().startswith(b"<doc"):
             match = _ATTR_DOCID.search(line)
             docid = match.group(1).decode("utf-8", "replace") if match else ""

@@ -33,12 +33,13 @@ import numpy as np
 from tqdm import tqdm
 
 from .clean import CleanOptions, CleanReport, filter_pairs
-from .corpus import DataError, ParallelReader, file_stamp, parallel_files
+from .corpus import ParallelReader, file_stamp, parallel_files
+from .reading import DataError
 from minitfm import files as whole_files
 
 from .vocab import Vocab, read_metadata
 
-__all__ = ["EncodedCorpus", "encode_corpus", "cache_name"]
+__all__ = ["EncodedCorpus", "encode_corpus", "cache_name", "load_array", "NpyAppender", "TOKEN_DTYPE"]
 
 FORMAT = "minitfm-encoded-corpus/1"
 TOKEN_DTYPE = np.int32
@@ -82,7 +83,7 @@ class EncodedCorpus:
             raise DataError(f"{cache_dir / (name + '.json')}: no complete encoded corpus there; "
                             "build it with encode_corpus")
         files = manifest["files"]
-        arrays = [_load_array(cache_dir / files[key], mmap)
+        arrays = [load_array(cache_dir / files[key], mmap)
                   for key in ("src_tokens", "src_offsets", "tgt_tokens", "tgt_offsets")]
         return cls(*arrays, manifest=manifest)
 
@@ -121,7 +122,8 @@ def _flatten(ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     return tokens, offsets
 
 
-def _load_array(path: Path, mmap: bool) -> np.ndarray:
+def load_array(path: Path, mmap: bool) -> np.ndarray:
+    """A cached ``.npy`` array (memory-mapped with ``mmap``); a damaged file is a DataError."""
     try:
         return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (OSError, ValueError) as exc:
@@ -184,7 +186,7 @@ def _cache_key(src_path: Path, tgt_path: Path, src_lang: str, tgt_lang: str, voc
 class _Side:
     """One side being written: tokens appended to an ``.npy`` file, lengths kept in memory."""
 
-    tokens: _NpyAppender
+    tokens: NpyAppender
     lengths: list[np.ndarray]
 
     def add(self, ids: list[list[int]]) -> None:
@@ -213,7 +215,7 @@ def _build(cache_dir: Path, name: str, key: dict, reader: ParallelReader, vocab:
     report = CleanReport()
     with whole_files.replacing(cache_dir / names["src_tokens"]) as src_tmp, \
             whole_files.replacing(cache_dir / names["tgt_tokens"]) as tgt_tmp:
-        with _NpyAppender(Path(src_tmp)) as src_out, _NpyAppender(Path(tgt_tmp)) as tgt_out:
+        with NpyAppender(Path(src_tmp)) as src_out, NpyAppender(Path(tgt_tmp)) as tgt_out:
             src, tgt = _Side(src_out, []), _Side(tgt_out, [])
             for chunk in _chunks(filter_pairs(reader, clean, report), progress, name):
                 src.add(vocab.encode([s for s, _ in chunk]))
@@ -240,7 +242,7 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
         np.save(f, array, allow_pickle=False)
 
 
-class _NpyAppender:
+class NpyAppender:
     """Write a 1-D int32 ``.npy`` file whose length is only known at the end.
 
     The header is written with a placeholder length and rewritten on close; a 1-D header is padded
@@ -262,7 +264,7 @@ class _NpyAppender:
         self.file.write(np.ascontiguousarray(array, dtype=TOKEN_DTYPE).tobytes())
         self.count += len(array)
 
-    def __enter__(self) -> _NpyAppender:
+    def __enter__(self) -> NpyAppender:
         return self
 
     def __exit__(self, *exc_info) -> None:

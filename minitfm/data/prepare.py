@@ -50,7 +50,8 @@ from tqdm import tqdm
 from minitfm import files
 
 from .clean import CleanOptions, CleanReport, filter_pairs
-from .corpus import DataError, ParallelReader, read_parallel_files
+from .corpus import ParallelReader, read_parallel_files
+from .reading import DataError
 
 __all__ = ["Archive", "ARCHIVES", "BASE_URL_ENV", "prepare_wmt14", "download", "extract_members"]
 

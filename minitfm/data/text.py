@@ -6,7 +6,7 @@ before it. This module turns a UTF-8 text file into that sequence and serves it 
     tokenizer   characters (:class:`CharTokenizer`: the vocabulary is the file's characters,
                 sorted) or the project's sentencepiece BPE (:class:`BPETokenizer`, over
                 :class:`~minitfm.data.vocab.Vocab`, one line at a time, EOS standing for "\\n");
-                both in :mod:`minitfm.data.tokenizers`, their names importable from here
+                both in :mod:`minitfm.data.tokenizers`
     tokens      the whole file encoded once (:func:`encode_text_file`); with a cache directory,
                 stored as ``NAME.tokens.npy`` and opened memory-mapped, so a large file costs no
                 memory and a second run no encoding
@@ -44,14 +44,13 @@ import numpy as np
 
 from minitfm import backend, files
 
-from .corpus import DataError, file_stamp
-from .encoded import TOKEN_DTYPE, _load_array, _NpyAppender
+from .corpus import file_stamp
+from .reading import DataError
+from .encoded import TOKEN_DTYPE, load_array, NpyAppender
 from .vocab import read_metadata
-from .tokenizers import (BPETokenizer, CharTokenizer, Tokenizer, _text_chunks, load_tokenizer,
-                         read_text, tokenizer_from_array)
+from .tokenizers import Tokenizer, text_chunks
 
-__all__ = ["CharTokenizer", "BPETokenizer", "Tokenizer", "load_tokenizer", "tokenizer_from_array",
-           "read_text", "encode_text_file", "TextData", "load_text", "BLOCKS_STREAM",
+__all__ = ["encode_text_file", "TextData", "load_text", "BLOCKS_STREAM",
            "random_blocks", "validation_blocks"]
 
 FORMAT = "minitfm-text-tokens/1"
@@ -75,7 +74,7 @@ def encode_text_file(path: str | Path, tokenizer: Tokenizer,
         raise DataError(f"{path}: no such text file" if not path.exists()
                         else f"{path}: not a regular file; give the path of a text file")
     if cache_dir is None:
-        tokens = [tokenizer.encode(chunk) for chunk in _text_chunks(path)]
+        tokens = [tokenizer.encode(chunk) for chunk in text_chunks(path)]
         tokens = np.concatenate(tokens) if tokens else np.zeros(0, TOKEN_DTYPE)
         _check_not_empty(path, len(tokens))
         return tokens
@@ -87,21 +86,21 @@ def encode_text_file(path: str | Path, tokenizer: Tokenizer,
     manifest, broken = read_metadata(manifest_path, [tokens_path])
     if (manifest is not None and all(manifest.get(k) == v for k, v in key.items())
             and tokens_path.is_file()):
-        return _load_array(tokens_path, mmap=True)
+        return load_array(tokens_path, mmap=True)
     if broken:
         _log.warning("the token cache %s is incomplete: %s; encoding %s again", tokens_path,
                      broken, path)
     cache_dir.mkdir(parents=True, exist_ok=True)
     manifest_path.unlink(missing_ok=True)     # the cache is incomplete from here on
     with files.replacing(tokens_path) as temporary:
-        with _NpyAppender(Path(temporary)) as out:
-            for chunk in _text_chunks(path):
+        with NpyAppender(Path(temporary)) as out:
+            for chunk in text_chunks(path):
                 out.append(tokenizer.encode(chunk))
         _check_not_empty(path, out.count)
     document = dict(key, tokens=tokens_path.name, count=out.count)
     with files.replacing(manifest_path) as temporary:     # written last: the cache is complete
         Path(temporary).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
-    return _load_array(tokens_path, mmap=True)
+    return load_array(tokens_path, mmap=True)
 
 
 def _check_not_empty(path: Path, count: int) -> None:

@@ -24,40 +24,42 @@ from pathlib import Path
 import numpy as np
 
 from minitfm import files
+from minitfm.ids import EOS_ID
 
-from .corpus import DataError, _open_bytes
+from .reading import UTF8_BOM, DataError, bounded_lines, open_bytes
 from .encoded import TOKEN_DTYPE
-from .vocab import EOS_ID, Vocab, train_vocab
+from .vocab import Vocab, train_vocab
 
 __all__ = ["CharTokenizer", "BPETokenizer", "Tokenizer", "load_tokenizer", "tokenizer_from_array",
-           "read_text", "CHAR_FORMAT"]
+           "read_text", "text_chunks", "CHAR_FORMAT", "CHUNK_BYTES"]
 
 CHAR_FORMAT = "minitfm-char-vocab/1"
-_CHUNK_BYTES = 1 << 22       # text is read and encoded about 4 MiB of whole lines at a time
-_UTF8_BOM = b"\xef\xbb\xbf"
+CHUNK_BYTES = 1 << 22       # text is read and encoded about 4 MiB of whole lines at a time
 
 
 # ----------------------------------------------------------------------------- reading text
 
-def _text_chunks(path: Path) -> Iterator[str]:
-    """The text of ``path`` (plain or gzipped UTF-8) in pieces of whole lines, in order.
+def text_chunks(path: Path) -> Iterator[str]:
+    """The text of ``path`` (plain or gzipped UTF-8, a regular file) in pieces of whole lines,
+    in order; a line longer than MAX_LINE_BYTES is a :class:`DataError` naming it.
 
     Pieces end at a ``\\n`` (except the last), so encoding them one by one and concatenating is
     the same as encoding the whole text. A leading UTF-8 byte-order mark is not part of the text.
     """
-    with _open_bytes(path) as stream:
+    with open_bytes(path) as stream:
+        lines = bounded_lines(stream, path)
         line = 1
         first = True
         while True:
             try:
-                data = b"".join(stream.readlines(_CHUNK_BYTES))
+                data = b"".join(_up_to(lines, CHUNK_BYTES))
             except (OSError, EOFError) as exc:
                 raise DataError(f"{path}: read failed ({exc}); the file is corrupt or truncated, "
                                 "re-create it") from exc
             if not data:
                 return
-            if first and data.startswith(_UTF8_BOM):
-                data = data[len(_UTF8_BOM):]
+            if first and data.startswith(UTF8_BOM):
+                data = data[len(UTF8_BOM):]
             first = False
             try:
                 text = data.decode("utf-8")
@@ -69,9 +71,20 @@ def _text_chunks(path: Path) -> Iterator[str]:
             yield text
 
 
+def _up_to(lines: Iterator[bytes], size: int) -> list[bytes]:
+    """The next lines of ``lines``, as many as make ``size`` bytes or just more (or the rest)."""
+    taken, total = [], 0
+    for line in lines:
+        taken.append(line)
+        total += len(line)
+        if total >= size:
+            break
+    return taken
+
+
 def read_text(path: str | Path) -> str:
     """The whole text of a UTF-8 file (for small files; :func:`encode_text_file` streams)."""
-    return "".join(_text_chunks(Path(path)))
+    return "".join(text_chunks(Path(path)))
 
 
 # ----------------------------------------------------------------------------- tokenizers
@@ -106,7 +119,7 @@ class CharTokenizer:
         """The vocabulary of the characters in a UTF-8 file, read in pieces."""
         path = Path(path)
         seen: set[str] = set()
-        for chunk in _text_chunks(path):
+        for chunk in text_chunks(path):
             seen.update(chunk)
         if not seen:
             raise DataError(f"{path} holds no text: a language model needs a non-empty file")
@@ -182,7 +195,7 @@ class BPETokenizer:
 
         Like the character vocabulary, it is fitted on the whole file, validation part included.
         """
-        lines = (line for chunk in _text_chunks(Path(path)) for line in chunk.split("\n") if line)
+        lines = (line for chunk in text_chunks(Path(path)) for line in chunk.split("\n") if line)
         return cls(train_vocab(lines, vocab_size, **options))
 
     @property
@@ -240,9 +253,10 @@ class BPETokenizer:
 Tokenizer = CharTokenizer | BPETokenizer
 
 
-def tokenizer_from_array(kind: str, array: np.ndarray) -> Tokenizer:
-    """The tokenizer from its ``kind`` and :meth:`as_array` (a checkpoint stores both)."""
-    array = np.asarray(array)
+def tokenizer_from_array(kind: str, array: np.ndarray | bytes) -> Tokenizer:
+    """The tokenizer from its ``kind`` and :meth:`as_array` (a checkpoint stores both), or those
+    bytes."""
+    array = np.frombuffer(array, np.uint8) if isinstance(array, bytes) else np.asarray(array)
     if array.dtype != np.uint8 or array.ndim != 1:
         raise DataError(f"a tokenizer array must be 1-D uint8, got {array.dtype} {array.shape}")
     if kind == CharTokenizer.kind:

@@ -33,9 +33,10 @@ import sentencepiece as spm
 from minitfm import files
 from minitfm.ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
-from .corpus import DataError, ParallelReader, file_stamp, parallel_files
+from .corpus import ParallelReader, file_stamp, parallel_files
+from .reading import DataError
 
-__all__ = ["PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "Vocab", "train_vocab", "train_joint_vocab",
+__all__ = ["Vocab", "train_vocab", "train_joint_vocab",
            "cached_joint_vocab", "read_metadata", "sample_sentences"]
 
 _SPECIAL_PIECES = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>"}

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from minitfm import options
+from minitfm.argtypes import positive_int
 from minitfm.cli import report_errors
 from minitfm.export import source
 from minitfm.export.source import ExportError
@@ -43,7 +44,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "search", "minitfm's beam search settings, written into decoding.json as the "
                   "CTranslate2 call that searches alike (a warning where none does)")
     options.add_search_options(search)
-    search.add_argument("--max-len", type=options.positive_int,
+    search.add_argument("--max-len", type=positive_int,
                         help="most output tokens (default: the model's max_len)")
     return p.parse_args(argv)
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import re
 
 import numpy
 
@@ -49,15 +51,24 @@ def metadata(loaded: Loaded) -> dict[str, str]:
 
 
 def export(loaded: Loaded, path: str) -> None:
-    """Write ``loaded``'s parameters and metadata to the file ``path``."""
+    """Write ``loaded``'s parameters and metadata to the file ``path``. The library's own error
+    for a failed write (``SafetensorError``, "... (os error 28)") is raised as the ``OSError``
+    it reports, so that it is told as every failed write is (``files.replacing``)."""
     tensors = {name: numpy.ascontiguousarray(value) for name, value in loaded.params.items()}
-    _library().save_file(tensors, path, metadata=metadata(loaded))
+    library = _library()
+    try:
+        library.save_file(tensors, path, metadata=metadata(loaded))
+    except Exception as exc:                            # SafetensorError: not an OSError
+        code = re.search(r"os error (\d+)", str(exc))
+        if code is None:
+            raise ExportError(f"safetensors could not write the file: {exc}") from exc
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), path) from exc
 
 
 def read(path: str) -> Loaded:
     """The checked model of a safetensors file written by :func:`export`."""
-    from safetensors import safe_open                   # after _library(): a clear error first
-    _library()
+    _library()                                          # a clear error first, without the extra
+    from safetensors import safe_open
     try:
         with safe_open(path, framework="numpy") as f:
             meta = f.metadata() or {}

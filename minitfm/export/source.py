@@ -9,8 +9,10 @@ fails it raises ``usable.UnusableCheckpoint`` (a ``checkpoint.CheckpointError``)
 
 Writing. An export is never left half-written: a directory is built under a temporary name
 beside its destination and renamed into place when complete (:func:`output_directory`); a single
-file is written to a temporary file, flushed, then renamed (:func:`output_file`). A failure on
-the way removes the temporary and leaves an existing destination as it was.
+file is written to a temporary file, flushed, then renamed (:func:`output_file`); both through
+:mod:`minitfm.files`, so a full disk names the folder and the space free there. A failure on the
+way removes the temporary and leaves an existing destination as it was; the temporaries of an
+export that was killed are removed by the next export to the same destination.
 
 Host-side code: weights are read and written as NumPy arrays on purpose.
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -78,31 +80,31 @@ def _refuse_existing(path: str, force: bool) -> None:
 @contextlib.contextmanager
 def output_directory(path: str, force: bool = False) -> Iterator[str]:
     """Yield a new empty directory to fill; on success it replaces ``path`` (only with
-    ``force`` when ``path`` exists); on any error it is removed and ``path`` is untouched."""
+    ``force`` when ``path`` exists); on any error it is removed and ``path`` is untouched
+    (``files.replacing_directory``). Temporaries that earlier exports to ``path`` left when
+    killed are removed first (``files.remove_stale_temporaries``)."""
     _refuse_existing(path, force)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = files.temporary_beside(path)
-    os.mkdir(tmp)
-    try:
+    _remove_stale(path)
+    with files.replacing_directory(path) as tmp:
         yield tmp
-        if os.path.lexists(path):                 # --force: move the old one aside first
-            old = files.temporary_beside(path)
-            os.rename(path, old)
-            os.rename(tmp, path)
-            shutil.rmtree(old) if os.path.isdir(old) else os.remove(old)
-        else:
-            os.rename(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 @contextlib.contextmanager
 def output_file(path: str, force: bool = False) -> Iterator[str]:
     """Yield a temporary file name to write; on success it is fsync'ed and renamed to ``path``;
-    on any error it is removed and ``path`` is untouched."""
+    on any error it is removed and ``path`` is untouched. Stale temporaries go first, as for
+    :func:`output_directory`."""
     _refuse_existing(path, force)
     if os.path.isdir(path):
         raise ExportError(f"{path} is a directory: name the output file")
+    _remove_stale(path)
     with files.replacing(path) as tmp:
         yield tmp
+
+
+def _remove_stale(path: str) -> None:
+    folder, name = os.path.split(os.path.abspath(path))
+    removed = files.remove_stale_temporaries(folder, name)
+    if removed:
+        print(f"removed {removed} temporar{'y' if removed == 1 else 'ies'} that killed exports "
+              f"to {path} left in {folder}", file=sys.stderr, flush=True)

@@ -41,6 +41,11 @@ needed: slots after t are never read). ``cross_step`` is the row t of ``cross_fo
 and values of the encoder output do not change from step to step and are projected once, by
 ``cross_kv``, and several rows may share one source's (the beams of a sentence). Each step sits
 right below the forward pass it mirrors.
+
+Fused (``--kernels fused``, on CuPy): the scaling, the mask and the softmax are one kernel over
+the scores, a block of threads per row (the max and the sum reduced in the block), and the
+softmax backward (with the 1 / sqrt(d_k) of dQ and dK) is one kernel over dP; their twins are the
+plain lines of ``sdpa_forward`` and ``sdpa_backward``.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from minitfm import backend
+from minitfm import backend, fused
 from minitfm.layers import dropout, linear
 
 MASKED = -1e9
@@ -96,12 +101,12 @@ def sdpa_forward(q, k, v, mask=None, o_out=None, p_drop=0.0, rng=None):
     xp = backend.xp
     scale = 1.0 / math.sqrt(q.shape[-1])
     s = q @ k.swapaxes(-1, -2)                      # (B, H, T, S)
-    s *= scale
-    if mask is not None:
-        s += mask
-    s -= s.max(axis=-1, keepdims=True)              # softmax, in place on the scores
-    p = xp.exp(s, out=s)
-    p /= p.sum(axis=-1, keepdims=True)              # (B, H, T, S)
+    # the kernel takes (B, H, T, S) scores; beam search's cross-attention, several beams to a
+    # source (B, H, K, T, S), takes the plain lines
+    if s.ndim == 4 and fused.active(s, *(() if mask is None else (mask,))):
+        p = _fused_softmax(s, scale, mask)
+    else:
+        p = _softmax(s, scale, mask)
     p_dropped, c_drop = dropout.forward(p, p_drop, rng)     # a new array: P stays for backward
     o = xp.matmul(p_dropped, v, out=o_out)          # (B, H, T, d_k)
     return o, SdpaCache(q, k, v, p, p_dropped, c_drop, scale)
@@ -119,13 +124,114 @@ def sdpa_backward(do, cache: SdpaCache, dq_out=None, dk_out=None, dv_out=None):
     dp = do @ v.swapaxes(-1, -2)                                # (B, H, T, S)
     if cache.dropout is not None:
         dp, _ = dropout.backward(dp, cache.dropout)
-    dp -= xp.einsum("...ts,...ts->...t", dp, p)[..., None]     # rowsum(dP * P), one pass
-    ds = dp
-    ds *= p                                         # dS = P * (dP - rowsum(dP * P))
-    ds *= cache.scale                               # fold 1/sqrt(d_k) in once for dQ and dK
+    if fused.active(dp, p):
+        SOFTMAX_BACKWARD((p.size // p.shape[-1],), (dp, p, fused.i32(p.shape[-1]),
+                                                    fused.f32(cache.scale)))
+        ds = dp
+    else:
+        ds = _softmax_backward(dp, p, cache.scale)
     dq = xp.matmul(ds, k, out=dq_out)                           # (B, H, T, d_k)
     dk = xp.matmul(ds.swapaxes(-1, -2), q, out=dk_out)          # (B, H, S, d_k)
     return dq, dk, dv, {}
+
+
+def _softmax(s, scale, mask):
+    """P = softmax(s * scale + mask) over the last axis, in place on the scores s."""
+    s *= scale
+    if mask is not None:
+        s += mask
+    s -= s.max(axis=-1, keepdims=True)
+    p = backend.xp.exp(s, out=s)
+    p /= p.sum(axis=-1, keepdims=True)
+    return p
+
+
+def _softmax_backward(dp, p, scale):
+    """dS = P * (dP - rowsum(dP * P)) * scale, in place on dP."""
+    dp -= backend.xp.einsum("...ts,...ts->...t", dp, p)[..., None]     # rowsum(dP * P), one pass
+    ds = dp
+    ds *= p                                         # dS = P * (dP - rowsum(dP * P))
+    ds *= scale                                     # fold 1/sqrt(d_k) in once for dQ and dK
+    return ds
+
+
+# ---- fused: the softmax with its mask, each way ----------------------------------------------
+
+SOFTMAX_SOURCE = fused.BLOCK_REDUCE + r"""
+// scores s (rows of `cols`; row r = (b, h, t) of (B, H, T)) -> softmax(s * scale + mask), in
+// place; the mask element of (b, h, t, j) is mask[b*mb + h*mh + t*mt + j*mj] (0 strides where
+// it broadcasts), no mask when has_mask is 0
+extern "C" __global__ void softmax_forward(float* s, const float* mask, int cols, int heads,
+        int steps, long long mb, long long mh, long long mt, long long mj, int has_mask,
+        float scale) {
+    __shared__ float scratch[32];
+    long long r = blockIdx.x, row = r * cols;
+    long long m0 = (r / ((long long)heads * steps)) * mb + ((r / steps) % heads) * mh
+                   + (r % steps) * mt;
+    float top = __int_as_float(0xff800000);
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+        float v = s[row + j] * scale;
+        if (has_mask) v = v + mask[m0 + j * mj];
+        s[row + j] = v;
+        top = fmaxf(top, v);
+    }
+    top = block_max(top, scratch);
+    float total = 0.0f;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+        float e = expf(s[row + j] - top);
+        s[row + j] = e;
+        total += e;
+    }
+    total = block_sum(total, scratch);
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) s[row + j] = s[row + j] / total;
+}
+"""
+
+
+def _softmax_twin(s, mask, cols, heads, steps, mb, mh, mt, mj, has_mask, scale):
+    _softmax(s, float(scale), mask if has_mask else None)    # the mask broadcasts as its strides
+
+
+SOFTMAX = fused.Kernel("softmax_forward", SOFTMAX_SOURCE, _softmax_twin)
+
+
+def _fused_softmax(s, scale, mask):
+    xp = backend.xp
+    b, h, t, cols = s.shape
+    strides, has_mask = (0, 0, 0, 0), 0
+    if mask is not None:
+        mask = xp.ascontiguousarray(mask)
+        item = mask.dtype.itemsize
+        strides = tuple(st // item for st in xp.broadcast_to(mask, s.shape).strides)
+        has_mask = 1
+    else:
+        mask = s                        # not read
+    SOFTMAX((b * h * t,), (s, mask, fused.i32(cols), fused.i32(h), fused.i32(t),
+                           *map(fused.i64, strides), fused.i32(has_mask),
+                           fused.f32(scale)))
+    return s
+
+
+SOFTMAX_BACKWARD_SOURCE = fused.BLOCK_REDUCE + r"""
+// dS = P * (dP - rowsum(dP * P)) * scale, in place over dP, a block per row
+extern "C" __global__ void softmax_backward(float* dp, const float* p, int cols, float scale) {
+    __shared__ float scratch[32];
+    long long row = (long long)blockIdx.x * cols;
+    float dot = 0.0f;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) dot += dp[row + j] * p[row + j];
+    dot = block_sum(dot, scratch);
+    for (int j = threadIdx.x; j < cols; j += blockDim.x)
+        dp[row + j] = (dp[row + j] - dot) * p[row + j] * scale;
+}
+"""
+
+
+def _softmax_backward_twin(dp, p, cols, scale):
+    _softmax_backward(dp, p, float(scale))
+
+
+SOFTMAX_BACKWARD = fused.Kernel("softmax_backward", SOFTMAX_BACKWARD_SOURCE,
+                                _softmax_backward_twin)
 
 
 # ---- head split / merge, projections ---------------------------------------------------------
@@ -183,16 +289,15 @@ def self_param_shapes(d_model: int) -> dict[str, tuple[int, ...]]:
             **_projection_shapes("o", d_model, d_model)}
 
 
-def self_forward(x, p, mask, n_heads, p_drop=0.0, rng=None):
-    """x (B, T, d_model); p has "w_qkv" (d, 3d), "b_qkv", "w_o" (d, d), "b_o".
-
-    ``p_drop``: attention dropout on the weights, drawn from ``rng`` (see ``sdpa_forward``).
-    """
+def self_forward(x, p, mask, n_heads, p_drop=0.0, rng=None, add_bias=True):
+    """x (B, T, d_model); p has "w_qkv" (d, 3d), "b_qkv", "w_o" (d, d), "b_o". ``p_drop``:
+    attention dropout on the weights, drawn from ``rng`` (see ``sdpa_forward``);
+    ``add_bias=False``: b_o is left to the caller (``linear.forward``)."""
     qkv, c_qkv = linear.forward(x, {"w": p["w_qkv"], "b": p["b_qkv"]})              # (B, T, 3d)
     q, k, v = split_heads(qkv, 3, n_heads)                               # (B, H, T, d_k) each
     merged, (o,) = heads_buffer(*x.shape[:2], 1, n_heads, q.shape[-1], x.dtype)
     _, c_att = sdpa_forward(q, k, v, mask, o, p_drop, rng)               # into merged (B, T, d)
-    y, c_o = linear.forward(merged, {"w": p["w_o"], "b": p["b_o"]})                 # (B, T, d)
+    y, c_o = linear.forward(merged, {"w": p["w_o"], "b": p["b_o"]}, add_bias)       # (B, T, d)
     return y, SelfCache(c_qkv, c_att, c_o, n_heads)
 
 
@@ -238,11 +343,11 @@ def cross_param_shapes(d_model: int) -> dict[str, tuple[int, ...]]:
             **_projection_shapes("o", d_model, d_model)}
 
 
-def cross_forward(x, memory, p, mask, n_heads, p_drop=0.0, rng=None):
+def cross_forward(x, memory, p, mask, n_heads, p_drop=0.0, rng=None, add_bias=True):
     """x (B, T, d) decoder state, memory (B, S, d) encoder output.
 
     p has "w_q" (d, d), "b_q", "w_kv" (d, 2d), "b_kv", "w_o", "b_o". ``p_drop``: attention
-    dropout on the weights, drawn from ``rng`` (see ``sdpa_forward``).
+    dropout on the weights, drawn from ``rng`` (see ``sdpa_forward``); ``add_bias``: as above.
     """
     qp, c_q = linear.forward(x, {"w": p["w_q"], "b": p["b_q"]})                     # (B, T, d)
     kv, c_kv = linear.forward(memory, {"w": p["w_kv"], "b": p["b_kv"]})             # (B, S, 2d)
@@ -250,7 +355,7 @@ def cross_forward(x, memory, p, mask, n_heads, p_drop=0.0, rng=None):
     k, v = split_heads(kv, 2, n_heads)
     merged, (o,) = heads_buffer(*x.shape[:2], 1, n_heads, q.shape[-1], x.dtype)
     _, c_att = sdpa_forward(q, k, v, mask, o, p_drop, rng)               # into merged (B, T, d)
-    y, c_o = linear.forward(merged, {"w": p["w_o"], "b": p["b_o"]})
+    y, c_o = linear.forward(merged, {"w": p["w_o"], "b": p["b_o"]}, add_bias)
     return y, CrossCache(c_q, c_kv, c_att, c_o, n_heads)
 
 

@@ -13,13 +13,19 @@ for the i-th batch of a step, so the masks are reproducible from those numbers a
 a ``numpy.random.Generator`` that draws 16-bit integers as raw bytes, on CuPy the counter-based
 Philox stream (``minitfm.philox``), computed with array operations and creating no generator on
 the device. The two backends draw different masks. No parameters.
+
+Fused (``--kernels fused``, on CuPy): the mask is drawn and applied in one kernel, which computes
+the Philox stream itself (``philox.DEVICE``: one thread per block of the stream, 8 elements) and
+draws exactly what ``Philox.keep`` draws; the backward pass is one kernel too. Their twins, below
+each, are the plain code above. ``draw`` and ``mask_of`` serve the kernels that fuse a dropout
+with their own work (residual, feed-forward).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend
+from minitfm import backend, fused, philox
 
 
 class Cache(NamedTuple):
@@ -34,6 +40,8 @@ def forward(x, p, rng=None, inplace=False):
     """
     if rng is None or p == 0.0:
         return x, None
+    if fused.active(x) and isinstance(rng, philox.Philox):
+        return _fused_forward(x, p, rng, inplace)
     keep, scale = backend.dropout_keep(rng, x.shape, p)      # bool, same shape as x
     y = backend.xp.multiply(x, keep, out=x if inplace else None)
     y *= scale
@@ -44,6 +52,82 @@ def backward(dy, cache: Cache | None):
     """Return ``(dx, {})``."""
     if cache is None:
         return dy, {}
+    if fused.active(dy):
+        dx = backend.xp.empty_like(dy)
+        BACKWARD(fused.grid_for(dy.size), (dy, cache.keep, dx, fused.i64(dy.size),
+                                          fused.f32(cache.scale)))
+        return dx, {}
     dx = dy * cache.keep
     dx *= cache.scale
     return dx, {}
+
+
+# ---- fused: one kernel each way ----------------------------------------------------------
+
+def draw(rng: philox.Philox, size: int, p: float) -> tuple:
+    """The arguments a kernel needs to draw a keep mask of ``size`` elements at drop probability
+    ``p`` from ``rng`` (which moves on past them): ``(threshold, scale, k0, k1, first)``, typed as
+    the kernels take them."""
+    threshold = round(p * backend.DROPOUT_LEVELS)
+    scale = backend.DROPOUT_LEVELS / (backend.DROPOUT_LEVELS - threshold)
+    k0, k1, first = rng.take(size)
+    return (fused.u32(threshold), fused.f32(scale), fused.u32(k0), fused.u32(k1),
+            fused.u64(first))
+
+
+def mask_of(shape, threshold, k0, k1, first):
+    """The keep mask that ``draw``'s arguments stand for, drawn with the plain Philox (a twin's)."""
+    generator = philox.Philox(int(k0) | int(k1) << 32, int(first), xp=backend.xp)
+    return generator.keep(shape, int(threshold))
+
+
+FORWARD_SOURCE = philox.DEVICE + r"""
+extern "C" __global__ void dropout_forward(const float* x, float* y, bool* keep, long long n,
+        unsigned int threshold, float scale, unsigned int k0, unsigned int k1,
+        unsigned long long first) {
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;   // Philox block first + t
+    long long i = t * 8;
+    if (i >= n) return;
+    unsigned int u[8];
+    philox_draws16(first + t, k0, k1, u);
+    for (int j = 0; j < 8 && i + j < n; ++j) {
+        bool kept = u[j] >= threshold;
+        keep[i + j] = kept;
+        y[i + j] = kept ? x[i + j] * scale : 0.0f;
+    }
+}
+"""
+
+
+def _forward_twin(x, y, keep, n, threshold, scale, k0, k1, first):
+    keep[...] = mask_of(x.shape, threshold, k0, k1, first)
+    backend.xp.multiply(x, keep, out=y)
+    y *= float(scale)
+
+
+FORWARD = fused.Kernel("dropout_forward", FORWARD_SOURCE, _forward_twin)
+
+BACKWARD_SOURCE = r"""
+extern "C" __global__ void dropout_backward(const float* dy, const bool* keep, float* dx,
+                                            long long n, float scale) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dx[i] = keep[i] ? dy[i] * scale : 0.0f;
+}
+"""
+
+
+def _backward_twin(dy, keep, dx, n, scale):
+    backend.xp.multiply(dy, keep, out=dx)
+    dx *= float(scale)
+
+
+BACKWARD = fused.Kernel("dropout_backward", BACKWARD_SOURCE, _backward_twin)
+
+
+def _fused_forward(x, p, rng, inplace):
+    x = backend.xp.ascontiguousarray(x)
+    y = x if inplace else backend.xp.empty_like(x)
+    keep = backend.xp.empty(x.shape, dtype=bool)
+    args = draw(rng, x.size, p)
+    FORWARD(fused.grid_for(x.size, philox.KEEP_PER_BLOCK), (x, y, keep, fused.i64(x.size), *args))
+    return y, Cache(keep, float(args[1]))

@@ -17,13 +17,18 @@ ReLU dropout (fairseq's "activation dropout", Tensor2Tensor's "relu_dropout") dr
 of the feed-forward network: a regulariser for small corpora, off by default.
 
 Parameters: the two linear layers' "w" and "b", numbered: "w1", "b1", "w2", "b2".
+
+Fused (``--kernels fused``, on CuPy): b1, the ReLU and its dropout are one kernel over x W1 (the
+dropout's Philox mask drawn inside, as dropout.py's kernel draws it), and their backward one
+kernel over da; the twins are the plain lines of ``forward`` and ``backward``. Under mixed
+precision the forward kernel also writes its output in float16, for the second product.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend
+from minitfm import backend, fused, mixed, philox
 from minitfm.layers import dropout, linear
 
 
@@ -39,15 +44,18 @@ def param_shapes(d_model: int, d_ff: int) -> dict[str, tuple[int, ...]]:
     return {"w1": first["w"], "b1": first["b"], "w2": second["w"], "b2": second["b"]}
 
 
-def forward(x, p, p_drop=0.0, rng=None):
+def forward(x, p, p_drop=0.0, rng=None, add_bias=True):
     """Return ``(y, cache)``; the ReLU (and its dropout) is applied in place on h.
 
     ``p_drop``: ReLU dropout, drawn from ``rng`` (none when ``rng`` is None: evaluation).
+    ``add_bias=False``: b2 is left to the caller (``linear.forward``).
     """
+    if fused.active(x, p["w1"]) and (rng is None or isinstance(rng, philox.Philox)):
+        return _fused_forward(x, p, p_drop, rng, add_bias)
     h, c_first = linear.forward(x, {"w": p["w1"], "b": p["b1"]})        # (..., d_ff)
     a = backend.xp.maximum(h, 0, out=h)                                # in place: a = max(0, h)
     a, c_drop = dropout.forward(a, p_drop, rng, inplace=True)          # a is ours
-    y, c_second = linear.forward(a, {"w": p["w2"], "b": p["b2"]})       # (..., d_model)
+    y, c_second = linear.forward(a, {"w": p["w2"], "b": p["b2"]}, add_bias)   # (..., d_model)
     return y, Cache(c_first, a, c_drop, c_second)
 
 
@@ -56,8 +64,95 @@ def backward(dy, cache: Cache, out=None):
     out1 = None if out is None else {"w": out["w1"], "b": out["b1"]}
     out2 = None if out is None else {"w": out["w2"], "b": out["b2"]}
     da, g2 = linear.backward(dy, cache.second, out2)
+    if fused.active(da, cache.a):
+        scale = 1.0 if cache.dropout is None else cache.dropout.scale
+        BACKWARD(fused.grid_for(da.size), (da, cache.a, da, fused.i64(da.size),
+                                           fused.f32(scale)))
+    else:
+        da = _relu_dropout_backward(da, cache)
+    dx, g1 = linear.backward(da, cache.first, out1)
+    return dx, {"w1": g1["w"], "b1": g1["b"], "w2": g2["w"], "b2": g2["b"]}
+
+
+def _relu_dropout_backward(da, cache: Cache):
     if cache.dropout is not None:
         da, _ = dropout.backward(da, cache.dropout)
     da *= cache.a > 0                               # dh = da * [h > 0], in place
-    dx, g1 = linear.backward(da, cache.first, out1)
-    return dx, {"w1": g1["w"], "b1": g1["b"], "w2": g2["w"], "b2": g2["b"]}
+    return da
+
+
+# ---- fused: b1 + ReLU + dropout, each way -----------------------------------------------------
+
+FORWARD_SOURCE = philox.DEVICE + fused.HALF + r"""
+// a = dropout(max(0, h + b)) in place over h (N, d), 8 elements a thread (a block of Philox)
+extern "C" __global__ void bias_relu_dropout(float* h, const float* b, bool* keep, long long n,
+        int d, int drop, unsigned int threshold, float scale, unsigned int k0, unsigned int k1,
+        unsigned long long first, half_bits* a16, int half_out) {
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x, i = t * 8;
+    if (i >= n) return;
+    unsigned int u[8];
+    if (drop) philox_draws16(first + t, k0, k1, u);
+    for (int j = 0; j < 8 && i + j < n; ++j) {
+        float v = fmaxf(h[i + j] + b[(i + j) % d], 0.0f);
+        if (drop) {
+            bool kept = u[j] >= threshold;
+            keep[i + j] = kept;
+            v = kept ? v * scale : 0.0f;
+        }
+        h[i + j] = v;
+        if (half_out) a16[i + j] = float_to_half(v);
+    }
+}
+"""
+
+
+def _forward_twin(h, b, keep, n, d, drop, threshold, scale, k0, k1, first, a16, half_out):
+    h += b
+    backend.xp.maximum(h, 0, out=h)
+    if drop:
+        keep[...] = dropout.mask_of(h.shape, threshold, k0, k1, first)
+        h *= keep
+        h *= float(scale)
+    if half_out:
+        a16[...] = mixed.half(h)
+
+
+FORWARD = fused.Kernel("bias_relu_dropout", FORWARD_SOURCE, _forward_twin)
+
+BACKWARD_SOURCE = r"""
+// dh = da * [a > 0] * scale, in place over da (a is 0 where the ReLU or the dropout zeroed it)
+extern "C" __global__ void relu_dropout_backward(float* da, const float* a, float* dh,
+                                                 long long n, float scale) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dh[i] = a[i] > 0.0f ? da[i] * scale : 0.0f;
+}
+"""
+
+
+def _backward_twin(da, a, dh, n, scale):
+    dh[...] = da * (a > 0)
+    dh *= float(scale)
+
+
+BACKWARD = fused.Kernel("relu_dropout_backward", BACKWARD_SOURCE, _backward_twin)
+
+
+def _fused_forward(x, p, p_drop, rng, add_bias):
+    xp = backend.xp
+    h, c_first = linear.forward(x, {"w": p["w1"]})                      # (..., d_ff), no bias
+    drop = rng is not None and p_drop > 0.0
+    keep = xp.empty(h.shape, dtype=bool) if drop else h     # h: a placeholder, never read
+    args = dropout.draw(rng, h.size, p_drop) if drop else (fused.u32(0), fused.f32(1),
+                                                           fused.u32(0), fused.u32(0),
+                                                           fused.u64(0))
+    half_out = mixed.enabled(h)             # the second product reads a in float16
+    a16 = xp.empty(h.shape, dtype=mixed.HALF) if half_out else h
+    FORWARD(fused.grid_for(h.size, philox.KEEP_PER_BLOCK),
+            (h, p["b1"], keep, fused.i64(h.size), fused.i32(h.shape[-1]),
+             fused.i32(drop), *args, a16, fused.i32(half_out)))
+    if half_out:
+        mixed.remember(h, a16)
+    c_drop = dropout.Cache(keep, float(args[1])) if drop else None
+    y, c_second = linear.forward(h, {"w": p["w2"], "b": p["b2"]}, add_bias)
+    # the kernel added b1: the first layer's bias gradient is linear's row sum, as without fusion
+    return y, Cache(c_first._replace(has_bias=True), h, c_drop, c_second)

@@ -15,13 +15,18 @@ Backward (per row; g = dL/dxhat = dy * gamma)
        final scale: rstd
 
 Parameters: "gamma" (D,) and "beta" (D,).
+
+Fused (``--kernels fused``, on CuPy; the twins are the plain functions): the forward pass is one
+kernel, a block of threads per row (the sums of the mean and the variance reduced in the block);
+the backward pass two: dx a block per row, dgamma and dbeta a column sum over the rows. Under
+mixed precision the forward kernel also writes y in float16, for the next layer's product.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend
+from minitfm import backend, fused, mixed
 
 EPS = 1e-5
 
@@ -38,6 +43,8 @@ def param_shapes(d: int) -> dict[str, tuple[int, ...]]:
 
 def forward(x, p, eps=EPS):
     """Return ``(y, cache)`` with the statistics needed by the backward pass."""
+    if fused.active(x, p["gamma"], p["beta"]):
+        return _fused_forward(x, p, eps)
     xp = backend.xp
     d = x.shape[-1]
     mu = x.mean(axis=-1, keepdims=True)                             # (..., 1)
@@ -54,6 +61,8 @@ def forward(x, p, eps=EPS):
 
 def backward(dy, cache: Cache, out=None):
     """Return ``(dx, {"gamma": dgamma, "beta": dbeta})``."""
+    if fused.active(dy, cache.xhat):
+        return _fused_backward(dy, cache, out)
     xhat, rstd, gamma = cache.xhat, cache.rstd, cache.gamma
     xp = backend.xp
     d = xhat.shape[-1]
@@ -69,3 +78,135 @@ def backward(dy, cache: Cache, out=None):
     g -= xhat * mean_gx                                                         # term 3
     g *= rstd                                                                   # final scale
     return g, {"gamma": dgamma, "beta": dbeta}
+
+
+# ---- fused ------------------------------------------------------------------------------------
+
+FORWARD_SOURCE = fused.BLOCK_REDUCE + fused.HALF + r"""
+extern "C" __global__ void layernorm_forward(const float* x, const float* gamma,
+        const float* beta, float* y, float* xhat, float* rstd, int d, float d_eps,
+        half_bits* y16, int half_out) {
+    __shared__ float scratch[32];
+    long long row = (long long)blockIdx.x * d;
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) s += x[row + c];
+    float mu = block_sum(s, scratch) / d;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+        float v = x[row + c] - mu;
+        xhat[row + c] = v;
+        ss += v * v;
+    }
+    float r = sqrtf((float)d / (block_sum(ss, scratch) + d_eps));   // 1 / sqrt(var + eps)
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+        float v = xhat[row + c] * r;
+        xhat[row + c] = v;
+        v = v * gamma[c] + beta[c];
+        y[row + c] = v;
+        if (half_out) y16[row + c] = float_to_half(v);
+    }
+    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+}
+"""
+
+
+def _forward_twin(x, gamma, beta, y, xhat, rstd, d, d_eps, y16, half_out):
+    y_plain, cache = forward(x, {"gamma": gamma, "beta": beta}, float(d_eps) / int(d))
+    y[...], xhat[...], rstd[...] = y_plain, cache.xhat, cache.rstd
+    if half_out:
+        y16[...] = mixed.half(y_plain)
+
+
+FORWARD = fused.Kernel("layernorm_forward", FORWARD_SOURCE, _forward_twin)
+
+
+def _fused_forward(x, p, eps):
+    xp = backend.xp
+    x = xp.ascontiguousarray(x)
+    d = x.shape[-1]
+    y, xhat = xp.empty_like(x), xp.empty_like(x)
+    rstd = xp.empty(x.shape[:-1] + (1,), dtype=x.dtype)
+    half_out = mixed.enabled(x)             # the next layer's product reads y in float16
+    y16 = xp.empty(x.shape, dtype=mixed.HALF) if half_out else y
+    FORWARD((max(1, x.size // d),), (x, p["gamma"], p["beta"], y, xhat, rstd, fused.i32(d),
+                                     fused.f32(d * eps), y16, fused.i32(half_out)))
+    if half_out:
+        mixed.remember(y, y16)
+    return y, Cache(xhat, rstd, p["gamma"])
+
+
+BACKWARD_SOURCE = fused.BLOCK_REDUCE + r"""
+extern "C" __global__ void layernorm_backward(const float* dy, const float* xhat,
+        const float* rstd, const float* gamma, float* dx, int d) {
+    __shared__ float scratch[32];
+    long long row = (long long)blockIdx.x * d;
+    float sg = 0.0f, sgx = 0.0f;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+        float g = dy[row + c] * gamma[c];                        // term 1
+        sg += g;
+        sgx += g * xhat[row + c];
+    }
+    float mean_g = block_sum(sg, scratch) / d, mean_gx = block_sum(sgx, scratch) / d;
+    float r = rstd[blockIdx.x];
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+        float g = dy[row + c] * gamma[c] - mean_g;               // term 2
+        dx[row + c] = (g - xhat[row + c] * mean_gx) * r;         // term 3, final scale
+    }
+}
+"""
+
+
+def _backward_twin(dy, xhat, rstd, gamma, dx, d):
+    dx[...], _ = backward(dy, Cache(xhat, rstd, gamma))
+
+
+BACKWARD = fused.Kernel("layernorm_backward", BACKWARD_SOURCE, _backward_twin)
+
+PARAM_GRADS_SOURCE = r"""
+// dgamma = sum_rows dy * xhat, dbeta = sum_rows dy: a block per 32 columns, 8 rows at a time,
+// the 8 partial sums of each column added in a fixed order (the same on every run)
+extern "C" __global__ void layernorm_param_grads(const float* dy, const float* xhat,
+        float* dgamma, float* dbeta, long long rows, int d) {
+    __shared__ float sg[8][33], sb[8][33];
+    int c = blockIdx.x * 32 + (threadIdx.x & 31), lane = threadIdx.x >> 5;
+    float a = 0.0f, b = 0.0f;
+    if (c < d) {
+        for (long long r = lane; r < rows; r += 8) {
+            float g = dy[r * d + c];
+            a += g * xhat[r * d + c];
+            b += g;
+        }
+    }
+    sg[lane][threadIdx.x & 31] = a;
+    sb[lane][threadIdx.x & 31] = b;
+    __syncthreads();
+    if (lane == 0 && c < d) {
+        for (int k = 1; k < 8; ++k) { a += sg[k][threadIdx.x]; b += sb[k][threadIdx.x]; }
+        dgamma[c] = a;
+        dbeta[c] = b;
+    }
+}
+"""
+
+
+def _param_grads_twin(dy, xhat, dgamma, dbeta, rows, d):
+    d = int(d)
+    dgamma[...] = backend.xp.einsum("ni,ni->i", dy.reshape(-1, d), xhat.reshape(-1, d))
+    dy.reshape(-1, d).sum(axis=0, out=dbeta)
+
+
+PARAM_GRADS = fused.Kernel("layernorm_param_grads", PARAM_GRADS_SOURCE, _param_grads_twin)
+
+
+def _fused_backward(dy, cache, out):
+    xp = backend.xp
+    dy = xp.ascontiguousarray(dy)
+    d = dy.shape[-1]
+    rows = dy.size // d
+    dx = xp.empty_like(dy)
+    BACKWARD((max(1, rows),), (dy, cache.xhat, cache.rstd, cache.gamma, dx, fused.i32(d)))
+    grads = ({"gamma": xp.empty_like(cache.gamma), "beta": xp.empty_like(cache.gamma)}
+             if out is None else {"gamma": out["gamma"], "beta": out["beta"]})
+    PARAM_GRADS((-(-d // 32),), (dy, cache.xhat, grads["gamma"], grads["beta"],
+                                 fused.i64(rows), fused.i32(d)))
+    return dx, grads

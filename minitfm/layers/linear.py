@@ -11,17 +11,23 @@ Backward (flatten the leading axes of x and y into N rows: X (N, d_in), dY (N, d
 Parameters: "w" (d_in, d_out) and "b" (d_out,); without "b" the layer has no bias. The weight may
 be any 2-D view, e.g. the transposed embedding matrix when the output projection is tied to the
 embedding: ``forward(h, {"w": E.T})`` then ``dE = grads["w"].T``.
+
+Mixed precision (``--precision fp16``, minitfm.mixed): the three products take float16 operands
+(x, W and dY cast, W from the update's float16 copy of the parameters), sum in float32 and give
+float32 results (dW straight into the float32 gradient buffer). The cache keeps the float16 x,
+half the memory of x. Fused (``--kernels fused``): dY's float16 copy and db, its column sums,
+come from one kernel.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend
+from minitfm import backend, fused, mixed
 
 
 class Cache(NamedTuple):
-    x: object               # (..., d_in) the input
+    x: object               # (..., d_in) the input (in float16 under mixed precision)
     w: object               # (d_in, d_out)
     has_bias: bool
 
@@ -30,13 +36,21 @@ def param_shapes(d_in: int, d_out: int) -> dict[str, tuple[int, ...]]:
     return {"w": (d_in, d_out), "b": (d_out,)}
 
 
-def forward(x, p):
-    """Return ``(x @ p["w"] + p["b"], cache)``."""
+def forward(x, p, add_bias=True):
+    """Return ``(x @ p["w"] + p["b"], cache)``; with ``add_bias=False``, ``x @ p["w"]``: the caller
+    adds b with its own work (the residual connection's kernel), b's gradient is still this
+    layer's."""
     w, b = p["w"], p.get("b")
     d_in, d_out = w.shape
+    if mixed.enabled(x, w):
+        x16 = mixed.half(x)
+        y = mixed.matmul(x16.reshape(-1, d_in), mixed.half_of(w))             # (N, d_out)
+        if b is not None and add_bias:
+            y += b
+        return y.reshape(*x.shape[:-1], d_out), Cache(x16, w, b is not None)
     # one (N, d_in) @ (d_in, d_out) product: a stacked (B, T, d_in) @ w would run B small ones
     y = (x.reshape(-1, d_in) @ w).reshape(*x.shape[:-1], d_out)
-    if b is not None:
+    if b is not None and add_bias:
         y += b
     return y, Cache(x, w, b is not None)
 
@@ -46,9 +60,65 @@ def backward(dy, cache: Cache, out=None):
     xp = backend.xp
     d_in, d_out = cache.w.shape
     dy2 = dy.reshape(-1, d_out)                             # (N, d_out)
+    if cache.x.dtype == mixed.HALF:
+        return _half_backward(dy2, cache, out)
     dx = (dy2 @ cache.w.T).reshape(cache.x.shape)           # (..., d_in)
     grads = {"w": xp.matmul(cache.x.reshape(-1, d_in).T, dy2,                  # (d_in, d_out)
                             out=None if out is None else out["w"])}
     if cache.has_bias:
         grads["b"] = dy2.sum(axis=0, out=None if out is None else out["b"])   # (d_out,)
     return dx, grads
+
+
+def _half_backward(dy2, cache: Cache, out):
+    """``backward`` under mixed precision: the products of float16 dY, W and x."""
+    d_in, d_out = cache.w.shape
+    xp = backend.xp
+    grads = {}
+    if cache.has_bias and fused.active(dy2):
+        dy2 = xp.ascontiguousarray(dy2)
+        dy16 = xp.empty(dy2.shape, dtype=mixed.HALF)
+        grads["b"] = xp.empty(d_out, dtype=dy2.dtype) if out is None else out["b"]
+        BIAS_HALF((-(-d_out // 32),), (dy2, grads["b"], dy16, fused.i64(dy2.shape[0]),
+                                       fused.i32(d_out)))
+    else:
+        dy16 = mixed.half(dy2)
+        if cache.has_bias:
+            grads["b"] = dy2.sum(axis=0, out=None if out is None else out["b"])
+    dx = mixed.matmul(dy16, mixed.half_of(cache.w).T)                         # (N, d_in)
+    grads["w"] = mixed.matmul(cache.x.reshape(-1, d_in).T, dy16,              # (d_in, d_out)
+                              out=None if out is None else out["w"])
+    return dx.reshape(cache.x.shape), grads
+
+
+BIAS_HALF_SOURCE = fused.HALF + r"""
+// db = sum_rows dy and dy16 = dy in float16, one pass over dy (N, d): a block per 32 columns,
+// 8 rows at a time, the 8 partial sums of a column added in a fixed order
+extern "C" __global__ void bias_grad_half(const float* dy, float* db, half_bits* dy16,
+                                          long long rows, int d) {
+    __shared__ float partial[8][33];
+    int c = blockIdx.x * 32 + (threadIdx.x & 31), lane = threadIdx.x >> 5;
+    float s = 0.0f;
+    if (c < d) {
+        for (long long r = lane; r < rows; r += 8) {
+            float g = dy[r * d + c];
+            dy16[r * d + c] = float_to_half(g);
+            s += g;
+        }
+    }
+    partial[lane][threadIdx.x & 31] = s;
+    __syncthreads();
+    if (lane == 0 && c < d) {
+        for (int k = 1; k < 8; ++k) s += partial[k][threadIdx.x];
+        db[c] = s;
+    }
+}
+"""
+
+
+def _bias_half_twin(dy, db, dy16, rows, d):
+    dy16[...] = mixed.half(dy)
+    dy.sum(axis=0, out=db)
+
+
+BIAS_HALF = fused.Kernel("bias_grad_half", BIAS_HALF_SOURCE, _bias_half_twin)

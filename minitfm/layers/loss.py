@@ -17,13 +17,18 @@ The forward pass turns the logits buffer into exp(z - max(z)) in place and keeps
 row normalisers 1 / sum(exp); the backward pass turns that into the gradient in place, applying
 the normalisation and dloss in one multiplication: a (N, V) array is allocated once, and swept as
 few times as the math allows (it is the largest array of a training step). No parameters.
+
+``forward_backward`` is the two in one call, as the output layer uses them. Fused (``--kernels
+fused``, on CuPy) it is one kernel, a block of threads per row: the row's max, sums, loss and
+negative log-likelihood, and its gradient written over the logits; the per-row results are then
+summed. Its twin is ``forward`` then ``backward``.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend
+from minitfm import backend, fused
 
 
 class Cache(NamedTuple):
@@ -40,6 +45,12 @@ def forward(logits, targets, smoothing, pad_id=None):
     ``loss_sum`` and ``nll_sum`` are 0-d arrays summed over the non-padding rows. ``logits`` is
     overwritten (it becomes exp(logits - max), kept in the cache).
     """
+    (loss, nll), cache = _row_losses(logits, targets, smoothing, pad_id)
+    return (loss.sum(), nll.sum()), cache
+
+
+def _row_losses(logits, targets, smoothing, pad_id):
+    """``forward`` before its sums: ``((loss, nll), cache)``, loss and nll (N,) per row."""
     xp = backend.xp
     n, v = logits.shape
     z = logits
@@ -60,7 +71,7 @@ def forward(logits, targets, smoothing, pad_id=None):
         keep = (targets != pad_id).astype(logits.dtype)         # (N,)
         loss = loss * keep
         nll = nll * keep
-    return (loss.sum(), nll.sum()), Cache(e, 1.0 / total, targets, smoothing, keep)
+    return (loss, nll), Cache(e, 1.0 / total, targets, smoothing, keep)
 
 
 def backward(dloss, cache: Cache):
@@ -78,3 +89,86 @@ def backward(dloss, cache: Cache):
         dz -= off * weight_col                                  # weight * (p - q) off the target ...
     dz[xp.arange(n), targets] -= (1.0 - smoothing - off) * weight   # ... and on it
     return dz, {}
+
+
+def forward_backward(logits, targets, smoothing, dloss=None, pad_id=None, loss_scale=None):
+    """``forward``, then with ``dloss`` ``backward``: ``((loss_sum, nll_sum), dlogits)`` (dlogits
+    None without ``dloss``), the gradient over the logits buffer. ``loss_scale``: a 0-d device
+    array multiplying ``dloss`` (mixed precision's loss scale)."""
+    if fused.active(logits):
+        return _fused(logits, targets, smoothing, dloss, pad_id, loss_scale)
+    sums, cache = forward(logits, targets, smoothing, pad_id)
+    if dloss is None:
+        return sums, None
+    return sums, backward(dloss if loss_scale is None else dloss * loss_scale, cache)[0]
+
+
+# ---- fused: forward and backward in one kernel ------------------------------------------------
+
+SOURCE = fused.BLOCK_REDUCE + r"""
+// a block per row of z (N, V): loss and nll of the row into sums[row] and sums[N + row]; with
+// `grad`, dz = weight * (softmax(z) - q) over z, weight = dloss (0 on a padding row)
+extern "C" __global__ void smoothed_loss(float* z, const long long* targets, float* sums,
+        long long n, int v, float smoothing, float off, long long pad_id, float dloss, int grad,
+        const float* loss_scale, int scaled) {
+    __shared__ float scratch[32];
+    long long row = (long long)blockIdx.x * v;
+    long long y = targets[blockIdx.x];
+    float top = __int_as_float(0xff800000);
+    for (int j = threadIdx.x; j < v; j += blockDim.x) top = fmaxf(top, z[row + j]);
+    top = block_max(top, scratch);
+    float z_y = z[row + y] - top;                         // read before the row is overwritten
+    __syncthreads();
+    float total = 0.0f, sum_z = 0.0f;
+    for (int j = threadIdx.x; j < v; j += blockDim.x) {
+        float shifted = z[row + j] - top;                 // max(z) = 0
+        sum_z += shifted;
+        float e = expf(shifted);
+        z[row + j] = e;
+        total += e;
+    }
+    total = block_sum(total, scratch);
+    sum_z = block_sum(sum_z, scratch);
+    float keep = (pad_id >= 0 && y == pad_id) ? 0.0f : 1.0f;
+    float lse = logf(total), logp_y = z_y - lse;
+    if (threadIdx.x == 0) {
+        float nll = -logp_y, loss = (1.0f - smoothing) * nll;
+        if (smoothing != 0.0f) loss -= off * ((sum_z - v * lse) - logp_y);
+        sums[blockIdx.x] = loss * keep;
+        sums[n + blockIdx.x] = nll * keep;
+    }
+    if (!grad) return;
+    if (scaled) dloss = dloss * loss_scale[0];
+    float weight = dloss * keep, c = (1.0f / total) * weight;
+    for (int j = threadIdx.x; j < v; j += blockDim.x) {
+        float d = z[row + j] * c - off * weight;
+        if (j == y) d -= (1.0f - smoothing - off) * weight;
+        z[row + j] = d;
+    }
+}
+"""
+
+
+def _twin(z, targets, sums, n, v, smoothing, off, pad_id, dloss, grad, loss_scale, scaled):
+    (loss, nll), cache = _row_losses(z, targets, float(smoothing),
+                                     None if pad_id < 0 else int(pad_id))
+    sums[:int(n)], sums[int(n):] = loss, nll
+    if grad:
+        backward(float(dloss) * loss_scale[0] if scaled else float(dloss), cache)
+
+
+KERNEL = fused.Kernel("smoothed_loss", SOURCE, _twin)
+
+
+def _fused(logits, targets, smoothing, dloss, pad_id, loss_scale):
+    xp = backend.xp
+    n, v = logits.shape
+    sums = xp.empty(2 * n, dtype=logits.dtype)
+    scale = sums if loss_scale is None else loss_scale.reshape(1)     # sums: not read
+    KERNEL((n,), (logits, xp.ascontiguousarray(targets, dtype=xp.int64), sums, fused.i64(n),
+                  fused.i32(v), fused.f32(smoothing), fused.f32(smoothing / (v - 1)),
+                  fused.i64(-1 if pad_id is None else pad_id),
+                  fused.f32(0.0 if dloss is None else dloss), fused.i32(dloss is not None),
+                  scale, fused.i32(loss_scale is not None)))
+    total = sums.reshape(2, n).sum(axis=1)                                   # (2,)
+    return (total[0], total[1]), None if dloss is None else logits

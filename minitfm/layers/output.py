@@ -20,7 +20,7 @@ embedding's other uses).
 
 from __future__ import annotations
 
-from minitfm import backend
+from minitfm import backend, mixed
 from minitfm.layers import linear, loss
 
 LOGIT_CHUNK = 1 << 24    # logits computed at once, in elements (64 MiB in float32)
@@ -28,13 +28,22 @@ LOGIT_CHUNK = 1 << 24    # logits computed at once, in elements (64 MiB in float
 
 def logits(h, p):
     """The projection alone, for decoding: h (..., d) -> (..., V)."""
-    return h @ p["table"].T
+    return project(h, p["table"].T)
 
 
-def forward_backward(h, p, targets, smoothing, dloss=None, out=None):
+def project(h, w):
+    """h (..., d) @ w (d, V), the table's transpose or a contiguous copy of it kept for many
+    decoding steps."""
+    if mixed.enabled(h):                        # float16 operands, as in training
+        return linear.forward(h, {"w": w})[0]
+    return h @ w
+
+
+def forward_backward(h, p, targets, smoothing, dloss=None, out=None, loss_scale=None):
     """h (N, d), targets (N,). Return ``((loss_sum, nll_sum), dh (N, d), {"table": dE})``;
     ``dh`` and the gradients are None without ``dloss``. With ``out``, dE is written into
-    ``out["table"]`` (overwriting it)."""
+    ``out["table"]`` (overwriting it). ``loss_scale``: a 0-d array on the device that multiplies
+    ``dloss`` (mixed precision's loss scale; the losses returned are not scaled)."""
     xp = backend.xp
     table = p["table"]
     n, v = h.shape[0], table.shape[0]
@@ -47,11 +56,11 @@ def forward_backward(h, p, targets, smoothing, dloss=None, out=None):
     for start in range(0, n, chunk):
         part = slice(start, start + chunk)
         z, c_out = linear.forward(h[part], {"w": table.T})                   # (rows, V)
-        (l_sum, n_sum), c_loss = loss.forward(z, targets[part], smoothing)
+        (l_sum, n_sum), dz = loss.forward_backward(z, targets[part], smoothing, dloss,
+                                                   loss_scale=loss_scale)
         loss_sum, nll_sum = loss_sum + l_sum, nll_sum + n_sum
         if dloss is None:
             continue
-        dz, _ = loss.backward(dloss, c_loss)                                 # (rows, V), over z
         if start == 0:                  # the first chunk writes dtable^T, the others add to it
             dh[part], _ = linear.backward(dz, c_out, {"w": dtable.T})
         else:

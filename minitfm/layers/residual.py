@@ -17,12 +17,20 @@ Parameters: those of the LayerNorm, "gamma" and "beta". The sub-layer F is an in
 gradients of its other inputs, then of its parameters) where the gradient of the input F goes.
 Dropout and "+= x" work in place on the sub-layer's output: see the in-place rule in
 ``minitfm/layers/__init__.py``.
+
+The sub-layer may leave its last bias b to the residual connection (``bias``; the stacks do:
+``attention.self_forward(..., add_bias=False)``), which computes x + Dropout(F'(x) + b), the same
+numbers. Fused (``--kernels fused``, on CuPy): the bias, the dropout and the residual add are one
+kernel over F'(.) (its Philox mask drawn inside, as dropout.py's kernel draws it); its twin is
+``_add_dropped``. The backward pass's dropout is dropout.py's fused kernel; b's gradient is the
+sub-layer's (its linear layer's row sum).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+from minitfm import backend, fused, philox
 from minitfm.layers import dropout, layernorm
 
 
@@ -33,17 +41,16 @@ class Cache(NamedTuple):
     pre_ln: bool
 
 
-def forward(x, sublayer, ln, p_drop, rng, pre_ln):
-    """``sublayer(h) -> (out, cache)``; ``ln`` has "gamma" and "beta"."""
+def forward(x, sublayer, ln, p_drop, rng, pre_ln, bias=None):
+    """``sublayer(h) -> (out, cache)``; ``ln`` has "gamma" and "beta"; ``bias``: the sub-layer's
+    last bias, when it leaves it to the residual connection."""
     if pre_ln:
         h, c_ln = layernorm.forward(x, ln)
         f, c_sub = sublayer(h)
-        f, c_drop = dropout.forward(f, p_drop, rng, inplace=True)   # f is ours
-        f += x
+        f, c_drop = _add_dropped(x, f, p_drop, rng, bias)
         return f, Cache(c_ln, c_sub, c_drop, pre_ln)
     f, c_sub = sublayer(x)
-    f, c_drop = dropout.forward(f, p_drop, rng, inplace=True)   # f is ours
-    f += x
+    f, c_drop = _add_dropped(x, f, p_drop, rng, bias)
     y, c_ln = layernorm.forward(f, ln)
     return y, Cache(c_ln, c_sub, c_drop, pre_ln)
 
@@ -75,3 +82,66 @@ def backward(dy, cache: Cache, sublayer_backward, out=None):
     dx, *rest = sublayer_backward(df, cache.sublayer)
     dx += ds                                        # the identity path
     return (dx, *rest, g_ln)
+
+
+def _add_dropped(x, f, p_drop, rng, bias=None):
+    """``x + Dropout(f + bias)``, in place on f (which is ours); ``(sum, dropout cache)``."""
+    drop = rng is not None and p_drop > 0.0
+    if fused.active(x, f) and (bias is not None or drop) and (
+            not drop or isinstance(rng, philox.Philox)):
+        return _fused_add_dropped(x, f, p_drop if drop else 0.0, rng, bias)
+    if bias is not None:
+        f += bias
+    f, c_drop = dropout.forward(f, p_drop, rng, inplace=True)
+    f += x
+    return f, c_drop
+
+
+# ---- fused: bias + dropout + residual add ------------------------------------------------------
+
+SOURCE = philox.DEVICE + r"""
+// f = x + dropout(f + b), in place over f (N, d), 8 elements a thread (a block of Philox)
+extern "C" __global__ void bias_dropout_residual(float* f, const float* x, const float* b,
+        bool* keep, long long n, int d, int has_bias, int drop, unsigned int threshold,
+        float scale, unsigned int k0, unsigned int k1, unsigned long long first) {
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x, i = t * 8;
+    if (i >= n) return;
+    unsigned int u[8];
+    if (drop) philox_draws16(first + t, k0, k1, u);
+    for (int j = 0; j < 8 && i + j < n; ++j) {
+        float v = has_bias ? f[i + j] + b[(i + j) % d] : f[i + j];
+        if (drop) {
+            bool kept = u[j] >= threshold;
+            keep[i + j] = kept;
+            v = kept ? v * scale : 0.0f;
+        }
+        f[i + j] = v + x[i + j];
+    }
+}
+"""
+
+
+def _twin(f, x, b, keep, n, d, has_bias, drop, threshold, scale, k0, k1, first):
+    if has_bias:
+        f += b
+    if drop:
+        keep[...] = dropout.mask_of(f.shape, threshold, k0, k1, first)
+        f *= keep
+        f *= float(scale)
+    f += x
+
+
+KERNEL = fused.Kernel("bias_dropout_residual", SOURCE, _twin)
+
+
+def _fused_add_dropped(x, f, p_drop, rng, bias):
+    xp = backend.xp
+    x, f = xp.ascontiguousarray(x), xp.ascontiguousarray(f)
+    drop = p_drop > 0.0
+    keep = xp.empty(f.shape, dtype=bool) if drop else f      # f: a placeholder, never read
+    args = dropout.draw(rng, f.size, p_drop) if drop else (
+        fused.u32(0), fused.f32(1), fused.u32(0), fused.u32(0), fused.u64(0))
+    KERNEL(fused.grid_for(f.size, philox.KEEP_PER_BLOCK),
+           (f, x, f if bias is None else bias, keep, fused.i64(f.size), fused.i32(f.shape[-1]),
+            fused.i32(bias is not None), fused.i32(drop), *args))
+    return f, dropout.Cache(keep, float(args[1])) if drop else None

@@ -52,18 +52,26 @@ class Model(Protocol):
         """Raise a clear error unless ``params`` fits ``cfg`` and lives on the active device."""
 
     def loss_and_grads(self, params: dict, cfg, a, b, rng=None, *, grads: bool = True,
-                       normalizer: float | None = None, out: dict | None = None
-                       ) -> tuple[dict, dict | None]:
+                       normalizer: float | None = None, out: dict | None = None,
+                       loss_scale=None) -> tuple[dict, dict | None]:
         """``(stats, grads)`` of one batch: stats has "loss" and "nll" (0-d arrays, normalised
         by ``normalizer``, default the batch's targets) and "tokens" (an int); grads is written
         into ``out`` when given (see the gradient rule in layers/__init__.py). ``rng``: dropout
-        masks (None: none)."""
+        masks (None: none). ``loss_scale``: a 0-d device array multiplying the gradients
+        (mixed precision, minitfm.gradscale)."""
 
     def batch_tokens(self, batch: tuple, cfg) -> int:
         """The number of targets of a batch, counted on the host."""
 
     def output_vocab(self, cfg) -> int:
         """The number of tokens the model chooses from at each position."""
+
+    def batch_bytes(self, cfg, *, rows: int, src_len: int, tgt_len: int, float_bytes: int,
+                    attention: bool = True) -> tuple[int, int]:
+        """``(device, host)`` bytes one training batch of ``rows`` rows of ``src_len`` inputs and
+        ``tgt_len`` targets takes beyond the model state, for the memory check before a run
+        (:mod:`minitfm.limits`); ``attention=False`` leaves out the ``B H T^2`` score terms,
+        which depend on the sentence lengths."""
 
     def logits(self, params: dict, cfg, h) -> Any:
         """The output projection of final states h (..., d) -> (..., V): where each model's
@@ -72,7 +80,7 @@ class Model(Protocol):
 
 
 MEMBERS = ("KIND", "DESCRIPTION", "Config", "parameter_shapes", "init_params", "check_params",
-           "loss_and_grads", "batch_tokens", "output_vocab", "logits")
+           "loss_and_grads", "batch_tokens", "output_vocab", "batch_bytes", "logits")
 
 
 def check_dropouts(cfg) -> None:

@@ -3,8 +3,8 @@
 The paper's decoder is "composed of a stack of N = 6 identical layers [...] In addition to the two
 sub-layers in each encoder layer, the decoder inserts a third sub-layer, which performs multi-head
 attention over the output of the encoder stack" (section 3.1). Without an encoder there is no
-third sub-layer: each layer is self-attention under the decoder's causal mask, then feed-forward,
-each in a residual connection with LayerNorm (layers/decoder_only.py):
+third sub-layer: each layer is the encoder's layer, self-attention then feed-forward, each in a
+residual connection with LayerNorm, under the decoder's causal mask (layers/decoder_only.py):
 
     x (B, T) ids ──inputs: embed·√d + positions, dropout──► N x decoder-only layer (causal)
                  ──► final LayerNorm (pre-LN) ──► h (B, T, d)
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from minitfm import backend, flat
-from minitfm.layers import decoder_only, inputs, out_part, output, prefixed, subdict
+from minitfm.layers import decoder_only, encoder, inputs, out_part, output, prefixed, subdict
 from minitfm.models.base import (check_dropouts, check_param_shapes, check_positive_ints,
                                  check_tokens, initial_values)
 
@@ -142,7 +142,7 @@ def _inputs(tree: dict) -> dict:
 
 class ForwardCache(NamedTuple):
     embed: inputs.Cache
-    stack: decoder_only.StackCache
+    stack: encoder.StackCache         # the decoder-only stack is the encoder's (decoder_only.py)
 
 
 def forward(params, cfg: LMConfig, x, rng=None):
@@ -167,6 +167,22 @@ def output_vocab(cfg: LMConfig) -> int:
     return cfg.vocab
 
 
+HOST_BYTES_PER_TOKEN = 20       # train_lm's host blocks: int64 indices and windows, int32 x and y
+
+
+def batch_bytes(cfg: LMConfig, *, rows: int, src_len: int, tgt_len: int, float_bytes: int,
+                attention: bool = True) -> tuple[int, int]:
+    """``(device, host)`` bytes of one batch of ``rows`` blocks of ``tgt_len`` tokens
+    (``src_len``: unused, there is no source); N = rows x tgt_len, f = float_bytes:
+    f L (6 N d + 2 N d_ff + B H T^2) + 2 f N V on the device (the layers' activations, the
+    logits and their gradient), and the host blocks."""
+    n = rows * tgt_len
+    scores = rows * cfg.n_heads * tgt_len ** 2 if attention else 0
+    device = float_bytes * (cfg.n_layers * (6 * n * cfg.d_model + 2 * n * cfg.d_ff + scores)
+                            + 2 * n * cfg.vocab)
+    return device, HOST_BYTES_PER_TOKEN * n
+
+
 def check_blocks(cfg: LMConfig, x, y):
     """Check a batch ``(x, y)`` on the host (as the translator's ``check_batch`` does); return
     host arrays."""
@@ -180,7 +196,7 @@ def check_blocks(cfg: LMConfig, x, y):
 
 
 def loss_and_grads(params, cfg: LMConfig, x, y, rng=None, *, grads=True, normalizer=None,
-                   out=None):
+                   out=None, loss_scale=None):
     """The cross-entropy of predicting ``y`` from ``x`` and, unless ``grads=False``, the gradient
     of every parameter.
 
@@ -191,6 +207,7 @@ def loss_and_grads(params, cfg: LMConfig, x, y, rng=None, *, grads=True, normali
         the target count of a whole accumulated update to make gradient accumulation exact).
     out: a dict of arrays with the keys and shapes of ``params`` into which the gradients are
         written, overwriting it; default: new arrays, in one flat buffer (:mod:`minitfm.flat`).
+    loss_scale: a 0-d device array multiplying the gradients (mixed precision's loss scale).
 
     Returns ``(stats, grads)`` as the translator's ``loss_and_grads`` does: stats has "loss" and
     "nll" (the same number: no label smoothing) as 0-d arrays of the backend, and "tokens" (B*T,
@@ -207,7 +224,8 @@ def loss_and_grads(params, cfg: LMConfig, x, y, rng=None, *, grads=True, normali
         out = flat.zeros_like(params)
     (loss_sum, _), dh, _ = output.forward_backward(
         h.reshape(n_tokens, d), {"table": params["emb"]}, y.reshape(-1), 0.0,
-        1.0 / norm if grads else None, {"table": out["emb"]} if grads else None)  # writes emb
+        1.0 / norm if grads else None, {"table": out["emb"]} if grads else None,  # writes emb
+        loss_scale)
     loss_sum /= norm
     stats = {"loss": loss_sum, "nll": loss_sum, "tokens": n_tokens}
     if not grads:

@@ -207,7 +207,7 @@ def logits(params, cfg, h, projection=None):
     """Output projection tied to the target embedding: h (..., d) -> (..., V). ``projection``:
     the same matrix as ``output_projection`` returns it, where a caller keeps one."""
     if projection is not None:
-        return h @ projection
+        return output.project(h, projection)
     return output.logits(h, {"table": params[embedding_names(cfg)[1]]})
 
 
@@ -228,6 +228,23 @@ def batch_tokens(batch, cfg: Config) -> int:
 def output_vocab(cfg: Config) -> int:
     """The number of tokens the model chooses from at each position."""
     return cfg.tgt_vocab
+
+
+def batch_bytes(cfg: Config, *, rows: int, src_len: int, tgt_len: int, float_bytes: int,
+                attention: bool = True) -> tuple[int, int]:
+    """``(device, host)`` bytes of one batch: B = rows, N_s = B S and N_t = B T source and target
+    tokens, f = float_bytes, L layers a stack:
+    f L (6 N_s d + 2 N_s d_ff + B H S^2) for the encoder, f L (10 N_t d + 2 N_t d_ff + B H T^2
+    + B H T S) for the decoder, 2 f N_t V for the logits and their gradient; nothing on the
+    host beyond the batch itself."""
+    n_s, n_t = rows * src_len, rows * tgt_len
+    enc_scores = rows * cfg.n_heads * src_len ** 2 if attention else 0
+    dec_scores = rows * cfg.n_heads * (tgt_len ** 2 + tgt_len * src_len) if attention else 0
+    d, d_ff = cfg.d_model, cfg.d_ff
+    device = float_bytes * (cfg.n_layers * (6 * n_s * d + 2 * n_s * d_ff + enc_scores)
+                            + cfg.n_layers * (10 * n_t * d + 2 * n_t * d_ff + dec_scores)
+                            + 2 * n_t * cfg.tgt_vocab)
+    return device, 0
 
 
 def check_batch(cfg: Config, src, tgt):
@@ -251,7 +268,8 @@ def check_batch(cfg: Config, src, tgt):
     return src, tgt, rows
 
 
-def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=None, out=None):
+def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=None, out=None,
+                   loss_scale=None):
     """The label-smoothed loss of a batch and, unless ``grads=False``, the gradients of every parameter.
 
     src (B, S): source ids, padded with ``cfg.pad_id``.
@@ -266,6 +284,8 @@ def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=No
     out: a dict of arrays with the keys and shapes of ``params`` (e.g. ``flat.zeros_like(params)``)
         into which the gradients are written, overwriting it; default: new arrays, in one flat
         buffer (:mod:`minitfm.flat`).
+    loss_scale: a 0-d device array the gradients are multiplied by (mixed precision's loss
+        scale, minitfm.gradscale); the stats are not scaled.
 
     Returns ``(stats, grads)``: stats has "loss" (normalised label-smoothed loss) and "nll"
     (normalised negative log-likelihood) as 0-d arrays of the backend -- ``float()`` reads them,
@@ -291,7 +311,7 @@ def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=No
     h_sel = h.reshape(b * t, d)[rows]                                     # (N, d)
     (loss_sum, nll_sum), dh_sel, _ = output.forward_backward(
         h_sel, {"table": params[tgt_name]}, tgt_out.reshape(-1)[rows], cfg.label_smoothing,
-        1.0 / norm if grads else None, {"table": out[tgt_name]} if grads else None)
+        1.0 / norm if grads else None, {"table": out[tgt_name]} if grads else None, loss_scale)
     loss_sum /= norm
     nll_sum /= norm
     stats = {"loss": loss_sum, "nll": nll_sum, "tokens": n_tokens}

@@ -1,7 +1,9 @@
-"""The operation and sync counter of benchmarks/bench_ops.py counts what it says it counts."""
+"""The operation and sync counter of benchmarks/bench_ops.py (op_counter.py) counts what it says
+it counts, and bench_ops.py counts the kernel launches of CuPy's path on the double."""
 
 import importlib.util
 import pathlib
+import sys
 
 import numpy
 import pytest
@@ -9,15 +11,27 @@ import pytest
 from minitfm import backend
 from minitfm.models import translator
 
-PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_ops.py"
+from tests.conftest import cupy_double
+
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module               # bench_ops imports it by this name
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_ops", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def counter():
+    return load("op_counter")
+
+
+@pytest.fixture(scope="module")
+def bench(counter):
+    return load("bench_ops")
 
 
 def counted(bench, work):
@@ -85,7 +99,7 @@ def test_one_update_is_counted_by_phase(bench, numpy_backend):
     assert result["syncs"] == 0                     # nothing waits for the device in an update
 
 
-def test_the_clock_times_each_operation_once_and_splits_off_the_products(bench, numpy_backend):
+def test_the_clock_times_each_operation_once_and_splits_off_the_products(counter, numpy_backend):
     def make_step():
         xp = backend.xp
         a = xp.ones((64, 64), dtype=xp.float32)     # set-up: not timed
@@ -95,11 +109,66 @@ def test_the_clock_times_each_operation_once_and_splits_off_the_products(bench, 
             xp.exp(b / 64.0)                        # exp once, not again for its inner ufunc
         return step
 
-    seconds = bench.clocked(make_step, steps=2)
+    seconds = counter.clocked(make_step, steps=2)
     assert {name for _, _, name in seconds} == {"matmul", "divide", "exp"}
     assert all(s > 0 for s in seconds.values())
-    products, others = bench.split_seconds(seconds)
+    products, others = counter.split_seconds(seconds)
     assert products == seconds["loop", "other", "matmul"]
     assert others["other"] == pytest.approx(seconds["loop", "other", "divide"]
                                             + seconds["loop", "other", "exp"])
-    assert bench.TALLY.clock is None                # off again: counting runs are not timed
+    assert counter.TALLY.clock is None              # off again: counting runs are not timed
+
+
+def test_call_sites_are_attributed_to_their_module(bench):
+    assert bench.module_of("/src/minitfm/minitfm/layers/attention.py:97 (forward)") == \
+        "layers.attention"
+    assert bench.module_of("/src/minitfm/minitfm/philox.py:70 (block)") == "philox"
+    assert bench.module_of("<string>:3 (<module>)") == "other"
+
+
+def test_launches_on_cupys_path_include_philox(bench, numpy_backend):
+    """Dropout's masks on the CuPy path are Philox's array operations: launches there, none in
+    the NumPy count of operations; an update's launches are counted by module."""
+    cfg = translator.Config.preset("tiny", dropout=0.1)
+    batches = bench.make_batches(cfg, 1, sentences=2, src_len=5, tgt_len=5)
+    with cupy_double("14") as cupy:
+        backend.use("cupy")
+        one = bench.launch_run(cupy, cfg, batches, 1, 1, 1.0)
+        launches = bench.launch_run(cupy, cfg, batches, 2, 1, 1.0) - one
+        backend.use("numpy")
+    ops = bench.per_update(cfg, 1, sentences=2, src_len=5, tgt_len=5, clip_norm=1.0)
+    assert "other" not in launches and launches["philox"] > 0
+    assert "philox" not in ops["by_module"]
+    for module in ("layers.layernorm", "layers.linear"):
+        assert launches[module] == ops["by_module"][module]      # one launch per operation
+
+
+def test_fused_kernels_cut_the_launches_and_nothing_waits(bench, numpy_backend):
+    """Plain and fused counts side by side: the fused update launches a fraction of the plain
+    one's kernels (Philox's masks drawn inside the kernels), and neither copies to the host."""
+    cfg = translator.Config.preset("tiny", dropout=0.1, attention_dropout=0.1, relu_dropout=0.1)
+    with cupy_double("14"):
+        result = bench.launches_per_update(cfg, 1, sentences=2, src_len=5, tgt_len=5,
+                                           clip_norm=1.0)
+    assert result["device_to_host"] == result["device_to_host_fused"] == 0, result
+    assert result["device_to_host_fp16"] == 0, result
+    assert "philox" in result["launches_by_module"]
+    assert "philox" not in result["launches_by_module_fused"]
+    assert result["launches_by_module_fused"]["fused kernels"] > 0
+    assert result["launches_fused"] < result["launches"] / 3, result
+    # fp16: float16 casts and GEMMs in mixed, the scaler's kernels; no float32 product left
+    assert result["launches_by_module_fp16"]["mixed"] > 0
+    assert result["launches_fp16"] < result["launches"] / 3, result
+
+
+@pytest.mark.slow
+def test_the_base_update_keeps_its_launch_budget(bench, numpy_backend):
+    """The budget itself: one ``base`` update of one batch with fused kernels and fp16 launches at
+    most bench_ops.LAUNCH_BUDGET kernels on the double (737 measured), and copies nothing to the
+    host (about 3 minutes: the base model, three paths, two runs each)."""
+    cfg = translator.Config.preset("base")
+    with cupy_double("14"):
+        result = bench.launches_per_update(cfg, 1, sentences=4, src_len=12, tgt_len=12,
+                                           clip_norm=1.0)
+    assert result["launches_fp16"] <= bench.LAUNCH_BUDGET, result["launches_by_module_fp16"]
+    assert result["device_to_host_fp16"] == result["device_to_host_fused"] == 0, result

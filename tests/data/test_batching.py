@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minitfm.data import (BOS_ID, EOS_ID, PAD_ID, DataError, EncodedCorpus, SubwordDropout,
-                          collate, epoch_batches, eval_batches, iterate_batches, token_batches,
-                          train_vocab)
+from minitfm.data import (DataError, EncodedCorpus, SubwordDropout, collate, epoch_batches,
+                          eval_batches, iterate_batches, token_batches, train_vocab)
+from minitfm.ids import BOS_ID, EOS_ID, PAD_ID
 from tests.data.test_vocab import make_sentences
 
 

@@ -8,10 +8,11 @@ import pytest
 
 from minitfm import backend
 from minitfm.data import DataError
-from minitfm.data.text import (BLOCKS_STREAM, BPETokenizer, CharTokenizer, encode_text_file,
-                               load_text, load_tokenizer, random_blocks, read_text,
-                               tokenizer_from_array, validation_blocks)
-from minitfm.data.vocab import EOS_ID
+from minitfm.data.text import (BLOCKS_STREAM, encode_text_file, load_text, random_blocks,
+                               validation_blocks)
+from minitfm.data.tokenizers import (BPETokenizer, CharTokenizer, load_tokenizer, read_text,
+                                     tokenizer_from_array)
+from minitfm.ids import EOS_ID
 
 from .test_vocab import make_sentences
 
@@ -107,11 +108,11 @@ def test_encode_text_file_matches_encoding_the_whole_text(text_file, bpe):
 
 def test_text_is_read_in_pieces_that_encode_like_the_whole(tmp_path, monkeypatch):
     from minitfm.data import tokenizers as text_module
-    monkeypatch.setattr(text_module, "_CHUNK_BYTES", 50)   # many pieces of whole lines
+    monkeypatch.setattr(text_module, "CHUNK_BYTES", 50)   # many pieces of whole lines
     content = make_text(40, seed=3)
     path = tmp_path / "t.txt"
     path.write_text(content, encoding="utf-8")
-    pieces = list(text_module._text_chunks(path))
+    pieces = list(text_module.text_chunks(path))
     assert len(pieces) > 5 and "".join(pieces) == content
     assert all(piece.endswith("\n") for piece in pieces)
     char = CharTokenizer.from_text(content)

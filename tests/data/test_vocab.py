@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitfm.data import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataError, Vocab, train_joint_vocab,
-                          train_vocab)
+from minitfm.data import DataError, Vocab, train_joint_vocab, train_vocab
+from minitfm.ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from minitfm.data.vocab import sample_sentences
 
 WORDS_EN = "the a cat dog house runs sleeps over under big small green red street".split()

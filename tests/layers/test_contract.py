@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitfm import gradcheck
-from minitfm.layers import (attention, decoder, decoder_only, dropout, embedding, encoder,
+from minitfm.gradcheck.cases import CASES
+from minitfm.layers import (attention, decoder, dropout, embedding, encoder,
                             feedforward, inputs, layernorm, linear, loss, positional, residual)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,7 +70,7 @@ CACHE_TYPES = [linear.Cache, embedding.Cache, positional.LearnedCache, dropout.C
                inputs.Cache, layernorm.Cache, feedforward.Cache, attention.SdpaCache,
                attention.SelfCache, attention.CrossCache, residual.Cache,
                encoder.LayerCache, encoder.StackCache, decoder.LayerCache, decoder.StackCache,
-               decoder_only.LayerCache, decoder_only.StackCache, loss.Cache]
+               loss.Cache]
 
 
 @pytest.mark.parametrize("cache_type", CACHE_TYPES, ids=lambda t: f"{t.__module__}.{t.__name__}")
@@ -115,7 +115,7 @@ def test_attention_grads_are_named_like_params():
         assert all(grads[k].shape == shapes[k] for k in shapes)
 
 
-STACK_CASES = [c for c in gradcheck.CASES if "stack" in c.name]
+STACK_CASES = [c for c in CASES if "stack" in c.name]
 
 
 @pytest.mark.parametrize("case", STACK_CASES, ids=lambda c: c.name)
@@ -130,7 +130,7 @@ def test_stacks_return_a_gradient_for_every_declared_parameter(case):
 
 # ---- the gradient rule: out= is overwritten, except by the embedding, which adds -------------
 
-PARAMETER_CASES = [c for c in gradcheck.CASES if c.params is not None]
+PARAMETER_CASES = [c for c in CASES if c.params is not None]
 ACCUMULATING = ("embedding", "inputs")    # embedding.backward adds into out["table"], and
                                           # inputs.backward is it
 

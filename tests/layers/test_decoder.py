@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from minitfm import gradcheck
+from minitfm import backend
+from minitfm.gradcheck.check import random_params
 from minitfm.layers import attention, decoder
 from minitfm.models import translator
 
@@ -11,7 +12,7 @@ from minitfm.models import translator
 @pytest.mark.parametrize("pre_ln", [False, True])
 def test_stack_step_equals_stack_forward(pre_ln):
     cfg = translator.Config.preset("tiny", pre_ln=pre_ln, d_model=12, n_heads=3)
-    p = gradcheck.random_params(gradcheck.backend.host_rng(3), decoder.param_shapes(cfg), cfg.d_model)
+    p = random_params(backend.host_rng(3), decoder.param_shapes(cfg), cfg.d_model)
     rng = np.random.default_rng(3)
     rows, length, src_len = 3, 5, 4
     x = rng.standard_normal((rows, length, cfg.d_model))

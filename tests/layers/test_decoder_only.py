@@ -4,14 +4,15 @@ its causal mask."""
 import numpy as np
 import pytest
 
-from minitfm import gradcheck
-from minitfm.layers import attention, decoder_only, subdict
+from minitfm import backend
+from minitfm.gradcheck.check import random_params
+from minitfm.layers import attention, decoder_only, encoder, subdict
 from minitfm.models import lm
 
 
 def _setup(pre_ln, n_layers, seed=7):
     cfg = lm.LMConfig.preset("tiny", pre_ln=pre_ln, d_model=12, n_heads=3, n_layers=n_layers)
-    p = gradcheck.random_params(gradcheck.backend.host_rng(seed), decoder_only.param_shapes(cfg),
+    p = random_params(backend.host_rng(seed), decoder_only.param_shapes(cfg),
                                 cfg.d_model)
     x = np.random.default_rng(seed).standard_normal((3, 6, cfg.d_model))       # (R, L, d)
     shape = (3, cfg.n_heads, 6, cfg.d_model // cfg.n_heads)
@@ -20,10 +21,10 @@ def _setup(pre_ln, n_layers, seed=7):
 
 
 @pytest.mark.parametrize("pre_ln", [False, True])
-def test_layer_step_equals_layer_forward(pre_ln):
+def test_layer_step_equals_the_encoder_layer_under_the_causal_mask(pre_ln):
     cfg, p, x, (k_buf,), (v_buf,) = _setup(pre_ln, 1)
     layer = subdict(p, "0.")
-    full, _ = decoder_only.layer_forward(x, layer, attention.causal_mask(6, x.dtype), cfg, None)
+    full, _ = encoder.layer_forward(x, layer, attention.causal_mask(6, x.dtype), cfg, None)
     for t in range(x.shape[1]):
         y = decoder_only.layer_step(x[:, t], layer, k_buf, v_buf, t, cfg)
         np.testing.assert_allclose(y, full[:, t], rtol=0, atol=1e-12)

@@ -6,7 +6,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from minitfm import gradcheck, layers
+from minitfm import backend, layers
+from minitfm.gradcheck.check import STEP, TOLERANCE, check_case, check_gradients
+from minitfm.gradcheck.cases import CASES
+from minitfm.gradcheck.__main__ import main as gradcheck_main
 
 # d >= 3: with two features LayerNorm's output is +-1 whatever its input, so every gradient
 # upstream of it vanishes and finite differences only measure rounding noise.
@@ -15,8 +18,8 @@ RANGES = {"b": (1, 3), "t": (1, 4), "s": (1, 4), "d": (3, 6), "f": (1, 6), "v": 
 STACK_RANGES = {**RANGES, "h": (1, 2), "dk": (2, 3), "f": (1, 4), "n": (1, 2), "b": (1, 2),
                 "t": (1, 3), "s": (1, 3)}
 
-LAYER_CASES = [c for c in gradcheck.CASES if "stack" not in c.name]
-STACK_CASES = [c for c in gradcheck.CASES if "stack" in c.name]
+LAYER_CASES = [c for c in CASES if "stack" not in c.name]
+STACK_CASES = [c for c in CASES if "stack" in c.name]
 
 
 def sizes_for(case, ranges):
@@ -26,7 +29,7 @@ def sizes_for(case, ranges):
 
 def assert_close(errors, case):
     worst = max(errors, key=errors.get)
-    assert errors[worst] <= gradcheck.TOLERANCE, f"{case.name}: {worst} relative error {errors[worst]:.2e}"
+    assert errors[worst] <= TOLERANCE, f"{case.name}: {worst} relative error {errors[worst]:.2e}"
 
 
 @pytest.mark.parametrize("case", LAYER_CASES, ids=lambda c: c.name)
@@ -38,7 +41,7 @@ def test_layer_gradients(case, data, seed):
         # d_model >= 2, as for the stacks: with one head of one dimension the gradient through
         # the queries is often ~1e-6 of the objective, below what finite differences resolve
         assume(sizes["h"] * sizes["dk"] >= 2)
-    assert_close(gradcheck.check_case(case, seed, sizes), case)
+    assert_close(check_case(case, seed, sizes), case)
 
 
 @pytest.mark.parametrize("case", STACK_CASES, ids=lambda c: c.name)
@@ -49,11 +52,11 @@ def test_stack_gradients(case, data, seed):
     assume(sizes["h"] * sizes["dk"] >= 3)                      # d_model >= 3, as above
     sizes["p"] = data.draw(st.sampled_from([0.0, 0.25]))       # with fixed dropout masks too:
     sizes["pa"] = data.draw(st.sampled_from([0.0, 0.25]))      # residual, attention and ReLU
-    assert_close(gradcheck.check_case(case, seed, sizes), case)
+    assert_close(check_case(case, seed, sizes), case)
 
 
 def test_every_layer_file_has_a_case():
-    names = " ".join(c.name for c in gradcheck.CASES)
+    names = " ".join(c.name for c in CASES)
     for layer in ["linear", "embedding", "positional", "dropout", "inputs", "layernorm",
                   "feedforward", "attention", "self-attention", "cross-attention", "residual",
                   "encoder", "decoder", "decoder-only", "cross-entropy", "output"]:
@@ -68,55 +71,55 @@ def test_cases_follow_the_order_of_the_layer_files():
     assert sorted(order) == sorted(files)
     case_name = {"loss": "cross-entropy", "decoder_only": "decoder-only"}   # what its cases
                                                                             # are called
-    first = [min(i for i, c in enumerate(gradcheck.CASES) if case_name.get(f, f) in c.name)
+    first = [min(i for i, c in enumerate(CASES) if case_name.get(f, f) in c.name)
              for f in order]
     assert first == sorted(first)
 
 
 def test_checker_catches_a_wrong_backward():
     """The checker itself must fail a gradient that is off by a little."""
-    case = gradcheck.CASES[0]                       # linear
+    case = CASES[0]                       # linear
     sizes = case.sizes
-    rng = gradcheck.backend.host_rng(0)
+    rng = backend.host_rng(0)
     arrays = case.draw(rng, sizes)
     out, cache = case.forward(arrays, sizes)
-    g = gradcheck.backend.to_device(rng.standard_normal(out.shape))
+    g = backend.to_device(rng.standard_normal(out.shape))
     grads = case.gradients(case.backward(g, cache))
     grads["w"] = grads["w"] * 1.001
 
     def objective():
         return float((case.forward(arrays, sizes)[0] * g).sum())
 
-    errors = gradcheck.check_gradients(objective, grads, arrays)
-    assert errors["w"] > gradcheck.TOLERANCE
-    assert errors["x"] <= gradcheck.TOLERANCE
+    errors = check_gradients(objective, grads, arrays)
+    assert errors["w"] > TOLERANCE
+    assert errors["x"] <= TOLERANCE
 
 
 def test_the_second_step_does_not_hide_a_small_error():
     """An array measured again at a wider step (its gradient is ~1e-6 of the objective, so the
     first step loses ~1e-6 to rounding) passes as computed, and fails once off by 1e-4."""
-    case = next(c for c in gradcheck.CASES if c.name == "encoder stack (pre-LN)")
+    case = next(c for c in CASES if c.name == "encoder stack (pre-LN)")
     sizes = {**case.sizes, "b": 1, "h": 2, "t": 1, "s": 3, "dk": 2, "f": 3, "n": 2, "p": 0.25}
-    rng = gradcheck.backend.host_rng(365345190)
+    rng = backend.host_rng(365345190)
     arrays = case.draw(rng, sizes)
     out, cache = case.forward(arrays, sizes)
-    g = gradcheck.backend.to_device(rng.standard_normal(out.shape))
+    g = backend.to_device(rng.standard_normal(out.shape))
     grads = case.gradients(case.backward(g, cache))
 
     def objective():
         return float((case.forward(arrays, sizes)[0] * g).sum())
 
     name = "1.ln2.beta"
-    narrow = gradcheck.check_gradients(objective, {name: grads[name]}, arrays, gradcheck.STEP)
-    assert narrow[name] > gradcheck.TOLERANCE                    # rounding at h = 2e-5 ...
-    assert gradcheck.check_gradients(objective, {name: grads[name]}, arrays)[name] \
-        <= gradcheck.TOLERANCE                                   # ... not at h = 1e-4
+    narrow = check_gradients(objective, {name: grads[name]}, arrays, STEP)
+    assert narrow[name] > TOLERANCE                    # rounding at h = 2e-5 ...
+    assert check_gradients(objective, {name: grads[name]}, arrays)[name] \
+        <= TOLERANCE                                   # ... not at h = 1e-4
     wrong = {name: grads[name] * 1.0001}
-    assert gradcheck.check_gradients(objective, wrong, arrays)[name] > gradcheck.TOLERANCE
+    assert check_gradients(objective, wrong, arrays)[name] > TOLERANCE
 
 
 def test_cli_reports_a_table_and_exit_status(capsys):
-    assert gradcheck.main(["layernorm"]) == 0
+    assert gradcheck_main(["layernorm"]) == 0
     out = capsys.readouterr().out
     assert "layernorm" in out and "pass" in out and "1 passed, 0 failed" in out
-    assert gradcheck.main(["no such layer"]) == 2
+    assert gradcheck_main(["no such layer"]) == 2

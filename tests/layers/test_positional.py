@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitfm import gradcheck
+from minitfm.gradcheck.check import TOLERANCE, check_case
+from minitfm.gradcheck.cases import CASES
 from minitfm.layers import positional
 
 
@@ -34,10 +35,10 @@ def test_learned_positions_add_rows_and_sum_their_gradient_over_the_batch(b, t, 
 @given(b=st.integers(1, 3), t=st.integers(1, 4), d=st.integers(1, 5),
        seed=st.integers(0, 2**31 - 1))
 def test_learned_positions_gradient_matches_finite_differences(b, t, d, seed):
-    (case,) = [c for c in gradcheck.CASES if c.name == "positional (learned)"]
-    errors = gradcheck.check_case(case, seed, dict(b=b, t=t, d=d))
+    (case,) = [c for c in CASES if c.name == "positional (learned)"]
+    errors = check_case(case, seed, dict(b=b, t=t, d=d))
     assert set(errors) == {"x", "table"}
-    assert max(errors.values()) <= gradcheck.TOLERANCE
+    assert max(errors.values()) <= TOLERANCE
 
 
 def test_positions_beyond_the_table_are_an_error():

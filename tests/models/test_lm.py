@@ -5,7 +5,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from minitfm import backend, flat, generation, gradcheck, sampling
+from minitfm import backend, flat, generation, sampling
+from minitfm.gradcheck.check import TOLERANCE, check_case, random_params
+from minitfm.gradcheck.cases import MODEL_CASES
 from minitfm.models import DROPOUTS, lm
 
 TINY = lm.LMConfig.preset("tiny")
@@ -20,7 +22,7 @@ def _numpy(numpy_backend):
 
 def _params(cfg, seed=0):
     """Random (not initial) float64 parameters, so that LayerNorm gains and biases matter."""
-    return gradcheck.random_params(backend.host_rng(seed), lm.parameter_shapes(cfg), cfg.d_model)
+    return random_params(backend.host_rng(seed), lm.parameter_shapes(cfg), cfg.d_model)
 
 
 def _tokens(cfg, seed, batch, length):
@@ -29,7 +31,7 @@ def _tokens(cfg, seed, batch, length):
 
 # ---- gradients ----------------------------------------------------------------------------
 
-LM_CASES = [c for c in gradcheck.MODEL_CASES if c.name.startswith("language model (")]
+LM_CASES = [c for c in MODEL_CASES if c.name.startswith("language model (")]
 BLOCKS = dict(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 3), length=st.integers(1, 5))
 
 
@@ -55,10 +57,10 @@ def relu_margin(case, seed, **sizes) -> float:
 
 def check_lm(case, seed, batch, length):
     assume(relu_margin(case, seed, batch=batch, length=length) > RELU_MARGIN)
-    errors = gradcheck.check_case(case, seed, dict(batch=batch, length=length))
+    errors = check_case(case, seed, dict(batch=batch, length=length))
     assert set(errors) == set(lm.parameter_names(case.cfg))     # every parameter is checked
     worst = max(errors, key=errors.get)
-    assert errors[worst] <= gradcheck.TOLERANCE, f"{case.name}: {worst} {errors[worst]:.2e}"
+    assert errors[worst] <= TOLERANCE, f"{case.name}: {worst} {errors[worst]:.2e}"
 
 
 @pytest.mark.parametrize("case", LM_CASES, ids=lambda c: c.name)
@@ -81,8 +83,8 @@ def test_the_kink_check_finds_the_draw_that_straddles_a_relu():
     quotient misses the analytic gradient there, and the margin says so."""
     case = LM_CASES[0]
     assert relu_margin(case, KINK_SEED, batch=1, length=5) < RELU_MARGIN
-    errors = gradcheck.check_case(case, KINK_SEED, dict(batch=1, length=5))
-    assert max(errors.values()) > gradcheck.TOLERANCE
+    errors = check_case(case, KINK_SEED, dict(batch=1, length=5))
+    assert max(errors.values()) > TOLERANCE
     assert relu_margin(case, 2, batch=2, length=4) > RELU_MARGIN          # an ordinary draw
 
 

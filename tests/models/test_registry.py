@@ -10,7 +10,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from minitfm import backend, checkpoint, flat, models, train, usable
+from minitfm import backend, checkpoint, flat, models, usable
+from minitfm.training.rundir import LOG_NAME
+from minitfm.training.state import TrainOptions
+from tests.trainrun import train
 from minitfm.layers import embedding, linear, loss
 from minitfm.models import base, lm, translator
 
@@ -106,6 +109,10 @@ class BagOfEmbeddings:
         return cfg.classes
 
     @staticmethod
+    def batch_bytes(cfg, *, rows, src_len, tgt_len, float_bytes, attention=True):
+        return float_bytes * rows * (tgt_len * cfg.d_model + cfg.classes), 0
+
+    @staticmethod
     def logits(params, cfg, h):
         return h @ params["out.w"] + params["out.b"]
 
@@ -149,16 +156,16 @@ def bag_batches(epoch):
 
 
 def _options(out_dir, steps, **more):
-    return train.TrainOptions(steps=steps, out_dir=str(out_dir), seed=1, warmup=5, log_every=1,
-                              save_every=10, lr_factor=4.0, progress=False, **more)
+    return TrainOptions(max_steps=steps, out_dir=str(out_dir), seed=1, warmup=5, log_every=1,
+                        save_every=10, lr_factor=4.0, progress=False, **more)
 
 
 def test_a_third_model_trains_checkpoints_and_resumes_in_the_shared_loop(bag, tmp_path,
                                                                          numpy_backend):
     cfg = BagConfig()
     assert models.of(cfg) is bag and models.kinds()[-1] == bag.KIND
-    state = train.train(cfg, bag_batches, _options(tmp_path / "straight", 40))
-    with open(tmp_path / "straight" / train.LOG_NAME) as f:
+    state = train(cfg, bag_batches, _options(tmp_path / "straight", 40))
+    with open(tmp_path / "straight" / LOG_NAME) as f:
         losses = [r["loss"] for r in map(json.loads, f) if "loss" in r]
     assert losses[-1] < 0.8 * losses[0]                         # it learns
 
@@ -167,8 +174,8 @@ def test_a_third_model_trains_checkpoints_and_resumes_in_the_shared_loop(bag, tm
     assert usable.problem(ckpt, bag.KIND) is None
     assert "holds a bag-of-embeddings classifier" in usable.problem(ckpt, lm.KIND)[1]
 
-    train.train(cfg, bag_batches, _options(tmp_path / "resumed", 20))
-    resumed = train.train(cfg, bag_batches, _options(tmp_path / "resumed", 40, resume=True))
+    train(cfg, bag_batches, _options(tmp_path / "resumed", 20))
+    resumed = train(cfg, bag_batches, _options(tmp_path / "resumed", 40, resume=True))
     assert resumed.step == 40
     for name, value in state.params.items():
         np.testing.assert_array_equal(resumed.params[name], value, err_msg=name)
@@ -177,4 +184,4 @@ def test_a_third_model_trains_checkpoints_and_resumes_in_the_shared_loop(bag, tm
 
 def test_an_unregistered_config_is_refused_by_the_loop(tmp_path):
     with pytest.raises(TypeError, match="BagConfig is not the config of a registered model"):
-        train.train(BagConfig(), bag_batches, _options(tmp_path, 2))
+        train(BagConfig(), bag_batches, _options(tmp_path, 2))

@@ -8,7 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitfm import backend, gradcheck
+from minitfm import backend
+from minitfm.gradcheck.check import TOLERANCE, check_case, random_params
+from minitfm.gradcheck.cases import MODEL_CASES, translation_batch
 from minitfm.layers import loss as loss_layer
 from minitfm.layers import output
 from minitfm.models import DROPOUTS, translator
@@ -23,19 +25,19 @@ def _numpy(numpy_backend):
 
 # ---- gradients ----------------------------------------------------------------------------
 
-MODEL_CASES = [c for c in gradcheck.MODEL_CASES if c.name.startswith("model (")]
+TRANSLATOR_CASES = [c for c in MODEL_CASES if c.name.startswith("model (")]
 BATCHES = dict(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 3), src_len=st.integers(1, 4),
                tgt_len=st.integers(1, 4))
 
 
 def check_model(case, seed, batch, src_len, tgt_len):
-    errors = gradcheck.check_case(case, seed, dict(batch=batch, src_len=src_len, tgt_len=tgt_len))
+    errors = check_case(case, seed, dict(batch=batch, src_len=src_len, tgt_len=tgt_len))
     assert set(errors) == set(translator.parameter_names(case.cfg))  # every parameter is checked
     worst = max(errors, key=errors.get)
-    assert errors[worst] <= gradcheck.TOLERANCE, f"{case.name}: {worst} {errors[worst]:.2e}"
+    assert errors[worst] <= TOLERANCE, f"{case.name}: {worst} {errors[worst]:.2e}"
 
 
-@pytest.mark.parametrize("case", MODEL_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", TRANSLATOR_CASES, ids=lambda c: c.name)
 @settings(max_examples=1)
 @given(**BATCHES)
 def test_model_gradients_match_finite_differences(case, seed, batch, src_len, tgt_len):
@@ -43,7 +45,7 @@ def test_model_gradients_match_finite_differences(case, seed, batch, src_len, tg
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", MODEL_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", TRANSLATOR_CASES, ids=lambda c: c.name)
 @settings(max_examples=10)
 @given(**BATCHES)
 def test_model_gradients_many_batches(case, seed, batch, src_len, tgt_len):
@@ -55,7 +57,7 @@ def test_shared_embedding_gradient_is_the_sum_of_its_three_uses():
     split_cfg = TINY.replace(share_embeddings=False)
     split = {("src_emb" if k == "emb" else k): v for k, v in shared.items()}
     split["tgt_emb"] = shared["emb"].copy()
-    src, tgt = gradcheck.translation_batch(backend.host_rng(2), TINY, 3, 5, 4)
+    src, tgt = translation_batch(backend.host_rng(2), TINY, 3, 5, 4)
     _, g_shared = translator.loss_and_grads(shared, TINY, src, tgt)
     _, g_split = translator.loss_and_grads(split, split_cfg, src, tgt)
     np.testing.assert_allclose(g_shared["emb"], g_split["src_emb"] + g_split["tgt_emb"], rtol=1e-12, atol=1e-15)
@@ -64,7 +66,7 @@ def test_shared_embedding_gradient_is_the_sum_of_its_three_uses():
 # ---- masks --------------------------------------------------------------------------------
 
 def _batch(seed=0, batch=3, src_len=5, tgt_len=6, cfg=TINY):
-    return gradcheck.translation_batch(backend.host_rng(seed), cfg, batch, src_len, tgt_len)
+    return translation_batch(backend.host_rng(seed), cfg, batch, src_len, tgt_len)
 
 
 def test_no_attention_to_padded_source_keys():
@@ -145,7 +147,7 @@ def _float_arrays(nest):
 @pytest.mark.parametrize("pre_ln", [False, True])
 def test_float32_agrees_with_float64(pre_ln):
     cfg = TINY.replace(pre_ln=pre_ln, d_model=16, d_ff=32, n_heads=4)
-    p64 = gradcheck.random_params(backend.host_rng(5), translator.parameter_shapes(cfg), cfg.d_model)
+    p64 = random_params(backend.host_rng(5), translator.parameter_shapes(cfg), cfg.d_model)
     p32 = {k: v.astype(np.float32) for k, v in p64.items()}
     src, tgt = _batch(3, cfg=cfg)
     s64, g64 = translator.loss_and_grads(p64, cfg, src, tgt)

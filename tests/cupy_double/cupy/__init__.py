@@ -12,6 +12,7 @@ import numpy as _numpy
 from cupy import _double
 from cupy import cuda  # noqa: F401
 from cupy._core import ndarray, ufunc  # noqa: F401
+from cupy._core.raw import RawKernel  # noqa: F401
 from cupy._routines import *  # noqa: F401,F403
 from cupy._routines import all, any, max, min, round, sum  # noqa: F401
 from cupy import linalg, random  # noqa: F401,E402

@@ -1,8 +1,11 @@
 """The double's own bookkeeping (test-only, not part of CuPy's API).
 
 Which CuPy release the double behaves as (``CUPY_DOUBLE_RULES=14|13``, default 14), and the
-counters tests assert budgets with: every device-to-host copy (``device_to_host``) and every
-random generator created (``generators``).
+counters tests assert budgets with: every device-to-host copy (``device_to_host``), every
+random generator created (``generators``), every launch of device work (``launches``: a kernel
+or a memset, see :func:`launch`) and every float32 product of one cuBLAS GEMM, run on TF32
+tensor cores (``tf32_products``) or in plain float32 (``fp32_products``), and every float16 one
+(``fp16_products``: float32 sums).
 
     from cupy import _double
     _double.reset()
@@ -10,8 +13,9 @@ random generator created (``generators``).
         ...                               # code under test
     assert syncs.device_to_host == 0, _double.describe(syncs.events)
 
-``CUPY_DOUBLE_TRACE=1`` records, for each count, where it happened (file:line of the first caller
-outside the double, and the kind of copy): :func:`events`. ``CUPY_DOUBLE_REPORT=<path>`` writes
+``CUPY_DOUBLE_TRACE=1`` records, for each copy and generator, where it happened (file:line of the
+first caller outside the double, and the kind of copy): :func:`events`. Inside a ``counting()``
+block, ``launch_sites`` counts the launches by the place that asked for them. ``CUPY_DOUBLE_REPORT=<path>`` writes
 the counts (and the events, if traced) as JSON when the process exits, so that a test running a
 whole command in a subprocess can assert its budget.
 """
@@ -19,12 +23,14 @@ whole command in a subprocess can assert its budget.
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import json
 import os
 import sys
 
-__all__ = ["RULES", "counts", "reset", "counting", "events", "describe", "Counter"]
+__all__ = ["RULES", "counts", "reset", "counting", "events", "describe", "Counter", "launch",
+           "emulate"]
 
 
 def _rules() -> int:
@@ -38,22 +44,28 @@ def _rules() -> int:
 RULES = _rules()
 VERSION = {14: "14.2.0", 13: "13.6.0"}[RULES]
 TRACE = os.environ.get("CUPY_DOUBLE_TRACE", "") not in ("", "0")
-KINDS = ("device_to_host", "generators")
+KINDS = ("device_to_host", "generators", "launches", "tf32_products", "fp32_products",
+         "fp16_products")
+_UNTRACED = ("launches",)        # thousands per step: counted by site, not listed one by one
 
 _counts = dict.fromkeys(KINDS, 0)
 _events: list[dict] = []
 _counters: list[Counter] = []     # the open counting() blocks
+_inside_kernel = 0                # > 0 while a kernel's twin runs: its operations are the kernel
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 class Counter:
     """The counts inside one ``counting()`` block (attributes ``device_to_host``,
-    ``generators``; ``events``: where each happened, when tracing or always inside the block)."""
+    ``generators``, ``launches``, ``tf32_products``, ``fp32_products``, ``fp16_products``;
+    ``events``: where each copy, generator and
+    product happened; ``launch_sites``: launches by ``file:line (function)``)."""
 
     def __init__(self) -> None:
         for kind in KINDS:
             setattr(self, kind, 0)
         self.events: list[dict] = []
+        self.launch_sites: collections.Counter = collections.Counter()
 
     def as_dict(self) -> dict:
         return {kind: getattr(self, kind) for kind in KINDS}
@@ -73,17 +85,50 @@ def _caller() -> str:
 
 
 def record(kind: str, what: str) -> None:
-    """Count one event of ``kind`` ("device_to_host" or "generators"); ``what`` says which
-    operation (``float()``, ``boolean mask``, ``default_rng``...)."""
+    """Count one event of ``kind`` (one of KINDS); ``what`` says which operation (``float()``,
+    ``boolean mask``, ``default_rng``...)."""
     _counts[kind] += 1
-    event = None
-    if TRACE or _counters:
-        event = {"kind": kind, "what": what, "where": _caller()}
-        if TRACE:
-            _events.append(event)
+    traced = TRACE and kind not in _UNTRACED
+    if not (traced or _counters):
+        return
+    where = _caller()
+    event = {"kind": kind, "what": what, "where": where}
+    if traced:
+        _events.append(event)
     for counter in _counters:
         setattr(counter, kind, getattr(counter, kind) + 1)
-        counter.events.append(event)
+        if kind in _UNTRACED:
+            counter.launch_sites[where] += 1
+        else:
+            counter.events.append(event)
+
+
+def launch(what: str = "kernel") -> None:
+    """Count one launch of device work: a kernel (an elementwise operation, a reduction, a
+    gather or scatter, a copy between arrays, a random draw, a matrix product, a collective)
+    or a memset (``zeros``). One per CuPy call that launches work: the lower bound of what the
+    device runs, since cuBLAS, CUB and CuPy's scans may launch several kernels for one call."""
+    if not _inside_kernel:
+        record("launches", what)
+
+
+def emulate(kernel, grid, block, args, twin) -> None:
+    """Launch ``kernel`` (a ``cupy.RawKernel``) as the double can: the launch checked as CuPy
+    checks it, then ``twin(*args)``, the kernel's plain twin, run in its place and counted as one
+    launch (its own operations are not counted). A twin must not copy to the host: that would
+    be a copy the kernel does not make, and is refused."""
+    global _inside_kernel
+    from cupy._core.raw import check_launch
+    check_launch(grid, block, args)
+    record("launches", f"kernel {kernel.name}")
+    before = _counts["device_to_host"]
+    _inside_kernel += 1
+    try:
+        twin(*args)
+    finally:
+        _inside_kernel -= 1
+    if _counts["device_to_host"] != before:
+        raise AssertionError(f"the twin of kernel {kernel.name!r} copied to the host")
 
 
 def device_to_host(what: str) -> None:

@@ -15,7 +15,8 @@ import numpy
 
 from cupy import _double
 from cupy._core import (_array_arg, _finish, _from_host, _garbage, _operand, _out_arg, _wrap,
-                        _check_kind_sort, _reshape, _unsupported, ndarray, _SCALAR_TYPES)
+                        _check_kind_sort, _reshape, _unsupported, ndarray)
+from cupy._core._routines_linalg import core_operands, dot, matmul  # noqa: F401
 
 # ---- creation (cupy/_creation/basic.py, from_data.py, ranges.py) ----------------------------
 
@@ -33,12 +34,18 @@ def empty_like(prototype, dtype=None, order="K", subok=None, shape=None):
                  prototype.dtype if dtype is None else dtype, "C" if order == "K" else order)
 
 
+def _filled(host: numpy.ndarray) -> ndarray:
+    """A new array that a kernel (a memset for zeros) filled on the device: one launch."""
+    _double.launch()
+    return ndarray._make(host, None)
+
+
 def zeros(shape, dtype=float, order="C"):
-    return ndarray._make(numpy.zeros(shape, dtype=dtype, order=order), None)
+    return _filled(numpy.zeros(shape, dtype=dtype, order=order))
 
 
 def ones(shape, dtype=float, order="C"):
-    return ndarray._make(numpy.ones(shape, dtype=dtype, order=order), None)
+    return _filled(numpy.ones(shape, dtype=dtype, order=order))
 
 
 def full(shape, fill_value, dtype=None, order="C"):
@@ -46,7 +53,7 @@ def full(shape, fill_value, dtype=None, order="C"):
         fill_value = fill_value._a            # a device-to-device copy
     elif isinstance(fill_value, numpy.ndarray):
         raise _unsupported(fill_value)
-    return ndarray._make(numpy.full(shape, fill_value, dtype=dtype, order=order), None)
+    return _filled(numpy.full(shape, fill_value, dtype=dtype, order=order))
 
 
 def _like(a, dtype, order, subok, shape, fill):
@@ -55,6 +62,7 @@ def _like(a, dtype, order, subok, shape, fill):
     a = _array_arg(a)
     result = empty_like(a, dtype, order, None, shape)
     result._a[...] = fill
+    _double.launch()
     return result
 
 
@@ -78,14 +86,14 @@ def arange(start, stop=None, step=1, dtype=None):
             raise TypeError("arange: start, stop and step must be scalars")
     if stop is None:
         start, stop = 0, start
-    return ndarray._make(numpy.arange(start, stop, step, dtype=dtype), None)
+    return _filled(numpy.arange(start, stop, step, dtype=dtype))
 
 
 def linspace(start, stop, num=50, endpoint=True, retstep=False, dtype=None, axis=0):
     result = numpy.linspace(start, stop, num, endpoint, retstep, dtype, axis)
     if retstep:
-        return ndarray._make(result[0], None), result[1]
-    return ndarray._make(result, None)
+        return _filled(result[0]), result[1]
+    return _filled(result)
 
 
 def _host_data(obj, what):
@@ -162,10 +170,11 @@ def copyto(dst, src, casting="same_kind", where=None):
     source = _operand(src) if not isinstance(src, (list, tuple)) else numpy.asarray(src)
     kwargs = {} if where is None else {"where": _operand(where)}
     numpy.copyto(dst._a, source, casting=casting, **kwargs)
+    _double.launch()
 
 
 def eye(N, M=None, k=0, dtype=float, order="C"):
-    return ndarray._make(numpy.eye(N, M, k, dtype=dtype, order=order), None)
+    return _filled(numpy.eye(N, M, k, dtype=dtype, order=order))
 
 
 def identity(n, dtype=float):
@@ -238,6 +247,7 @@ def concatenate(tup, axis=0, out=None, *, dtype=None, casting="same_kind"):
     out = _out_arg(out)
     if out is not None:
         numpy.concatenate([a._a for a in arrays], axis, out=out._a, dtype=dtype, casting=casting)
+        _double.launch()
         return out
     return _wrap(numpy.concatenate([a._a for a in arrays], axis, dtype=dtype, casting=casting))
 
@@ -247,6 +257,7 @@ def stack(tup, axis=0, out=None, *, dtype=None, casting="same_kind"):
     out = _out_arg(out)
     if out is not None:
         numpy.stack([a._a for a in arrays], axis, out=out._a, dtype=dtype, casting=casting)
+        _double.launch()
         return out
     return _wrap(numpy.stack([a._a for a in arrays], axis, dtype=dtype, casting=casting))
 
@@ -453,6 +464,7 @@ def _scan(numpy_function, a, axis, dtype, out):
                             f"_ndarray_base, got {type(out).__name__})")
         result = numpy_function(a._a.astype(out.dtype), axis=axis)
         out._a[...] = result.reshape(out.shape)
+        _double.launch()
         return out
     if dtype is None and a.dtype.kind in "biu":
         dtype = numpy.uint64 if a.dtype.kind == "u" else numpy.int64
@@ -495,30 +507,16 @@ def array_equal(a1, a2, equal_nan=False):
 
 
 def nan_to_num(x, copy=True, nan=0.0, posinf=None, neginf=None):
+    """cupy/_math/misc.py nan_to_num: ``copy=False`` writes into x (one kernel either way)."""
     x = _array_arg(x, "x")
     result = numpy.nan_to_num(x._a, copy=copy, nan=nan, posinf=posinf, neginf=neginf)
-    return x if not copy else _wrap(result)
+    if not copy:
+        _double.launch()
+        return x
+    return _wrap(result)
 
 
 # ---- linear algebra (cupy/linalg/_product.py, cupy/_core/_routines_linalg.pyx) ---------------
-
-def dot(a, b, out=None):
-    """cupy/_core/_routines_linalg.pyx dot: ``out`` must have the result's dtype
-    (``ValueError('Not supported dtype combination.')``) and be C-contiguous."""
-    a, b = _array_arg(a), _array_arg(b, "b")
-    if out is not None:
-        out = _out_arg(out)
-        if numpy.result_type(a.dtype, b.dtype) != out.dtype:
-            raise ValueError("Not supported dtype combination.")
-        if not out._a.flags.c_contiguous:
-            raise ValueError("Output array must be C-contiguous")
-        result = numpy.dot(a._a, b._a)
-        if result.size != out.size:
-            raise ValueError("Output array has an invalid size")
-        out._a[...] = numpy.reshape(result, out.shape)
-        return out
-    return _wrap(numpy.dot(a._a, b._a))
-
 
 def vdot(a, b):
     a, b = _array_arg(a), _array_arg(b, "b")
@@ -526,72 +524,15 @@ def vdot(a, b):
 
 
 def tensordot(a, b, axes=2):
+    """cupy/linalg/_product.py tensordot: through ``tensordot_core`` (the compute type
+    applies, as in ``dot``)."""
     a, b = _array_arg(a), _array_arg(b, "b")
-    return _wrap(numpy.tensordot(a._a, b._a, axes))
+    return _wrap(numpy.tensordot(*core_operands(a, b), axes))
 
 
 def outer(a, b, out=None):
     a, b = _array_arg(a), _array_arg(b, "b")
     return _finish(numpy.outer(a._a, b._a), _out_arg(out))
-
-
-class _MatMul:
-    """``cupy.matmul``, a generalised ufunc (cupy/_core/_gufuncs.py _GUFunc.__call__): keywords
-    ``axes, axis, keepdims, casting, dtype, signature, order, out`` (an unknown one: a TypeError
-    on 14, ``RuntimeError('Unknown kwargs ...')`` on 13.6.0); scalar operands refused
-    (cupy/_core/_routines_linalg.pyx); ``out`` a cupy.ndarray or a tuple of them."""
-
-    __name__ = "matmul"
-    nin, nout, nargs = 2, 1, 3
-
-    if _double.RULES >= 14:
-        def __call__(self, *args, axes=None, axis=None, keepdims=False, casting="same_kind",
-                     dtype=None, signature=None, order="K", out=None):
-            return self._call(args, axes, axis, keepdims, casting, dtype, signature, order, out)
-    else:
-        def __call__(self, *args, **kwargs):
-            out = kwargs.pop("out", None)
-            axes = kwargs.pop("axes", None)
-            axis = kwargs.pop("axis", None)
-            order = kwargs.pop("order", "K")
-            dtype = kwargs.pop("dtype", None)
-            keepdims = kwargs.pop("keepdims", False)
-            signature = kwargs.pop("signature", None)
-            casting = kwargs.pop("casting", "same_kind")
-            if len(kwargs) > 0:
-                raise RuntimeError("Unknown kwargs {}".format(" ".join(kwargs.keys())))
-            return self._call(args, axes, axis, keepdims, casting, dtype, signature, order, out)
-
-    def _call(self, args, axes, axis, keepdims, casting, dtype, signature, order, out):
-        if len(args) != 2:
-            raise ValueError("According to `signature`, `func` requires 2 arguments, but %s "
-                             "given" % len(args))
-        for x in args:
-            if not isinstance(x, ndarray) and (type(x) in _SCALAR_TYPES or
-                                               isinstance(x, numpy.generic)):
-                raise ValueError("Scalar operands are not allowed, use '*' instead")
-        a, b = (_array_arg(x, "x") for x in args)
-        if a.ndim == 0 or b.ndim == 0:
-            raise ValueError("Scalar operands are not allowed, use '*' instead")
-        if out is not None and not isinstance(out, tuple):
-            if not isinstance(out, ndarray):
-                raise TypeError("`out` must be a tuple or `cupy.ndarray`")
-            out = (out,)
-        extra = {k: v for k, v in (("axes", axes), ("axis", axis), ("dtype", dtype),
-                                   ("signature", signature)) if v is not None}
-        if keepdims:
-            extra["keepdims"] = keepdims
-        if out is not None:
-            target = _out_arg(out[0])
-            numpy.matmul(a._a, b._a, out=target._a, casting=casting, order=order, **extra)
-            return target
-        return _wrap(numpy.matmul(a._a, b._a, casting=casting, order=order, **extra))
-
-    def __repr__(self):
-        return "<cupy._core._gufuncs._GUFunc matmul>"
-
-
-matmul = _MatMul()
 
 
 def einsum(*operands, **kwargs):
@@ -649,4 +590,4 @@ def get_default_memory_pool():
 
 __all__ = [_n for _n, _v in list(globals().items())
            if not _n.startswith("_") and callable(_v) and getattr(_v, "__module__", None) == __name__]
-__all__ += ["max", "min", "round", "matmul"]
+__all__ += ["max", "min", "round", "dot", "matmul"]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import threading
 
@@ -16,6 +17,8 @@ def __getattr__(name):
     if name == "MemoryPointer":
         from cupy._core import MemoryPointer
         return MemoryPointer
+    if name == "cublas":        # cupy/cuda/__init__.py: imported on demand
+        return importlib.import_module("cupy.cuda.cublas")
     raise AttributeError(f"module 'cupy.cuda' has no attribute {name!r}")
 
 
@@ -25,6 +28,11 @@ def is_available():
 
 def get_device_id():
     return runtime.getDevice()
+
+
+def get_cublas_handle():
+    """cupy/cuda/device.pyx get_cublas_handle(): the current device's cuBLAS handle."""
+    return importlib.import_module("cupy.cuda.cublas").HANDLE
 
 
 class Device:

@@ -1,7 +1,7 @@
 """The emulated devices: which is current, how many there are, their memory.
 
 ``CUPY_DOUBLE_DEVICES`` (default 1) devices, each with ``CUPY_DOUBLE_MEMORY`` bytes (default
-16 GiB). Allocations are accounted per device in blocks of 512 bytes, as CuPy's memory pool
+16 GiB) and compute capability ``CUPY_DOUBLE_COMPUTE_CAPABILITY`` (default 90, i.e. 9.0). Allocations are accounted per device in blocks of 512 bytes, as CuPy's memory pool
 rounds them (cupy/cuda/memory.pyx ALLOCATION_UNIT_SIZE), and handed fake device addresses that
 are never reused, so that ``ndarray.data.ptr`` names one allocation and offset.
 """
@@ -29,6 +29,7 @@ def _int_env(name: str, default: int) -> int:
 
 DEVICE_COUNT = _int_env("CUPY_DOUBLE_DEVICES", 1)
 MEMORY = _int_env("CUPY_DOUBLE_MEMORY", 16 << 30)
+COMPUTE_CAPABILITY = _int_env("CUPY_DOUBLE_COMPUTE_CAPABILITY", 90)   # 90: 9.0, an H100's
 
 _local = threading.local()
 _used = [0] * max(DEVICE_COUNT, 1)
@@ -55,13 +56,20 @@ def allocate(nbytes: int, device_id: int) -> int:
     ``OutOfMemoryError`` as CuPy's pool raises it (cupy/cuda/memory.pyx)."""
     size = -(-nbytes // UNIT) * UNIT
     with _lock:
-        if _used[device_id] + size > MEMORY:
-            from cupy.cuda.memory import OutOfMemoryError
-            raise OutOfMemoryError(size, _used[device_id])
+        check_fits(nbytes, device_id)
         _used[device_id] += size
         ptr = _next_ptr[0]
         _next_ptr[0] += max(size, UNIT)
     return ptr
+
+
+def check_fits(nbytes: int, device_id: int) -> None:
+    """``OutOfMemoryError`` where ``nbytes`` do not fit beside what the device holds: asked
+    before the host array behind an allocation is made, so that a refused size costs nothing."""
+    size = -(-nbytes // UNIT) * UNIT
+    if _used[device_id] + size > MEMORY:
+        from cupy.cuda.memory import OutOfMemoryError
+        raise OutOfMemoryError(size, _used[device_id])
 
 
 def register(allocation) -> None:

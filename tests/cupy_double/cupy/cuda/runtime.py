@@ -6,6 +6,8 @@ from __future__ import annotations
 from cupy.cuda import _state
 
 cudaSuccess = 0
+CUDA_R_32F = 0           # cudaDataType (library_types.h; _runtime_enum.pxd)
+CUDA_R_16F = 2
 cudaErrorMemoryAllocation = 2
 cudaErrorInvalidDevice = 101
 
@@ -54,9 +56,20 @@ def getDeviceProperties(device):
     """A dict as CuPy's (``name`` as bytes); the figures of an emulated 80 GB device."""
     device = int(device)
     _check_ordinal(device)
+    major, minor = divmod(_state.COMPUTE_CAPABILITY, 10)
     return {"name": b"CuPy double (emulated device)", "totalGlobalMem": _state.MEMORY,
-            "multiProcessorCount": 132, "major": 9, "minor": 0, "warpSize": 32,
+            "multiProcessorCount": 132, "major": major, "minor": minor, "warpSize": 32,
             "pciBusID": device + 1, "pciDeviceID": 0, "pciDomainID": 0}
+
+
+def runtimeGetVersion():
+    """The CUDA runtime CuPy was built with, as ``1000 * major + 10 * minor`` (12080: 12.8)."""
+    return 12080
+
+
+def driverGetVersion():
+    """The CUDA version the driver supports, in the same form."""
+    return 12080
 
 
 def memGetInfo():

@@ -45,6 +45,7 @@ class XORWOW(BitGenerator):
         self._state = ndarray._make(numpy.zeros(_XORWOW_STATE_BYTES * size, numpy.int8), None)
         self._numpy = numpy.random.Generator(numpy.random.PCG64(self._seed_seq))
         _double.record("generators", "default_rng()")
+        _double.launch("cuRAND state initialisation")
 
 
 class Generator:
@@ -64,6 +65,7 @@ class Generator:
             if out.dtype != result.dtype:
                 raise TypeError(f"out dtype {out.dtype} differs from {result.dtype}")
             out._a[...] = result.reshape(out.shape)
+            _double.launch()
             return out
         return _wrap(result)
 

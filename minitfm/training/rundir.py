@@ -4,7 +4,7 @@ Layout of ``out_dir``:
 
 - ``checkpoint_{step:08d}.npz``: the last ``keep_last`` checkpoints (:mod:`minitfm.checkpoint`
   names, writes and rotates them; a save leaves the previous one intact), and those rotation is
-  told to spare (the best few, :mod:`minitfm.validation`);
+  told to spare (the best few, :mod:`minitfm.training.validation`);
 - ``checkpoint_best.npz`` (``BEST_NAME``): a second name (a hard link, else a copy) of the
   checkpoint of the best validation so far, swapped in atomically; a checkpoint like any other
   (``--checkpoint``, averaging, translating), which resuming and rotation never take for one of
@@ -34,7 +34,9 @@ after the lock is taken: ``filelock`` owns the lock file's contents). On a file 
 file locks, :class:`LockUnsupported` says so; ``lock=False`` (``--no-lock``) opens without one.
 Within one process the directory is taken once: opening it again (the command line, then the
 training loop) shares that hold, and the last :meth:`RunDirectory.close` releases it. A directory
-the open created and the run left empty (a run refused on bad input) is removed again.
+the open created and the run left empty (a run refused on bad input) is removed again. Taking it
+removes the temporaries that writes of a killed run left there, those whose writer is gone
+(:meth:`RunDirectory.stale_removed` says how many).
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ import filelock
 from minitfm import checkpoint, files
 
 __all__ = ["LOG_NAME", "RUN_INFO_NAME", "BEST_NAME", "LOCK_NAME", "HOLDER_NAME", "WriteFailed",
-           "RunDirectoryBusy", "LockUnsupported", "RunDirectory", "write_failed"]
+           "RunDirectoryBusy", "LockUnsupported", "NotARunDirectory", "RunDirectory",
+           "write_failed"]
 
 LOG_NAME = "log.jsonl"
 RUN_INFO_NAME = "run.json"
@@ -75,6 +78,10 @@ class RunDirectoryBusy(RuntimeError):
 
 class LockUnsupported(RuntimeError):
     """The run directory's file system cannot lock files."""
+
+
+class NotARunDirectory(RuntimeError):
+    """``--out`` names something that is not a directory (a file, a pipe)."""
 
 
 def write_failed(what: str, exc: OSError, last_checkpoint: str | None) -> WriteFailed:
@@ -114,6 +121,13 @@ class RunDirectory:
         run_dir._taken = _take(run_dir.path, lock)
         return run_dir
 
+    @property
+    def stale_removed(self) -> int:
+        """How many temporaries of killed writes the take of the directory removed (files.
+        remove_stale_temporaries: those whose writer is gone), 0 for a hold this process shares."""
+        hold = _holds.get(self._taken) if self._taken else None
+        return hold.stale_removed if hold else 0
+
     def close(self) -> None:
         """Give the directory back (the last hold of this process releases the lock)."""
         if self._taken is not None:
@@ -133,17 +147,19 @@ class RunDirectory:
         return checkpoint.checkpoint_path(self.path, step)
 
     def prepare(self, step: int, run_info: dict | None,
-                last_checkpoint: str | None = None) -> None:
+                last_checkpoint: str | None = None) -> int:
         """Ready the directory for a run at ``step``: create it, cut the log back to ``step``,
-        write ``run.json`` (when ``run_info`` is given)."""
+        write ``run.json`` (when ``run_info`` is given). Returns how many log lines a crash had
+        cut short (:func:`cut_log`: dropped)."""
         try:
             os.makedirs(self.path, exist_ok=True)
-            cut_log(self.log_path, step)
+            cut = cut_log(self.log_path, step)
             if run_info is not None:
                 _write_json(self.run_info_path, run_info)
         except OSError as exc:
             raise write_failed(f"the run directory {self.path} ({exc.filename})", exc,
                                last_checkpoint) from exc
+        return cut
 
     def append_log(self, record: dict, last_checkpoint: str | None = None) -> None:
         """Add ``record`` as one line of the log."""
@@ -218,12 +234,17 @@ class _Hold:
     def __init__(self, path: str, lock: filelock.BaseFileLock | None,
                  created: str | None) -> None:
         self.path, self.lock, self.count, self.created = path, lock, 1, created
+        self.stale_removed = files.remove_stale_temporaries(path)      # the lock is ours now
 
 
 _holds: dict[str, _Hold] = {}        # the run directories this process holds, by real path
 
 
 def _take(path: str, lock: bool) -> str:
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise NotARunDirectory(f"--out {path} is {files.kind_of(path) or 'a file'}, not a run "
+                               f"directory: give a directory (a new one, or that of a run to "
+                               f"continue with --resume)")
     created = None
     missing = os.path.abspath(path)
     while not os.path.exists(missing) and os.path.dirname(missing) != missing:
@@ -339,17 +360,17 @@ def logged_step(line: str) -> int | None:
         return None
 
 
-def cut_log(path: str, step: int) -> None:
+def cut_log(path: str, step: int) -> int:
     """Keep the complete log lines up to ``step``: a resumed run rewrites the steps lost since its
     checkpoint, and a line a crash cut short (no newline, or not JSON) is dropped, so the next
-    line appended starts a line of its own."""
+    line appended starts a line of its own. Returns how many lines were cut short."""
     if not os.path.exists(path):
-        return
+        return 0
     with open(path, encoding="utf-8", errors="replace") as f:
-        lines = [line for line in f if line.endswith("\n")
-                 and (logged := logged_step(line)) is not None and logged <= step]
+        lines = [(line, logged_step(line) if line.endswith("\n") else None) for line in f]
     with files.replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(lines)
+        f.writelines(line for line, logged in lines if logged is not None and logged <= step)
+    return sum(logged is None for _, logged in lines)
 
 
 def _write_json(path: str, info: dict) -> None:

@@ -1,5 +1,9 @@
-"""Choosing by validation: the best checkpoint so far, the few best kept, patience, and the
-automatic start of late dropout.
+"""Validation: the loss of the validation batches, and choosing by it -- the best checkpoint so
+far, the few best kept, patience, and the automatic start of late dropout.
+
+:func:`evaluate` is the loss, NLL and perplexity per target token of validation batches,
+without dropout; a caller's metric (BLEU, exact match) joins them at each validation
+(:meth:`minitfm.training.run.Run.validate`).
 
 A run that names a metric (``TrainOptions.best_metric``, a key of the validation results:
 ``valid_loss``, ``valid_bleu``, ...) judges each validation by it, in the direction the metric
@@ -25,12 +29,33 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from minitfm import models
 from minitfm.checkpoint import Checkpoint, CheckpointError
 
-__all__ = ["HIGHER_IS_BETTER", "NoRecordedMetric", "Record", "check_metric", "better",
-           "recorded_metric", "ranked"]
+__all__ = ["Batch", "ValidMetric", "evaluate", "HIGHER_IS_BETTER", "NoRecordedMetric", "Record",
+           "check_metric", "better", "recorded_metric", "ranked"]
+
+Batch = tuple            # (src (B, S), tgt (B, T+1)), or (x (B, T), y (B, T)) for lm: token ids
+ValidMetric = Callable[[dict, object], dict]     # (params, cfg) -> {"valid_bleu": ...}
+
+
+def evaluate(params: dict, cfg, batches: Iterable[Batch]) -> dict:
+    """Loss, NLL and perplexity per target token over ``batches``, without dropout."""
+    loss_sum = nll_sum = 0.0
+    tokens = 0
+    for a, b in batches:
+        stats, _ = models.of(cfg).loss_and_grads(params, cfg, a, b, grads=False, normalizer=1.0)
+        loss_sum += stats["loss"]
+        nll_sum += stats["nll"]
+        tokens += stats["tokens"]
+    if tokens == 0:
+        raise ValueError("the validation batches hold no target tokens")
+    nll = float(nll_sum) / tokens
+    return {"valid_loss": float(loss_sum) / tokens, "valid_nll": nll,
+            "valid_ppl": math.exp(min(nll, 700.0))}
 
 # the metrics a run can choose by, and their direction
 HIGHER_IS_BETTER = {"valid_loss": False, "valid_nll": False, "valid_ppl": False,

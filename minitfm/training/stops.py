@@ -72,10 +72,15 @@ class StopRequests:
             raise KeyboardInterrupt
 
     def stopping(self) -> None:
-        """From now on every signal is ignored (the run is stopping for another reason)."""
-        if self.signum is None:
-            self.signum = signal.SIGINT
-        self._raised = True
+        """From now on every signal is ignored, here and by the StopRequests this one is inside
+        (the run is stopping: a signal that comes late, while it saves and says so, or to one
+        worker after all agreed to stop, must not cut that short)."""
+        requests = self
+        while requests is not None:
+            if requests.signum is None:
+                requests.signum = self.signum or signal.SIGINT
+            requests._raised = True
+            requests = requests._outer
 
     @contextlib.contextmanager
     def held(self):

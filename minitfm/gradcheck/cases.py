@@ -1,180 +1,16 @@
-"""Finite-difference gradient checks for every layer and for the whole model.
-
-For a layer y = f(x, params) we check its backward pass on the scalar L = sum(G * y), with G a
-fixed random array (so every output element matters, each with its own weight). The analytic
-gradient is ``backward(G, cache)``; the numerical one perturbs each input element in turn:
-
-    dL/dx_i ~ (-L(x_i + 2h) + 8 L(x_i + h) - 8 L(x_i - h) + L(x_i - 2h)) / (12 h)
-
-five-point central differences in float64, error O(h^4), and the two are compared by the
-relative error
-
-    ||analytic - numeric|| / max(||analytic||, ||numeric||)
-
-which must not exceed 1e-6 (typical values here are 1e-10 to 1e-8).
-
-The step balances truncation, O(h^4), large for strongly curved functions (a LayerNorm over
-three features), against rounding, O(eps |L| / h), large for gradients much smaller than L:
-h = 2e-5 keeps both near 1e-9 for almost every array. A ReLU's kink at 0 needs a small h (a
-quotient whose points straddle it means nothing); an array whose gradient is ~1e-6 of L (a
-LayerNorm shift deep in a stack) needs a large one. So an array whose error exceeds the tolerance
-at 2e-5 is measured again at 1e-4 (against rounding), then at 4e-6 (against a kink), and its
-smallest error counts; a wrong backward pass fails at every step (the checker's own tests hold it
-to that). Rounding is also why inputs keep activations at unit scale, and why attention is drawn
-with d_model >= 2: a saturated softmax has gradients so small next to L that no h resolves them.
-
-    python -m minitfm.gradcheck              # every layer and the whole models, as a table
-    python -m minitfm.gradcheck layernorm    # the cases whose name contains "layernorm"
-
-The cases are rows of one table (:class:`Case`: sizes, inputs, forward, backward, tolerance):
-``CASES`` for the layers, ``MODEL_CASES`` for the whole models. A new layer adds one row.
-
-Exit status 1 if any check fails.
-"""
+"""The table of gradient checks: one row (:class:`~minitfm.gradcheck.check.Case`) per layer, in
+the order of minitfm/layers/, then one per whole model and config."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import math
-import sys
-from dataclasses import dataclass
-from typing import Callable
 
-from minitfm import backend, exits
-from minitfm.cli import UsageError, report_errors
+from minitfm import backend
+from minitfm.gradcheck.check import Case, draw, normal, random_params
 from minitfm.layers import (attention, decoder, decoder_only, dropout, embedding, encoder,
                             feedforward, inputs, layernorm, linear, loss, output, positional,
                             residual)
 from minitfm.models import DROPOUTS, lm, translator
-
-TOLERANCE = 1e-6
-STEP = 2e-5
-STEPS = (STEP, 1e-4, 4e-6)     # measured in this order until one agrees: see above
-
-
-# ---- the checker ----------------------------------------------------------------------------
-
-def relative_error(analytic, numeric) -> float:
-    """||a - n|| / max(||a||, ||n||); 0 when both are exactly zero."""
-    xp = backend.xp
-    a = analytic.astype(xp.float64).ravel()
-    n = numeric.astype(xp.float64).ravel()
-    scale = max(float(xp.linalg.norm(a)), float(xp.linalg.norm(n)))
-    return 0.0 if scale == 0.0 else float(xp.linalg.norm(a - n)) / scale
-
-
-def numerical_gradient(objective: Callable[[], float], x, step: float = STEP):
-    """Five-point central differences (module docstring) of ``objective()`` with respect to
-    every element of ``x``, perturbed in place."""
-    xp = backend.xp
-    if not x.flags.c_contiguous:
-        raise ValueError("numerical_gradient needs a contiguous array")
-    flat = x.reshape(-1)                     # a view of x
-    grad = xp.zeros(x.size, dtype=xp.float64)
-    for i in range(x.size):
-        old = float(flat[i])
-        f = {}
-        for k in (2, 1, -1, -2):
-            flat[i] = old + k * step
-            f[k] = objective()
-        flat[i] = old
-        grad[i] = (8.0 * (f[1] - f[-1]) - (f[2] - f[-2])) / (12.0 * step)
-    return grad.reshape(x.shape)
-
-
-def check_gradients(objective, analytic: dict, arrays: dict, steps=STEPS,
-                    tolerance: float = TOLERANCE) -> dict:
-    """Relative error of each of ``analytic`` against finite differences of ``objective()``,
-    which reads ``arrays`` (perturbed in place), at each of ``steps`` until one is within
-    ``tolerance`` (see the module docstring); the smallest counts."""
-    steps = (steps,) if isinstance(steps, float) else tuple(steps)
-    errors = {}
-    for name, grad in analytic.items():
-        for step in steps:
-            error = relative_error(grad, numerical_gradient(objective, arrays[name], step))
-            errors[name] = min(errors.get(name, error), error)
-            if errors[name] <= tolerance:
-                break
-    return errors
-
-
-@dataclass
-class Case:
-    """A row of the table. ``arrays``: the inputs by name, each drawn from a spec ("b t d":
-    N(0, 1) of that shape, "hd" = h * dk, "kv" the keys; "ids v: b t": ids below v; "mask: b s":
-    key padding) or by ``arrays(rng, sizes)``; ``params(sizes)``: parameter shapes, matrices times
-    ``scale`` (a number, a function of the sizes, or "stack": ``random_params``); ``backward(dout,
-    cache[, out])``, ``out`` as in the gradient rule of layers/__init__.py; ``d_inputs``: whose
-    gradients backward returns first (None: token ids, which have none)."""
-
-    name: str
-    sizes: dict
-    arrays: dict | Callable
-    params: Callable | None
-    forward: Callable
-    backward: Callable
-    d_inputs: tuple = ("x",)
-    scale: float | str | Callable = 1.0
-    tolerance: float = TOLERANCE
-    cfg: object = None                  # a whole model's config (its rows' arrays: "a", "b")
-
-    def draw(self, rng, sizes: dict) -> dict:      # in a fixed order: inputs, then parameters
-        arrays = (self.arrays(rng, sizes) if callable(self.arrays)
-                  else {name: _draw(rng, sizes, spec) for name, spec in self.arrays.items()})
-        shapes = self.params(sizes) if self.params is not None else {}
-        if self.scale == "stack":
-            return {**arrays, **random_params(rng, shapes, sizes["h"] * sizes["dk"])}
-        scale = self.scale(sizes) if callable(self.scale) else self.scale
-        return {**arrays, **{name: _normal(rng, *shape) * (scale if len(shape) == 2 else 1.0)
-                             for name, shape in shapes.items()}}
-
-    def gradients(self, result) -> dict:          # backward's result, keyed like the arrays
-        *d_inputs, grads = result
-        assert len(d_inputs) == len(self.d_inputs), "one name per gradient of an input"
-        return {**{n: d for n, d in zip(self.d_inputs, d_inputs) if n is not None}, **grads}
-
-
-def check_case(case: Case, seed: int = 0, sizes: dict | None = None) -> dict:
-    """Run one case in float64; return the relative error of every checked input."""
-    rng = backend.host_rng(seed)
-    sizes = {**case.sizes, **(sizes or {})}
-    arrays = case.draw(rng, sizes)
-    out, cache = case.forward(arrays, sizes)
-    g = backend.to_device(rng.standard_normal(out.shape), dtype="float64")   # dL/dout = G
-
-    def objective():
-        y, _ = case.forward(arrays, sizes)
-        return float((y * g).sum())
-
-    return check_gradients(objective, case.gradients(case.backward(g, cache)), arrays,
-                           tolerance=case.tolerance)
-
-
-# ---- drawing inputs ---------------------------------------------------------------------------
-
-def _normal(rng, *shape):
-    return backend.to_device(rng.standard_normal(shape), dtype="float64")
-
-
-def _draw(rng, s: dict, spec: str):
-    kind, _, dims = spec.rpartition(":")
-    alias = {"hd": ("h", "dk"), "kv": ("t" if s.get("causal") else "s",)}   # width; keys
-    shape = [math.prod(s[n] for n in alias.get(k, (k,))) for k in dims.split()]
-    if kind == "mask":                  # additive key padding, at least one visible key per row
-        xp = backend.xp
-        lengths = backend.to_device(rng.integers(1, shape[1] + 1, size=shape[0]))
-        pad = xp.arange(shape[1])[None, :] >= lengths[:, None]                   # (B, L)
-        return xp.where(pad, attention.MASKED, 0.0)[:, None, None, :]
-    if kind:                            # "ids v"
-        return backend.to_device(rng.integers(0, s[kind.split()[1]], size=shape), dtype="int64")
-    return _normal(rng, *shape)
-
-
-def random_params(rng, shapes: dict, d_model: int) -> dict:
-    """Random values, gains near 1, shifts and biases near 0, unit-scale activations."""
-    return {name: (_normal(rng, *shape) * 0.3 + name.endswith("gamma") if len(shape) == 1
-                   else _normal(rng, *shape) * d_model ** -0.5) for name, shape in shapes.items()}
 
 
 def stack_config(s: dict) -> translator.Config:
@@ -197,9 +33,9 @@ def _residual_backward(dy, cache, out=None):     # the linear sub-layer's "w", t
 
 
 def _loss(rng, s):
-    targets = _draw(rng, s, "ids v: n")
+    targets = draw(rng, s, "ids v: n")
     targets[0] = 0 if s["n"] > 1 else targets[0]          # one padded row, when there are two
-    return {"logits": _normal(rng, s["n"], s["v"]) * 3.0, "targets": targets}
+    return {"logits": normal(rng, s["n"], s["v"]) * 3.0, "targets": targets}
 
 
 def _loss_forward(a, s):          # the output (loss_sum, nll_sum): backward takes dloss_sum
@@ -363,46 +199,3 @@ MODEL_CASES = [
 ]
 
 
-# ---- command line ---------------------------------------------------------------------------
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    return report_errors(lambda: run(args))
-
-
-def parse_args(argv) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m minitfm.gradcheck", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("only", nargs="?", default="", help="check only cases whose name contains this")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tolerance", type=float, default=TOLERANCE)
-    parser.add_argument("--backend", default=None, help="numpy, cupy or auto (default: MINITFM_BACKEND)")
-    return parser.parse_args(argv)
-
-
-def run(args: argparse.Namespace) -> int:
-    """The checks as ``args`` say: 0 when all pass, 1 (a run-time failure) when one fails."""
-    if args.backend:
-        backend.use(args.backend)
-
-    rows = [c for c in CASES + MODEL_CASES if args.only.lower() in c.name.lower()]
-    if not rows:
-        raise UsageError(f"no check matches {args.only!r}")
-    width = max(len(c.name) for c in rows)
-    print(f"backend {backend.name}, float64 five-point central differences (h={STEP:g}), "
-          f"tolerance {args.tolerance:g}\n")
-    print(f"{'layer':<{width}}  {'worst relative error':>20}  {'worst input':<14} result")
-    failed = 0
-    for case in rows:
-        errors = check_case(case, args.seed)
-        worst = max(errors, key=errors.get)
-        ok = errors[worst] <= args.tolerance and all(math.isfinite(e) for e in errors.values())
-        failed += not ok
-        result = "pass" if ok else "FAIL"
-        print(f"{case.name:<{width}}  {errors[worst]:>20.2e}  {worst:<14} {result}")
-    print(f"\n{len(rows) - failed} passed, {failed} failed")
-    return exits.FAILED if failed else exits.DONE
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -111,8 +111,9 @@ class Flags:
 
 def _wrap(result, *parents):
     """A NumPy result as a double array: a view of a parent's allocation when its memory lies
-    inside one (indexing, reshape, transpose...), else a new allocation. NumPy scalars become
-    0-d arrays, as CuPy's reductions return 0-d arrays (cupy/_core/_reduction.pyx)."""
+    inside one (indexing, reshape, transpose...), else a new allocation, which device work
+    filled: one launch. NumPy scalars become 0-d arrays, as CuPy's reductions return 0-d
+    arrays (cupy/_core/_reduction.pyx)."""
     if isinstance(result, numpy.generic):
         result = numpy.asarray(result)
     if not isinstance(result, numpy.ndarray):
@@ -120,6 +121,7 @@ def _wrap(result, *parents):
     for parent in parents:
         if isinstance(parent, ndarray) and parent._mem.contains(result):
             return ndarray._make(result, parent._mem)
+    _double.launch()
     return ndarray._make(result, None)
 
 
@@ -231,6 +233,7 @@ class ufunc:
         parents = [a for a in in_args if isinstance(a, ndarray)]
         if outs:
             self._numpy(*inputs, out=tuple(o._a for o in outs), casting=casting, **extra)
+            _double.launch()
             return outs[0] if len(outs) == 1 else tuple(outs)
         result = self._numpy(*inputs, casting=casting, **extra)
         if isinstance(result, tuple):
@@ -250,9 +253,10 @@ class ufunc:
 
 
 def _finish(result, out, *parents):
-    """Put a NumPy result in ``out`` (a double array) or wrap it."""
+    """Put a NumPy result in ``out`` (a double array: one launch) or wrap it."""
     if out is not None:
         numpy.copyto(out._a, result, casting="same_kind")
+        _double.launch()
         return out
     return _wrap(result, *parents)
 
@@ -309,7 +313,10 @@ class ndarray:
         return self
 
     # -- refusals (cupy/_core/core.pyx) --
-    def __array__(self, dtype=None):
+    def __array__(self, dtype=None, copy=None):
+        # CuPy 14.2's takes no ``copy``: NumPy 2 calls with it first and, refused, warns that
+        # __array__ must take it before calling again. The double takes the keyword, so that
+        # the one refusal seen is CuPy's own, without NumPy's migration warning.
         raise TypeError(
             "Implicit conversion to a NumPy array is not allowed. "
             "Please use `.get()` to construct a NumPy array explicitly.")
@@ -509,7 +516,10 @@ class ndarray:
         index, mask = _index_arg(key)
         if mask:
             _double.device_to_host("boolean mask index")
-        return _wrap(self._a[index], self)
+        result = self._a[index]
+        if isinstance(result, numpy.generic):      # one element: CuPy's is a 0-d view
+            result = self._a[(index if isinstance(index, tuple) else (index,)) + (Ellipsis,)]
+        return _wrap(result, self)
 
     def __setitem__(self, key, value):
         index, mask = _index_arg(key)
@@ -519,6 +529,7 @@ class ndarray:
             _check_device(value)
             value = value._a
         self._a[index] = value
+        _double.launch()
 
     # -- operators (cupy/_core/core.pyx: the ufuncs; numpy.ndarray operands refused) --
     def _binary(self, other, name, reflected=False):
@@ -659,6 +670,7 @@ class ndarray:
         elif isinstance(value, numpy.ndarray):
             raise _unsupported(value)
         self._a.fill(value)
+        _double.launch()
 
     def sum(self, axis=None, dtype=None, out=None, keepdims=False):
         import cupy
@@ -736,9 +748,11 @@ class ndarray:
         def sort(self, axis=-1, kind=None):
             _check_kind_sort(kind)
             self._a.sort(axis=axis, kind="stable")
+            _double.launch()
     else:
         def sort(self, axis=-1):
             self._a.sort(axis=axis, kind="stable")
+            _double.launch()
 
     # cupy/_core/core.pyx argsort(self, axis=-1, kind=None) on 14; argsort(self, axis=-1) on 13.6.0
     if _double.RULES >= 14:
@@ -802,6 +816,8 @@ def _garbage(shape, dtype, order="C") -> numpy.ndarray:
     """Uninitialised memory, made visible: NaN for floating and complex types, a large garbage
     value for integers, True for booleans."""
     dtype = numpy.dtype(dtype)
+    count = numpy.prod(shape if isinstance(shape, (tuple, list)) else (shape,), dtype=numpy.int64)
+    _state.check_fits(int(count) * dtype.itemsize, _state.current_device())
     host = numpy.empty(shape, dtype=dtype, order=order if order in ("C", "F") else "C")
     if dtype.kind in "fc":
         host.fill(numpy.nan)
@@ -816,3 +832,7 @@ def _garbage(shape, dtype, order="C") -> numpy.ndarray:
 
 ndarray.__module__ = "cupy"             # type(x) prints as cupy.ndarray, as CuPy's does
 MemoryPointer.__module__ = "cupy.cuda.memory"
+
+# cupy/_core/__init__.py: the compute type of products, from _routines_linalg (which imports the
+# helpers above)
+from cupy._core._routines_linalg import get_compute_type, set_compute_type  # noqa: E402,F401

@@ -14,7 +14,8 @@ batches of one update; the language model: the training tokens over the tokens o
 rounded up: ``n`` epochs are the first ``ceil(n * epoch_updates)`` updates.
 
 Parsed values stay plain JSON (a float for a fraction, the normalised text otherwise), so a run's
-record (``run.json``) can hold and compare them.
+record (``run.json``) can hold and compare them. A time limit, the one length of a run that
+does depend on the machine, is given in seconds and shown by :func:`describe_duration`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import math
 import re
 
 __all__ = ["AUTO", "parse", "is_fraction", "epochs_to_steps", "in_steps", "budget_steps",
-           "describe"]
+           "describe", "describe_duration"]
 
 AUTO = "auto"
 _COUNT = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(steps|epochs)")
@@ -93,3 +94,11 @@ def describe(phase: float | str) -> str:
     if phase.endswith("steps"):
         return f"{phase[:-len('steps')]} updates"
     return f"{phase[:-len('epochs')]} epochs"
+
+
+def describe_duration(seconds: float) -> str:
+    """A time limit (seconds) in the unit it reads best in: "90 s", "60 min", "1.5 h"."""
+    for unit, size in (("h", 3600.0), ("min", 60.0)):
+        if seconds >= size and (seconds / size).is_integer() or seconds >= 10 * size:
+            return f"{seconds / size:.4g} {unit}"
+    return f"{seconds:.4g} s"

@@ -1,0 +1,59 @@
+"""``python -m minitfm.gradcheck [ONLY]``: every gradient check of the table, or those whose name
+contains ONLY, as a table; exit status 1 if one fails."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+from minitfm import backend, exits, gradcheck, options
+from minitfm.cli import placement_defaults, report_errors, select_backend
+from minitfm.exits import UsageError
+from minitfm.gradcheck.cases import CASES, MODEL_CASES
+from minitfm.gradcheck.check import STEP, TOLERANCE, check_case
+from minitfm.argtypes import integer, number
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    return report_errors(lambda: run(args))
+
+
+def parse_args(argv) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m minitfm.gradcheck",
+                                     description=gradcheck.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("only", nargs="?", default="", help="check only cases whose name contains this")
+    parser.add_argument("--seed", type=integer(0), default=0, help="seeds the inputs (default 0)")
+    parser.add_argument("--tolerance", type=number(0, low_open=True), default=TOLERANCE,
+                        help=f"the largest relative error that passes (default {TOLERANCE:g})")
+    options.add(parser, "backend", defaults=placement_defaults("numpy", None))
+    return parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The checks as ``args`` say: 0 when all pass, 1 (a run-time failure) when one fails."""
+    select_backend(args.backend, "numpy")
+
+    rows = [c for c in CASES + MODEL_CASES if args.only.lower() in c.name.lower()]
+    if not rows:
+        raise UsageError(f"no check matches {args.only!r}")
+    width = max(len(c.name) for c in rows)
+    print(f"backend {backend.name}, float64 five-point central differences (h={STEP:g}), "
+          f"tolerance {args.tolerance:g}\n")
+    print(f"{'layer':<{width}}  {'worst relative error':>20}  {'worst input':<14} result")
+    failed = 0
+    for case in rows:
+        errors = check_case(case, args.seed)
+        worst = max(errors, key=errors.get)
+        ok = errors[worst] <= args.tolerance and all(math.isfinite(e) for e in errors.values())
+        failed += not ok
+        result = "pass" if ok else "FAIL"
+        print(f"{case.name:<{width}}  {errors[worst]:>20.2e}  {worst:<14} {result}")
+    print(f"\n{len(rows) - failed} passed, {failed} failed")
+    return exits.FAILED if failed else exits.DONE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""Every fused kernel against its plain twin, on the device: ``python -m minitfm.kernelcheck``.
+
+Each case runs one layer (or the optimizer) twice on the same seeded inputs, with
+``--kernels fused`` and with the plain array code, and compares every output: the largest
+difference, relative to the largest value of the plain output, must be within the case's
+tolerance. The tolerances allow for sums taken in another order (a block of threads reduces a
+row in a tree, the array code from left to right) and nothing more: float32 rounding of sums of
+a few thousand terms (under mixed precision, a float16 rounding that such a sum tips: 2e-3).
+Dropout masks must be equal, bit for bit: the kernels draw the Philox
+stream the plain code draws. Every kernel of :data:`minitfm.fused.KERNELS` must have run in some
+case.
+
+On CuPy's test double (no GPU) the kernels' twins run in their place, so the comparison checks
+the launches' arguments and the plumbing around them; on a GPU it checks the kernels themselves.
+``pytest -m gpu`` runs it (tests/test_kernels.py) and the one-shot GPU check reports its table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import warnings
+
+from minitfm import backend, flat, fused, gradscale, optim
+from minitfm.layers import attention, dropout, feedforward, layernorm, linear, loss, residual
+
+__all__ = ["CASES", "compare", "main"]
+
+
+def _inputs(seed: int, *shapes, scale: float = 1.0):
+    rng = backend.host_rng(seed)
+    return [backend.to_device((rng.standard_normal(s) * scale).astype("float32"))
+            for s in shapes]
+
+
+def _dropout():
+    (x, dy) = _inputs(1, (37, 129), (37, 129))
+    y, cache = dropout.forward(x, 0.1, backend.rng(3, 1, 0))
+    dx, _ = dropout.backward(dy, cache)
+    return {"y": y, "dx": dx, "keep": cache.keep}
+
+
+def _layernorm():
+    x, dy, gamma, beta = _inputs(2, (5, 33, 512), (5, 33, 512), (512,), (512,))
+    y, cache = layernorm.forward(x, {"gamma": gamma, "beta": beta})
+    dx, grads = layernorm.backward(dy, cache)
+    return {"y": y, "dx": dx, **grads}
+
+
+def _attention():
+    q, k, v, do = _inputs(3, (3, 4, 17, 16), (3, 4, 17, 16), (3, 4, 17, 16), (3, 4, 17, 16))
+    ids = backend.to_device([[5] * 17, [5] * 12 + [0] * 5, [5] * 3 + [0] * 14])
+    mask = attention.causal_mask(17, "float32") + attention.padding_mask(ids, 0, "float32")
+    out = {}
+    for name, m, p_drop in (("causal", mask, 0.0), ("padding", attention.padding_mask(
+            ids, 0, "float32"), 0.1), ("none", None, 0.0)):
+        o, cache = attention.sdpa_forward(q, k, v, m, p_drop=p_drop, rng=backend.rng(4, 1, 0))
+        dq, dk, dv, _ = attention.sdpa_backward(do, cache)
+        out.update({f"{name} o": o, f"{name} p": cache.p, f"{name} dq": dq, f"{name} dk": dk,
+                    f"{name} dv": dv})
+    return out
+
+
+def _feedforward():
+    x, dy, w1, b1, w2, b2 = _inputs(5, (4, 9, 64), (4, 9, 64), (64, 256), (256,), (256, 64),
+                                    (64,), scale=0.3)
+    p = {"w1": w1, "b1": b1, "w2": w2, "b2": b2}
+    out = {}
+    for p_drop in (0.0, 0.2):
+        y, cache = feedforward.forward(x, p, p_drop, backend.rng(6, 1, 0))
+        dx, grads = feedforward.backward(dy, cache)
+        out.update({f"p={p_drop} {k}": a for k, a in {"y": y, "dx": dx, **grads}.items()})
+    return out
+
+
+def _residual():
+    x, f, dy, gamma, beta, bias = _inputs(7, (3, 11, 96), (3, 11, 96), (3, 11, 96), (96,), (96,),
+                                          (96,))
+    out = {}
+    for pre_ln, p_drop, b in ((False, 0.1, bias), (True, 0.1, None), (False, 0.0, bias)):
+        y, cache = residual.forward(x, lambda h: (f.copy(), None), {"gamma": gamma, "beta": beta},
+                                    p_drop, backend.rng(8, 1, 0), pre_ln, b)
+        dx, _, grads = residual.backward(dy, cache, lambda df, c: (df.copy(), None))
+        name = f"pre_ln={pre_ln} p={p_drop} bias={b is not None}"
+        out.update({f"{name} {k}": a for k, a in {"y": y, "dx": dx, **grads}.items()})
+    return out
+
+
+def _loss():
+    (z,) = _inputs(9, (45, 1000), scale=3.0)
+    targets = backend.host_rng(10).integers(8, 1000, size=45)
+    targets[::7] = 0                                                # padding rows
+    targets = backend.to_device(targets)
+    out = {}
+    for smoothing, pad in ((0.1, None), (0.0, 0), (0.1, 0)):
+        (l_sum, n_sum), dz = loss.forward_backward(z.copy(), targets, smoothing, 1 / 45, pad)
+        out.update({f"eps={smoothing} pad={pad} {k}": a
+                    for k, a in {"loss": l_sum, "nll": n_sum, "dz": dz}.items()})
+    return out
+
+
+def _optimizer():
+    shapes = {"enc.w": (300, 70), "enc.b": (70,), "emb": (50, 16)}
+    rng = backend.host_rng(11)
+    params = flat.flatten({k: rng.standard_normal(s).astype("float32") for k, s in shapes.items()})
+    grads = flat.flatten({k: rng.standard_normal(s).astype("float32") * 3
+                          for k, s in shapes.items()})
+    adam = optim.Adam(params, weight_decay=0.01)
+    norms = {}
+    for step in range(3):
+        norms[f"norm {step}"] = gradscale.clip_grad_norm(grads, 5.0)
+        adam.update(params, grads, 1e-2)
+    return {"params": params.buffer, "m": adam.m.buffer, "v": adam.v.buffer, **norms}
+
+
+def _loss_scaler():
+    shapes = {"enc.w": (300, 70), "enc.b": (70,), "emb": (50, 16)}
+    rng = backend.host_rng(12)
+    params = flat.flatten({k: rng.standard_normal(s).astype("float32") for k, s in shapes.items()})
+    grads = flat.zeros_like(params)
+    adam, scaler = optim.Adam(params, weight_decay=0.01), gradscale.LossScaler(2.0 ** 10, 2)
+    out = {}
+    for step in range(5):
+        grads.buffer[...] = backend.to_device(rng.standard_normal(grads.buffer.shape).astype(
+            "float32")) * scaler.scale              # the gradients of a loss scaled by S
+        if step == 2:
+            grads["enc.b"][3] = float("inf")        # an overflow: skipped, S halved
+        out[f"norm {step}"] = scaler.unscale(grads, 5.0 if step % 2 else None)
+        adam.update(params, grads, 1e-2, scaler)
+        out[f"state {step}"] = scaler.state.copy()
+    return {**out, "params": params.buffer, "m": adam.m.buffer, "v": adam.v.buffer}
+
+
+def _mixed_precision():
+    """fp16: LayerNorm's and the ReLU's float16 outputs, and dY's float16 copy with db."""
+    previous = backend.precision()
+    backend.set_precision("fp16")
+    try:
+        x, dy, w, b, gamma, beta = _inputs(13, (6, 7, 64), (6, 7, 32), (64, 32), (32,), (64,),
+                                           (64,), scale=0.5)
+        h, _ = layernorm.forward(x, {"gamma": gamma, "beta": beta})
+        y, cache = linear.forward(h, {"w": w, "b": b})
+        dx, grads = linear.backward(dy, cache)
+        p = {"w1": w, "b1": b, "w2": w.T.copy(), "b2": gamma}
+        f, c_ff = feedforward.forward(x, p, 0.1, backend.rng(14, 1, 0))
+        df, g_ff = feedforward.backward(x, c_ff)
+        return {"y": y, "dx": dx, **grads, "ffn y": f, "ffn dx": df,
+                **{f"ffn {k}": a for k, a in g_ff.items()}}
+    finally:
+        backend.set_precision(previous)
+
+
+# name -> (case, tolerance: largest |fused - plain| / max |plain| of any output)
+CASES = {"dropout": (_dropout, 0.0), "layernorm": (_layernorm, 1e-5),
+         "attention": (_attention, 1e-5), "feedforward": (_feedforward, 1e-5),
+         "residual": (_residual, 1e-5), "loss": (_loss, 1e-5), "optimizer": (_optimizer, 1e-5),
+         "loss scaler": (_loss_scaler, 1e-5), "mixed precision": (_mixed_precision, 2e-3)}
+
+
+def _run(case, kernels: str) -> dict:
+    previous = fused.choice()
+    fused.use(kernels)
+    try:
+        return {k: backend.to_host(a).astype("float64").reshape(-1) for k, a in case().items()}
+    finally:
+        fused.use(previous)
+
+
+def compare() -> list[dict]:
+    """Every case on the active backend (CuPy): ``{"case", "output", "error", "tolerance",
+    "ok"}`` for the worst output of each case, and ``{"kernel", "launches", "ok"}`` for each
+    kernel (ok: it ran)."""
+    before = {name: k.launches for name, k in fused.KERNELS.items()}
+    rows = []
+    for name, (case, tolerance) in CASES.items():
+        fused_out, plain_out = _run(case, "fused"), _run(case, "plain")
+        worst, error = "", 0.0
+        for key, reference in plain_out.items():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)     # inf - inf
+                diff = abs(fused_out[key] - reference)
+            diff[fused_out[key] == reference] = 0.0                 # Inf where both overflowed
+            finite = abs(reference[abs(reference) < math.inf])
+            relative = float(diff.max(initial=0.0)) / max(float(finite.max(initial=0.0)), 1e-30)
+            if not math.isfinite(relative) or relative >= error:
+                worst, error = key, relative
+        rows.append({"case": name, "output": worst, "error": float(error),
+                     "tolerance": tolerance, "ok": bool(error <= tolerance)})
+    for name, kernel in fused.KERNELS.items():
+        ran = kernel.launches - before[name]
+        rows.append({"kernel": name, "launches": ran, "ok": ran > 0})
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m minitfm.kernelcheck",
+                                     description=__doc__.split("\n\n")[0])
+    parser.parse_args(argv)
+    try:
+        backend.use("cupy")
+    except backend.BackendError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    rows = compare()
+    for row in rows:
+        if "case" in row:
+            print(f"{row['case']:16} worst {row['output']:22} {row['error']:.2e} "
+                  f"(tolerance {row['tolerance']:.0e}) {'ok' if row['ok'] else 'DIFFERS'}")
+        else:
+            print(f"kernel {row['kernel']:22} launched {row['launches']} times"
+                  + ("" if row["ok"] else ": NOT RUN by any case"))
+    failed = sum(not row["ok"] for row in rows)
+    print(f"{len(rows) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,389 @@
+"""One training run: its options, its model and state, its run directory and its workers, and all
+that happens to it besides the updates -- starting or resuming, saving, validating, stopping.
+The loop (:mod:`minitfm.training.loop`) makes the updates and calls on it.
+
+    with Run(options, kind) as run:      take the run directory; resuming, read and check its
+                                         latest checkpoint (once, before any data is read)
+        run.start(cfg, ...)              the fresh or resumed state, and the plan (plan.py)
+        state = loop.train(run, batches)
+
+Resuming (``options.resume``) continues from the latest checkpoint of ``options.out_dir``, read
+once when the run is opened. Nothing in the directory is written before it passes every check:
+a directory with checkpoints needs ``resume``; the checkpoint must pass the check of
+:mod:`minitfm.usable` (kind, parameters, dtypes, finite values, Adam's moments) and be a
+training checkpoint; the options that define the run (``options.defining``) and the seed must
+be those it started with; at :meth:`Run.start`, the config, the vocabulary and ``run_meta``
+(what the trainer's data must match) must be the checkpoint's too. A resumed run reaches
+bit-identical parameters to an uninterrupted one.
+
+Every checkpoint stores the validation record (validation.py); a checkpoint saved at a
+validation also that validation's results. With ``best_metric``, every validation saves a
+checkpoint (each validated model is on disk, ranked by its metric); ``checkpoint_best.npz`` is a
+second name for the best one, and rotation spares the ``keep_best`` best.
+
+Several workers (``mpiexec -n N``; :mod:`minitfm.distributed`): only rank 0 reads and writes the
+run directory, shows progress and validates; every worker continues from rank 0's state
+(:meth:`Run.start`), learns what a validation decides for all (a stop for patience, the
+automatic dropout start), and all stop together after the update in which any received a signal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from tqdm import tqdm
+
+from minitfm import backend, checkpoint, distributed, flat, models, usable
+from minitfm.gradscale import LossScaler
+from minitfm.optim import Adam
+from minitfm.training.divergence import diverged
+from minitfm.training.plan import PlanError, plan
+from minitfm.training.rundir import RunDirectory
+from minitfm.training.state import TrainOptions, TrainState
+from minitfm.training.stops import (AgreedStop, StopRequests, describe_signal,
+                                    interrupts_deferred)
+from minitfm.training import validation
+from minitfm.training.validation import Batch, Record, ValidMetric
+
+__all__ = ["Run", "due"]
+
+
+def due(step: int, every: int, last: int) -> bool:
+    """Whether something done ``every`` steps (0: only at the end) is due at ``step``."""
+    return step == last or (every > 0 and step % every == 0)
+
+
+class Run:
+    """A training run of a model of ``kind`` (a kind of the registry, minitfm.models)."""
+
+    def __init__(self, options: TrainOptions, kind: str) -> None:
+        if options.resume and not options.out_dir:
+            raise ValueError("resume needs out_dir, the run directory to resume")
+        self.world = distributed.world()
+        self.kind = kind
+        self.options = options if self.world.is_root else dataclasses.replace(
+            options, out_dir=None, resume=False, progress=False)   # rank 0's run, shown once
+        self.run_dir = (RunDirectory.open(self.options.out_dir, options.keep_last)
+                        if self.options.out_dir else None)
+        self.cfg = self.state = self.plan = None
+        self.valid_batches: Iterable[Batch] | None = None
+        self.valid_metric: ValidMetric | None = None
+        self.on_dropout_start: Callable[[], None] | None = None
+        try:
+            self.resumed = self._latest_checkpoint()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Give the run directory back (unless the caller holds it too)."""
+        if self.run_dir is not None:
+            self.run_dir.close()
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def say(self, text: str) -> None:
+        """Show ``text`` on the console above the progress bar, unless progress is off."""
+        if self.options.progress:
+            tqdm.write(text)
+
+    # ---- start or resume ----------------------------------------------------------------------
+
+    def _latest_checkpoint(self) -> checkpoint.Checkpoint | None:
+        """The latest checkpoint of the run directory, read back whole and checked, or None."""
+        latest = self.run_dir.latest_checkpoint() if self.run_dir else None
+        if latest is None:
+            if self.options.resume:
+                self.say(f"no checkpoint in {self.options.out_dir}: starting from scratch")
+            return None
+        if not self.options.resume:
+            raise FileExistsError(f"{self.options.out_dir} already holds checkpoints of a run: "
+                                  f"continue it with --resume, or choose another --out")
+        ckpt = usable.load(latest, self.kind).ckpt    # kind, names, shapes, dtypes, finite
+        if "batches_done" not in ckpt.extra or ckpt.optimizer_state is None:
+            raise checkpoint.CheckpointError(
+                f"checkpoint {latest} is not a training checkpoint (no optimizer state or data "
+                f"position; an averaged model?): resume from a checkpoint written by training, "
+                f"or start a new run in another directory")
+        self._check_same_options(ckpt)
+        return ckpt
+
+    def _check_same_options(self, ckpt: checkpoint.Checkpoint) -> None:
+        """The seed and the options that define the run (``run.json``) are the run's own."""
+        options = self.options
+        try:
+            started = json.loads(Path(self.run_dir.run_info_path).read_text())["args"]
+        except (OSError, ValueError, KeyError, TypeError):
+            started = {}                         # no record: the checkpoint is checked alone
+        started = {**started, "seed": ckpt.extra["seed"]}           # the checkpoint's own
+        now = {**options.command, "seed": options.seed}
+        changed = [f"--{name.replace('_', '-')}: the run has {started[name]!r}, now "
+                   f"{now.get(name)!r}" for name in dict.fromkeys(("seed", *options.defining))
+                   if name in started and started[name] != now.get(name)]
+        if changed:
+            raise checkpoint.CheckpointError(
+                f"cannot resume {options.out_dir} with other options:\n  " + "\n  ".join(changed)
+                + "\nResume with the options it was started with, or start a new run with "
+                  "another --out")
+
+    def resumed_vocab(self) -> tuple[str | None, bytes | None] | None:
+        """The vocabulary (identifier, tokenizer model) of the checkpoint being resumed, on every
+        worker; None for a fresh start."""
+        ckpt, world = self.resumed, self.world
+        if not world.distributed:
+            return None if ckpt is None else (ckpt.vocab_id, ckpt.vocab_model)
+        if not world.broadcast_numbers([ckpt is not None])[0]:     # rank 0 read the checkpoint
+            return None
+        vocab_id = world.broadcast_text((ckpt.vocab_id or "") if ckpt else "")
+        model = world.broadcast_bytes((ckpt.vocab_model or b"") if ckpt else b"")
+        return vocab_id or None, model or None
+
+    def start(self, cfg, *, params: dict | None = None, epoch_updates: float | None = None,
+              vocab_id: str | None = None, vocab_model: bytes | None = None,
+              run_meta: dict | None = None, valid_batches: Iterable[Batch] | None = None,
+              valid_metric: ValidMetric | None = None,
+              on_dropout_start: Callable[[], None] | None = None) -> TrainState:
+        """Start (or resume) training ``cfg``'s model; return the state.
+
+        params: initial parameters, trained in place (default: the model's ``init_params``);
+            ignored when resuming. epoch_updates: the updates of one epoch (plan.py).
+        vocab_id, vocab_model: the vocabulary, stored in every checkpoint (a resumed run's must
+            be the same); run_meta: JSON values the resumed checkpoint must match.
+        valid_batches: batches for the validation loss; valid_metric: ``(params, cfg) ->
+            {"valid_bleu": ...}``, called at each validation; on_dropout_start: called once,
+            before the batches of the first update with dropout are read (BPE-dropout)."""
+        if models.of(cfg).KIND != self.kind:
+            raise ValueError(f"this run trains {models.describe(self.kind)}, not "
+                             f"{models.describe(models.of(cfg).KIND)}")
+        self.cfg, self.vocab = cfg, (vocab_id, vocab_model)
+        self.run_meta = run_meta or {}
+        self.valid_batches, self.valid_metric = valid_batches, valid_metric
+        self.on_dropout_start = on_dropout_start
+        self.plan = plan(self.options, cfg.d_model, epoch_updates)
+        self._check_validation()
+        self.state = self._resume() if self.resumed else self._fresh(params)
+        self._share()
+        if self.run_dir:
+            self._prepare_directory()
+        return self.state
+
+    def _check_validation(self) -> None:
+        """What chooses by validation needs something to validate (rank 0 validates)."""
+        if not self.world.is_root:
+            return
+        if self.options.best_metric is not None:
+            validation.check_metric(self.options.best_metric)
+        if self.plan.dropout_start_auto is not None and self.valid_batches is None:
+            raise PlanError("--dropout-start auto watches the validation perplexity, but there "
+                            "are no validation batches: give the validation data")
+        if self.options.best_metric is not None and not self.validating:
+            raise PlanError("--best-metric judges validations, but there is nothing to "
+                            "validate: give the validation data")
+
+    @property
+    def validating(self) -> bool:
+        """Whether this worker validates: rank 0, given something to validate."""
+        return self.world.is_root and (self.valid_batches is not None
+                                       or self.valid_metric is not None)
+
+    def _resume(self) -> TrainState:
+        """The state of the checkpoint read when the run was opened, checked against the run."""
+        ckpt, options = self.resumed, self.options
+        checkpoint.check_compatible(ckpt, self.cfg.to_dict(), self.vocab[0])
+        problems = [f"{key!r}: checkpoint has {saved}, current run has {current}"
+                    for key, saved, current in checkpoint.config_differences(
+                        ckpt.extra.get("run_meta", {}), self.run_meta)]
+        if problems:
+            raise checkpoint.CheckpointError(
+                f"checkpoint {ckpt.path} belongs to another run:\n  " + "\n  ".join(problems)
+                + "\nResume with the settings it was trained with, or start a new run in "
+                  "another directory")
+        record = Record.from_dict(ckpt.extra.get("validation"))
+        if record.best is not None and record.metric != options.best_metric:
+            raise checkpoint.CheckpointError(
+                f"checkpoint {ckpt.path} belongs to a run that chooses by {record.metric}, not "
+                f"{options.best_metric or 'no metric'}: resume with the metric it was started "
+                f"with")
+        record.metric = options.best_metric
+        params = flat.flatten(checkpoint.params_to_device(ckpt.params))
+        optimizer = Adam(params, weight_decay=options.weight_decay)
+        optimizer.load_state_dict(ckpt.optimizer_state)
+        extra = ckpt.extra
+        valid = extra.get("valid", {}) if record.last_validated == ckpt.step else {}
+        scaler = self._scaler()
+        if scaler is not None and "loss_scaler" in extra:
+            scaler.load_state_dict(extra["loss_scaler"])     # as it was: a resume continues exactly
+        self.say(f"resuming from {ckpt.path} (step {ckpt.step})")
+        return TrainState(params=params, optimizer=optimizer, seed=extra["seed"], step=ckpt.step,
+                          epoch=extra["epoch"], batches_done=extra["batches_done"],
+                          tokens=extra["tokens"], elapsed=extra["elapsed"],
+                          last_checkpoint=ckpt.path, valid=dict(valid), record=record,
+                          scaler=scaler, out_of_patience=bool(options.patience)
+                          and record.since_best >= options.patience)
+
+    def _fresh(self, params: dict | None) -> TrainState:
+        trained = models.of(self.cfg)
+        params = trained.init_params(self.cfg, self.options.seed) if params is None else params
+        trained.check_params(params, self.cfg)
+        return TrainState(params=params,
+                          optimizer=Adam(params, weight_decay=self.options.weight_decay),
+                          seed=self.options.seed, record=Record(metric=self.options.best_metric),
+                          scaler=self._scaler())
+
+    def _scaler(self) -> LossScaler | None:
+        """A loss scaler under mixed precision (``backend.precision() == "fp16"``), else None."""
+        return LossScaler(self.options.loss_scale) if backend.precision() == "fp16" else None
+
+    def _share(self) -> None:
+        """Every worker continues from rank 0's state, fresh or resumed: its parameters, Adam's
+        moments and step, the data position, the token count, the clock, and what the
+        validation record decides for every worker (the step of the latest validation, the
+        automatic dropout start)."""
+        world, state = self.world, self.state
+        if not world.distributed:
+            return
+        for arrays in (state.params, state.optimizer.m, state.optimizer.v):
+            world.broadcast_params(arrays)
+        if state.scaler is not None:
+            world.broadcast_params({"loss_scaler": state.scaler.state})
+        numbers = world.broadcast_numbers([state.step, state.optimizer.step, state.epoch,
+                                           state.batches_done, state.tokens, state.elapsed])
+        (state.step, state.optimizer.step, state.epoch, state.batches_done,
+         state.tokens) = (int(n) for n in numbers[:5])
+        state.elapsed = numbers[5]
+        decided = world.broadcast_numbers([-1 if n is None else n for n in
+                                           (state.record.last_validated,
+                                            state.record.dropout_from)]
+                                          + [float(state.out_of_patience)])
+        state.record.last_validated, state.record.dropout_from = (None if n < 0 else int(n)
+                                                                  for n in decided[:2])
+        state.out_of_patience = bool(decided[2])
+
+    def _prepare_directory(self) -> None:
+        """The log cut back to the state's step, run.json, and the best checkpoint named."""
+        state, run_dir = self.state, self.run_dir
+        info = {"args": self.options.command, "config": self.cfg.to_dict()}
+        cut = run_dir.prepare(state.step, info, state.last_checkpoint)
+        if cut:
+            print(f"{run_dir.log_path}: dropped {'a line' if cut == 1 else f'{cut} lines'} cut "
+                  f"short (the run ended while writing it); the log goes on from step "
+                  f"{state.step}", file=sys.stderr, flush=True)
+        if state.record.best is not None:       # as it was: run.json and checkpoint_best.npz
+            run_dir.record_best(state.record, state.last_checkpoint)
+            best = run_dir.checkpoint_path(state.record.best_step)
+            if os.path.exists(best):            # a crash may have come before its naming
+                run_dir.name_best(best, state.last_checkpoint)
+
+    def time_fraction(self) -> float:
+        """The fraction of the time limit spent so far (0 without a limit)."""
+        limit = self.options.time_limit
+        return 0.0 if limit is None else min(1.0, self.state.elapsed / limit)
+
+    # ---- save, validate, stop -----------------------------------------------------------------
+
+    def save(self) -> None:
+        """Write a checkpoint of the state (refusing non-finite parameters), name it
+        ``checkpoint_best.npz`` when it holds the best validation, and rotate old ones."""
+        state, run_dir = self.state, self.run_dir
+        validated = state.valid if state.valid.get("step") == state.step else None
+        extra = {"seed": state.seed, "epoch": state.epoch, "batches_done": state.batches_done,
+                 "tokens": state.tokens, "elapsed": state.elapsed, "run_meta": self.run_meta,
+                 "validation": state.record.to_dict(), **({"valid": validated} if validated
+                                                           else {}),
+                 **({"loss_scaler": state.scaler.state_dict()} if state.scaler else {})}
+
+        def write(path: str) -> None:
+            checkpoint.save(path, state.params, optimizer_state=state.optimizer.state_dict(),
+                            step=state.step, config=self.cfg.to_dict(), vocab_id=self.vocab[0],
+                            vocab_model=self.vocab[1], kind=self.kind, extra=extra)
+
+        try:
+            with interrupts_deferred():
+                state.last_checkpoint = run_dir.save_checkpoint(state.step, write,
+                                                                state.last_checkpoint)
+                if state.record.best_step == state.step:
+                    run_dir.name_best(state.last_checkpoint)
+                run_dir.rotate(state.last_checkpoint,
+                               spare=state.record.kept_steps(self.options.keep_best))
+        except checkpoint.NonFiniteError as exc:
+            raise diverged(f"{exc.what} holds NaN or Inf", state.step, state) from exc
+
+    def cut_short(self) -> bool:
+        """Whether the validation due at a resumed run's step was never made (a signal came
+        during that step's update or validation, and the checkpoint was saved without it)."""
+        state = self.state
+        return (state.step > 0 and state.record.last_validated != state.step
+                and due(state.step, self.options.valid_every, self.plan.steps))
+
+    def validate(self, save_now: bool) -> None:
+        """The validation due at this step (rank 0), what every worker must know of it (a stop
+        for patience, the automatic dropout start), and the checkpoint due with it."""
+        state, world = self.state, self.world
+        if self.validating:
+            self._validate()
+        if world.distributed and (self.options.patience
+                                  or self.plan.dropout_start_auto is not None):
+            agreed = world.broadcast_numbers([float(state.out_of_patience),
+                                              -1 if state.record.dropout_from is None
+                                              else state.record.dropout_from])
+            state.out_of_patience = bool(agreed[0])
+            state.record.dropout_from = None if agreed[1] < 0 else int(agreed[1])
+        if save_now:
+            self.save()
+
+    def _validate(self) -> None:
+        state, options, record = self.state, self.options, self.state.record
+        results = {}
+        if self.valid_batches is not None:
+            results.update(validation.evaluate(state.params, self.cfg, self.valid_batches))
+        if self.valid_metric is not None:
+            results.update(self.valid_metric(state.params, self.cfg))
+        with interrupts_deferred():             # the record, the log and run.json agree
+            improved, dropout_starts = record.judge(state.step, results, options.keep_best,
+                                                    self.plan.dropout_start_auto)
+            state.valid = {"step": state.step, **results}
+            line = dict(state.valid)
+            if record.metric is not None and record.best is not None:
+                line.update({f"best_{record.metric}": record.best, "best_step": record.best_step})
+            if record.dropout_from is not None:
+                line["dropout_from"] = record.dropout_from
+            if options.patience and record.since_best >= options.patience:
+                state.out_of_patience = True
+            if self.run_dir:
+                self.run_dir.append_log(line, state.last_checkpoint)
+                if improved:
+                    self.run_dir.record_best(record, state.last_checkpoint)
+        self.say(f"step {state.step}: " + ", ".join(
+            f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
+            for key, value in results.items())
+            + (f"; {record.describe_best()}" if record.best is not None else ""))
+        if dropout_starts:
+            self.say(dropout_starts)
+        if state.out_of_patience:
+            self.say(f"no better {record.metric} in {options.patience} validations "
+                     f"({record.describe_best()}): stopping at step {state.step}")
+
+    def stop(self, interrupt: KeyboardInterrupt, stops: StopRequests) -> None:
+        """The run stops on a signal: a checkpoint of the last completed update (unless saved
+        already), and the state says so. Raised in one worker's own code alone, the
+        interrupt goes on (``World.fail_together`` ends every worker)."""
+        agreed = interrupt.requests if isinstance(interrupt, AgreedStop) else {}
+        if self.world.distributed and not agreed:
+            raise interrupt
+        stops.stopping()                    # from here on, further signals are ignored
+        state = self.state
+        state.interrupted, state.stop_signal = True, stops.signum
+        if self.run_dir and state.last_checkpoint != self.run_dir.checkpoint_path(state.step):
+            self.save()
+        self.say(f"{describe_signal(state.stop_signal)} at step {state.step}"
+                 + (f" ({distributed.describe_stops(agreed)})" if agreed else "")
+                 + (f"; checkpoint {state.last_checkpoint}" if self.run_dir else ""))

@@ -1,0 +1,185 @@
+"""The fused kernels (``--kernels fused``): each equal to its plain twin, each compiling with NVRTC,
+chosen from the command line, run by the CuPy double as one launch of its twin.
+
+- ``gpu`` (on the double by default, on a device with ``-m gpu``): every layer with a fused
+  kernel equals its plain code within the tolerance of ``minitfm.kernelcheck`` (masks bit for
+  bit), and every kernel runs in some case;
+- ``nvrtc`` (CI's CuPy environment: ``cupy-cuda12x`` and ``nvidia-cuda-nvrtc-cu12``, no GPU):
+  every kernel's source compiles for compute_80 and compute_90, and a broken one is refused;
+- the commands train with ``--kernels fused`` on the double (CuPy 14 and 13 rules) and reach
+  the parameters a plain run reaches.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minitfm import backend, checkpoint, fused, kernelcheck
+
+from tests.test_gpu_commands import WMT_TINY
+from tests.test_train_wmt import corpus, corpus_args  # noqa: F401  (corpus: a fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.gpu
+def test_every_fused_layer_equals_its_plain_code(cupy_backend):
+    rows = kernelcheck.compare()
+    assert all(row["ok"] for row in rows), [row for row in rows if not row["ok"]]
+    assert {row["kernel"] for row in rows if "kernel" in row} == set(fused.KERNELS)
+
+
+@pytest.mark.gpu
+def test_a_fused_call_is_one_launch_on_the_double(cupy_backend):
+    if not hasattr(cupy_backend, "_double"):
+        pytest.skip("launches are counted on the double")
+    from minitfm.layers import dropout
+    x = backend.to_device(np.ones((64, 33), dtype=np.float32))
+    fused.use("fused")
+    try:
+        with cupy_backend._double.counting() as counted:
+            dropout.forward(x, 0.1, backend.rng(0, 1, 0))
+    finally:
+        fused.use("plain")
+    assert counted.launches == 1 and counted.device_to_host == 0, counted
+
+
+def test_fused_kernels_run_on_cupy_only(numpy_backend):
+    with pytest.raises(backend.BackendError, match="fused kernels run on a GPU.*--kernels plain"):
+        fused.use("fused")
+    with pytest.raises(backend.BackendError, match="unknown kernels 'fast'"):
+        fused.use("fast")
+    assert fused.choice() == "plain"
+
+
+def test_the_double_refuses_to_run_cuda_and_checks_launches(cupy_backend):
+    if not hasattr(cupy_backend, "_double"):
+        pytest.skip("the double's own rules")
+    kernel = cupy_backend.RawKernel("extern \"C\" __global__ void k(float* x) {}", "k")
+    x = cupy_backend.zeros(4, dtype=np.float32)
+    with pytest.raises(NotImplementedError, match="cannot compile or run CUDA"):
+        kernel((1,), (32,), (x,))
+    with pytest.raises(TypeError, match="NumPy scalars"):
+        cupy_backend._double.emulate(kernel, (1,), (32,), (x, 3), lambda *a: None)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        cupy_backend._double.emulate(kernel, (1,), (32,), (x[::2],), lambda *a: None)
+    with pytest.raises(TypeError, match="'options' has incorrect type"):
+        cupy_backend.RawKernel("", "k", options=["-O3"])
+
+
+# ---- NVRTC: every kernel compiles for the GPUs minitfm targets ----------------------------------
+
+ARCHITECTURES = ("compute_80", "compute_90")      # A100, H100
+
+
+@pytest.fixture(scope="module")
+def nvrtc():
+    try:
+        from cupy_backends.cuda.libs import nvrtc as module
+        module.getVersion()
+    except Exception as exc:      # ImportError, or the NVRTC library missing
+        pytest.skip(f"NVRTC is not usable here ({exc}): install cupy-cuda12x and "
+                    f"nvidia-cuda-nvrtc-cu12")
+    return module
+
+
+def compile_ptx(nvrtc, source: str, name: str, architecture: str) -> str:
+    program = nvrtc.createProgram(source, f"{name}.cu", [], [])
+    try:
+        nvrtc.compileProgram(program, [f"--gpu-architecture={architecture}", *fused.OPTIONS])
+        ptx = nvrtc.getPTX(program)
+        return ptx.decode() if isinstance(ptx, bytes) else ptx
+    except Exception as exc:
+        raise AssertionError(f"{name}: {exc}\n{nvrtc.getProgramLog(program)}") from exc
+    finally:
+        nvrtc.destroyProgram(program)
+
+
+@pytest.mark.nvrtc
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+@pytest.mark.parametrize("name", sorted(fused.KERNELS))
+def test_every_kernel_compiles_with_nvrtc(nvrtc, name, architecture):
+    ptx = compile_ptx(nvrtc, fused.KERNELS[name].source, name, architecture)
+    assert f".entry {name}(" in ptx
+
+
+@pytest.mark.nvrtc
+def test_nvrtc_refuses_a_broken_kernel(nvrtc):
+    broken = fused.KERNELS["dropout_backward"].source.replace("dx[i] =", "dx[i] = undeclared +")
+    with pytest.raises(AssertionError, match="undeclared"):
+        compile_ptx(nvrtc, broken, "dropout_backward", "compute_90")
+
+
+# ---- the commands with --kernels fused, on the double ------------------------------------------
+
+DROPOUTS = ["--dropout", "0.1", "--attention-dropout", "0.1", "--relu-dropout", "0.1",
+            "--clip-norm", "1.0", "--max-steps", "3", "--save-every", "3", "--valid-every", "0"]
+
+
+@pytest.mark.parametrize("precision, tolerance", [("fp32", 1e-4), ("fp16", 1e-3)])
+def test_train_wmt_with_fused_kernels_reaches_the_plain_parameters(cupy_env, corpus,  # noqa: F811
+                                                                   precision, tolerance,
+                                                                   tmp_path):
+    """Every dropout on, clipping on: the fused run draws the plain run's masks, so both reach
+    the same parameters (up to the order of sums, and in fp16 a float16 rounding that a
+    different sum may tip), in far fewer launches."""
+    finals = {}
+    for kernels in ("plain", "fused"):
+        env = dict(cupy_env, CUPY_DOUBLE_REPORT=str(tmp_path / f"{kernels}.json"))
+        out = tmp_path / kernels
+        done = subprocess.run([sys.executable, "train_wmt.py", *corpus_args(corpus), *WMT_TINY,
+                               *DROPOUTS, "--kernels", kernels, "--precision", precision,
+                               "--out", str(out)], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert ("fused kernels" in done.stdout.splitlines()[0]) == (kernels == "fused")
+        finals[kernels] = checkpoint.load(checkpoint.latest(out), with_optimizer=False).params
+        if "CUPY_DOUBLE_RULES" in cupy_env:
+            counts = json.loads((tmp_path / f"{kernels}.json").read_text())["counts"]
+            finals[kernels + " launches"] = counts["launches"]
+    for name, value in finals["plain"].items():
+        fused_value = finals["fused"][name]
+        if name.endswith(("b_qkv", "b_kv")):    # the key bias: its gradient is 0 in exact math
+            keys = slice(value.size // 3, 2 * value.size // 3) if name.endswith("b_qkv") \
+                else slice(0, value.size // 2)  # (a row's scores all move by q.b_k), so Adam
+            value, fused_value = (np.delete(v, keys) for v in (value, fused_value))  # scales
+        np.testing.assert_allclose(fused_value, value, rtol=tolerance,       # rounding noise
+                                   atol=tolerance / 100, err_msg=name)
+    if "plain launches" in finals:                  # the whole command, decoding included
+        launches = (finals["fused launches"], finals["plain launches"])
+        assert launches[0] < 0.6 * launches[1], launches
+
+
+def test_fused_kernels_on_numpy_are_a_usage_error(tmp_path):
+    done = subprocess.run([sys.executable, "train_toy.py", "--backend", "numpy", "--kernels",
+                           "fused", "--max-steps", "1", "--out", str(tmp_path / "run")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "error: --kernels fused: fused kernels run on a GPU"), done.stderr
+
+
+def test_the_kernel_check_command(cupy_env, tmp_path):
+    """``python -m minitfm.kernelcheck`` on the CuPy path (the double, 14 and 13: twins against
+    the plain code; a GPU with -m gpu) passes; without CuPy it is a usage error."""
+    done = subprocess.run([sys.executable, "-m", "minitfm.kernelcheck"], cwd=ROOT, env=cupy_env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"{len(fused.KERNELS) + len(kernelcheck.CASES)} passed, 0 failed" in done.stdout
+
+
+def test_the_kernel_check_needs_cupy():
+    try:
+        import cupy  # noqa: F401
+        pytest.skip("CuPy is installed here")
+    except ImportError:
+        pass
+    done = subprocess.run([sys.executable, "-m", "minitfm.kernelcheck"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith("error: backend 'cupy' was requested")
