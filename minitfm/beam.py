@@ -37,6 +37,18 @@ cross-attention keys and values are the same for all beams of a sentence: the ca
 once per sentence, and as beams move only within their sentence, they are gathered only when
 sentences leave.
 
+Many sentences: continuous batching
+-----------------------------------
+:func:`translate_ids` sorts the sentences by length. Decoded a batch at a time
+(:func:`beam_search`), each batch ends with a few sentences searching on towards the length
+limit alone, on a few rows: such a step costs nearly as many array operations as a full one,
+for little arithmetic. Continuous batching (:func:`continuous_search`, the default) fills the
+places of ended sentences with waiting ones, encoded together once a quarter of the places are
+free: the steps stay full, and the long searches run on few rows once, at the end (on
+Multi30k's test2016, 1,000 sentences, 64 at a time: 278 steps instead of 621). Sentences
+admitted together share a position, and each step feeds every run of rows its own. Each
+sentence's search is the one :func:`beam_search` makes.
+
 When a sentence is done
 -----------------------
 ``stopping="exact"``: when no live hypothesis can still beat its best finished one (its
@@ -75,17 +87,19 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 
 from minitfm import backend, decode     # decode.step: read at each step, as greedy reads it
 from minitfm.decode import KVCache, forbid_special, init_kv_cache, int_array, output_limits, \
     prepare_source, reorder
+from minitfm.layers.attention import MASKED
 from minitfm.models import translator as model     # the model this module decodes
 
 __all__ = ["LENGTH_PENALTIES", "STOPPING_RULES", "Hypothesis", "length_penalty",
-           "stopping_rule", "check_search", "beam_search", "translate_ids", "length_batches",
-           "pad_batch", "top_k"]
+           "stopping_rule", "check_search", "beam_search", "translate_ids", "continuous_search",
+           "length_batches", "pad_batch", "top_k"]
 
 LENGTH_PENALTIES = ("gnmt", "power")
 STOPPING_RULES = ("auto", "exact", "first-k")     # auto: chosen on validation, see above
@@ -180,13 +194,21 @@ def first_rows(kv: KVCache, beam: int) -> KVCache:
                                self_v=[b[::beam] for b in kv.self_v])
 
 
-def groups_in_place(groups: list[int]) -> list[int]:
+def groups_in_place(groups: list[int], positions: Sequence[int] | None = None) -> list[int]:
     """The groups of K rows that go on (their indices, ascending), in their order in the smaller
     batch: a group that lies within it keeps its place, those beyond fill the places that ended
-    sentences left -- the cache then moves the fewest rows (the order of sentences is free)."""
-    n, staying = len(groups), set(groups)
-    beyond = iter(g for g in groups if g >= n)
-    return [g if g in staying else next(beyond) for g in range(n)]
+    sentences left -- the cache then moves the fewest rows (the order of sentences is free).
+    With ``positions`` (each group's, groups at one position lying together), the same within
+    each run of one position, the runs kept in their order: so they still lie together."""
+    order = []
+    position = (lambda g: 0) if positions is None else (lambda g: positions[g])
+    for _, run in itertools.groupby(groups, key=position):
+        run, first = list(run), len(order)
+        places = range(first, first + len(run))
+        beyond = iter(g for g in run if g not in places)
+        staying = set(run)
+        order += [g if g in staying else next(beyond) for g in places]
+    return order
 
 
 def in_parents_rows(live: list, first: int) -> list:
@@ -207,6 +229,74 @@ def in_parents_rows(live: list, first: int) -> list:
 
 # ---- beam search -----------------------------------------------------------------------------
 
+class Finished:
+    """The finished hypotheses of each sentence, and the rule that says when it is done."""
+
+    def __init__(self, sentences: int, beam: int, alpha: float, nbest: int, lenpen_form: str,
+                 stopping: str, eos_id: int):
+        self.beam, self.nbest, self.eos_id = beam, nbest, eos_id
+        self.alpha, self.lenpen_form = alpha, lenpen_form
+        self.exact = stopping_rule(stopping, alpha) == "exact"
+        self.hyps: list[list[Hypothesis]] = [[] for _ in range(sentences)]
+        self.best: list[list[float]] = [[] for _ in range(sentences)]   # nbest best scores, a heap
+        self.limits: list[int] = [0] * sentences      # each sentence's length limit
+        self.lp: list[float] = []                     # lp(n) by length n
+
+    def set_limits(self, sentences: Sequence[int], limits: Sequence[int]) -> None:
+        """The length limits of ``sentences`` (their indices), before their first step."""
+        for s, limit in zip(sentences, limits):
+            self.limits[s] = limit
+        self.lp += [length_penalty(n, self.alpha, self.lenpen_form)
+                    for n in range(len(self.lp), max(limits) + 1)]
+
+    def advance(self, s: int, t: int, scores: list, ids: list, vocab: int, first: int,
+                prefixes: list) -> list | None:
+        """Sentence ``s`` at step t, its beams in rows ``first`` .. ``first`` + K - 1: its 2K best
+        candidates (``scores``, best first, and ``ids`` into its K*V) finish or go on. Returns its
+        K live ``(parent row, token, score)``, placed in their parents' rows where they can be,
+        or None once it is done."""
+        k, eos, last = self.beam, self.eos_id, t + 1 >= self.limits[s]
+        live = []
+        for rank, (score, flat) in enumerate(zip(scores, ids)):
+            if score == -math.inf:
+                break
+            parent, token = first + flat // vocab, flat % vocab
+            if rank < k and (token == eos or last):     # out of length: the K best finish
+                tail = [] if token == eos else [token]
+                self.hyps[s].append((prefixes[parent] + tail, score / self.lp[t + 1]))
+                if len(self.best[s]) < self.nbest:
+                    heapq.heappush(self.best[s], self.hyps[s][-1][1])
+                else:
+                    heapq.heappushpop(self.best[s], self.hyps[s][-1][1])
+            elif token != eos and len(live) < k:
+                live.append((parent, token, score))
+        if last or not live:
+            return None
+        if self.exact:     # done once the best live bound, s / lp(L), cannot beat the nbest-th
+            if len(self.best[s]) == self.nbest and \
+                    self.best[s][0] >= live[0][2] / self.lp[self.limits[s]]:
+                return None
+        elif len(self.hyps[s]) >= k:
+            return None
+        live += [(live[0][0], live[0][1], -math.inf)] * (k - len(live))   # tiny vocabularies
+        return in_parents_rows(live, first)
+
+    def results(self, s: int) -> list[Hypothesis]:
+        return sorted(self.hyps[s], key=lambda h: -h[1])[:self.nbest]
+
+
+def step_candidates(params: dict, cfg: model.Config, kv: KVCache, tokens, t, scores, k: int):
+    """One decoding step and its candidates: each sentence's 2K best (hypothesis, token) pairs,
+    as host lists ``(scores, flat ids into its K*V)``, and V."""
+    logits = decode.step(params, cfg, kv, tokens, t)
+    extended = forbid_special(extend_scores(logits, scores), cfg)                     # (R, V)
+    n, vocab = scores.shape[0], extended.shape[1]
+    candidates = extended.reshape(n, -1)                                              # (n, K*V)
+    top_scores, top_ids = top_k(candidates, min(2 * k, candidates.shape[1]))         # (n, 2K)
+    top_scores, top_ids = (a.tolist() for a in backend.to_host_together(top_scores, top_ids))
+    return top_scores, top_ids, vocab
+
+
 def beam_search(params: dict, cfg: model.Config, src, beam: int = 4, alpha: float = 0.6,
                 max_len: int | None = None, nbest: int = 1, *, lenpen_form: str = "gnmt",
                 stopping: str = "auto") -> list[list[Hypothesis]]:
@@ -223,51 +313,22 @@ def beam_search(params: dict, cfg: model.Config, src, beam: int = 4, alpha: floa
     src, host_src = prepare_source(params, cfg, src)
     limits = output_limits(host_src, cfg, max_len)
     kv = init_kv_cache(params, cfg, src, beam=beam, capacity=max(limits))
-    k, exact = beam, stopping_rule(stopping, alpha) == "exact"
-    lp = [length_penalty(n, alpha, lenpen_form) for n in range(max(limits) + 1)]   # by length
-    finished: list[list[Hypothesis]] = [[] for _ in limits]
-    best: list[list[float]] = [[] for _ in limits]      # the nbest best finished scores, a heap
+    k = beam
+    found = Finished(len(limits), k, alpha, nbest, lenpen_form, stopping, cfg.eos_id)
+    found.set_limits(range(len(limits)), limits)
     active = list(range(len(limits)))                    # the sentence of each group of K rows
     prefixes: list[list[int]] = [[] for _ in range(len(active) * k)]   # one per cache row
     tokens = xp.full((len(active),), cfg.bos_id, dtype=xp.int64)       # (R,): first step, BOS
     scores = xp.zeros((len(active), 1), dtype=kv.src_mask.dtype)       # (n, live per sentence)
 
     for t in range(max(limits)):
-        width = scores.shape[1]                          # 1 at the first step, then K
-        logits = decode.step(params, cfg, first_rows(kv, k) if t == 0 else kv, tokens, t)
-        extended = forbid_special(extend_scores(logits, scores), cfg)                 # (R, V)
-        vocab = extended.shape[1]
-        candidates = extended.reshape(len(active), width * vocab)                     # (n, K*V)
-        top_scores, top_ids = top_k(candidates, min(2 * k, width * vocab))            # (n, 2K)
-        top_scores, top_ids = (a.tolist() for a in backend.to_host_together(top_scores, top_ids))
-
+        top_scores, top_ids, vocab = step_candidates(
+            params, cfg, first_rows(kv, k) if t == 0 else kv, tokens, t, scores, k)
         going_on = {}                                   # group -> (sentence, its K live)
         for i, s in enumerate(active):
-            last = t + 1 >= limits[s]                   # out of length: the K best finish
-            live = []                                   # (parent row, token, score)
-            for rank, (score, flat) in enumerate(zip(top_scores[i], top_ids[i])):
-                if score == -math.inf:
-                    break
-                parent, token = i * k + flat // vocab, flat % vocab
-                if rank < k and (token == cfg.eos_id or last):
-                    tail = [] if token == cfg.eos_id else [token]
-                    hyp = (prefixes[parent] + tail, score / lp[t + 1])
-                    finished[s].append(hyp)
-                    if len(best[s]) < nbest:
-                        heapq.heappush(best[s], hyp[1])
-                    else:
-                        heapq.heappushpop(best[s], hyp[1])
-                elif token != cfg.eos_id and len(live) < k:
-                    live.append((parent, token, score))
-            if last or not live:
-                continue
-            if exact:      # done once the best live bound, s / lp(L), cannot beat the nbest-th
-                if len(best[s]) == nbest and best[s][0] >= live[0][2] / lp[limits[s]]:
-                    continue
-            elif len(finished[s]) >= k:
-                continue
-            live += [(live[0][0], live[0][1], -math.inf)] * (k - len(live))   # tiny vocabularies
-            going_on[i] = s, in_parents_rows(live, i * k)
+            live = found.advance(s, t, top_scores[i], top_ids[i], vocab, i * k, prefixes)
+            if live is not None:
+                going_on[i] = s, live
         if not going_on:
             break
         order = groups_in_place(list(going_on))
@@ -279,7 +340,7 @@ def beam_search(params: dict, cfg: model.Config, src, beam: int = 4, alpha: floa
         scores = xp.asarray([score for _, _, score in beams],
                             dtype=scores.dtype).reshape(len(active), k)
 
-    return [sorted(hyps, key=lambda h: -h[1])[:nbest] for hyps in finished]
+    return [found.results(s) for s in range(len(limits))]
 
 
 # ---- many sentences --------------------------------------------------------------------------
@@ -293,27 +354,40 @@ def pad_batch(sentences: Sequence[Sequence[int]], cfg: model.Config):
     return backend.xp.asarray(rows, dtype=backend.xp.int64)
 
 
+def by_length(sentences: Sequence[Sequence[int] | None]) -> list[int]:
+    """Indices of the sentences, shortest first; None entries skipped."""
+    return sorted((i for i, s in enumerate(sentences) if s is not None),
+                  key=lambda i: len(sentences[i]))
+
+
 def length_batches(sentences: Sequence[Sequence[int] | None], batch_size: int
                    ) -> Iterator[list[int]]:
     """Indices of the sentences, shortest first, ``batch_size`` at a time; None entries skipped."""
-    order = sorted((i for i, s in enumerate(sentences) if s is not None),
-                   key=lambda i: len(sentences[i]))
+    order = by_length(sentences)
     for start in range(0, len(order), batch_size):
         yield order[start:start + batch_size]
 
 
 def translate_ids(params: dict, cfg: model.Config, sentences: Sequence[Sequence[int]], *,
                   beam: int = 4, alpha: float = 0.6, max_len: int | None = None, nbest: int = 1,
-                  batch_size: int = 64, lenpen_form: str = "gnmt",
-                  stopping: str = "auto") -> list[list[Hypothesis]]:
-    """Beam search over many sentences (token ids without EOS, which is appended).
+                  batch_size: int = 64, lenpen_form: str = "gnmt", stopping: str = "auto",
+                  continuous: bool = True) -> list[list[Hypothesis]]:
+    """Beam search over many sentences (token ids without EOS, which is appended); None entries
+    are skipped (their result is empty). Results come back in input order.
 
-    Sentences are sorted by length and decoded ``batch_size`` at a time, so a batch wastes little
-    on padding and its sentences finish at similar steps; results come back in input order.
+    Sentences are sorted by length, so a batch wastes little on padding. With ``continuous``
+    (:func:`continuous_search`) at most ``batch_size`` sentences are decoded at once, and the
+    places of those that end are refilled from the waiting ones; without, ``batch_size``
+    sentences at a time, each batch to its end (:func:`beam_search`). Both search alike; the
+    refilled batch stays full where a batch of its own would decode its last few sentences on
+    a few rows, step after step.
     """
     check_search(beam, alpha, nbest, lenpen_form, stopping)
     if batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
+    if continuous:
+        return continuous_search(params, cfg, sentences, beam, alpha, max_len, nbest,
+                                 batch_size, lenpen_form=lenpen_form, stopping=stopping)
     results: list[list[Hypothesis]] = [[] for _ in sentences]
     for batch in length_batches(sentences, batch_size):
         src = pad_batch([sentences[i] for i in batch], cfg)
@@ -322,3 +396,124 @@ def translate_ids(params: dict, cfg: model.Config, sentences: Sequence[Sequence[
         for i, hyps in zip(batch, found):
             results[i] = hyps
     return results
+
+
+# ---- continuous batching ---------------------------------------------------------------------
+
+def continuous_search(params: dict, cfg: model.Config, sentences: Sequence[Sequence[int] | None],
+                      beam: int = 4, alpha: float = 0.6, max_len: int | None = None,
+                      nbest: int = 1, batch_size: int = 64, *, lenpen_form: str = "gnmt",
+                      stopping: str = "auto") -> list[list[Hypothesis]]:
+    """:func:`beam_search` over many sentences (None entries skipped), at most ``batch_size``
+    of them in the cache at once, shortest first: when a quarter of the places are free (or all
+    the sentences still waiting fit), the next waiting sentences are encoded into them and start
+    their search while the others go on (continuous batching; see the module docstring).
+
+    The sentences admitted together stand at one position, step after step: the groups of
+    rows are kept in runs of one position, the oldest first (:func:`groups_in_place`), and each
+    run attends over its own slots as a step of its own would (``decode.positions``); the
+    matrix products run on all rows at once. The cross-attention arrays are as wide as the
+    longest source in the cache, the rest of a shorter one masked. A new sentence starts on all
+    its K rows, the first alone alive (the others' scores are -inf), so its first step picks
+    among one row's candidates, as :func:`beam_search`'s first step does.
+    """
+    check_search(beam, alpha, nbest, lenpen_form, stopping)
+    waiting = by_length(sentences)[::-1]                 # pop() takes the shortest
+    found = Finished(len(sentences), beam, alpha, nbest, lenpen_form, stopping, cfg.eos_id)
+    if not waiting:
+        return [[] for _ in sentences]
+    longest = prepare_source(params, cfg, pad_batch([sentences[waiting[0]]], cfg))[1]
+    full = empty_cache(params, cfg, batch_size, beam, output_limits(longest, cfg, max_len)[0])
+    k, xp, dtype = beam, backend.xp, full.src_mask.dtype
+    active, at = [], []                                  # each group's sentence and position
+    prefixes, tokens, scores = [], [], []                # each row's
+    while waiting or active:
+        free = batch_size - len(active)
+        if waiting and free >= min(max(1, batch_size // 4), len(waiting)):
+            new = [waiting.pop() for _ in range(min(free, len(waiting)))]
+            src, host_src = prepare_source(params, cfg, pad_batch([sentences[i] for i in new],
+                                                                  cfg))
+            found.set_limits(new, output_limits(host_src, cfg, max_len))
+            full = admit(params, cfg, full, len(active), src)
+            active, at = active + new, at + [0] * len(new)
+            prefixes += [[] for _ in range(len(new) * k)]
+            tokens += [cfg.bos_id] * (len(new) * k)
+            scores += ([0.0] + [-math.inf] * (k - 1)) * len(new)
+        kv = first_groups(full, len(active))
+        top_scores, top_ids, vocab = step_candidates(
+            params, cfg, kv, int_array(tokens), decode.positions(at, k),
+            xp.asarray(scores, dtype=dtype).reshape(len(active), k), k)
+        going_on = {}                                   # group -> (sentence, its K live)
+        for i, s in enumerate(active):
+            live = found.advance(s, at[i], top_scores[i], top_ids[i], vocab, i * k, prefixes)
+            if live is not None:
+                going_on[i] = s, live
+        order = groups_in_place(list(going_on), at)
+        beams = [hyp for i in order for hyp in going_on[i][1]]   # (parent row, token, score)
+        reorder(kv, [parent for parent, _, _ in beams],                        # in place
+                filled=[at[i] + 1 for i in order for _ in range(k)])
+        active, at = [going_on[i][0] for i in order], [at[i] + 1 for i in order]
+        prefixes = [prefixes[parent] + [token] for parent, token, _ in beams]
+        tokens = [token for _, token, _ in beams]
+        scores = [score for _, _, score in beams]
+    return [found.results(s) for s in range(len(sentences))]
+
+
+def empty_cache(params: dict, cfg: model.Config, groups: int, beam: int, capacity: int
+                ) -> KVCache:
+    """A cache for ``groups`` sentences of ``beam`` rows with room for ``capacity`` positions,
+    holding no sentence yet: cross-attention arrays of no width (:func:`admit` widens them).
+    The self-attention buffers start empty: a run of rows reads only the slots it wrote."""
+    xp = backend.xp
+    projection = model.output_projection(params, cfg)
+    d_k, dtype = cfg.d_model // cfg.n_heads, projection.dtype
+    buffers = [xp.empty((groups * beam, cfg.n_heads, capacity, d_k), dtype=dtype)
+               for _ in range(2 * cfg.n_layers)]
+    cross = [xp.zeros((groups, cfg.n_heads, 0, d_k), dtype=dtype)
+             for _ in range(2 * cfg.n_layers)]
+    return KVCache(self_k=buffers[:cfg.n_layers], self_v=buffers[cfg.n_layers:],
+                   cross_k=cross[:cfg.n_layers], cross_v=cross[cfg.n_layers:],
+                   src_mask=xp.zeros((groups, 1, 1, 0), dtype=dtype), projection=projection)
+
+
+def admit(params: dict, cfg: model.Config, full: KVCache, first: int, src) -> KVCache:
+    """``full`` with the sentences of ``src`` (m, S) encoded into its groups ``first`` ..
+    ``first`` + m - 1: their cross-attention keys, values and mask (masked beyond S, where an
+    earlier sentence's keys and values stay: finite, so a masked score is still -1e9); the
+    cross-attention arrays widened to S where they are narrower."""
+    memory, mask, _ = model.encoder_forward(params, cfg, src)          # (m, S, d), (m, 1, 1, S)
+    cross_k, cross_v = model.cross_kv(params, cfg, memory)            # (m, H, S, d_k) per layer
+    m, width = mask.shape[0], mask.shape[-1]
+    if width > full.src_mask.shape[-1]:
+        full = widened(full, width)
+    new = slice(first, first + m)
+    for array, part in zip(full.cross_k + full.cross_v, cross_k + cross_v):
+        array[new, :, :width] = part
+    full.src_mask[new] = MASKED
+    full.src_mask[new, :, :, :width] = mask
+    return full
+
+
+def widened(kv: KVCache, width: int) -> KVCache:
+    """``kv`` with cross-attention arrays ``width`` source positions wide, the new ones masked."""
+    xp = backend.xp
+    old = kv.src_mask.shape[-1]
+
+    def wider(array):                                                  # (n, H, S, d_k)
+        out = xp.zeros((*array.shape[:2], width, array.shape[3]), dtype=array.dtype)
+        out[:, :, :old] = array
+        return out
+
+    mask = xp.full((*kv.src_mask.shape[:3], width), MASKED, dtype=kv.src_mask.dtype)
+    mask[..., :old] = kv.src_mask
+    return dataclasses.replace(kv, cross_k=[wider(a) for a in kv.cross_k],
+                               cross_v=[wider(a) for a in kv.cross_v], src_mask=mask)
+
+
+def first_groups(full: KVCache, n: int) -> KVCache:
+    """The views of ``full``'s first n groups of rows (one group per sentence)."""
+    rows = n * full.rows // full.sentences
+    return dataclasses.replace(
+        full, self_k=[b[:rows] for b in full.self_k], self_v=[b[:rows] for b in full.self_v],
+        cross_k=[a[:n] for a in full.cross_k], cross_v=[a[:n] for a in full.cross_v],
+        src_mask=full.src_mask[:n])

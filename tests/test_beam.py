@@ -17,6 +17,7 @@ from minitfm import beam as search
 from minitfm import decode
 from minitfm.export.__main__ import main as export_main
 from minitfm.export.ctranslate2 import UNIT_LENGTH_PENALTY
+from minitfm.layers.attention import Positions
 from tests.test_decode import A, B, C, D, markov_step, sequence_log_prob, sources, tiny
 from tests.test_export import (MAX_OUT, check_equal, load_params, needs, test_sources,
                                translator, vocab)  # noqa: F401  (fixtures)
@@ -117,6 +118,47 @@ def test_both_rules_search_as_the_plain_beam_search(monkeypatch, stopping, alpha
         if stopping == "exact":
             to_the_limit = plain_beam(next_log_probs, beam, 12, alpha, form, nbest, None)
             assert [h[0] for h in expected] == [h[0] for h in to_the_limit]
+
+
+def chain_by_source(seed):
+    """A stand-in for decode.step whose next-token tables depend on the sentence too (by its
+    source length, read from the cache's mask), the step (each row's own position, when rows
+    stand at different ones) and the last token: sentences end at different steps."""
+    tables = np.log(np.random.default_rng(seed).dirichlet(np.full(11, 0.4), size=(4, 30, 11)))
+
+    def fake_step(params, cfg, kv, tokens, t):
+        lengths = (kv.src_mask[:, 0, 0] == 0).sum(axis=-1)                  # (n,) with EOS
+        table = np.repeat(lengths % 4, len(tokens) // kv.sentences)          # (R,)
+        at = t.at if isinstance(t, Positions) else t
+        return tables[table, at, np.asarray(tokens)].copy()                  # (R, V) logits
+
+    def next_log_probs(sentence):
+        return lambda t, prefix: tables[(len(sentence) + 1) % 4, t, prefix[-1] if prefix else 2]
+
+    return fake_step, next_log_probs
+
+
+@pytest.mark.parametrize("stopping", ["exact", "first-k"])
+@pytest.mark.parametrize("alpha, form", [(0.0, "gnmt"), (0.6, "gnmt"), (1.5, "power")])
+@pytest.mark.parametrize("beam, nbest", [(1, 1), (4, 2)])
+def test_continuous_batching_searches_as_the_plain_beam_search(monkeypatch, stopping, alpha,
+                                                                form, beam, nbest):
+    """Nine sentences, at most three in the cache at once, each place refilled as its sentence
+    ends: each sentence's search is the plain one, though it shares its steps with sentences at
+    other positions."""
+    params, cfg = tiny()
+    sentences = [[4] * n for n in (3, 8, 1, 5, 0, 9, 2, 6, 7)]
+    for seed in range(4):
+        fake_step, next_log_probs = chain_by_source(seed)
+        monkeypatch.setattr(decode, "step", fake_step)
+        found = search.translate_ids(params, cfg, sentences, beam=beam, alpha=alpha, max_len=12,
+                                     nbest=nbest, batch_size=3, lenpen_form=form,
+                                     stopping=stopping)
+        for sentence, hyps in zip(sentences, found):
+            expected = plain_beam(next_log_probs(sentence), beam, 12, alpha, form, nbest,
+                                  stopping)
+            assert [h[0] for h in hyps] == [h[0] for h in expected]
+            np.testing.assert_allclose([h[1] for h in hyps], [h[1] for h in expected], atol=1e-9)
 
 
 def late_winner():

@@ -55,7 +55,10 @@ def table(length, d_model, dtype):
 
 
 def forward(x, offset=0):
-    """Return ``(x + PE, None)``; there is nothing to cache."""
+    """Return ``(x + PE, None)``; there is nothing to cache. ``offset`` may be an integer array
+    (B,), a position for each row of x (B, 1, d) (rows decoded at different positions)."""
+    if not isinstance(offset, int):
+        return x + table(int(offset.max()) + 1, x.shape[-1], x.dtype)[offset][:, None], None
     return x + table(offset + x.shape[-2], x.shape[-1], x.dtype)[offset:], None
 
 
