@@ -7,6 +7,9 @@ a block that must not be cut (``stops.held()``, or :func:`interrupts_deferred` f
 at the end of that block. Once stopping, further signals are counted and ignored, so that a second
 Ctrl-C cannot cut the final save short.
 
+Under ``python -m minitfm.launch`` (:mod:`minitfm.launch`), SIGUSR1 stands for SIGHUP, which
+``mpiexec`` does not pass on: it is taken, and reported, as SIGHUP.
+
 Workers of a distributed run never raise where a signal arrives (``always_held``): at the end of
 every update they gather every worker's signal (:func:`stop_if_any_worker_asks`), and when any
 worker received one, all raise :class:`AgreedStop` there, together.
@@ -50,7 +53,8 @@ class StopRequests:
     def __enter__(self) -> StopRequests:
         global _active
         if threading.current_thread() is threading.main_thread():
-            for signum in STOP_SIGNALS:
+            hangup = distributed.hangup_signal()
+            for signum in STOP_SIGNALS + ((hangup,) if hangup else ()):
                 self._previous[signum] = signal.signal(signum, self._receive)
         self._outer, _active = _active, self
         return self
@@ -66,7 +70,7 @@ class StopRequests:
         if self.signum is not None:
             self.ignored += 1
             return
-        self.signum = signum
+        self.signum = signal.SIGHUP if signum == distributed.hangup_signal() else signum
         if not self._holding:
             self._raised = True
             raise KeyboardInterrupt
