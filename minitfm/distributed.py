@@ -53,7 +53,7 @@ from collections.abc import Mapping, Sequence
 from minitfm import devices, flat
 
 __all__ = ["DistributedError", "World", "world", "launcher_size", "shard", "describe_stops",
-           "STOP_ERROR", "HANGUP_VARIABLE", "hangup_signal"]
+           "STOP_ERROR"]
 
 STOP_ERROR = -1      # the stop reason of a worker that failed (others are signal numbers)
 
@@ -65,17 +65,6 @@ _RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
 class DistributedError(RuntimeError):
     """The workers cannot be set up or do not agree; the message says what to change."""
-
-
-# Set by ``python -m minitfm.launch`` in the workers' environment: the name of the signal that
-# stands for SIGHUP (the launcher's terminal closed), since mpiexec does not pass SIGHUP on.
-HANGUP_VARIABLE = "MINITFM_HANGUP_SIGNAL"
-
-
-def hangup_signal(environ: Mapping[str, str] = os.environ) -> int | None:
-    """The signal that stands for SIGHUP in this worker (:data:`HANGUP_VARIABLE`), if any."""
-    name = environ.get(HANGUP_VARIABLE, "")
-    return getattr(signal, name, None) if name in ("SIGUSR1", "SIGUSR2") else None
 
 
 def launcher_size(environ: Mapping[str, str] = os.environ) -> int | None:

@@ -14,7 +14,7 @@ own, where no terminal reaches it, and stays in the terminal's reach in its plac
 - Ctrl-C, SIGTERM, SIGUSR1 and SIGUSR2 are passed to ``mpiexec`` as they come (and so to every
   worker);
 - SIGHUP is passed as SIGUSR1, which ``mpiexec`` passes to every worker. A worker started this
-  way (:data:`minitfm.distributed.HANGUP_VARIABLE` in its environment) takes SIGUSR1 for the
+  way (:data:`minitfm.training.stops.HANGUP_VARIABLE` in its environment) takes SIGUSR1 for the
   hang-up it stands for (:mod:`minitfm.training.stops`): all workers stop after the same update,
   rank 0 saves a checkpoint and prints the ``--resume`` line, and every worker exits with 129,
   as one training process does on SIGHUP;
@@ -36,8 +36,9 @@ import sys
 import threading
 from pathlib import Path
 
-from minitfm import distributed, exits
+from minitfm import exits
 from minitfm.exits import UsageError
+from minitfm.training.stops import HANGUP_VARIABLE
 
 __all__ = ["main", "find_mpiexec"]
 
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _launch(command: list[str]) -> int:
-    env = {**os.environ, distributed.HANGUP_VARIABLE: "SIGUSR1"}
+    env = {**os.environ, HANGUP_VARIABLE: "SIGUSR1"}
     # A terminal stays with this process: mpiexec would forward what it reads to rank 0, and
     # fail once it is closed.
     stdin = subprocess.DEVNULL if sys.stdin is None or sys.stdin.isatty() else None

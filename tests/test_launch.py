@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-from minitfm import checkpoint, distributed, launch
+from minitfm import checkpoint, launch
 from minitfm.exits import UsageError
-from minitfm.training.stops import StopRequests
+from minitfm.training.stops import HANGUP_VARIABLE, StopRequests
 
 from .test_distributed import ENV, ROOT, TIMEOUT, finish, mpi  # noqa: F401  (mpi: a fixture)
 
@@ -38,7 +38,7 @@ def test_without_mpiexec_it_says_how_to_install_one(monkeypatch, tmp_path):
 
 
 def test_the_launchers_stand_in_signal_is_taken_for_sighup(monkeypatch):
-    monkeypatch.setenv(distributed.HANGUP_VARIABLE, "SIGUSR1")
+    monkeypatch.setenv(HANGUP_VARIABLE, "SIGUSR1")
     with pytest.raises(KeyboardInterrupt), StopRequests() as stops:
         os.kill(os.getpid(), signal.SIGUSR1)
         time.sleep(5)                               # the handler raises before this ends
@@ -46,7 +46,7 @@ def test_the_launchers_stand_in_signal_is_taken_for_sighup(monkeypatch):
 
 
 def test_elsewhere_sigusr1_is_not_a_stop(monkeypatch):
-    monkeypatch.delenv(distributed.HANGUP_VARIABLE, raising=False)
+    monkeypatch.delenv(HANGUP_VARIABLE, raising=False)
     with StopRequests():
         assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
 
