@@ -65,6 +65,20 @@ def wait_for_training(out, started: float) -> None:
         time.sleep(0.05)
 
 
+def signalled_while_training(out, send):
+    """The run of :func:`toy` in a process group of its own, given ``send(launcher_pid)`` once
+    its workers train."""
+    started = time.monotonic()
+    process = subprocess.Popen(toy(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=ENV, start_new_session=True)
+    try:
+        wait_for_training(out, started)
+        send(process.pid)
+    finally:
+        run = finish(process, started)
+    return run
+
+
 def assert_saved_where_it_stopped(out, text: str, signame: str) -> None:
     stops = re.findall(rf"stopped by {signame} at step (\d+); checkpoint (\S+) saved; continue "
                        rf"with the same options and --out \S+ --resume", text)
@@ -79,14 +93,8 @@ def assert_saved_where_it_stopped(out, text: str, signame: str) -> None:
 def test_sighup_stops_every_worker_with_a_checkpoint(mpi, tmp_path, to):
     """SIGHUP to the process group (what closing a terminal sends) or to the launcher alone."""
     out = tmp_path / "run"
-    started = time.monotonic()
-    process = subprocess.Popen(toy(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env=ENV, start_new_session=True)
-    try:
-        wait_for_training(out, started)
-        (os.killpg if to == "group" else os.kill)(process.pid, signal.SIGHUP)
-    finally:
-        run = finish(process, started)
+    kill = os.killpg if to == "group" else os.kill
+    run = signalled_while_training(out, lambda pid: kill(pid, signal.SIGHUP))
     assert run.returncode == 129, run.stderr                       # 128 + SIGHUP, as one process
     assert_saved_where_it_stopped(out, run.stdout, "SIGHUP")
 
@@ -95,14 +103,7 @@ def test_sighup_stops_every_worker_with_a_checkpoint(mpi, tmp_path, to):
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_sigterm_and_ctrl_c_stop_as_under_mpiexec(mpi, tmp_path, signum):
     out = tmp_path / "run"
-    started = time.monotonic()
-    process = subprocess.Popen(toy(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env=ENV, start_new_session=True)
-    try:
-        wait_for_training(out, started)
-        os.kill(process.pid, signum)
-    finally:
-        run = finish(process, started)
+    run = signalled_while_training(out, lambda pid: os.kill(pid, signum))
     assert run.returncode == 128 + signum, run.stderr
     name = "interrupted" if signum == signal.SIGINT else "stopped by SIGTERM"
     assert len(re.findall(rf"{name} at step \d+; checkpoint \S+ saved", run.stdout)) == 1
