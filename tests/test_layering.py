@@ -20,7 +20,7 @@ FLOORS = [      # top to bottom: (name, the modules and packages on it)
     ("front ends", ["train_toy", "train_wmt", "train_lm", "minitfm.commands", "minitfm.cli",
                     "minitfm.exits", "minitfm.translate", "minitfm.average", "minitfm.plot",
                     "minitfm.gradcheck", "minitfm.kernelcheck", "minitfm.wmt",
-                    "minitfm.export.__main__", "minitfm.limits", "minitfm.options",
+                    "minitfm.export.__main__", "minitfm.launch", "minitfm.limits", "minitfm.options",
                     "minitfm.argtypes"]),
     ("training, decoding, sampling, export",
      ["minitfm.training", "minitfm.decode", "minitfm.beam", "minitfm.sampling",

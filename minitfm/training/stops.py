@@ -7,6 +7,9 @@ a block that must not be cut (``stops.held()``, or :func:`interrupts_deferred` f
 at the end of that block. Once stopping, further signals are counted and ignored, so that a second
 Ctrl-C cannot cut the final save short.
 
+Under ``python -m minitfm.launch`` (:mod:`minitfm.launch`), SIGUSR1 stands for SIGHUP, which
+``mpiexec`` does not pass on: it is taken, and reported, as SIGHUP.
+
 Workers of a distributed run never raise where a signal arrives (``always_held``): at the end of
 every update they gather every worker's signal (:func:`stop_if_any_worker_asks`), and when any
 worker received one, all raise :class:`AgreedStop` there, together.
@@ -15,16 +18,28 @@ worker received one, all raise :class:`AgreedStop` there, together.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
+from collections.abc import Mapping
 
 from minitfm import distributed
 
 __all__ = ["STOP_SIGNALS", "StopRequests", "AgreedStop", "interrupts_deferred",
-           "stop_if_any_worker_asks", "describe_signal"]
+           "stop_if_any_worker_asks", "describe_signal", "HANGUP_VARIABLE", "hangup_signal"]
 
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
                      if hasattr(signal, name))
+
+# Set by ``python -m minitfm.launch`` in the workers' environment: the name of the signal that
+# stands for SIGHUP (the launcher's terminal closed), since mpiexec does not pass SIGHUP on.
+HANGUP_VARIABLE = "MINITFM_HANGUP_SIGNAL"
+
+
+def hangup_signal(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The signal that stands for SIGHUP in this worker (:data:`HANGUP_VARIABLE`), if any."""
+    name = environ.get(HANGUP_VARIABLE, "")
+    return getattr(signal, name, None) if name in ("SIGUSR1", "SIGUSR2") else None
 
 
 class StopRequests:
@@ -50,7 +65,8 @@ class StopRequests:
     def __enter__(self) -> StopRequests:
         global _active
         if threading.current_thread() is threading.main_thread():
-            for signum in STOP_SIGNALS:
+            hangup = hangup_signal()
+            for signum in STOP_SIGNALS + ((hangup,) if hangup else ()):
                 self._previous[signum] = signal.signal(signum, self._receive)
         self._outer, _active = _active, self
         return self
@@ -66,7 +82,7 @@ class StopRequests:
         if self.signum is not None:
             self.ignored += 1
             return
-        self.signum = signum
+        self.signum = signal.SIGHUP if signum == hangup_signal() else signum
         if not self._holding:
             self._raised = True
             raise KeyboardInterrupt
