@@ -39,7 +39,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from minitfm import backend
-from minitfm.layers.attention import Positions
+from minitfm.layers.positional import Positions
 from minitfm.models import translator as model     # the model this module decodes
 
 __all__ = ["EXTRA_LENGTH", "KVCache", "init_kv_cache", "step", "positions", "reorder",
@@ -146,9 +146,9 @@ def step(params: dict, cfg: model.Config, kv: KVCache, tokens, t):
     """Feed ``tokens`` (R,), the decoder inputs at position t, and return the logits (R, V) of
     the tokens at position t + 1. Writes slot t of the cache's self-attention buffers. ``t``: an
     integer, or :func:`positions` for rows at different positions."""
-    end = max(u for _, _, u in t.runs) if isinstance(t, Positions) else t
-    if end >= kv.capacity:
-        raise ValueError(f"decoding step {end} is past the cache capacity {kv.capacity}")
+    last = t.end - 1 if isinstance(t, Positions) else t
+    if last >= kv.capacity:
+        raise ValueError(f"decoding step {last} is past the cache capacity {kv.capacity}")
     h = model.decoder_step(params, cfg, tokens, t, kv.self_k, kv.self_v,
                            kv.cross_k, kv.cross_v, kv.src_mask)                # (R, d)
     return model.logits(params, cfg, h, kv.projection)                          # (R, V)

@@ -17,7 +17,7 @@ from minitfm import beam as search
 from minitfm import decode
 from minitfm.export.__main__ import main as export_main
 from minitfm.export.ctranslate2 import UNIT_LENGTH_PENALTY
-from minitfm.layers.attention import Positions
+from minitfm.layers.positional import Positions
 from tests.test_decode import A, B, C, D, markov_step, sequence_log_prob, sources, tiny
 from tests.test_export import (MAX_OUT, check_equal, load_params, needs, test_sources,
                                translator, vocab)  # noqa: F401  (fixtures)

@@ -55,6 +55,7 @@ from typing import NamedTuple
 
 from minitfm import backend, fused
 from minitfm.layers import dropout, linear
+from minitfm.layers.positional import Positions
 
 MASKED = -1e9
 
@@ -301,20 +302,14 @@ def self_forward(x, p, mask, n_heads, p_drop=0.0, rng=None, add_bias=True):
     return y, SelfCache(c_qkv, c_att, c_o, n_heads)
 
 
-class Positions(NamedTuple):
-    """Decoding rows in runs that stand at different positions: row r at position ``at[r]``."""
-    at: object      # (R,) integer positions
-    runs: tuple     # (first row, end row, position) of each run of rows at one position
-
-
 def self_step(x, p, k_buf, v_buf, t, n_heads: int):
     """Causal self-attention of position t alone over positions 0..t; return y (R, d).
 
     x (R, d_model) is position t of R rows. Its key and value are written into slot t of
     ``k_buf`` and ``v_buf`` (R, H, L, d_k), whose slots < t hold the earlier positions' (written
     by the earlier steps). Equals row t of ``self_forward`` with a causal mask. ``t`` may be
-    :class:`Positions`: runs of rows at different positions, each run attending as a step of
-    its own.
+    ``positional.Positions``: runs of rows at different positions, each run attending as a
+    step of its own.
     """
     qkv, _ = linear.forward(x, {"w": p["w_qkv"], "b": p["b_qkv"]})                  # (R, 3d)
     q, k, v = split_heads(qkv[:, None], 3, n_heads)                      # (R, H, 1, d_k) each

@@ -26,7 +26,7 @@ from typing import NamedTuple
 from minitfm import backend, flat
 from minitfm.ids import BOS_ID, EOS_ID, PAD_ID
 from minitfm.layers import decoder, encoder, inputs, out_part, output, prefixed, subdict
-from minitfm.layers.attention import Positions, causal_mask, padding_mask
+from minitfm.layers.attention import causal_mask, padding_mask
 from minitfm.models.base import (check_dropouts, check_param_shapes, check_positive_ints,
                                  check_tokens, initial_values)
 
@@ -196,11 +196,10 @@ def decoder_step(params, cfg, tokens, t, self_k, self_v, cross_k, cross_v, src_m
     slot t written here; cross_k, cross_v: one (n, H, S, d_k) array per layer (``cross_kv``) and
     src_mask (n, 1, 1, S), each row shared by R / n consecutive rows (the beams of a sentence).
     Equals row t of ``decoder_forward`` (without dropout). ``t`` may be
-    ``attention.Positions``, a position for each row (``attention.self_step``).
+    ``positional.Positions``, runs of rows at different positions (``attention.self_step``).
     """
     _, tgt_name = embedding_names(cfg)
-    offset = t.at if isinstance(t, Positions) else t
-    x, _ = inputs.forward(tokens[:, None], {"table": params[tgt_name]}, offset=offset)  # (R,1,d)
+    x, _ = inputs.forward(tokens[:, None], {"table": params[tgt_name]}, offset=t)   # (R, 1, d)
     return decoder.stack_step(x[:, 0], subdict(params, "dec."), self_k, self_v, cross_k, cross_v,
                               src_mask, t, cfg)
 
