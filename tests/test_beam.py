@@ -1,6 +1,7 @@
 """Tests of minitfm.beam's search itself: a beam wide enough to hold every candidate finds the n
 best sequences that brute force finds; both stopping rules give what a plain, unbatched beam
-search gives, the exact one what a search to the length limit gives; the exact rule keeps
+search gives, the exact one what a search to the length limit gives, and so does a batch
+refilled as its sentences end (continuous batching); the exact rule keeps
 searching while a live hypothesis can still win; and CTranslate2, called as the export records,
 gives minitfm's tokens on a trained test model, at alpha 0 and with the power penalty."""
 
