@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     import ctranslate2
     from threadpoolctl import threadpool_limits
 
-    from minitfm import beam, bleu, checkpoint, decode
+    from minitfm import batched, beam, bleu, checkpoint, decode
     from minitfm.data.corpus import read_lines
     from minitfm.data.vocab import Vocab
     from minitfm.export import ctranslate2 as export_ct2
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     def minitfm_engine(threads, continuous=True):
         def run(sentences):
             with threadpool_limits(threads):
-                found = beam.translate_ids(params, cfg, sentences, max_len=limit,
+                found = batched.translate_ids(params, cfg, sentences, max_len=limit,
                                            batch_size=args.batch_size, continuous=continuous,
                                            **search)
             return [h[0][0] for h in found]

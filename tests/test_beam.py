@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 
-from minitfm import beam as search
+from minitfm import batched, beam as search
 from minitfm import decode
 from minitfm.export.__main__ import main as export_main
 from minitfm.export.ctranslate2 import UNIT_LENGTH_PENALTY
@@ -152,7 +152,7 @@ def test_continuous_batching_searches_as_the_plain_beam_search(monkeypatch, stop
     for seed in range(4):
         fake_step, next_log_probs = chain_by_source(seed)
         monkeypatch.setattr(decode, "step", fake_step)
-        found = search.translate_ids(params, cfg, sentences, beam=beam, alpha=alpha, max_len=12,
+        found = batched.translate_ids(params, cfg, sentences, beam=beam, alpha=alpha, max_len=12,
                                      nbest=nbest, batch_size=3, lenpen_form=form,
                                      stopping=stopping)
         for sentence, hyps in zip(sentences, found):
@@ -239,11 +239,11 @@ def test_ctranslate2_with_the_recorded_call_gives_minitfms_tokens(translator, tm
     assert settings["minitfm"]["exact"]
     params, cfg = load_params(path)
     sentences = test_sources(cfg)
-    found = search.translate_ids(params, cfg, sentences, alpha=alpha, max_len=MAX_OUT,
+    found = batched.translate_ids(params, cfg, sentences, alpha=alpha, max_len=MAX_OUT,
                                  lenpen_form="power", stopping=stopping)
     ours = [hyps[0][0] for hyps in found]
     if alpha:              # the penalty changes what wins: the comparison tests the penalty too
-        plain = search.translate_ids(params, cfg, sentences, alpha=0.0, max_len=MAX_OUT)
+        plain = batched.translate_ids(params, cfg, sentences, alpha=0.0, max_len=MAX_OUT)
         assert sum(a != b for a, b in zip(ours, (h[0][0] for h in plain))) >= 0.05 * len(ours)
     with open(f"{out}/shared_vocabulary.json", encoding="utf-8") as f:
         tokens = json.load(f)
