@@ -6,7 +6,7 @@ Two measurements, printed as one JSON object and as a table:
    that every sentence runs the full length): the cached decoder (:func:`minitfm.decode.step`)
    against re-running the whole decoder over the prefix at every step
    (``translator.decoder_forward``). Both encode the source once and must produce the same tokens.
-2. beam search throughput: :func:`minitfm.beam.translate_ids` with the paper's settings (beam 4,
+2. beam search throughput: :func:`minitfm.batched.translate_ids` with the paper's settings (beam 4,
    alpha 0.6, maximum length source + 50) over ``--sentences`` sentences.
 
 The model is the "small" preset with random weights unless ``--checkpoint`` gives a trained one.
@@ -126,8 +126,8 @@ def timed(fn, *args, **kwargs):
 
 
 def bench_cache(args, params, cfg, sentences) -> dict:
-    from minitfm import beam
-    src = beam.pad_batch(sentences[:args.greedy_sentences], cfg)
+    from minitfm import batched
+    src = batched.pad_batch(sentences[:args.greedy_sentences], cfg)
     greedy_cached(params, cfg, src[:2], 2)                             # warm up
     cached, t_cached = timed(greedy_cached, params, cfg, src, args.tokens)
     recomputed, t_recomputed = timed(greedy_recomputed, params, cfg, src, args.tokens)
@@ -139,8 +139,8 @@ def bench_cache(args, params, cfg, sentences) -> dict:
 
 
 def bench_beam(args, params, cfg, sentences) -> dict:
-    from minitfm import beam
-    results, seconds = timed(beam.translate_ids, params, cfg, sentences, beam=args.beam,
+    from minitfm import batched
+    results, seconds = timed(batched.translate_ids, params, cfg, sentences, beam=args.beam,
                              alpha=args.alpha, max_len=args.max_len, batch_size=args.batch_size)
     out_tokens = sum(len(hyps[0][0]) for hyps in results)
     return {"sentences": len(sentences), "beam": args.beam, "batch_size": args.batch_size,

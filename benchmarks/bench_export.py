@@ -3,12 +3,15 @@ through minitfm's beam search and through CTranslate2 float32 called as the expo
 
     python benchmarks/bench_export.py CHECKPOINT SOURCE [--ref REFERENCE] [--threads 1]
         [--beam 4] [--lenpen 0] [--lenpen-form gnmt|power] [--stopping auto|exact|first-k]
-        [--rounds 3] [--sentences 1000] [--batch-size 64]
+        [--rounds 3] [--sentences 1000] [--batch-size 64] [--batch-by-batch]
 
 SOURCE (and REFERENCE, for BLEU) hold one sentence per line, plain or gzipped: e.g. Multi30k's
 test_2016_flickr.en.gz and .de.gz. Every engine gets the same token ids (the checkpoint's
-sentencepiece model encodes SOURCE once; tokenization is not timed) in batches of --batch-size
-sentences sorted by length, at most the longest source + 50 output tokens. CTranslate2 float32
+sentencepiece model encodes SOURCE once; tokenization is not timed), sorted by length, at most
+--batch-size sentences at a time, at most the longest source + 50 output tokens: CTranslate2
+decodes each batch to its end (max_batch_size), minitfm refills the places of ended sentences
+(continuous batching, ``translate_ids``'s default; with --batch-by-batch also timed batch by
+batch, as CTranslate2 does). CTranslate2 float32
 runs the call that ``python -m minitfm.export`` writes into decoding.json for the same search
 settings (a warning says where no call decodes exactly as minitfm does).
 
@@ -46,6 +49,8 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=3, help="timed turns of each engine")
     p.add_argument("--sentences", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-by-batch", action="store_true",
+                   help="also time minitfm decoding each batch to its end, without refilling")
     return p.parse_args(argv)
 
 
@@ -54,7 +59,7 @@ def main(argv=None) -> int:
     import ctranslate2
     from threadpoolctl import threadpool_limits
 
-    from minitfm import beam, bleu, checkpoint, decode
+    from minitfm import batched, beam, bleu, checkpoint, decode
     from minitfm.data.corpus import read_lines
     from minitfm.data.vocab import Vocab
     from minitfm.export import ctranslate2 as export_ct2
@@ -72,11 +77,12 @@ def main(argv=None) -> int:
     search = dict(beam=args.beam, alpha=args.lenpen, lenpen_form=args.lenpen_form,
                   stopping=args.stopping)
 
-    def minitfm_engine(threads):
+    def minitfm_engine(threads, continuous=True):
         def run(sentences):
             with threadpool_limits(threads):
-                found = beam.translate_ids(params, cfg, sentences, max_len=limit,
-                                           batch_size=args.batch_size, **search)
+                found = batched.translate_ids(params, cfg, sentences, max_len=limit,
+                                           batch_size=args.batch_size, continuous=continuous,
+                                           **search)
             return [h[0][0] for h in found]
         return run
 
@@ -98,6 +104,8 @@ def main(argv=None) -> int:
         engines = {}
         for threads in args.threads:
             engines["minitfm", threads] = minitfm_engine(threads)
+            if args.batch_by_batch:
+                engines["minitfm batch by batch", threads] = minitfm_engine(threads, False)
             engines["ctranslate2 float32", threads] = ctranslate2_engine(
                 directory, settings["kwargs"], threads)
         times = {key: [] for key in engines}

@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from threadpoolctl import threadpool_limits
 
-    from minitfm import beam, bleu, decode, translate
+    from minitfm import batched, bleu, decode, translate
     from minitfm.data.corpus import read_lines
 
     params, cfg, vocab = translate.load_translator(args.checkpoint)
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
             rows[0] = 0
             start, start_cpu = time.perf_counter(), time.process_time()
             with threadpool_limits(args.threads):
-                found = beam.translate_ids(params, cfg, ids, beam=args.beam, alpha=float(alpha),
+                found = batched.translate_ids(params, cfg, ids, beam=args.beam, alpha=float(alpha),
                                            lenpen_form=form, stopping=stopping,
                                            batch_size=args.batch_size)
             wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu

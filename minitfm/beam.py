@@ -1,4 +1,5 @@
-"""Beam search over the key/value cache of :mod:`minitfm.decode`, and many sentences at once.
+"""Beam search over the key/value cache of :mod:`minitfm.decode`, one batch of sentences
+(many sentences, sorted and refilled: :mod:`minitfm.batched`).
 
 The paper's settings (section 6.1): beam size 4, length penalty alpha = 0.6, maximum output
 length = input length + 50; these are the defaults here.
@@ -25,7 +26,8 @@ The cache rows are hypotheses: sentence i's K beams are rows i*K .. i*K + K - 1.
    pairs among its K*V candidates;
 3. finishes the pairs ending in EOS that rank among the K best (scored with the length penalty)
    and continues with the K best that do not end in EOS -- at most K of 2K candidates are EOS,
-   so K remain (with beam 1 this is greedy decoding exactly);
+   so K remain (with beam 1 this is greedy decoding exactly, but for exact stopping with a
+   length penalty, which may search on past the first EOS);
 4. gathers the self-attention cache rows of the continuing hypotheses' parents ("reordering").
 
 A finished hypothesis leaves the beam and is never extended. At its maximum length a sentence's
@@ -74,17 +76,18 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from minitfm import backend, decode     # decode.step: read at each step, as greedy reads it
 from minitfm.decode import KVCache, forbid_special, init_kv_cache, int_array, output_limits, \
     prepare_source, reorder
 from minitfm.models import translator as model     # the model this module decodes
 
-__all__ = ["LENGTH_PENALTIES", "STOPPING_RULES", "Hypothesis", "length_penalty",
-           "stopping_rule", "check_search", "beam_search", "translate_ids", "length_batches",
-           "pad_batch", "top_k"]
+__all__ = ["LENGTH_PENALTIES", "STOPPING_RULES", "Hypothesis", "Finished", "length_penalty",
+           "stopping_rule", "check_search", "beam_search", "step_candidates", "groups_in_place",
+           "top_k"]
 
 LENGTH_PENALTIES = ("gnmt", "power")
 STOPPING_RULES = ("auto", "exact", "first-k")     # auto: chosen on validation, see above
@@ -179,13 +182,21 @@ def first_rows(kv: KVCache, beam: int) -> KVCache:
                                self_v=[b[::beam] for b in kv.self_v])
 
 
-def groups_in_place(groups: list[int]) -> list[int]:
+def groups_in_place(groups: list[int], positions: Sequence[int] | None = None) -> list[int]:
     """The groups of K rows that go on (their indices, ascending), in their order in the smaller
     batch: a group that lies within it keeps its place, those beyond fill the places that ended
-    sentences left -- the cache then moves the fewest rows (the order of sentences is free)."""
-    n, staying = len(groups), set(groups)
-    beyond = iter(g for g in groups if g >= n)
-    return [g if g in staying else next(beyond) for g in range(n)]
+    sentences left -- the cache then moves the fewest rows (the order of sentences is free).
+    With ``positions`` (each group's, groups at one position lying together), the same within
+    each run of one position, the runs kept in their order: so they still lie together."""
+    order = []
+    position = (lambda g: 0) if positions is None else (lambda g: positions[g])
+    for _, run in itertools.groupby(groups, key=position):
+        run, first = list(run), len(order)
+        places = range(first, first + len(run))
+        beyond = iter(g for g in run if g not in places)
+        staying = set(run)
+        order += [g if g in staying else next(beyond) for g in places]
+    return order
 
 
 def in_parents_rows(live: list, first: int) -> list:
@@ -206,6 +217,74 @@ def in_parents_rows(live: list, first: int) -> list:
 
 # ---- beam search -----------------------------------------------------------------------------
 
+class Finished:
+    """The finished hypotheses of each sentence, and the rule that says when it is done."""
+
+    def __init__(self, sentences: int, beam: int, alpha: float, nbest: int, lenpen_form: str,
+                 stopping: str, eos_id: int):
+        self.beam, self.nbest, self.eos_id = beam, nbest, eos_id
+        self.alpha, self.lenpen_form = alpha, lenpen_form
+        self.exact = stopping_rule(stopping, alpha) == "exact"
+        self.hyps: list[list[Hypothesis]] = [[] for _ in range(sentences)]
+        self.best: list[list[float]] = [[] for _ in range(sentences)]   # nbest best scores, a heap
+        self.limits: list[int] = [0] * sentences      # each sentence's length limit
+        self.lp: list[float] = []                     # lp(n) by length n
+
+    def set_limits(self, sentences: Sequence[int], limits: Sequence[int]) -> None:
+        """The length limits of ``sentences`` (their indices), before their first step."""
+        for s, limit in zip(sentences, limits):
+            self.limits[s] = limit
+        self.lp += [length_penalty(n, self.alpha, self.lenpen_form)
+                    for n in range(len(self.lp), max(limits) + 1)]
+
+    def advance(self, s: int, t: int, scores: list, ids: list, vocab: int, first: int,
+                prefixes: list) -> list | None:
+        """Sentence ``s`` at step t, its beams in rows ``first`` .. ``first`` + K - 1: its 2K best
+        candidates (``scores``, best first, and ``ids`` into its K*V) finish or go on. Returns its
+        K live ``(parent row, token, score)``, placed in their parents' rows where they can be,
+        or None once it is done."""
+        k, eos, last = self.beam, self.eos_id, t + 1 >= self.limits[s]
+        live = []
+        for rank, (score, flat) in enumerate(zip(scores, ids)):
+            if score == -math.inf:
+                break
+            parent, token = first + flat // vocab, flat % vocab
+            if rank < k and (token == eos or last):     # out of length: the K best finish
+                tail = [] if token == eos else [token]
+                self.hyps[s].append((prefixes[parent] + tail, score / self.lp[t + 1]))
+                if len(self.best[s]) < self.nbest:
+                    heapq.heappush(self.best[s], self.hyps[s][-1][1])
+                else:
+                    heapq.heappushpop(self.best[s], self.hyps[s][-1][1])
+            elif token != eos and len(live) < k:
+                live.append((parent, token, score))
+        if last or not live:
+            return None
+        if self.exact:     # done once the best live bound, s / lp(L), cannot beat the nbest-th
+            if len(self.best[s]) == self.nbest and \
+                    self.best[s][0] >= live[0][2] / self.lp[self.limits[s]]:
+                return None
+        elif len(self.hyps[s]) >= k:
+            return None
+        live += [(live[0][0], live[0][1], -math.inf)] * (k - len(live))   # tiny vocabularies
+        return in_parents_rows(live, first)
+
+    def results(self, s: int) -> list[Hypothesis]:
+        return sorted(self.hyps[s], key=lambda h: -h[1])[:self.nbest]
+
+
+def step_candidates(params: dict, cfg: model.Config, kv: KVCache, tokens, t, scores, k: int):
+    """One decoding step and its candidates: each sentence's 2K best (hypothesis, token) pairs,
+    as host lists ``(scores, flat ids into its K*V)``, and V."""
+    logits = decode.step(params, cfg, kv, tokens, t)
+    extended = forbid_special(extend_scores(logits, scores), cfg)                     # (R, V)
+    n, vocab = scores.shape[0], extended.shape[1]
+    candidates = extended.reshape(n, -1)                                              # (n, K*V)
+    top_scores, top_ids = top_k(candidates, min(2 * k, candidates.shape[1]))         # (n, 2K)
+    top_scores, top_ids = (a.tolist() for a in backend.to_host_together(top_scores, top_ids))
+    return top_scores, top_ids, vocab
+
+
 def beam_search(params: dict, cfg: model.Config, src, beam: int = 4, alpha: float = 0.6,
                 max_len: int | None = None, nbest: int = 1, *, lenpen_form: str = "gnmt",
                 stopping: str = "auto") -> list[list[Hypothesis]]:
@@ -222,49 +301,22 @@ def beam_search(params: dict, cfg: model.Config, src, beam: int = 4, alpha: floa
     src, host_src = prepare_source(params, cfg, src)
     limits = output_limits(host_src, cfg, max_len)
     kv = init_kv_cache(params, cfg, src, beam=beam, capacity=max(limits))
-    k, exact = beam, stopping_rule(stopping, alpha) == "exact"
-    lp = [length_penalty(n, alpha, lenpen_form) for n in range(max(limits) + 1)]   # by length
-    finished: list[list[Hypothesis]] = [[] for _ in limits]
-    best: list[list[float]] = [[] for _ in limits]      # the nbest best finished scores, a heap
+    k = beam
+    found = Finished(len(limits), k, alpha, nbest, lenpen_form, stopping, cfg.eos_id)
+    found.set_limits(range(len(limits)), limits)
     active = list(range(len(limits)))                    # the sentence of each group of K rows
     prefixes: list[list[int]] = [[] for _ in range(len(active) * k)]   # one per cache row
     tokens = xp.full((len(active),), cfg.bos_id, dtype=xp.int64)       # (R,): first step, BOS
     scores = xp.zeros((len(active), 1), dtype=kv.src_mask.dtype)       # (n, live per sentence)
 
     for t in range(max(limits)):
-        width = scores.shape[1]                          # 1 at the first step, then K
-        logits = decode.step(params, cfg, first_rows(kv, k) if t == 0 else kv, tokens, t)
-        extended = forbid_special(extend_scores(logits, scores), cfg)                 # (R, V)
-        vocab = extended.shape[1]
-        candidates = extended.reshape(len(active), width * vocab)                     # (n, K*V)
-        top_scores, top_ids = top_k(candidates, min(2 * k, width * vocab))            # (n, 2K)
-        top_scores, top_ids = (a.tolist() for a in backend.to_host_together(top_scores, top_ids))
-
+        top_scores, top_ids, vocab = step_candidates(
+            params, cfg, first_rows(kv, k) if t == 0 else kv, tokens, t, scores, k)
         going_on = {}                                   # group -> (sentence, its K live)
         for i, s in enumerate(active):
-            last = t + 1 >= limits[s]                   # out of length: the K best finish
-            live = []                                   # (parent row, token, score)
-            for rank, (score, flat) in enumerate(zip(top_scores[i], top_ids[i])):
-                if score == -math.inf:
-                    break
-                parent, token = i * k + flat // vocab, flat % vocab
-                if rank < k and (token == cfg.eos_id or last):
-                    tail = [] if token == cfg.eos_id else [token]
-                    hyp = (prefixes[parent] + tail, score / lp[t + 1])
-                    finished[s].append(hyp)
-                    (heapq.heappush if len(best[s]) < nbest else heapq.heappushpop)(best[s],
-                                                                                    hyp[1])
-                elif token != cfg.eos_id and len(live) < k:
-                    live.append((parent, token, score))
-            if last or not live:
-                continue
-            if exact:      # done once the best live bound, s / lp(L), cannot beat the nbest-th
-                if len(best[s]) == nbest and best[s][0] >= live[0][2] / lp[limits[s]]:
-                    continue
-            elif len(finished[s]) >= k:
-                continue
-            live += [(live[0][0], live[0][1], -math.inf)] * (k - len(live))   # tiny vocabularies
-            going_on[i] = s, in_parents_rows(live, i * k)
+            live = found.advance(s, t, top_scores[i], top_ids[i], vocab, i * k, prefixes)
+            if live is not None:
+                going_on[i] = s, live
         if not going_on:
             break
         order = groups_in_place(list(going_on))
@@ -276,46 +328,4 @@ def beam_search(params: dict, cfg: model.Config, src, beam: int = 4, alpha: floa
         scores = xp.asarray([score for _, _, score in beams],
                             dtype=scores.dtype).reshape(len(active), k)
 
-    return [sorted(hyps, key=lambda h: -h[1])[:nbest] for hyps in finished]
-
-
-# ---- many sentences --------------------------------------------------------------------------
-
-def pad_batch(sentences: Sequence[Sequence[int]], cfg: model.Config):
-    """Source ids (B, S) on the active backend: each sentence, EOS, then padding."""
-    if not sentences:
-        raise ValueError("pad_batch needs at least one sentence")
-    width = max(len(s) for s in sentences) + 1
-    rows = [list(s) + [cfg.eos_id] + [cfg.pad_id] * (width - len(s) - 1) for s in sentences]
-    return backend.xp.asarray(rows, dtype=backend.xp.int64)
-
-
-def length_batches(sentences: Sequence[Sequence[int] | None], batch_size: int
-                   ) -> Iterator[list[int]]:
-    """Indices of the sentences, shortest first, ``batch_size`` at a time; None entries skipped."""
-    order = sorted((i for i, s in enumerate(sentences) if s is not None),
-                   key=lambda i: len(sentences[i]))
-    for start in range(0, len(order), batch_size):
-        yield order[start:start + batch_size]
-
-
-def translate_ids(params: dict, cfg: model.Config, sentences: Sequence[Sequence[int]], *,
-                  beam: int = 4, alpha: float = 0.6, max_len: int | None = None, nbest: int = 1,
-                  batch_size: int = 64, lenpen_form: str = "gnmt",
-                  stopping: str = "auto") -> list[list[Hypothesis]]:
-    """Beam search over many sentences (token ids without EOS, which is appended).
-
-    Sentences are sorted by length and decoded ``batch_size`` at a time, so a batch wastes little
-    on padding and its sentences finish at similar steps; results come back in input order.
-    """
-    check_search(beam, alpha, nbest, lenpen_form, stopping)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
-    results: list[list[Hypothesis]] = [[] for _ in sentences]
-    for batch in length_batches(sentences, batch_size):
-        src = pad_batch([sentences[i] for i in batch], cfg)
-        found = beam_search(params, cfg, src, beam, alpha, max_len, nbest,
-                            lenpen_form=lenpen_form, stopping=stopping)
-        for i, hyps in zip(batch, found):
-            results[i] = hyps
-    return results
+    return [found.results(s) for s in range(len(limits))]

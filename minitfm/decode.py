@@ -32,16 +32,18 @@ lists) is host-side Python; the array work goes through ``backend.xp``.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 import dataclasses
 from dataclasses import dataclass
 
 from minitfm import backend
+from minitfm.layers.positional import Positions
 from minitfm.models import translator as model     # the model this module decodes
 
-__all__ = ["EXTRA_LENGTH", "KVCache", "init_kv_cache", "step", "reorder", "output_limits",
-           "prepare_source", "forbid_special", "int_array", "greedy"]
+__all__ = ["EXTRA_LENGTH", "KVCache", "init_kv_cache", "step", "positions", "reorder",
+           "output_limits", "prepare_source", "forbid_special", "int_array", "greedy"]
 
 EXTRA_LENGTH = 50   # maximum output length = source length + 50 (section 6.1)
 
@@ -105,8 +107,9 @@ def init_kv_cache(params: dict, cfg: model.Config, src, beam: int = 1,
                    projection=model.output_projection(params, cfg))
 
 
-def reorder(kv: KVCache, rows: Sequence[int], filled: int) -> KVCache:
-    """The cache whose row j is row ``rows[j]`` of ``kv``; only slots < ``filled`` are copied.
+def reorder(kv: KVCache, rows: Sequence[int], filled: int | Sequence[int]) -> KVCache:
+    """The cache whose row j is row ``rows[j]`` of ``kv``; only slots < ``filled`` are copied
+    (or < ``filled[j]``, one count for each new row j, for rows at different positions).
 
     Works in place: only the rows that change are copied (typically fewer than half of the
     beams change parent), and fewer rows (sentences leaving the batch) become a view of the
@@ -116,10 +119,12 @@ def reorder(kv: KVCache, rows: Sequence[int], filled: int) -> KVCache:
     """
     n, group = len(rows), kv.rows // kv.sentences                   # group: rows per sentence
     moved = [j for j, r in enumerate(rows) if r != j]
-    if moved:
-        dst, src = int_array(moved), int_array([rows[j] for j in moved])
+    slots = [filled] * n if isinstance(filled, int) else filled
+    for used, same in itertools.groupby(moved, key=lambda j: slots[j]):
+        same = list(same)
+        dst, src = int_array(same), int_array([rows[j] for j in same])
         for buf in kv.self_k + kv.self_v:
-            buf[dst, :, :filled] = buf[src, :, :filled]               # (moved, H, filled, d_k)
+            buf[dst, :, :used] = buf[src, :, :used]                   # (moved, H, used, d_k)
     if n == kv.rows:
         return kv
     sentences = [rows[j] // group for j in range(0, n, group)]       # each new sentence's old one
@@ -137,14 +142,28 @@ def reorder(kv: KVCache, rows: Sequence[int], filled: int) -> KVCache:
 
 # ---- one decoding step -----------------------------------------------------------------------
 
-def step(params: dict, cfg: model.Config, kv: KVCache, tokens, t: int):
+def step(params: dict, cfg: model.Config, kv: KVCache, tokens, t):
     """Feed ``tokens`` (R,), the decoder inputs at position t, and return the logits (R, V) of
-    the tokens at position t + 1. Writes slot t of the cache's self-attention buffers."""
-    if t >= kv.capacity:
-        raise ValueError(f"decoding step {t} is past the cache capacity {kv.capacity}")
+    the tokens at position t + 1. Writes slot t of the cache's self-attention buffers. ``t``: an
+    integer, or :func:`positions` for rows at different positions."""
+    last = t.end - 1 if isinstance(t, Positions) else t
+    if last >= kv.capacity:
+        raise ValueError(f"decoding step {last} is past the cache capacity {kv.capacity}")
     h = model.decoder_step(params, cfg, tokens, t, kv.self_k, kv.self_v,
                            kv.cross_k, kv.cross_v, kv.src_mask)                # (R, d)
     return model.logits(params, cfg, h, kv.projection)                          # (R, V)
+
+
+def positions(at: Sequence[int], group: int = 1) -> Positions:
+    """The positions of a step whose rows stand at different positions: ``at`` has one for each
+    ``group`` consecutive rows (a sentence's beams). Rows at one position should lie together:
+    each run of them attends as a step of its own (``attention.self_step``)."""
+    runs, first = [], 0
+    for u, same in itertools.groupby(at):
+        end = first + group * len(list(same))
+        runs.append((first, end, u))
+        first = end
+    return Positions(int_array([u for u in at for _ in range(group)]), tuple(runs))
 
 
 # ---- search helpers --------------------------------------------------------------------------

@@ -120,12 +120,12 @@ def plot_attention(maps, rows: Sequence[str], cols: Sequence[str], path, title: 
 
 def _pair(params, cfg, vocab, source: str, target: str | None, beam: int):
     """Source ids (with EOS), decoder input ids (BOS + target) and the labels of both."""
-    from minitfm import beam as search
+    from minitfm import batched
     src_ids = vocab.encode([source])[0][:cfg.max_len - 1]
     if not src_ids:
         raise PlotError("the source sentence is empty")
     if target is None:
-        tgt_ids = search.translate_ids(params, cfg, [src_ids], beam=beam)[0][0][0]
+        tgt_ids = batched.translate_ids(params, cfg, [src_ids], beam=beam)[0][0][0]
     else:
         tgt_ids = vocab.encode([target])[0]
     tgt_ids = tgt_ids[:cfg.max_len - 1]

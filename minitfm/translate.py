@@ -34,7 +34,7 @@ from typing import BinaryIO, TextIO
 
 from tqdm import tqdm
 
-from minitfm import beam as search, checkpoint, limits, options, usable
+from minitfm import batched, checkpoint, limits, options, usable
 from minitfm.cli import placement_defaults, report_errors, select_backend
 from minitfm.data.reading import DataError, decompressed, raw_lines, stream_lines
 from minitfm.data.vocab import Vocab
@@ -108,10 +108,10 @@ def translate_lines(params: dict, cfg: model.Config, vocab: Vocab, lines: Sequen
                     stopping: str = "auto",
                     warn: Callable[[str], None] = _warn) -> list[list[Translation]]:
     """The ``nbest`` best translations of each line, best first; ``[("", 0.0)]`` for a blank.
-    The search settings are ``beam.translate_ids``'s."""
+    The search settings are ``batched.translate_ids``'s."""
     encoded = encode_lines(vocab, cfg, lines, first_line, warn)
     todo = [i for i, ids in enumerate(encoded) if ids is not None]
-    found = search.translate_ids(params, cfg, [encoded[i] for i in todo], beam=beam, alpha=alpha,
+    found = batched.translate_ids(params, cfg, [encoded[i] for i in todo], beam=beam, alpha=alpha,
                                  max_len=max_len, nbest=nbest, batch_size=batch_size,
                                  lenpen_form=lenpen_form, stopping=stopping)
     results: list[list[Translation]] = [[("", 0.0)] for _ in lines]

@@ -1,6 +1,7 @@
 """Tests of minitfm.beam's search itself: a beam wide enough to hold every candidate finds the n
 best sequences that brute force finds; both stopping rules give what a plain, unbatched beam
-search gives, the exact one what a search to the length limit gives; the exact rule keeps
+search gives, the exact one what a search to the length limit gives, and so does a batch
+refilled as its sentences end (continuous batching); the exact rule keeps
 searching while a live hypothesis can still win; and CTranslate2, called as the export records,
 gives minitfm's tokens on a trained test model, at alpha 0 and with the power penalty."""
 
@@ -13,10 +14,11 @@ import math
 import numpy as np
 import pytest
 
-from minitfm import beam as search
+from minitfm import batched, beam as search
 from minitfm import decode
 from minitfm.export.__main__ import main as export_main
 from minitfm.export.ctranslate2 import UNIT_LENGTH_PENALTY
+from minitfm.layers.positional import Positions
 from tests.test_decode import A, B, C, D, markov_step, sequence_log_prob, sources, tiny
 from tests.test_export import (MAX_OUT, check_equal, load_params, needs, test_sources,
                                translator, vocab)  # noqa: F401  (fixtures)
@@ -119,6 +121,47 @@ def test_both_rules_search_as_the_plain_beam_search(monkeypatch, stopping, alpha
             assert [h[0] for h in expected] == [h[0] for h in to_the_limit]
 
 
+def chain_by_source(seed):
+    """A stand-in for decode.step whose next-token tables depend on the sentence too (by its
+    source length, read from the cache's mask), the step (each row's own position, when rows
+    stand at different ones) and the last token: sentences end at different steps."""
+    tables = np.log(np.random.default_rng(seed).dirichlet(np.full(11, 0.4), size=(4, 30, 11)))
+
+    def fake_step(params, cfg, kv, tokens, t):
+        lengths = (kv.src_mask[:, 0, 0] == 0).sum(axis=-1)                  # (n,) with EOS
+        table = np.repeat(lengths % 4, len(tokens) // kv.sentences)          # (R,)
+        at = t.at if isinstance(t, Positions) else t
+        return tables[table, at, np.asarray(tokens)].copy()                  # (R, V) logits
+
+    def next_log_probs(sentence):
+        return lambda t, prefix: tables[(len(sentence) + 1) % 4, t, prefix[-1] if prefix else 2]
+
+    return fake_step, next_log_probs
+
+
+@pytest.mark.parametrize("stopping", ["exact", "first-k"])
+@pytest.mark.parametrize("alpha, form", [(0.0, "gnmt"), (0.6, "gnmt"), (1.5, "power")])
+@pytest.mark.parametrize("beam, nbest", [(1, 1), (4, 2)])
+def test_continuous_batching_searches_as_the_plain_beam_search(monkeypatch, stopping, alpha,
+                                                                form, beam, nbest):
+    """Nine sentences, at most three in the cache at once, each place refilled as its sentence
+    ends: each sentence's search is the plain one, though it shares its steps with sentences at
+    other positions."""
+    params, cfg = tiny()
+    sentences = [[4] * n for n in (3, 8, 1, 5, 0, 9, 2, 6, 7)]
+    for seed in range(4):
+        fake_step, next_log_probs = chain_by_source(seed)
+        monkeypatch.setattr(decode, "step", fake_step)
+        found = batched.translate_ids(params, cfg, sentences, beam=beam, alpha=alpha, max_len=12,
+                                     nbest=nbest, batch_size=3, lenpen_form=form,
+                                     stopping=stopping)
+        for sentence, hyps in zip(sentences, found):
+            expected = plain_beam(next_log_probs(sentence), beam, 12, alpha, form, nbest,
+                                  stopping)
+            assert [h[0] for h in hyps] == [h[0] for h in expected]
+            np.testing.assert_allclose([h[1] for h in hyps], [h[1] for h in expected], atol=1e-9)
+
+
 def late_winner():
     """Next-token probabilities by last token, beam 4: from BOS, A (0.55) goes on A B C EOS
     (0.55 * 0.9 * 0.9 * 0.95), while D, 8 and 9 (0.12, 0.11, 0.10) each end at once. Three
@@ -196,11 +239,11 @@ def test_ctranslate2_with_the_recorded_call_gives_minitfms_tokens(translator, tm
     assert settings["minitfm"]["exact"]
     params, cfg = load_params(path)
     sentences = test_sources(cfg)
-    found = search.translate_ids(params, cfg, sentences, alpha=alpha, max_len=MAX_OUT,
+    found = batched.translate_ids(params, cfg, sentences, alpha=alpha, max_len=MAX_OUT,
                                  lenpen_form="power", stopping=stopping)
     ours = [hyps[0][0] for hyps in found]
     if alpha:              # the penalty changes what wins: the comparison tests the penalty too
-        plain = search.translate_ids(params, cfg, sentences, alpha=0.0, max_len=MAX_OUT)
+        plain = batched.translate_ids(params, cfg, sentences, alpha=0.0, max_len=MAX_OUT)
         assert sum(a != b for a, b in zip(ours, (h[0][0] for h in plain))) >= 0.05 * len(ours)
     with open(f"{out}/shared_vocabulary.json", encoding="utf-8") as f:
         tokens = json.load(f)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitfm import beam as search
+from minitfm import batched, beam as search
 from minitfm import decode
 from minitfm.models import translator
 
@@ -25,7 +25,7 @@ def tiny(pre_ln=False, seed=0, dtype=np.float64, **overrides):
 def sources(lengths, seed=0, vocab=11):
     """A padded source batch: random ordinary tokens, EOS, padding."""
     rng = np.random.default_rng(seed)
-    return search.pad_batch([rng.integers(4, vocab, size=n).tolist() for n in lengths], TINY)
+    return batched.pad_batch([rng.integers(4, vocab, size=n).tolist() for n in lengths], TINY)
 
 
 # ---- the cache against the full forward pass ---------------------------------------------------
@@ -303,15 +303,21 @@ def test_top_k_matches_a_full_sort(rows, width, k, seed):
     np.testing.assert_array_equal(np.take_along_axis(x, ids, axis=1), values)
 
 
-def test_translate_ids_sorts_batches_and_restores_order():
+@pytest.mark.parametrize("continuous", [True, False])
+def test_translate_ids_sorts_batches_and_restores_order(continuous):
+    """Batches of 2, refilled as sentences end or decoded one after the other: each sentence as
+    it is decoded alone (continuous batching: rows at different positions in one step)."""
     params, cfg = tiny(seed=4)
     rng = np.random.default_rng(4)
     sentences = [rng.integers(4, 11, size=n).tolist() for n in (5, 1, 7, 0, 3)]
-    results = search.translate_ids(params, cfg, sentences, beam=2, nbest=2, batch_size=2)
+    results = batched.translate_ids(params, cfg, sentences, beam=2, nbest=2, batch_size=2,
+                                   max_len=9, continuous=continuous)
     assert len(results) == 5 and all(len(hyps) == 2 for hyps in results)
     for sentence, hyps in zip(sentences, results):
-        alone = search.beam_search(params, cfg, search.pad_batch([sentence], cfg), beam=2, nbest=2)
+        alone = search.beam_search(params, cfg, batched.pad_batch([sentence], cfg), beam=2,
+                                   nbest=2, max_len=9)
         assert [h[0] for h in alone[0]] == [h[0] for h in hyps]
+        np.testing.assert_allclose([h[1] for h in alone[0]], [h[1] for h in hyps], rtol=1e-5)
 
 
 def test_bad_search_settings_are_rejected():
@@ -324,4 +330,4 @@ def test_bad_search_settings_are_rejected():
     with pytest.raises(ValueError, match="alpha"):
         search.beam_search(params, cfg, src, alpha=-1.0)
     with pytest.raises(ValueError, match="batch_size"):
-        search.translate_ids(params, cfg, [[A]], batch_size=0)
+        batched.translate_ids(params, cfg, [[A]], batch_size=0)

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from minitfm import backend, checkpoint, decode, generation, tasks
-from minitfm.beam import beam_search, pad_batch
+from minitfm.batched import pad_batch
+from minitfm.beam import beam_search
 from minitfm.models import lm
 from minitfm.models import translator as model
 from minitfm.data import text as textdata

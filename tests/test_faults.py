@@ -24,7 +24,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from minitfm import backend, beam, checkpoint, exits, translate, wmt
+from minitfm import backend, batched, checkpoint, exits, translate, wmt
 from minitfm.training import rundir, validation
 from minitfm.training.rundir import LOG_NAME
 from minitfm.training.state import TrainOptions
@@ -277,7 +277,7 @@ def test_length_limit_for_train_valid_and_test():
                for n in map(len, sources)]
     assert [len(ids) for ids in encoded] == [cfg.max_len - 2, cfg.max_len - 1, cfg.max_len - 1]
     assert len(warnings) == 1 and "line 1" in warnings[0]
-    assert len(beam.translate_ids(params, cfg, encoded, beam=1)) == 3
+    assert len(batched.translate_ids(params, cfg, encoded, beam=1)) == 3
 
 
 class _Pieces:

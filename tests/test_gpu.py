@@ -48,3 +48,20 @@ def test_host_token_ids_equal_device_token_ids(cupy_backend):
     host, _ = translator.loss_and_grads(params, cfg, src, tgt)
     device, _ = translator.loss_and_grads(params, cfg, backend.to_device(src), backend.to_device(tgt))
     assert float(host["loss"]) == float(device["loss"])
+
+
+def test_continuous_beam_search_on_cupy_gives_numpy_tokens(cupy_backend):
+    """Batches refilled as sentences end (rows at different positions in one step) on the CuPy
+    path: the tokens NumPy finds."""
+    from minitfm import batched
+    cfg = translator.Config.preset("tiny", d_model=16, d_ff=32, n_heads=4)
+    rng = np.random.default_rng(4)
+    sentences = [rng.integers(4, cfg.src_vocab, size=n).tolist() for n in (5, 1, 7, 0, 3)]
+    found = {}
+    for name in ("numpy", "cupy"):
+        backend.use(name)
+        params = translator.init_params(cfg, 0, dtype=np.float64)
+        found[name] = batched.translate_ids(params, cfg, sentences, beam=2, nbest=2, batch_size=2,
+                                         max_len=9)
+    assert [[h[0] for h in hyps] for hyps in found["cupy"]] == \
+        [[h[0] for h in hyps] for hyps in found["numpy"]]

@@ -23,7 +23,7 @@ FLOORS = [      # top to bottom: (name, the modules and packages on it)
                     "minitfm.export.__main__", "minitfm.launch", "minitfm.limits", "minitfm.options",
                     "minitfm.argtypes"]),
     ("training, decoding, sampling, export",
-     ["minitfm.training", "minitfm.decode", "minitfm.beam", "minitfm.sampling",
+     ["minitfm.training", "minitfm.decode", "minitfm.beam", "minitfm.batched", "minitfm.sampling",
       "minitfm.generation", "minitfm.export", "minitfm.checkpoint", "minitfm.usable",
       "minitfm.optim", "minitfm.gradscale", "minitfm.distributed", "minitfm.placement",
       "minitfm.devices", "minitfm.bleu"]),

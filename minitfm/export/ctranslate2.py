@@ -242,7 +242,8 @@ def translate_kwargs(beam: int, length_penalty: float, max_len: int, max_input: 
     model never does (neither is ever a training target). Add
     ``suppress_sequences=[["<pad>"], ["<s>"]]`` to rule them out at that small cost."""
     return {"beam_size": beam, "length_penalty": length_penalty, "patience": patience,
-            "max_decoding_length": max_len, "min_decoding_length": 0, "max_input_length": max_input}
+            "max_decoding_length": max_len, "min_decoding_length": 0,
+            "max_input_length": max_input}
 
 
 def generate_kwargs(max_new_tokens: int) -> dict:

@@ -54,7 +54,7 @@ import math
 from typing import NamedTuple
 
 from minitfm import backend, fused
-from minitfm.layers import dropout, linear
+from minitfm.layers import dropout, linear, positional
 
 MASKED = -1e9
 
@@ -301,18 +301,20 @@ def self_forward(x, p, mask, n_heads, p_drop=0.0, rng=None, add_bias=True):
     return y, SelfCache(c_qkv, c_att, c_o, n_heads)
 
 
-def self_step(x, p, k_buf, v_buf, t: int, n_heads: int):
+def self_step(x, p, k_buf, v_buf, t, n_heads: int):
     """Causal self-attention of position t alone over positions 0..t; return y (R, d).
 
-    x (R, d_model) is position t of R rows. Its key and value are written into slot t of
-    ``k_buf`` and ``v_buf`` (R, H, L, d_k), whose slots < t hold the earlier positions' (written
-    by the earlier steps). Equals row t of ``self_forward`` with a causal mask.
+    x (R, d_model) is position t of R rows; its key and value go into slot t of ``k_buf`` and
+    ``v_buf`` (R, H, L, d_k), whose slots < t the earlier steps wrote. Equals row t of
+    ``self_forward`` with a causal mask. ``t`` may be ``positional.Positions``: runs of rows at
+    different positions, each run a step of its own.
     """
     qkv, _ = linear.forward(x, {"w": p["w_qkv"], "b": p["b_qkv"]})                  # (R, 3d)
     q, k, v = split_heads(qkv[:, None], 3, n_heads)                      # (R, H, 1, d_k) each
-    k_buf[:, :, t] = k[:, :, 0]
-    v_buf[:, :, t] = v[:, :, 0]
-    o, _ = sdpa_forward(q, k_buf[:, :, :t + 1], v_buf[:, :, :t + 1])     # (R, H, 1, d_k)
+    o = backend.xp.empty_like(q)                                         # (R, H, 1, d_k)
+    for a, b, u in t.runs if isinstance(t, positional.Positions) else [(0, len(x), t)]:  # a:b at u
+        k_buf[a:b, :, u], v_buf[a:b, :, u] = k[a:b, :, 0], v[a:b, :, 0]
+        sdpa_forward(q[a:b], k_buf[a:b, :, :u + 1], v_buf[a:b, :, :u + 1], o_out=o[a:b])
     y, _ = linear.forward(merge_heads(o)[:, 0], {"w": p["w_o"], "b": p["b_o"]})     # (R, d)
     return y
 

@@ -6,7 +6,8 @@ Forward
     x = e + P[offset : offset + T]              positional.py: the sinusoids, or a learned table
     y = Dropout(x)                              dropout.py ("we apply dropout to the sums of the
                                                 embeddings and the positional encodings")
-``offset`` is the position of ids[:, 0]: an incremental decoding step feeds position t alone.
+``offset`` is the position of ids[:, 0]: an incremental decoding step feeds position t alone (or,
+with the sinusoids, ``positional.Positions``: rows decoded at different positions).
 
 Backward, the three in reverse order
     dx = Dropout'(dy);  dP[offset : offset + T] = sum over the batch of dx (learned table only);

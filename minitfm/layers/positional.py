@@ -54,8 +54,22 @@ def table(length, d_model, dtype):
     return rows[:length]
 
 
+class Positions(NamedTuple):
+    """Rows decoded at different positions, in runs: row r at position ``at[r]``."""
+    at: object      # (R,) integer positions, on the device
+    runs: tuple     # (first row, end row, position) of each run of rows at one position
+
+    @property
+    def end(self) -> int:
+        """One past the largest position."""
+        return max(u for _, _, u in self.runs) + 1
+
+
 def forward(x, offset=0):
-    """Return ``(x + PE, None)``; there is nothing to cache."""
+    """Return ``(x + PE, None)``; there is nothing to cache. ``offset`` may be
+    :class:`Positions`, a position for each row of x (R, 1, d)."""
+    if isinstance(offset, Positions):
+        return x + table(offset.end, x.shape[-1], x.dtype)[offset.at][:, None], None
     return x + table(offset + x.shape[-2], x.shape[-1], x.dtype)[offset:], None
 
 

@@ -195,7 +195,8 @@ def decoder_step(params, cfg, tokens, t, self_k, self_v, cross_k, cross_v, src_m
     self_k, self_v: one (R, H, L, d_k) buffer per layer, slots < t filled by the earlier steps and
     slot t written here; cross_k, cross_v: one (n, H, S, d_k) array per layer (``cross_kv``) and
     src_mask (n, 1, 1, S), each row shared by R / n consecutive rows (the beams of a sentence).
-    Equals row t of ``decoder_forward`` (without dropout).
+    Equals row t of ``decoder_forward`` (without dropout). ``t`` may be
+    ``positional.Positions``, runs of rows at different positions (``attention.self_step``).
     """
     _, tgt_name = embedding_names(cfg)
     x, _ = inputs.forward(tokens[:, None], {"table": params[tgt_name]}, offset=t)   # (R, 1, d)
