@@ -30,12 +30,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 CONFIGS = [   # (name, workers, BLAS threads per worker: None = every core)
     ("1 worker, all cores", 1, None),
@@ -123,11 +121,12 @@ def make_batch(cfg, batch: int, length: int, seed: int):
 # ---- the driver ---------------------------------------------------------------------------
 
 def mpiexec() -> str:
-    beside = Path(sys.executable).parent / "mpiexec"
-    found = str(beside) if os.access(beside, os.X_OK) else shutil.which("mpiexec")
-    if not found:
-        raise SystemExit("no mpiexec beside this Python or on PATH: pip install -e '.[mpi]'")
-    return found
+    from minitfm.exits import UsageError
+    from minitfm.launch import find_mpiexec
+    try:
+        return find_mpiexec()
+    except UsageError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def run_config(workers: int, threads: int | None, args: argparse.Namespace) -> dict:

@@ -14,7 +14,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +28,8 @@ from hypothesis import strategies as st
 
 from minitfm import distributed, flat
 from minitfm.distributed import STOP_ERROR, DistributedError, World, describe_stops, shard
+from minitfm.exits import UsageError
+from minitfm.launch import find_mpiexec
 
 from .conftest import cupy_device_available
 
@@ -143,9 +144,12 @@ def test_shard_refuses_updates_that_do_not_split_evenly():
 # ---- real workers under mpiexec ----------------------------------------------------------
 
 def _mpiexec() -> str | None:
-    """The mpiexec of this Python's environment (the MPI mpi4py loads), else the one on PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if os.access(beside, os.X_OK) else shutil.which("mpiexec")
+    """The mpiexec of this Python's environment (the MPI mpi4py loads), else the one on PATH;
+    None where there is none."""
+    try:
+        return find_mpiexec()
+    except UsageError:
+        return None
 
 
 @functools.lru_cache(maxsize=1)
