@@ -26,7 +26,8 @@ from collections.abc import Iterator, Sequence
 from minitfm import backend, decode     # decode.positions: each step's runs of rows
 from minitfm.beam import Finished, Hypothesis, beam_search, check_search, groups_in_place, \
     step_candidates
-from minitfm.decode import KVCache, int_array, output_limits, prepare_source, reorder
+from minitfm.decode import KVCache, first_groups, int_array, output_limits, prepare_source, \
+    reorder, self_attention_buffers
 from minitfm.layers.attention import MASKED
 from minitfm.models import translator as model     # the model this module decodes
 
@@ -157,11 +158,10 @@ def empty_cache(params: dict, cfg: model.Config, groups: int, beam: int, capacit
     xp = backend.xp
     projection = model.output_projection(params, cfg)
     d_k, dtype = cfg.d_model // cfg.n_heads, projection.dtype
-    buffers = [xp.empty((groups * beam, cfg.n_heads, capacity, d_k), dtype=dtype)
-               for _ in range(2 * cfg.n_layers)]
+    self_k, self_v = self_attention_buffers(cfg, groups * beam, capacity, dtype)
     cross = [xp.zeros((groups, cfg.n_heads, 0, d_k), dtype=dtype)
              for _ in range(2 * cfg.n_layers)]
-    return KVCache(self_k=buffers[:cfg.n_layers], self_v=buffers[cfg.n_layers:],
+    return KVCache(self_k=self_k, self_v=self_v,
                    cross_k=cross[:cfg.n_layers], cross_v=cross[cfg.n_layers:],
                    src_mask=xp.zeros((groups, 1, 1, 0), dtype=dtype), projection=projection)
 
@@ -198,12 +198,3 @@ def widened(kv: KVCache, width: int) -> KVCache:
     mask[..., :old] = kv.src_mask
     return dataclasses.replace(kv, cross_k=[wider(a) for a in kv.cross_k],
                                cross_v=[wider(a) for a in kv.cross_v], src_mask=mask)
-
-
-def first_groups(full: KVCache, n: int) -> KVCache:
-    """The views of ``full``'s first n groups of rows (one group per sentence)."""
-    rows = n * full.rows // full.sentences
-    return dataclasses.replace(
-        full, self_k=[b[:rows] for b in full.self_k], self_v=[b[:rows] for b in full.self_v],
-        cross_k=[a[:n] for a in full.cross_k], cross_v=[a[:n] for a in full.cross_v],
-        src_mask=full.src_mask[:n])

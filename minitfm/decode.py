@@ -42,8 +42,8 @@ from minitfm import backend
 from minitfm.layers.positional import Positions
 from minitfm.models import translator as model     # the model this module decodes
 
-__all__ = ["EXTRA_LENGTH", "KVCache", "init_kv_cache", "step", "positions", "reorder",
-           "output_limits", "prepare_source", "forbid_special", "int_array", "greedy"]
+__all__ = ["EXTRA_LENGTH", "KVCache", "init_kv_cache", "self_attention_buffers", "step",
+           "positions", "reorder", "first_groups", "output_limits", "prepare_source", "forbid_special", "int_array", "greedy"]
 
 EXTRA_LENGTH = 50   # maximum output length = source length + 50 (section 6.1)
 
@@ -88,23 +88,25 @@ def init_kv_cache(params: dict, cfg: model.Config, src, beam: int = 1,
     share its encoder output) with room for ``capacity`` decoding steps (default
     ``cfg.max_len``). The self-attention buffers start empty, not zeroed: no step reads a slot
     before writing it."""
-    xp = backend.xp
     capacity = cfg.max_len if capacity is None else capacity
     if not 1 <= capacity <= cfg.max_len:
         raise ValueError(f"cache capacity must be in [1, Config.max_len={cfg.max_len}], "
                          f"got {capacity}")
     memory, src_mask, _ = model.encoder_forward(params, cfg, src)     # (B, S, d), (B, 1, 1, S)
     cross_k, cross_v = model.cross_kv(params, cfg, memory)            # (B, H, S, d_k) per layer
-    rows = memory.shape[0] * beam
-    d_k = cfg.d_model // cfg.n_heads
+    self_k, self_v = self_attention_buffers(cfg, memory.shape[0] * beam, capacity, memory.dtype)
+    return KVCache(self_k=self_k, self_v=self_v, cross_k=cross_k, cross_v=cross_v,
+                   src_mask=src_mask, projection=model.output_projection(params, cfg))
 
-    def buffer():
-        return xp.empty((rows, cfg.n_heads, capacity, d_k), dtype=memory.dtype)
 
-    return KVCache(self_k=[buffer() for _ in range(cfg.n_layers)],
-                   self_v=[buffer() for _ in range(cfg.n_layers)],
-                   cross_k=cross_k, cross_v=cross_v, src_mask=src_mask,
-                   projection=model.output_projection(params, cfg))
+def self_attention_buffers(cfg: model.Config, rows: int, capacity: int, dtype
+                           ) -> tuple[list, list]:
+    """Every layer's self-attention keys and values for ``rows`` rows and ``capacity``
+    positions, (rows, H, capacity, d_k) each, empty (not zeroed)."""
+    xp, d_k = backend.xp, cfg.d_model // cfg.n_heads
+    buffers = [xp.empty((rows, cfg.n_heads, capacity, d_k), dtype=dtype)
+               for _ in range(2 * cfg.n_layers)]
+    return buffers[:cfg.n_layers], buffers[cfg.n_layers:]
 
 
 def reorder(kv: KVCache, rows: Sequence[int], filled: int | Sequence[int]) -> KVCache:
@@ -133,7 +135,12 @@ def reorder(kv: KVCache, rows: Sequence[int], filled: int | Sequence[int]) -> KV
         dst, src = int_array(moved), int_array([sentences[i] for i in moved])
         for array in kv.cross_k + kv.cross_v + [kv.src_mask]:
             array[dst] = array[src]
-    m = len(sentences)
+    return first_groups(kv, len(sentences))
+
+
+def first_groups(kv: KVCache, m: int) -> KVCache:
+    """The views of ``kv``'s first ``m`` groups of rows (one group per sentence)."""
+    n = m * kv.rows // kv.sentences
     return dataclasses.replace(
         kv, self_k=[b[:n] for b in kv.self_k], self_v=[b[:n] for b in kv.self_v],
         cross_k=[k[:m] for k in kv.cross_k], cross_v=[v[:m] for v in kv.cross_v],
