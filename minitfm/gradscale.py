@@ -28,7 +28,8 @@ import math
 
 from minitfm import backend, flat, fused
 
-__all__ = ["clip_grad_norm", "LossScaler", "decide", "INITIAL_SCALE", "GROWTH_INTERVAL"]
+__all__ = ["clip_grad_norm", "clip_factor", "LossScaler", "decide", "INITIAL_SCALE",
+           "GROWTH_INTERVAL"]
 
 INITIAL_SCALE = 2.0 ** 16
 GROWTH_INTERVAL = 2000          # finite updates in a row before the scale doubles
@@ -63,11 +64,17 @@ def clip_grad_norm(grads: dict, max_norm: float):
         return norm_scale[0]
     total = xp.asarray(sum(xp.vdot(g, g) for g in arrays))              # 0-d, on the device
     xp.sqrt(total, out=total)
-    scale = xp.minimum(float(max_norm) / xp.maximum(total, 1e-30), 1.0)
-    scale = xp.where(xp.isfinite(total), scale, 1.0).astype(arrays[0].dtype)
+    scale = clip_factor(total, max_norm).astype(arrays[0].dtype)
     for g in arrays:
         g *= scale
     return total
+
+
+def clip_factor(total, max_norm: float):
+    """min(1, ``max_norm`` / ``total``), and 1 where the norm ``total`` (0-d) is not finite."""
+    xp = backend.xp
+    return xp.where(xp.isfinite(total),
+                    xp.minimum(float(max_norm) / xp.maximum(total, 1e-30), 1.0), 1.0)
 
 
 class LossScaler:
@@ -132,11 +139,11 @@ class LossScaler:
 def decide(state, total, max_norm: float | None, growth_interval: int):
     """GradScaler's rule on a scaler's ``state`` given the norm ``total`` (0-d) of the unscaled
     gradients, on the device: S halved and the update marked skipped if ``total`` is not finite,
-    else S doubled after ``growth_interval`` finite updates. Returns the clipping factor."""
+    else S doubled after ``growth_interval`` finite updates. Returns the clipping factor (None
+    without ``max_norm``)."""
     xp = backend.xp
     finite = xp.isfinite(total)
-    clip = xp.where(finite, xp.minimum((max_norm or 1.0) / xp.maximum(total, 1e-30), 1.0),
-                    1.0).astype(state.dtype)
+    clip = clip_factor(total, max_norm).astype(state.dtype) if max_norm else None
     scale, good, skipped = state[0], state[1], state[2]
     good = xp.where(finite, good + 1, 0)
     grow = good >= growth_interval
@@ -183,8 +190,7 @@ def _squares_twin(g, partial, n):
 def _clip_twin(partial, parts, norm_scale, max_norm):
     xp = backend.xp
     total = xp.sqrt(partial.sum())
-    scale = xp.minimum(float(max_norm) / xp.maximum(total, 1e-30), 1.0)
-    norm_scale[0], norm_scale[1] = total, xp.where(xp.isfinite(total), scale, 1.0)
+    norm_scale[0], norm_scale[1] = total, clip_factor(total, max_norm)
 
 
 SQUARES = fused.Kernel("sum_squares", CLIP_SOURCE, _squares_twin)
@@ -237,7 +243,8 @@ def _unscale_twin(g, state, partial, n):
 
 def _decide_twin(partial, parts, state, norm_clip, max_norm, interval):
     total = backend.xp.sqrt(partial.sum())
-    norm_clip[0], norm_clip[1] = total, decide(state, total, float(max_norm) or None, int(interval))
+    clip = decide(state, total, float(max_norm) or None, int(interval))
+    norm_clip[0], norm_clip[1] = total, 1.0 if clip is None else clip     # the kernel's 1 too
 
 
 UNSCALE = fused.Kernel("unscale_squares", SCALER_SOURCE, _unscale_twin)
