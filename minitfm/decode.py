@@ -43,7 +43,8 @@ from minitfm.layers.positional import Positions
 from minitfm.models import translator as model     # the model this module decodes
 
 __all__ = ["EXTRA_LENGTH", "KVCache", "init_kv_cache", "self_attention_buffers", "step",
-           "positions", "reorder", "first_groups", "output_limits", "prepare_source", "forbid_special", "int_array", "greedy"]
+           "positions", "reorder", "first_groups", "output_limits", "prepare_source",
+           "forbid_special", "int_array", "greedy"]
 
 EXTRA_LENGTH = 50   # maximum output length = source length + 50 (section 6.1)
 
