@@ -328,9 +328,6 @@ def sorted_scatter_add(target, indices, values) -> None:
     target[ids] += (prefix[end] - prefix[start]).astype(target.dtype, copy=False)
 
 
-DROPOUT_LEVELS = 1 << 16   # drop probabilities are multiples of 2^-16
-
-
 def dropout_keep(generator, shape, p: float):
     """A keep mask for inverted dropout: ``(keep, scale)``.
 
@@ -341,8 +338,7 @@ def dropout_keep(generator, shape, p: float):
     bytes, which costs about half of drawing one float per element; a
     :class:`~minitfm.philox.Philox` generator (the CuPy backend's) takes two from each 32-bit word.
     """
-    threshold = round(p * DROPOUT_LEVELS)
-    scale = DROPOUT_LEVELS / (DROPOUT_LEVELS - threshold)
+    threshold, scale = philox.dropout_threshold(p)
     if isinstance(generator, numpy.random.Generator) and _active_name() == "numpy":
         size = int(numpy.prod(shape))
         draws = numpy.frombuffer(generator.bytes(2 * size), dtype=numpy.uint16).reshape(shape)

@@ -52,7 +52,7 @@ import math
 import operator
 
 __all__ = ["Philox", "block", "key_of", "MULTIPLIERS", "WEYL", "ROUNDS", "DEVICE",
-           "KEEP_PER_BLOCK"]
+           "KEEP_PER_BLOCK", "DROPOUT_LEVELS", "dropout_threshold"]
 
 MULTIPLIERS = (0xD2511F53, 0xCD9E8D57)
 WEYL = (0x9E3779B9, 0xBB67AE85)
@@ -77,6 +77,14 @@ def block(c0, c1, c2, c3, k0: int, k1: int, xp):
 
 
 KEEP_PER_BLOCK = 8      # 16-bit draws in one block of 4 words: mask elements per kernel thread
+DROPOUT_LEVELS = 1 << 16   # drop probabilities are multiples of 2^-16: masks compare 16-bit draws
+
+
+def dropout_threshold(p: float) -> tuple[int, float]:
+    """``(threshold, scale)`` for drop probability ``p``: a 16-bit draw below ``threshold`` drops
+    its element, and the kept ones are scaled by 1 / (1 - threshold / 2^16)."""
+    threshold = round(p * DROPOUT_LEVELS)
+    return threshold, DROPOUT_LEVELS / (DROPOUT_LEVELS - threshold)
 
 DEVICE = r"""
 // Philox4x32-10 (minitfm/philox.py): block b of the stream of key (k0, k1), as 8 16-bit draws,

@@ -68,8 +68,7 @@ def draw(rng: philox.Philox, size: int, p: float) -> tuple:
     """The arguments a kernel needs to draw a keep mask of ``size`` elements at drop probability
     ``p`` from ``rng`` (which moves on past them): ``(threshold, scale, k0, k1, first)``, typed as
     the kernels take them."""
-    threshold = round(p * backend.DROPOUT_LEVELS)
-    scale = backend.DROPOUT_LEVELS / (backend.DROPOUT_LEVELS - threshold)
+    threshold, scale = philox.dropout_threshold(p)
     k0, k1, first = rng.take(size)
     return (fused.u32(threshold), fused.f32(scale), fused.u32(k0), fused.u32(k1),
             fused.u64(first))
@@ -79,6 +78,26 @@ def mask_of(shape, threshold, k0, k1, first):
     """The keep mask that ``draw``'s arguments stand for, drawn with the plain Philox (a twin's)."""
     generator = philox.Philox(int(k0) | int(k1) << 32, int(first), xp=backend.xp)
     return generator.keep(shape, int(threshold))
+
+
+def kernel_mask(rng: philox.Philox | None, like, p: float) -> tuple:
+    """For a kernel that drops elements of ``like`` with probability ``p`` (0: none) as it
+    writes them: ``(keep, args, cache)``, the keep mask it fills (without dropout ``like``, a
+    placeholder it never reads), :func:`draw`'s arguments (without dropout: keep everything,
+    scale 1) and the backward pass's Cache (None without dropout)."""
+    if p <= 0.0:
+        return like, (fused.u32(0), fused.f32(1), fused.u32(0), fused.u32(0), fused.u64(0)), None
+    keep = backend.xp.empty(like.shape, dtype=bool)
+    args = draw(rng, like.size, p)
+    return keep, args, Cache(keep, float(args[1]))
+
+
+def dropped_twin(x, y, keep, threshold, scale, k0, k1, first):
+    """What a kernel's dropout does, plainly (its twin's part): ``keep`` drawn from ``draw``'s
+    arguments, y = x * keep * scale (``y`` may be ``x``)."""
+    keep[...] = mask_of(x.shape, threshold, k0, k1, first)
+    backend.xp.multiply(x, keep, out=y)
+    y *= float(scale)
 
 
 FORWARD_SOURCE = philox.DEVICE + r"""
@@ -100,9 +119,7 @@ extern "C" __global__ void dropout_forward(const float* x, float* y, bool* keep,
 
 
 def _forward_twin(x, y, keep, n, threshold, scale, k0, k1, first):
-    keep[...] = mask_of(x.shape, threshold, k0, k1, first)
-    backend.xp.multiply(x, keep, out=y)
-    y *= float(scale)
+    dropped_twin(x, y, keep, threshold, scale, k0, k1, first)
 
 
 FORWARD = fused.Kernel("dropout_forward", FORWARD_SOURCE, _forward_twin)

@@ -110,9 +110,7 @@ def _forward_twin(h, b, keep, n, d, drop, threshold, scale, k0, k1, first, a16, 
     h += b
     backend.xp.maximum(h, 0, out=h)
     if drop:
-        keep[...] = dropout.mask_of(h.shape, threshold, k0, k1, first)
-        h *= keep
-        h *= float(scale)
+        dropout.dropped_twin(h, h, keep, threshold, scale, k0, k1, first)
     if half_out:
         a16[...] = mixed.half(h)
 
@@ -139,20 +137,15 @@ BACKWARD = fused.Kernel("relu_dropout_backward", BACKWARD_SOURCE, _backward_twin
 
 def _fused_forward(x, p, p_drop, rng, add_bias):
     xp = backend.xp
-    h, c_first = linear.forward(x, {"w": p["w1"]})                      # (..., d_ff), no bias
-    drop = rng is not None and p_drop > 0.0
-    keep = xp.empty(h.shape, dtype=bool) if drop else h     # h: a placeholder, never read
-    args = dropout.draw(rng, h.size, p_drop) if drop else (fused.u32(0), fused.f32(1),
-                                                           fused.u32(0), fused.u32(0),
-                                                           fused.u64(0))
+    # b1 is the kernel's to add; its gradient stays linear's row sum, as without fusion
+    h, c_first = linear.forward(x, {"w": p["w1"], "b": p["b1"]}, add_bias=False)  # (..., d_ff)
+    keep, args, c_drop = dropout.kernel_mask(rng, h, p_drop if rng is not None else 0.0)
     half_out = mixed.enabled(h)             # the second product reads a in float16
     a16 = xp.empty(h.shape, dtype=mixed.HALF) if half_out else h
     FORWARD(fused.grid_for(h.size, philox.KEEP_PER_BLOCK),
             (h, p["b1"], keep, fused.i64(h.size), fused.i32(h.shape[-1]),
-             fused.i32(drop), *args, a16, fused.i32(half_out)))
+             fused.i32(c_drop is not None), *args, a16, fused.i32(half_out)))
     if half_out:
         mixed.remember(h, a16)
-    c_drop = dropout.Cache(keep, float(args[1])) if drop else None
     y, c_second = linear.forward(h, {"w": p["w2"], "b": p["b2"]}, add_bias)
-    # the kernel added b1: the first layer's bias gradient is linear's row sum, as without fusion
-    return y, Cache(c_first._replace(has_bias=True), h, c_drop, c_second)
+    return y, Cache(c_first, h, c_drop, c_second)

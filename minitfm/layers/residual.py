@@ -125,9 +125,7 @@ def _twin(f, x, b, keep, n, d, has_bias, drop, threshold, scale, k0, k1, first):
     if has_bias:
         f += b
     if drop:
-        keep[...] = dropout.mask_of(f.shape, threshold, k0, k1, first)
-        f *= keep
-        f *= float(scale)
+        dropout.dropped_twin(f, f, keep, threshold, scale, k0, k1, first)
     f += x
 
 
@@ -137,11 +135,8 @@ KERNEL = fused.Kernel("bias_dropout_residual", SOURCE, _twin)
 def _fused_add_dropped(x, f, p_drop, rng, bias):
     xp = backend.xp
     x, f = xp.ascontiguousarray(x), xp.ascontiguousarray(f)
-    drop = p_drop > 0.0
-    keep = xp.empty(f.shape, dtype=bool) if drop else f      # f: a placeholder, never read
-    args = dropout.draw(rng, f.size, p_drop) if drop else (
-        fused.u32(0), fused.f32(1), fused.u32(0), fused.u32(0), fused.u64(0))
+    keep, args, cache = dropout.kernel_mask(rng, f, p_drop)
     KERNEL(fused.grid_for(f.size, philox.KEEP_PER_BLOCK),
            (f, x, f if bias is None else bias, keep, fused.i64(f.size), fused.i32(f.shape[-1]),
-            fused.i32(bias is not None), fused.i32(drop), *args))
-    return f, dropout.Cache(keep, float(args[1])) if drop else None
+            fused.i32(bias is not None), fused.i32(cache is not None), *args))
+    return f, cache
