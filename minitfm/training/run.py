@@ -196,8 +196,9 @@ class Run:
                                        or self.valid_metric is not None)
 
     def _resume(self) -> TrainState:
-        """The state of the checkpoint read when the run was opened, checked against the run."""
-        ckpt, options = self.resumed, self.options
+        """The state of the checkpoint read when the run was opened, checked against the run.
+        The state copies what it needs: the checkpoint's own arrays are let go."""
+        ckpt, options, self.resumed = self.resumed, self.options, None
         checkpoint.check_compatible(ckpt, self.cfg.to_dict(), self.vocab[0])
         problems = [f"{key!r}: checkpoint has {saved}, current run has {current}"
                     for key, saved, current in checkpoint.config_differences(
