@@ -70,6 +70,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from minitfm import backend, files, models
+from minitfm.data.reading import GZIP_MAGIC
 from minitfm.exits import UsageError
 from minitfm.ids import EOS_ID
 
@@ -81,7 +82,6 @@ SENTENCEPIECE_MAX_VOCAB = 2**31 - 1     # sentencepiece's TrainerSpec.vocab_size
 DEFAULT_EXTRA_OUTPUT = 50               # decode.EXTRA_LENGTH: the default output limit S + 50
 SAMPLING_STEP_COPIES = 6                # float64 (R, V) arrays of one sampling step
 HOST_BYTES_PER_TOKEN = 48               # a kept token: a list slot, an int object, its text
-GZIP_MAGIC = b"\x1f\x8b"
 
 
 class TooLarge(UsageError):

@@ -56,7 +56,7 @@ from minitfm import backend, cli, distributed, options, wmt
 from minitfm.data import epoch_batches, eval_arrays, read_parallel, token_batches
 from minitfm.exits import UsageError
 from minitfm.models import translator as model
-from minitfm.argtypes import integer, number, positive_int
+from minitfm.argtypes import integer, positive_int
 from minitfm.options import Words
 from minitfm.training import loop, phases
 from minitfm.training.run import Run
@@ -93,7 +93,6 @@ TRAINER = options.Trainer(
               "relu_dropout", "label_smoothing", "max_tokens", "seed", "schedule", "lr",
               "min_lr", "cooldown", "dropout_start", "dropout_start_margin", "subword_dropout",
               "best_metric"))
-FRACTION = number(0, 1, high_open=True)
 
 
 # ---- command line -----------------------------------------------------------------------------
@@ -123,11 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the longest sentence the model reads, in positions: a sentence of at "
                            "most MAX_LEN - 2 tokens with BOS or EOS (default: the preset's, "
                            "1024); validation and test lines must fit")
-    arch.add_argument("--attention-dropout", type=FRACTION,
+    arch.add_argument("--attention-dropout", type=options.FRACTION,
                       help="dropout on the attention weights (default: the preset's, 0)")
-    arch.add_argument("--relu-dropout", type=FRACTION,
+    arch.add_argument("--relu-dropout", type=options.FRACTION,
                       help="dropout on the feed-forward hidden units (default: the preset's, 0)")
-    arch.add_argument("--subword-dropout", type=FRACTION, default=0.0, metavar="RATE",
+    arch.add_argument("--subword-dropout", type=options.FRACTION, default=0.0, metavar="RATE",
                       help="BPE-dropout: each training pair segmented anew every time it is "
                            "batched, each merge skipped with this probability (default 0; keeps "
                            "the training text in memory, for small corpora; not repeatable)")

@@ -80,6 +80,12 @@ def _epoch(epoch_updates: float | None, option: str) -> float:
     return epoch_updates
 
 
+def _updates(phase: str, epoch_updates: float | None, option: str) -> int:
+    """``option``'s ``phase`` (``1100steps``, ``2epochs``) in updates."""
+    return phases.in_steps(phase, _epoch(epoch_updates, option) if phase.endswith("epochs")
+                           else 1.0)
+
+
 def _peak(options: TrainOptions, d_model: int) -> float:
     """The peak of a decay: ``lr``, by default the paper's rate at the end of the warm-up."""
     return options.lr or options.lr_factor * (d_model * max(options.warmup, 1)) ** -0.5
@@ -99,8 +105,7 @@ def _schedule(options: TrainOptions, d_model: int, steps: int,
             return schedule
         if phases.is_fraction(cooldown):
             return Cooldown(schedule, steps, cooldown)
-        length = phases.in_steps(cooldown, _epoch(epoch_updates, "--cooldown") if
-                                 cooldown.endswith("epochs") else 1.0)
+        length = _updates(cooldown, epoch_updates, "--cooldown")
         if length > steps:
             raise PlanError(f"--cooldown {cooldown} is {length} updates, more than the run's "
                             f"{steps}")
@@ -128,8 +133,7 @@ def _dropout_start(options: TrainOptions, steps: int, epoch_updates: float | Non
         return {"dropout_start_auto": options.dropout_start_margin}
     if phases.is_fraction(start):
         return {"dropout_start": start}
-    first = phases.in_steps(start, _epoch(epoch_updates, "--dropout-start") if
-                            start.endswith("epochs") else 1.0)
+    first = _updates(start, epoch_updates, "--dropout-start")
     if first >= steps:
         raise PlanError(f"--dropout-start {start} is {first} updates, but the run has {steps}: "
                         f"dropout would never start")
