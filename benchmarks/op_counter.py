@@ -57,14 +57,14 @@ class Tally:
                 if module is None:
                     module = short
                 func = frame.f_code.co_name
-                if phase is None and short == "optim":
+                if phase is None and short in ("optim", "gradscale"):     # Adam, clipping
                     phase = "optimizer"
                 if phase is None and (func == "backward" or func.endswith("_backward")):
                     phase = "backward"
             frame = frame.f_back
         module = module or "other"
         if phase is None:
-            phase = "loop" if module in ("train", "other") else "forward"
+            phase = "loop" if module == "other" or module.startswith("training") else "forward"
         return phase, module
 
     def op(self, n: int = 1) -> None:
