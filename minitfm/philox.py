@@ -147,24 +147,25 @@ class Philox:
         generator moves on by ceil(n / 4) blocks."""
         xp = self.xp
         blocks = -(-n // 4)
-        if self.counter + blocks > 1 << 64:
-            raise ValueError("this generator's 2^64 blocks are used up: start another stream")
-        b = xp.arange(blocks, dtype=xp.uint64) + xp.uint64(self.counter)   # (blocks,)
+        b = xp.arange(blocks, dtype=xp.uint64) + xp.uint64(self._advance(blocks))   # (blocks,)
         zero = xp.zeros_like(b)
         low, high = b & xp.uint64(WORD), b >> xp.uint64(32)
         out = block(low, high, zero, zero, self.key & WORD, self.key >> 32, xp)
-        self.counter += blocks
         return xp.stack(out, axis=-1).reshape(-1)[:n]                      # w[4b + j] = out[j][b]
 
     def take(self, size: int) -> tuple[int, int, int]:
         """For a kernel that draws a keep mask of ``size`` elements: ``(k0, k1, first)``, the key's
         low and high words and the first block of the draw; the generator moves on as
         :meth:`keep` of that size would (ceil(size / 8) blocks)."""
-        blocks = -(-operator.index(size) // KEEP_PER_BLOCK)
+        first = self._advance(-(-operator.index(size) // KEEP_PER_BLOCK))
+        return self.key & WORD, self.key >> 32, first
+
+    def _advance(self, blocks: int) -> int:
+        """The first of the next ``blocks`` blocks; the generator moves on past them."""
         if self.counter + blocks > 1 << 64:
             raise ValueError("this generator's 2^64 blocks are used up: start another stream")
         first, self.counter = self.counter, self.counter + blocks
-        return self.key & WORD, self.key >> 32, first
+        return first
 
     def random(self, shape, dtype=None):
         """Uniform numbers in [0, 1) of the given shape; ``dtype`` float64 (the default, as a
