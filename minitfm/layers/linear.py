@@ -42,14 +42,13 @@ def forward(x, p, add_bias=True):
     layer's."""
     w, b = p["w"], p.get("b")
     d_in, d_out = w.shape
-    if mixed.enabled(x, w):
-        x16 = mixed.half(x)
-        y = mixed.matmul(x16.reshape(-1, d_in), mixed.half_of(w))             # (N, d_out)
-        if b is not None and add_bias:
-            y += b
-        return y.reshape(*x.shape[:-1], d_out), Cache(x16, w, b is not None)
     # one (N, d_in) @ (d_in, d_out) product: a stacked (B, T, d_in) @ w would run B small ones
-    y = (x.reshape(-1, d_in) @ w).reshape(*x.shape[:-1], d_out)
+    if mixed.enabled(x, w):
+        x = mixed.half(x)                   # kept for the backward pass in float16
+        y = mixed.matmul(x.reshape(-1, d_in), mixed.half_of(w))
+    else:
+        y = x.reshape(-1, d_in) @ w
+    y = y.reshape(*x.shape[:-1], d_out)
     if b is not None and add_bias:
         y += b
     return y, Cache(x, w, b is not None)
