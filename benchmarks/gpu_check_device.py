@@ -111,7 +111,8 @@ def measured_peaks(n: int, repeats: int = 3) -> dict:
     result = {}
     for precision, dtype in (("fp32", cupy.float32), ("tf32", cupy.float32),
                              ("fp16", cupy.float16)):
-        if precision == "tf32" and int(cupy.cuda.Device().compute_capability) < 80:
+        if precision == "tf32" and (int(cupy.cuda.Device().compute_capability)
+                                   < backend.TF32_CAPABILITY):
             continue
         if precision != "fp16":
             backend.set_precision(precision)

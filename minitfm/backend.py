@@ -128,9 +128,7 @@ def describe() -> str:
     fallen back, ``numpy (auto: CuPy is not installed)`` and the like."""
     if _active_name() == "cupy":
         try:
-            import cupy
-            device = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
-            return f"cupy ({device.decode() if isinstance(device, bytes) else device})"
+            return f"cupy ({_device()[1]})"
         except Exception:    # pragma: no cover - depends on the machine
             return "cupy"
     return f"numpy (auto: {_auto_fallback})" if _auto_fallback else "numpy"
@@ -142,15 +140,20 @@ def memory_in_words() -> str:
     backend is chosen: none is chosen for it)."""
     if globals().get("name") != "cupy":
         return "the host's memory"
-    cupy = _active()
     try:
-        device = cupy.cuda.Device().id
-        properties = cupy.cuda.runtime.getDeviceProperties(device)
+        device, name, properties = _device()
     except Exception:        # pragma: no cover - a device that fails to say (CUDARuntimeError)
         return "the GPU"
-    name = properties["name"]
-    name = name.decode() if isinstance(name, bytes) else name
     return f"GPU {device} ({name}, {properties['totalGlobalMem'] / 2**30:.1f} GiB)"
+
+
+def _device() -> tuple[int, str, dict]:
+    """The current CUDA device: its id, its name and its properties."""
+    cupy = _active()
+    device = cupy.cuda.Device().id
+    properties = cupy.cuda.runtime.getDeviceProperties(device)
+    name = properties["name"]
+    return device, name.decode() if isinstance(name, bytes) else name, properties
 
 
 def available_memory() -> tuple[int, str] | None:
