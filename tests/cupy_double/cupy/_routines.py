@@ -34,18 +34,12 @@ def empty_like(prototype, dtype=None, order="K", subok=None, shape=None):
                  prototype.dtype if dtype is None else dtype, "C" if order == "K" else order)
 
 
-def _filled(host: numpy.ndarray) -> ndarray:
-    """A new array that a kernel (a memset for zeros) filled on the device: one launch."""
-    _double.launch()
-    return ndarray._make(host, None)
-
-
 def zeros(shape, dtype=float, order="C"):
-    return _filled(numpy.zeros(shape, dtype=dtype, order=order))
+    return _wrap(numpy.zeros(shape, dtype=dtype, order=order))
 
 
 def ones(shape, dtype=float, order="C"):
-    return _filled(numpy.ones(shape, dtype=dtype, order=order))
+    return _wrap(numpy.ones(shape, dtype=dtype, order=order))
 
 
 def full(shape, fill_value, dtype=None, order="C"):
@@ -53,7 +47,7 @@ def full(shape, fill_value, dtype=None, order="C"):
         fill_value = fill_value._a            # a device-to-device copy
     elif isinstance(fill_value, numpy.ndarray):
         raise _unsupported(fill_value)
-    return _filled(numpy.full(shape, fill_value, dtype=dtype, order=order))
+    return _wrap(numpy.full(shape, fill_value, dtype=dtype, order=order))
 
 
 def _like(a, dtype, order, subok, shape, fill):
@@ -86,14 +80,14 @@ def arange(start, stop=None, step=1, dtype=None):
             raise TypeError("arange: start, stop and step must be scalars")
     if stop is None:
         start, stop = 0, start
-    return _filled(numpy.arange(start, stop, step, dtype=dtype))
+    return _wrap(numpy.arange(start, stop, step, dtype=dtype))
 
 
 def linspace(start, stop, num=50, endpoint=True, retstep=False, dtype=None, axis=0):
     result = numpy.linspace(start, stop, num, endpoint, retstep, dtype, axis)
     if retstep:
-        return _filled(result[0]), result[1]
-    return _filled(result)
+        return _wrap(result[0]), result[1]
+    return _wrap(result)
 
 
 def _host_data(obj, what):
@@ -174,7 +168,7 @@ def copyto(dst, src, casting="same_kind", where=None):
 
 
 def eye(N, M=None, k=0, dtype=float, order="C"):
-    return _filled(numpy.eye(N, M, k, dtype=dtype, order=order))
+    return _wrap(numpy.eye(N, M, k, dtype=dtype, order=order))
 
 
 def identity(n, dtype=float):
