@@ -17,16 +17,21 @@ checks) every layer runs its plain code whatever the choice.
 A :class:`Kernel` is compiled by CuPy (``cupy.RawKernel``, NVRTC) on first use, once per device,
 with ``--fmad=false`` so that ``a * b + c`` rounds twice, as the plain code's two operations do.
 Where CuPy cannot run CUDA C++ (the test suite's CuPy double), the twin runs in its place and
-counts as one launch, so every command runs end to end and the launch counts are the kernel's.
+counts as one launch, so every command runs end to end and the launch counts are the kernel's;
+or, where the double is asked to (``CUPY_DOUBLE_KERNELS=host``), the kernel's own source runs.
+
+Without a GPU the kernels' own source runs on the CPU (:mod:`minitfm.cudahost`, compiled by the
+machine's C++ compiler): ``use("fused", on_host=True)`` on the NumPy backend, which is what
+``python -m minitfm.kernelcheck --host`` does, each launch then held to its twin.
 """
 
 from __future__ import annotations
 
 import math
 
-from minitfm import backend
+from minitfm import backend, cudahost
 
-__all__ = ["CHOICES", "use", "choice", "active", "Kernel", "KERNELS", "OPTIONS", "HALF",
+__all__ = ["CHOICES", "use", "choice", "on_host", "active", "Kernel", "KERNELS", "OPTIONS", "HALF",
            "grid_for", "THREADS", "BLOCK_REDUCE", "i32", "i64", "u32", "u64", "f32", "f64"]
 
 CHOICES = ("plain", "fused")
@@ -34,28 +39,41 @@ OPTIONS = ("--std=c++14", "--fmad=false")
 THREADS = 256                   # threads per block, for every kernel here
 
 _choice = "plain"
+_on_host = False        # the kernels' source runs on the CPU (minitfm.cudahost), over NumPy arrays
 _twins_running = 0      # > 0 while a twin runs: the layers it calls run their plain code
 
 
-def use(kernels: str) -> None:
-    """Run the fused kernels (``"fused"``) or the plain array code (``"plain"``)."""
-    global _choice
+def use(kernels: str, on_host: bool = False) -> None:
+    """Run the fused kernels (``"fused"``) or the plain array code (``"plain"``); ``on_host``:
+    the fused kernels' CUDA source executed on the CPU, over the NumPy backend's arrays, each
+    launch held to its twin (:meth:`Kernel.run_on_host`)."""
+    global _choice, _on_host
     if kernels not in CHOICES:
         raise backend.BackendError(f"unknown kernels {kernels!r}: use plain or fused")
-    if kernels == "fused" and not backend.is_gpu():
+    if kernels == "fused" and on_host and backend.is_gpu():
+        raise backend.BackendError("the kernels run on the host over NumPy arrays (the numpy "
+                                   "backend); on the cupy backend they run on the GPU")
+    if kernels == "fused" and not on_host and not backend.is_gpu():
         raise backend.BackendError("fused kernels run on a GPU (the cupy backend); NumPy runs "
-                                   "the plain array code: use --kernels plain")
-    _choice = kernels
+                                   "the plain array code: use --kernels plain (or run the "
+                                   "kernels on the CPU: python -m minitfm.kernelcheck --host)")
+    _choice, _on_host = kernels, kernels == "fused" and on_host
 
 
 def choice() -> str:
     return _choice
 
 
+def on_host() -> bool:
+    """Whether the fused kernels run on the CPU (see :func:`use`)."""
+    return _on_host
+
+
 def active(*arrays) -> bool:
-    """Whether a layer given ``arrays`` runs its fused kernel: ``--kernels fused``, on CuPy, with
-    float32 arrays (float64, the gradient checks' type, always runs the plain code)."""
-    if _choice != "fused" or _twins_running or not backend.is_gpu():
+    """Whether a layer given ``arrays`` runs its fused kernel: ``--kernels fused``, on CuPy (or
+    on NumPy with the kernels on the host), with float32 arrays (float64, the gradient checks'
+    type, always runs the plain code)."""
+    if _choice != "fused" or _twins_running or not (_on_host or backend.is_gpu()):
         return False
     float32 = backend.xp.float32
     return all(a.dtype == float32 for a in arrays)
@@ -121,6 +139,12 @@ __device__ float block_max(float v, float* scratch) {
 }
 """
 
+def _by_sum(result, reference) -> float:
+    """How far two arrays of partial sums are apart in their totals (float64 sums)."""
+    totals = [a.sum(dtype="float64", keepdims=True) for a in (result, reference)]
+    return cudahost.compare_outputs(*totals)
+
+
 KERNELS: dict[str, "Kernel"] = {}      # every kernel, by name: what the compile check compiles
 
 
@@ -129,14 +153,17 @@ class Kernel:
     whole translation unit) and ``twin``, a function of the same arguments that computes the
     same outputs with the plain array code. Calling ``kernel(grid, args)`` launches it (blocks
     of :data:`THREADS` threads; ``args`` as CuPy passes them: arrays, and NumPy scalars typed as
-    the kernel's parameters)."""
+    the kernel's parameters). ``sums``: the parameters the twin fills in a layout of its own,
+    equal to the kernel's in their sum only (the partial sums of a reduction, one a block)."""
 
-    def __init__(self, name: str, source: str, twin):
+    def __init__(self, name: str, source: str, twin, sums: tuple = ()):
         if name in KERNELS:
             raise ValueError(f"a kernel named {name!r} exists already")
-        self.name, self.source, self.twin = name, source, twin
+        self.name, self.source, self.twin, self.sums = name, source, twin, tuple(sums)
         self._compiled: dict = {}          # (array module, device) -> cupy.RawKernel
+        self.host = cudahost.HostKernel(source, name)     # the same source, on the CPU
         self.launches = 0                  # calls so far (the kernel check counts them)
+        self.host_errors: dict = {}        # on the host: output -> worst distance from the twin
         KERNELS[name] = self
 
     def raw(self):
@@ -148,11 +175,14 @@ class Kernel:
         return self._compiled[key]
 
     def __call__(self, grid: tuple, args: tuple, shared_mem: int = 0) -> None:
-        raw, xp = self.raw(), backend.xp
         self.launches += 1
+        if _on_host:
+            self.run_on_host(grid, (THREADS,), args, shared_mem=shared_mem, check=True)
+            return
+        raw, xp = self.raw(), backend.xp
         emulate = getattr(getattr(xp, "_double", None), "emulate", None)
         if emulate is not None:          # a CuPy that cannot run CUDA C++: the twin, one launch
-            emulate(raw, grid, (THREADS,), args, self.run_twin)
+            emulate(raw, grid, (THREADS,), args, self.run_twin, host=self.run_on_host)
             return
         raw(grid, (THREADS,), args, shared_mem=shared_mem)
 
@@ -164,6 +194,24 @@ class Kernel:
             self.twin(*args)
         finally:
             _twins_running -= 1
+
+    def run_on_host(self, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0,
+                    check: bool = False) -> None:
+        """The kernel's source executed on the CPU over ``args`` (NumPy arrays and scalars), its
+        threads in an order drawn from the launch's number. ``check``: also run it in its
+        threads' natural order, on a copy, demanding the same bits, and hold its outputs to the
+        twin's (run on another copy), keeping the worst distance of each in ``host_errors``."""
+        if not check:
+            self.host(grid, block, args, shared_mem=shared_mem, seed=self.launches)
+            return
+        by_sum = {name: _by_sum for name in self.sums}
+        errors = cudahost.checked_launch(self.host, grid, block, args, seeds=(0, self.launches),
+                                         reference=self.run_twin, compare=by_sum,
+                                         shared_mem=shared_mem)
+        for param, arg in zip(self.host.params, args):
+            if param.name in errors:
+                key = (param.name, str(arg.dtype))
+                self.host_errors[key] = max(self.host_errors.get(key, 0.0), errors[param.name])
 
     def __repr__(self) -> str:
         return f"Kernel({self.name!r})"

@@ -193,7 +193,7 @@ def _clip_twin(partial, parts, norm_scale, max_norm):
     norm_scale[0], norm_scale[1] = total, clip_factor(total, max_norm)
 
 
-SQUARES = fused.Kernel("sum_squares", CLIP_SOURCE, _squares_twin)
+SQUARES = fused.Kernel("sum_squares", CLIP_SOURCE, _squares_twin, sums=("partial",))
 CLIP = fused.Kernel("clip_scale", CLIP_SOURCE, _clip_twin)
 SCALE = fused.Kernel("scale_by", CLIP_SOURCE, lambda g, norm_scale, n: g.__imul__(norm_scale[1]))
 
@@ -247,5 +247,5 @@ def _decide_twin(partial, parts, state, norm_clip, max_norm, interval):
     norm_clip[0], norm_clip[1] = total, 1.0 if clip is None else clip     # the kernel's 1 too
 
 
-UNSCALE = fused.Kernel("unscale_squares", SCALER_SOURCE, _unscale_twin)
+UNSCALE = fused.Kernel("unscale_squares", SCALER_SOURCE, _unscale_twin, sums=("partial",))
 DECIDE = fused.Kernel("scaler_decide", SCALER_SOURCE, _decide_twin)

@@ -13,19 +13,35 @@ case.
 On CuPy's test double (no GPU) the kernels' twins run in their place, so the comparison checks
 the launches' arguments and the plumbing around them; on a GPU it checks the kernels themselves.
 ``pytest -m gpu`` runs it (tests/test_kernels.py) and the one-shot GPU check reports its table.
+
+``--host`` needs no GPU: the same cases on the NumPy backend, the kernels' own CUDA source
+executed on the CPU (:mod:`minitfm.cudahost`, compiled by the machine's C++ compiler), where
+each launch is also checked by itself: out-of-bounds reads and writes, races, barriers that
+cannot release (each a fault naming the kernel, block, thread and line), the same bits in two
+orders of its threads, and its outputs against its twin's on the same arguments (float32 within
+1e-5 of the largest value, float16 within 2e-3, masks and integers equal).
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import math
+import os
 import sys
+import time
 import warnings
 
-from minitfm import backend, flat, fused, gradscale, optim
+from minitfm import backend, cudahost, flat, fused, gradscale, optim, philox
 from minitfm.layers import attention, dropout, feedforward, layernorm, linear, loss, residual
 
-__all__ = ["CASES", "compare", "main"]
+__all__ = ["CASES", "HOST_TOLERANCES", "compare", "prepare_host", "main"]
+
+
+def _rng(seed: int) -> philox.Philox:
+    """The dropout generator of a case: the CuPy backend's ``backend.rng(seed, 1, 0)``, on
+    either backend (the fused path draws from a Philox stream)."""
+    return philox.Philox.seeded(seed, 1, 0, xp=backend.xp)
 
 
 def _inputs(seed: int, *shapes, scale: float = 1.0):
@@ -36,7 +52,7 @@ def _inputs(seed: int, *shapes, scale: float = 1.0):
 
 def _dropout():
     (x, dy) = _inputs(1, (37, 129), (37, 129))
-    y, cache = dropout.forward(x, 0.1, backend.rng(3, 1, 0))
+    y, cache = dropout.forward(x, 0.1, _rng(3))
     dx, _ = dropout.backward(dy, cache)
     return {"y": y, "dx": dx, "keep": cache.keep}
 
@@ -55,7 +71,7 @@ def _attention():
     out = {}
     for name, m, p_drop in (("causal", mask, 0.0), ("padding", attention.padding_mask(
             ids, 0, "float32"), 0.1), ("none", None, 0.0)):
-        o, cache = attention.sdpa_forward(q, k, v, m, p_drop=p_drop, rng=backend.rng(4, 1, 0))
+        o, cache = attention.sdpa_forward(q, k, v, m, p_drop=p_drop, rng=_rng(4))
         dq, dk, dv, _ = attention.sdpa_backward(do, cache)
         out.update({f"{name} o": o, f"{name} p": cache.p, f"{name} dq": dq, f"{name} dk": dk,
                     f"{name} dv": dv})
@@ -68,7 +84,7 @@ def _feedforward():
     p = {"w1": w1, "b1": b1, "w2": w2, "b2": b2}
     out = {}
     for p_drop in (0.0, 0.2):
-        y, cache = feedforward.forward(x, p, p_drop, backend.rng(6, 1, 0))
+        y, cache = feedforward.forward(x, p, p_drop, _rng(6))
         dx, grads = feedforward.backward(dy, cache)
         out.update({f"p={p_drop} {k}": a for k, a in {"y": y, "dx": dx, **grads}.items()})
     return out
@@ -80,7 +96,7 @@ def _residual():
     out = {}
     for pre_ln, p_drop, b in ((False, 0.1, bias), (True, 0.1, None), (False, 0.0, bias)):
         y, cache = residual.forward(x, lambda h: (f.copy(), None), {"gamma": gamma, "beta": beta},
-                                    p_drop, backend.rng(8, 1, 0), pre_ln, b)
+                                    p_drop, _rng(8), pre_ln, b)
         dx, _, grads = residual.backward(dy, cache, lambda df, c: (df.copy(), None))
         name = f"pre_ln={pre_ln} p={p_drop} bias={b is not None}"
         out.update({f"{name} {k}": a for k, a in {"y": y, "dx": dx, **grads}.items()})
@@ -143,7 +159,7 @@ def _mixed_precision():
         y, cache = linear.forward(h, {"w": w, "b": b})
         dx, grads = linear.backward(dy, cache)
         p = {"w1": w, "b1": b, "w2": w.T.copy(), "b2": gamma}
-        f, c_ff = feedforward.forward(x, p, 0.1, backend.rng(14, 1, 0))
+        f, c_ff = feedforward.forward(x, p, 0.1, _rng(14))
         df, g_ff = feedforward.backward(x, c_ff)
         return {"y": y, "dx": dx, **grads, "ffn y": f, "ffn dx": df,
                 **{f"ffn {k}": a for k, a in g_ff.items()}}
@@ -158,23 +174,38 @@ CASES = {"dropout": (_dropout, 0.0), "layernorm": (_layernorm, 1e-5),
          "loss scaler": (_loss_scaler, 1e-5), "mixed precision": (_mixed_precision, 2e-3)}
 
 
-def _run(case, kernels: str) -> dict:
-    previous = fused.choice()
-    fused.use(kernels)
+HOST_TOLERANCES = {"float32": 1e-5, "float16": 2e-3}     # a launch's outputs; others: equal
+
+
+def _run(case, kernels: str, on_host: bool) -> dict:
+    previous = fused.choice(), fused.on_host()
+    fused.use(kernels, on_host=on_host)
     try:
         return {k: backend.to_host(a).astype("float64").reshape(-1) for k, a in case().items()}
     finally:
-        fused.use(previous)
+        fused.use(*previous)
 
 
-def compare() -> list[dict]:
-    """Every case on the active backend (CuPy): ``{"case", "output", "error", "tolerance",
-    "ok"}`` for the worst output of each case, and ``{"kernel", "launches", "ok"}`` for each
-    kernel (ok: it ran)."""
+def prepare_host() -> None:
+    """Compile every kernel for the host, on all the cores at once (each is then loaded)."""
+    kernels = {k.source: k for k in fused.KERNELS.values()}.values()
+    workers = min(len(kernels), os.cpu_count() or 1)
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        for _ in pool.map(lambda k: k.host.library, kernels):
+            pass
+
+
+def compare(on_host: bool = False) -> list[dict]:
+    """Every case on the active backend (CuPy; NumPy with ``on_host``): ``{"case", "output",
+    "error", "tolerance", "ok"}`` for the worst output of each case, and ``{"kernel",
+    "launches", "ok"}`` for each kernel (ok: it ran; on the host also ``"output"``, ``"error"``,
+    ``"tolerance"``: its launches' worst output against its twin's)."""
     before = {name: k.launches for name, k in fused.KERNELS.items()}
+    for kernel in fused.KERNELS.values():
+        kernel.host_errors.clear()
     rows = []
     for name, (case, tolerance) in CASES.items():
-        fused_out, plain_out = _run(case, "fused"), _run(case, "plain")
+        fused_out, plain_out = _run(case, "fused", on_host), _run(case, "plain", False)
         worst, error = "", 0.0
         for key, reference in plain_out.items():
             with warnings.catch_warnings():
@@ -189,29 +220,57 @@ def compare() -> list[dict]:
                      "tolerance": tolerance, "ok": bool(error <= tolerance)})
     for name, kernel in fused.KERNELS.items():
         ran = kernel.launches - before[name]
-        rows.append({"kernel": name, "launches": ran, "ok": ran > 0})
+        row = {"kernel": name, "launches": ran, "ok": ran > 0}
+        if on_host:
+            worst, error, tolerance = "", 0.0, 0.0
+            for (output, dtype), e in kernel.host_errors.items():
+                allowed = HOST_TOLERANCES.get(dtype, 0.0)
+                if not e <= allowed or (error <= tolerance and e >= error):
+                    worst, error, tolerance = output, e, allowed
+            row.update(output=worst, error=error, tolerance=tolerance,
+                       ok=ran > 0 and error <= tolerance)
+        rows.append(row)
     return rows
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minitfm.kernelcheck",
                                      description=__doc__.split("\n\n")[0])
-    parser.parse_args(argv)
+    parser.add_argument("--host", action="store_true",
+                        help="no GPU: run the kernels' CUDA source on the CPU (compiled by the "
+                             "machine's C++ compiler), each launch checked for faults and held "
+                             "to its twin")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
     try:
-        backend.use("cupy")
+        backend.use("numpy" if args.host else "cupy")
+        if args.host:
+            prepare_host()
+            print(f"the kernels' source on the CPU, compiled by {' '.join(cudahost.compiler())}")
+        rows = compare(on_host=args.host)
     except backend.BackendError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    rows = compare()
+    except (cudahost.BuildError, cudahost.Unsupported) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except cudahost.KernelFault as exc:
+        print(f"FAULT {exc}", file=sys.stderr)
+        return 1
     for row in rows:
         if "case" in row:
             print(f"{row['case']:16} worst {row['output']:22} {row['error']:.2e} "
                   f"(tolerance {row['tolerance']:.0e}) {'ok' if row['ok'] else 'DIFFERS'}")
         else:
-            print(f"kernel {row['kernel']:22} launched {row['launches']} times"
-                  + ("" if row["ok"] else ": NOT RUN by any case"))
+            line = f"kernel {row['kernel']:22} launched {row['launches']} times"
+            if "error" in row and row["launches"]:
+                line += (f", against its twin: worst {row['output'] or '-'} {row['error']:.2e} "
+                         f"(tolerance {row['tolerance']:.0e})")
+                line += "" if row["ok"] else " DIFFERS"
+            print(line + ("" if row["launches"] else ": NOT RUN by any case"))
     failed = sum(not row["ok"] for row in rows)
-    print(f"{len(rows) - failed} passed, {failed} failed")
+    print(f"{len(rows) - failed} passed, {failed} failed"
+          + (f" in {time.monotonic() - started:.1f} s" if args.host else ""))
     return 1 if failed else 0
 
 

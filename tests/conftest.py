@@ -61,9 +61,9 @@ def process_choices_restored():
     """The precision and the kernels a test chooses are the process's (as a command's are):
     put back afterwards, so that no other test runs in fp16 or with fused kernels by chance."""
     from minitfm import fused
-    precision, kernels = backend.precision(), fused.choice()
+    precision, kernels, on_host = backend.precision(), fused.choice(), fused.on_host()
     yield
-    backend._precision, fused._choice = precision, kernels
+    backend._precision, fused._choice, fused._on_host = precision, kernels, on_host
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """The double's own bookkeeping (test-only, not part of CuPy's API).
 
-Which CuPy release the double behaves as (``CUPY_DOUBLE_RULES=14|13``, default 14), and the
+Which CuPy release the double behaves as (``CUPY_DOUBLE_RULES=14|13``, default 14), what a
+launched kernel runs (``CUPY_DOUBLE_KERNELS=twin|host``, default twin: see :func:`emulate`), and the
 counters tests assert budgets with: every device-to-host copy (``device_to_host``), every
 random generator created (``generators``), every launch of device work (``launches``: a kernel
 or a memset, see :func:`launch`) and every float32 product of one cuBLAS GEMM, run on TF32
@@ -41,7 +42,16 @@ def _rules() -> int:
     return int(value)
 
 
+def _kernels() -> str:
+    value = os.environ.get("CUPY_DOUBLE_KERNELS", "twin").strip() or "twin"
+    if value not in ("twin", "host"):
+        raise ImportError(f"CUPY_DOUBLE_KERNELS={value!r}: a launched kernel runs its plain "
+                          f"twin (twin) or its own source on the CPU (host)")
+    return value
+
+
 RULES = _rules()
+KERNELS = _kernels()             # what a launched kernel runs: its twin, or its source on the CPU
 VERSION = {14: "14.2.0", 13: "13.6.0"}[RULES]
 TRACE = os.environ.get("CUPY_DOUBLE_TRACE", "") not in ("", "0")
 KINDS = ("device_to_host", "generators", "launches", "tf32_products", "fp32_products",
@@ -112,15 +122,26 @@ def launch(what: str = "kernel") -> None:
         record("launches", what)
 
 
-def emulate(kernel, grid, block, args, twin) -> None:
+def emulate(kernel, grid, block, args, twin, host=None) -> None:
     """Launch ``kernel`` (a ``cupy.RawKernel``) as the double can: the launch checked as CuPy
     checks it, then ``twin(*args)``, the kernel's plain twin, run in its place and counted as one
     launch (its own operations are not counted). A twin must not copy to the host: that would
-    be a copy the kernel does not make, and is refused."""
+    be a copy the kernel does not make, and is refused.
+
+    With ``CUPY_DOUBLE_KERNELS=host``, ``host(grid, block, host_args)`` runs instead: the
+    kernel's own CUDA source executed on the CPU (a library's host execution), over the NumPy
+    arrays under the double's (``host_args``: each device array as its NumPy array, no copy)."""
     global _inside_kernel
+    from cupy._core import ndarray
     from cupy._core.raw import check_launch
     check_launch(grid, block, args)
     record("launches", f"kernel {kernel.name}")
+    if KERNELS == "host":
+        if host is None:
+            raise AssertionError(f"CUPY_DOUBLE_KERNELS=host, but kernel {kernel.name!r} was "
+                                 f"launched without a host execution")
+        host(grid, block, tuple(a._a if isinstance(a, ndarray) else a for a in args))
+        return
     before = _counts["device_to_host"]
     _inside_kernel += 1
     try:

@@ -1,0 +1,848 @@
+// The host execution of CUDA C kernels: a small model of CUDA's execution, for a kernel's own
+// source compiled by the host's C++ compiler (minitfm/cudahost/__init__.py explains the model).
+//
+// - a grid of blocks, run one after another (in a seeded order when the launch asks for one);
+// - each thread of a block a fiber (ucontext) with a stack of its own; a thread runs until it
+//   reaches a barrier, a warp operation, or its end, and the block's threads are resumed in turn
+//   (the order of each turn seeded too: one fixed order hides races);
+// - __syncthreads() releases when every thread of the block waits at the same one; threads that
+//   wait at different barriers, or a barrier that exited threads never reach, are a deadlock
+//   fault, not a hang;
+// - the warp operations (shuffles, votes, __syncwarp) release when every lane named in the mask
+//   waits at the same operation with the same mask;
+// - every element a kernel reads or writes through an array parameter or a __shared__ array is
+//   checked: inside the array (its own extent, not the allocation around it); not written by one
+//   thread and touched by another of the same block without a barrier between them, nor by
+//   threads of two blocks in one launch (a race); a __shared__ element written before it is read
+//   (it starts as garbage in every block);
+// - a fault stops the launch and names the block, the thread and the line.
+//
+// The source is rewritten before it gets here (cudahost/rewrite.py): pointer types become
+// minitfm::gptr<T>, __shared__ arrays minitfm::shared<T, dims...>, the two PTX half conversions
+// calls of minitfm::cvt_*; everything else is the kernel's text.
+
+#ifndef MINITFM_CUDA_HOST_H
+#define MINITFM_CUDA_HOST_H
+
+#include <cmath>
+#include <csetjmp>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+struct uint3 { unsigned int x, y, z; };
+struct dim3 { unsigned int x, y, z; };
+
+namespace minitfm {
+
+// ---- what the loader passes in and gets back ---------------------------------------------------
+
+struct Shadow;
+
+struct Region {                 // an array the kernel reaches: a parameter, or a __shared__ array
+    void* data;
+    long long count;            // elements
+    long long size;             // bytes per element
+    const char* name;
+    long long shared;           // 1: __shared__ (one per block), 0: a parameter (global memory)
+    Shadow* shadow;             // one record per element (null: no race checks)
+    const char* mismatch;       // not null: the array's type is not the parameter's (says how)
+};
+
+struct Config {
+    unsigned int grid[3], block[3];
+    unsigned long long seed;    // 0: blocks and threads in their natural order; else shuffled
+    long long fibers;           // 1: threads are fibers (the kernel has barriers or warp operations)
+};
+
+struct Fault {
+    char message[4096];
+    long long block[3];
+    long long thread[3];        // -1: the whole block
+    long long line;             // 0: unknown
+};
+
+// Who touched an element last, for the race checks. Blocks are stored as index + 1 (0: none);
+// r_block -1: read by several blocks; r_thread -1: read by several threads in r_epoch.
+struct Shadow {
+    long long w_block, r_block;
+    int w_thread;
+    unsigned int w_epoch, w_wepoch;
+    int r_thread;
+    unsigned int r_epoch, r_wepoch;
+};
+
+// ---- the state of the launch under way --------------------------------------------------------
+
+enum { READY, AT_BARRIER, AT_WARP, EXITED };
+enum { OP_SHFL, OP_SHFL_UP, OP_SHFL_DOWN, OP_SHFL_XOR, OP_BALLOT, OP_ANY, OP_ALL, OP_SYNCWARP };
+static const char* const OP_NAMES[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
+                                       "__shfl_xor_sync", "__ballot_sync", "__any_sync",
+                                       "__all_sync", "__syncwarp"};
+
+struct Thread {
+    ucontext_t context;
+    char* stack;
+    uint3 idx;
+    int linear, state, line;
+    int op, arg, width;                      // the warp operation it waits at
+    unsigned int mask;
+    unsigned long long value, result;
+};
+
+static const size_t STACK = 256 * 1024;      // per thread, with a guard page below it
+static const int MAX_THREADS = 1024;
+static const int MAX_SHARED = 64;
+
+struct SharedBase;
+static Thread threads[MAX_THREADS];
+static int n_threads = 0;
+static Thread* current = nullptr;
+static ucontext_t scheduler;
+static uint3 block_index;
+static dim3 block_dim, grid_dim;
+static long long block_number = 0;           // linear index of the block under way, + 1
+static unsigned int epoch = 0;               // moves on at each block and at each barrier
+static unsigned int warp_epochs[MAX_THREADS / 32];
+static Fault* fault = nullptr;
+static bool failed = false, fiber_mode = false;
+static jmp_buf direct_exit;
+static void (*body)(void**) = nullptr;
+static void** body_args = nullptr;
+static SharedBase* shared_objects[MAX_SHARED];
+static int n_shared = 0;
+
+static void format(char* out, size_t room, const char* fmt, va_list ap) {
+    vsnprintf(out, room, fmt, ap);
+}
+
+// Stop the launch: the message, with the block and the thread (the whole block where the
+// scheduler itself finds the fault); never returns to the caller.
+static void fail_at(int line, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail_at(int line, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    format(fault->message, sizeof fault->message, fmt, ap);
+    va_end(ap);
+    fault->block[0] = block_index.x, fault->block[1] = block_index.y;
+    fault->block[2] = block_index.z;
+    fault->thread[0] = fault->thread[1] = fault->thread[2] = -1;
+    if (current) {
+        fault->thread[0] = current->idx.x, fault->thread[1] = current->idx.y;
+        fault->thread[2] = current->idx.z;
+    }
+    fault->line = line;
+    failed = true;
+    if (!current) return;                    // the scheduler's own finding: it stops the block
+    if (fiber_mode) swapcontext(&current->context, &scheduler);
+    else longjmp(direct_exit, 1);
+    abort();                                 // a failed thread is never resumed
+}
+
+// ---- memory: bounds, races, uninitialised __shared__ memory -----------------------------------
+
+static inline int warp_of(int linear) { return linear >> 5; }
+
+// Whether an earlier access by `thread` of this block, in `at` / warp epoch `wat`, is ordered
+// before the current thread's: a barrier between them, a __syncwarp between two lanes of one
+// warp, or the same thread.
+static inline bool ordered(int thread, unsigned int at, unsigned int wat) {
+    if (at != epoch || thread == current->linear) return true;
+    return warp_of(thread) == warp_of(current->linear) && wat != warp_epochs[warp_of(thread)];
+}
+
+static const char* space(const Region* r) { return r->shared ? "__shared__ " : ""; }
+
+static void check_bounds(const Region* r, long long i, long long lo, long long hi, int line,
+                         const char* what) {
+    if (r->mismatch)        // a placeholder is fine until it is touched, as on a device
+        fail_at(line, "%s %s[%lld]: %s", what, r->name, i, r->mismatch);
+    if (i >= lo && i < hi) return;
+    if (lo == 0 && hi == r->count)
+        fail_at(line, "%s %s%s[%lld], outside its %lld elements", what, space(r), r->name, i,
+                r->count);
+    fail_at(line, "%s %s%s[%lld], outside the row [%lld, %lld) it indexes", what, space(r),
+            r->name, i, lo, hi);
+}
+
+static void on_read(const Region* r, long long i, int line) {
+    Shadow* s = r->shadow ? r->shadow + i : nullptr;
+    if (!s) return;
+    int me = current->linear;
+    if (s->w_block) {
+        if (s->w_block != block_number)
+            fail_at(line, "reads %s[%lld], which block %lld wrote in this launch: blocks are not "
+                    "ordered, so the value read depends on which runs first (a race between "
+                    "blocks)", r->name, i, s->w_block - 1);
+        if (!ordered(s->w_thread, s->w_epoch, s->w_wepoch))
+            fail_at(line, "reads %s%s[%lld], which thread %d of this block wrote since the last "
+                    "__syncthreads(): a race (a barrier missing between the write and the read?)",
+                    space(r), r->name, i, s->w_thread);
+    } else if (r->shared) {
+        fail_at(line, "reads __shared__ %s[%lld] before any thread of this block wrote it: "
+                "shared memory starts as garbage in every block", r->name, i);
+    }
+    if (s->r_block == 0 || (s->r_block == block_number && s->r_epoch != epoch)) {
+        s->r_block = block_number, s->r_thread = me, s->r_epoch = epoch;
+        s->r_wepoch = warp_epochs[warp_of(me)];
+    } else if (s->r_block != block_number) {
+        s->r_block = -1;
+    } else if (s->r_thread != me) {
+        s->r_thread = -1;
+    }
+}
+
+static void on_write(const Region* r, long long i, int line) {
+    Shadow* s = r->shadow ? r->shadow + i : nullptr;
+    if (!s) return;
+    int me = current->linear;
+    if (s->w_block && s->w_block != block_number)
+        fail_at(line, "writes %s[%lld], which block %lld wrote too in this launch: a race between "
+                "blocks", r->name, i, s->w_block - 1);
+    if (s->w_block && !ordered(s->w_thread, s->w_epoch, s->w_wepoch))
+        fail_at(line, "writes %s%s[%lld], which thread %d of this block wrote since the last "
+                "__syncthreads(): a race", space(r), r->name, i, s->w_thread);
+    if (s->r_block == -1 || (s->r_block && s->r_block != block_number))
+        fail_at(line, "writes %s[%lld], which another block read in this launch: a race between "
+                "blocks", r->name, i);
+    if (s->r_block == block_number && s->r_epoch == epoch && s->r_thread != me
+            && (s->r_thread == -1 || !ordered(s->r_thread, s->r_epoch, s->r_wepoch))) {
+        if (s->r_thread == -1)
+            fail_at(line, "writes %s%s[%lld], which other threads of this block read since the "
+                    "last __syncthreads(): a race (a barrier missing between the reads and the "
+                    "write?)", space(r), r->name, i);
+        fail_at(line, "writes %s%s[%lld], which thread %d of this block read since the last "
+                "__syncthreads(): a race (a barrier missing between the read and the write?)",
+                space(r), r->name, i, s->r_thread);
+    }
+    s->w_block = block_number, s->w_thread = me, s->w_epoch = epoch;
+    s->w_wepoch = warp_epochs[warp_of(me)];
+}
+
+template <class T> struct gptr;
+
+// One element of an array, read (converted to T) or written (assigned) with the checks above.
+// It cannot be copied: `auto v = x[i]` would keep a reference where CUDA keeps a value.
+template <class T> struct ref {
+    using V = typename std::remove_const<T>::type;
+    const Region* r;
+    long long i, lo, hi;
+    int line;
+    ref(const Region* region, long long index, long long low, long long high, int where)
+        : r(region), i(index), lo(low), hi(high), line(where) {}
+    ref(const ref&) = delete;   // so `auto v = x[i]` does not compile: write `float v = x[i]`
+    V get() const {
+        check_bounds(r, i, lo, hi, line, "reads");
+        on_read(r, i, line);
+        return static_cast<V*>(r->data)[i];
+    }
+    void set(V v) const {
+        static_assert(!std::is_const<T>::value, "writes through a pointer to const");
+        check_bounds(r, i, lo, hi, line, "writes");
+        on_write(r, i, line);
+        static_cast<V*>(r->data)[i] = v;
+    }
+    operator V() const { return get(); }
+    template <class U> const ref& operator=(const U& v) const { set(static_cast<V>(v)); return *this; }
+    const ref& operator=(const ref& o) const { set(o.get()); return *this; }
+    template <class U> const ref& operator+=(const U& v) const { set(get() + v); return *this; }
+    template <class U> const ref& operator-=(const U& v) const { set(get() - v); return *this; }
+    template <class U> const ref& operator*=(const U& v) const { set(get() * v); return *this; }
+    template <class U> const ref& operator/=(const U& v) const { set(get() / v); return *this; }
+    template <class U> const ref& operator%=(const U& v) const { set(get() % v); return *this; }
+    template <class U> const ref& operator&=(const U& v) const { set(get() & v); return *this; }
+    template <class U> const ref& operator|=(const U& v) const { set(get() | v); return *this; }
+    template <class U> const ref& operator^=(const U& v) const { set(get() ^ v); return *this; }
+    template <class U> const ref& operator<<=(const U& v) const { set(get() << v); return *this; }
+    template <class U> const ref& operator>>=(const U& v) const { set(get() >> v); return *this; }
+    const ref& operator++() const { set(get() + 1); return *this; }
+    const ref& operator--() const { set(get() - 1); return *this; }
+    V operator++(int) const { V v = get(); set(v + 1); return v; }
+    V operator--(int) const { V v = get(); set(v - 1); return v; }
+    gptr<T> operator&() const { return gptr<T>(r, i, lo, hi); }
+};
+
+// An index with the line it was written on (the caller's, through the default argument).
+struct at {
+    long long i;
+    int line;
+    at(long long index, int where = __builtin_LINE()) : i(index), line(where) {}
+    template <class T> at(const ref<T>& index, int where = __builtin_LINE())
+        : i((long long)index.get()), line(where) {}
+};
+
+// A pointer into an array: the array's record, an element offset, and the elements it may reach.
+template <class T> struct gptr {
+    const Region* r;
+    long long off, lo, hi;
+    gptr() : r(nullptr), off(0), lo(0), hi(0) {}
+    explicit gptr(const Region* region)
+        : r(region), off(0), lo(0), hi(region ? region->count : 0) {}
+    gptr(const Region* region, long long offset, long long low, long long high)
+        : r(region), off(offset), lo(low), hi(high) {}
+    template <class U, class = typename std::enable_if<
+                           std::is_same<const U, T>::value && !std::is_same<U, T>::value>::type>
+    gptr(const gptr<U>& o) : r(o.r), off(o.off), lo(o.lo), hi(o.hi) {}
+    ref<T> operator[](at k) const { return {r, off + k.i, lo, hi, k.line}; }
+    ref<T> operator*() const { return {r, off, lo, hi, 0}; }
+    gptr operator+(long long k) const { return gptr(r, off + k, lo, hi); }
+    gptr operator-(long long k) const { return gptr(r, off - k, lo, hi); }
+    long long operator-(const gptr& o) const { return off - o.off; }
+    gptr& operator+=(long long k) { off += k; return *this; }
+    gptr& operator-=(long long k) { off -= k; return *this; }
+    gptr& operator++() { ++off; return *this; }
+    gptr& operator--() { --off; return *this; }
+    gptr operator++(int) { gptr p = *this; ++off; return p; }
+    gptr operator--(int) { gptr p = *this; --off; return p; }
+    bool operator==(const gptr& o) const { return r == o.r && off == o.off; }
+    bool operator!=(const gptr& o) const { return !(*this == o); }
+    explicit operator bool() const { return r != nullptr; }
+};
+
+template <class T> gptr<T> operator+(long long k, const gptr<T>& p) { return p + k; }
+
+// ---- __shared__ arrays: one copy per block, garbage at its start -----------------------------
+
+struct SharedBase {
+    Region region;
+    void reset() {
+        memset(region.data, 0xFF, region.count * region.size);     // NaN floats, -1 integers
+        memset(region.shadow, 0, region.count * sizeof(Shadow));
+    }
+};
+
+template <long long... D> struct product;
+template <> struct product<> { static const long long value = 1; };
+template <long long D, long long... R> struct product<D, R...> {
+    static const long long value = D * product<R...>::value;
+};
+
+// A row of an N-dimensional __shared__ array: indexing the first dimension gives the next.
+template <class T, long long... D> struct view;
+template <class T, long long D> struct view<T, D> {
+    const Region* r;
+    long long base;
+    ref<T> operator[](at k) const {
+        if (k.i < 0 || k.i >= D)
+            fail_at(k.line, "indexes __shared__ %s with %lld, outside a dimension of %lld",
+                    r->name, k.i, D);
+        return {r, base + k.i, base, base + D, k.line};
+    }
+    operator gptr<T>() const { return gptr<T>(r, base, base, base + D); }
+    operator gptr<const T>() const { return gptr<const T>(r, base, base, base + D); }
+};
+template <class T, long long D, long long E, long long... R> struct view<T, D, E, R...> {
+    const Region* r;
+    long long base;
+    view<T, E, R...> operator[](at k) const {
+        if (k.i < 0 || k.i >= D)
+            fail_at(k.line, "indexes __shared__ %s with %lld, outside a dimension of %lld",
+                    r->name, k.i, D);
+        return {r, base + k.i * product<E, R...>::value};
+    }
+};
+
+static void register_shared(SharedBase* s) {
+    if (n_shared == MAX_SHARED) {
+        fprintf(stderr, "minitfm.cudahost: more than %d __shared__ arrays\n", MAX_SHARED);
+        abort();
+    }
+    shared_objects[n_shared++] = s;
+}
+
+template <class T, long long... D> struct shared;
+
+template <class T, long long D> struct shared<T, D> : SharedBase {      // one dimension
+    alignas(16) unsigned char bytes[sizeof(T) * D];
+    Shadow shadows[D];
+    explicit shared(const char* name) {
+        region = Region{bytes, D, (long long)sizeof(T), name, 1, shadows, nullptr};
+        reset();
+        register_shared(this);
+    }
+    ref<T> operator[](at k) const { return {&region, k.i, 0, D, k.line}; }
+    operator gptr<T>() const { return gptr<T>(&region); }
+    operator gptr<const T>() const { return gptr<const T>(&region); }
+};
+
+template <class T, long long D, long long E, long long... R>
+struct shared<T, D, E, R...> : SharedBase {                               // more dimensions
+    static const long long N = product<D, E, R...>::value;
+    alignas(16) unsigned char bytes[sizeof(T) * N];
+    Shadow shadows[N];
+    explicit shared(const char* name) {
+        region = Region{bytes, N, (long long)sizeof(T), name, 1, shadows, nullptr};
+        reset();
+        register_shared(this);
+    }
+    view<T, E, R...> operator[](at k) const {
+        if (k.i < 0 || k.i >= D)
+            fail_at(k.line, "indexes __shared__ %s with %lld, outside a dimension of %lld",
+                    region.name, k.i, D);
+        return {&region, k.i * product<E, R...>::value};
+    }
+};
+
+// a __shared__ scalar: one element
+template <class T> struct shared<T> : SharedBase {
+    using V = T;
+    alignas(16) unsigned char bytes[sizeof(T)];
+    Shadow shadows[1];
+    explicit shared(const char* name) {
+        region = Region{bytes, 1, (long long)sizeof(T), name, 1, shadows, nullptr};
+        reset();
+        register_shared(this);
+    }
+    ref<T> element(int line = __builtin_LINE()) const { return {&region, 0, 0, 1, line}; }
+    operator V() const { return element().get(); }
+    template <class U> shared& operator=(const U& v) { element().set(static_cast<V>(v)); return *this; }
+    template <class U> shared& operator+=(const U& v) { element() += v; return *this; }
+    template <class U> shared& operator-=(const U& v) { element() -= v; return *this; }
+    template <class U> shared& operator*=(const U& v) { element() *= v; return *this; }
+    gptr<T> operator&() const { return gptr<T>(&region); }
+};
+
+// ---- barriers and warp operations --------------------------------------------------------------
+
+static void wait_here(int state, int line) {
+    if (!fiber_mode)
+        fail_at(line, "internal: a barrier or warp operation in a kernel run without fibers");
+    current->state = state;
+    current->line = line;
+    swapcontext(&current->context, &scheduler);
+}
+
+template <class T> static unsigned long long bits_of(T v) {
+    static_assert(sizeof(T) <= 8 && std::is_arithmetic<T>::value,
+                  "a warp operation exchanges an arithmetic value of at most 8 bytes");
+    unsigned long long b = 0;
+    memcpy(&b, &v, sizeof(T));
+    return b;
+}
+
+template <class T> static T warp_op(int op, unsigned int mask, T value, int arg, int width,
+                                    int line) {
+    if (width <= 0 || width > 32 || (width & (width - 1)))
+        fail_at(line, "%s with width %d: it must be a power of 2 up to 32", OP_NAMES[op], width);
+    current->op = op, current->mask = mask, current->value = bits_of(value);
+    current->arg = arg, current->width = width;
+    wait_here(AT_WARP, line);
+    T out;
+    memcpy(&out, &current->result, sizeof(T));
+    return out;
+}
+
+}  // namespace minitfm
+
+// ---- what a kernel sees: CUDA's names --------------------------------------------------------
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __restrict__
+#define __launch_bounds__(...)
+#define threadIdx (minitfm::current->idx)
+#define blockIdx (minitfm::block_index)
+#define blockDim (minitfm::block_dim)
+#define gridDim (minitfm::grid_dim)
+#define warpSize 32
+
+inline void __syncthreads(int line = __builtin_LINE()) {
+    minitfm::wait_here(minitfm::AT_BARRIER, line);
+}
+inline void __syncwarp(unsigned int mask = 0xffffffffu, int line = __builtin_LINE()) {
+    minitfm::warp_op<int>(minitfm::OP_SYNCWARP, mask, 0, 0, 32, line);
+}
+inline void __threadfence_block() {}
+
+template <class T> T __shfl_sync(unsigned int mask, T v, int lane, int width = 32,
+                                 int line = __builtin_LINE()) {
+    return minitfm::warp_op<T>(minitfm::OP_SHFL, mask, v, lane, width, line);
+}
+template <class T> T __shfl_up_sync(unsigned int mask, T v, unsigned int delta, int width = 32,
+                                    int line = __builtin_LINE()) {
+    return minitfm::warp_op<T>(minitfm::OP_SHFL_UP, mask, v, (int)delta, width, line);
+}
+template <class T> T __shfl_down_sync(unsigned int mask, T v, unsigned int delta, int width = 32,
+                                      int line = __builtin_LINE()) {
+    return minitfm::warp_op<T>(minitfm::OP_SHFL_DOWN, mask, v, (int)delta, width, line);
+}
+template <class T> T __shfl_xor_sync(unsigned int mask, T v, int lane_mask, int width = 32,
+                                     int line = __builtin_LINE()) {
+    return minitfm::warp_op<T>(minitfm::OP_SHFL_XOR, mask, v, lane_mask, width, line);
+}
+inline unsigned int __ballot_sync(unsigned int mask, int predicate, int line = __builtin_LINE()) {
+    return (unsigned int)minitfm::warp_op<int>(minitfm::OP_BALLOT, mask, predicate != 0, 0, 32,
+                                               line);
+}
+inline int __any_sync(unsigned int mask, int predicate, int line = __builtin_LINE()) {
+    return minitfm::warp_op<int>(minitfm::OP_ANY, mask, predicate != 0, 0, 32, line);
+}
+inline int __all_sync(unsigned int mask, int predicate, int line = __builtin_LINE()) {
+    return minitfm::warp_op<int>(minitfm::OP_ALL, mask, predicate != 0, 0, 32, line);
+}
+
+// Atomics: threads never interleave inside one here, so each is its read and its write.
+#define MINITFM_ATOMIC(name, expr)                                                               \
+    template <class T, class U> T name(minitfm::gptr<T> p, U operand) {                          \
+        T old = *p;                                                                              \
+        T v = static_cast<T>(operand);                                                           \
+        *p = (expr);                                                                             \
+        return old;                                                                              \
+    }
+MINITFM_ATOMIC(atomicAdd, old + v)
+MINITFM_ATOMIC(atomicSub, old - v)
+MINITFM_ATOMIC(atomicExch, v)
+MINITFM_ATOMIC(atomicMax, old > v ? old : v)
+MINITFM_ATOMIC(atomicMin, old < v ? old : v)
+MINITFM_ATOMIC(atomicAnd, old & v)
+MINITFM_ATOMIC(atomicOr, old | v)
+MINITFM_ATOMIC(atomicXor, old ^ v)
+#undef MINITFM_ATOMIC
+template <class T, class U> T atomicCAS(minitfm::gptr<T> p, U compare, U value) {
+    T old = *p;
+    if (old == static_cast<T>(compare)) *p = static_cast<T>(value);
+    return old;
+}
+
+// Math: the C library's functions (the device's differ by an ulp or two), and CUDA's own.
+using std::isfinite;
+using std::isinf;
+using std::isnan;
+using std::signbit;
+
+inline float __int_as_float(int v) { float f; memcpy(&f, &v, 4); return f; }
+inline int __float_as_int(float v) { int i; memcpy(&i, &v, 4); return i; }
+inline float __uint_as_float(unsigned int v) { float f; memcpy(&f, &v, 4); return f; }
+inline unsigned int __float_as_uint(float v) { unsigned int i; memcpy(&i, &v, 4); return i; }
+inline double __longlong_as_double(long long v) { double d; memcpy(&d, &v, 8); return d; }
+inline long long __double_as_longlong(double v) { long long i; memcpy(&i, &v, 8); return i; }
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+inline float __expf(float x) { return expf(x); }
+inline float __logf(float x) { return logf(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float __fsqrt_rn(float x) { return sqrtf(x); }
+inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+inline int __float2int_rn(float x) { return (int)nearbyintf(x); }
+inline int __float2int_rz(float x) { return (int)x; }
+inline int __popc(unsigned int x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __clz(int x) { return x ? __builtin_clz((unsigned int)x) : 32; }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline unsigned int max(unsigned int a, unsigned int b) { return a > b ? a : b; }
+inline unsigned int min(unsigned int a, unsigned int b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline unsigned long long max(unsigned long long a, unsigned long long b) { return a > b ? a : b; }
+inline unsigned long long min(unsigned long long a, unsigned long long b) { return a < b ? a : b; }
+inline float max(float a, float b) { return fmaxf(a, b); }
+inline float min(float a, float b) { return fminf(a, b); }
+inline double max(double a, double b) { return fmax(a, b); }
+inline double min(double a, double b) { return fmin(a, b); }
+template <class T> T __ldg(minitfm::gptr<const T> p) { return *p; }
+
+namespace minitfm {
+
+// PTX cvt.f32.f16 and cvt.rn.f16.f32 (round to nearest even; a NaN becomes the canonical 0x7fff).
+inline float cvt_f32_f16(unsigned short h) {
+    unsigned int sign = (unsigned int)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    unsigned int bits;
+    if (e == 0x1f) {
+        bits = sign | 0x7f800000u | (m << 13);
+    } else if (e) {
+        bits = sign | ((e + 112) << 23) | (m << 13);
+    } else if (m) {                                     // subnormal: normalise
+        int shift = 0;
+        while (!(m & 0x400u)) m <<= 1, ++shift;
+        bits = sign | ((unsigned int)(113 - shift) << 23) | ((m & 0x3ffu) << 13);
+    } else {
+        bits = sign;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+inline unsigned short cvt_rn_f16_f32(float f) {
+    unsigned int x;
+    memcpy(&x, &f, 4);
+    unsigned int sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+    if (a > 0x7f800000u) return 0x7fffu;                        // NaN
+    if (a >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);   // rounds past 65504: Inf
+    if (a >= 0x38800000u) {                                      // a normal half
+        unsigned int h = (a >> 13) - (112u << 10), rest = a & 0x1fffu;
+        if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
+        return (unsigned short)(sign | h);
+    }
+    if (a <= 0x33000000u) return (unsigned short)sign;          // at most half the least: 0
+    unsigned int e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, shift = 126 - e;
+    unsigned int h = m >> shift, rest = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (h & 1u))) ++h;
+    return (unsigned short)(sign | h);
+}
+
+// ---- the scheduler ------------------------------------------------------------------------------
+
+static unsigned long long splitmix(unsigned long long& state) {
+    unsigned long long z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+template <class I> static void shuffle(I* items, long long n, unsigned long long& state) {
+    for (long long i = n - 1; i > 0; --i) {
+        long long j = (long long)(splitmix(state) % (unsigned long long)(i + 1));
+        I t = items[i];
+        items[i] = items[j];
+        items[j] = t;
+    }
+}
+
+// "0-31, 64, 96-127": the threads (linear indices) whose state is `state` [at line `line`].
+static void describe(char* out, size_t room, int state, int line) {
+    size_t used = 0;
+    out[0] = 0;
+    for (int i = 0; i < n_threads && used + 24 < room; ++i) {
+        if (threads[i].state != state || (line && threads[i].line != line)) continue;
+        int j = i;
+        while (j + 1 < n_threads && threads[j + 1].state == state
+               && (!line || threads[j + 1].line == line)) ++j;
+        used += snprintf(out + used, room - used, used ? ", %d" : "%d", i);
+        if (j > i) used += snprintf(out + used, room - used, "-%d", j);
+        i = j;
+    }
+}
+
+static void thread_entry() {
+    body(body_args);
+    current->state = EXITED;
+    swapcontext(&current->context, &scheduler);
+}
+
+static bool prepare_fibers() {
+    for (int i = 0; i < n_threads; ++i) {
+        Thread& t = threads[i];
+        if (!t.stack) {
+            long page = sysconf(_SC_PAGESIZE);
+            void* p = mmap(nullptr, STACK + page, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (p == MAP_FAILED) return false;
+            mprotect(p, page, PROT_NONE);           // a guard page: an overflow faults at once
+            t.stack = static_cast<char*>(p) + page;
+        }
+        getcontext(&t.context);
+        t.context.uc_stack.ss_sp = t.stack;
+        t.context.uc_stack.ss_size = STACK;
+        t.context.uc_link = &scheduler;
+        makecontext(&t.context, thread_entry, 0);
+        t.state = READY;
+    }
+    return true;
+}
+
+// Release the warp operations whose lanes have all arrived; a fault where they cannot all arrive.
+static bool release_warps() {
+    bool released = false;
+    current = nullptr;
+    for (int base = 0; base < n_threads; base += 32) {
+        int lanes = n_threads - base < 32 ? n_threads - base : 32, waiting = 0;
+        for (int l = 0; l < lanes; ++l) waiting += threads[base + l].state == AT_WARP;
+        if (!waiting) continue;
+        for (int l = 0; l < lanes; ++l) {
+            Thread& t = threads[base + l];
+            if (t.state != AT_WARP) continue;
+            const char* op = OP_NAMES[t.op];
+            if (!((t.mask >> l) & 1u))
+                return fail_at(t.line, "thread %d calls %s with mask 0x%08x, which leaves out "
+                               "its own lane %d", base + l, op, t.mask, l), false;
+            for (int j = 0; j < 32; ++j) {
+                if (!((t.mask >> j) & 1u)) continue;
+                if (j >= lanes)
+                    return fail_at(t.line, "thread %d calls %s with mask 0x%08x, which names "
+                                   "lane %d: warp %d has lanes 0-%d", base + l, op, t.mask, j,
+                                   base / 32, lanes - 1), false;
+                Thread& o = threads[base + j];
+                if (o.state == EXITED)
+                    return fail_at(t.line, "thread %d waits at %s (mask 0x%08x) for lane %d "
+                                   "(thread %d), which has exited: it never arrives", base + l,
+                                   op, t.mask, j, base + j), false;
+                if (o.state == AT_BARRIER)
+                    return fail_at(t.line, "deadlock: thread %d waits at %s (mask 0x%08x) for "
+                                   "thread %d, which waits at __syncthreads() on line %d",
+                                   base + l, op, t.mask, base + j, o.line), false;
+                if (o.op != t.op || o.mask != t.mask)
+                    return fail_at(t.line, "threads %d and %d of one warp wait at different warp "
+                                   "operations: %s (mask 0x%08x) and %s on line %d (mask 0x%08x)",
+                                   base + l, base + j, op, t.mask, OP_NAMES[o.op], o.line,
+                                   o.mask), false;
+            }
+        }
+        bool syncwarp = false;
+        for (int l = 0; l < lanes; ++l) {
+            Thread& t = threads[base + l];
+            if (t.state != AT_WARP) continue;
+            int width = t.width, start = l / width * width, src = l;
+            switch (t.op) {
+            case OP_SHFL: src = start + ((t.arg % width) + width) % width; break;
+            case OP_SHFL_UP: src = l - t.arg >= start ? l - t.arg : l; break;
+            case OP_SHFL_DOWN: src = l + t.arg < start + width ? l + t.arg : l; break;
+            case OP_SHFL_XOR: src = l ^ t.arg; if (src >= start + width) src = l; break;
+            default: break;
+            }
+            if (t.op <= OP_SHFL_XOR) {
+                if (src < 0 || src >= 32 || !((t.mask >> src) & 1u))
+                    return fail_at(t.line, "thread %d's %s reads lane %d, which is not in the "
+                                   "mask 0x%08x: its value is undefined", base + l,
+                                   OP_NAMES[t.op], src, t.mask), false;
+                t.result = threads[base + src].value;
+            } else if (t.op != OP_SYNCWARP) {
+                unsigned int votes = 0;
+                for (int j = 0; j < 32; ++j)
+                    if (((t.mask >> j) & 1u) && threads[base + j].value) votes |= 1u << j;
+                t.result = t.op == OP_BALLOT ? votes
+                         : t.op == OP_ANY ? (votes != 0) : (votes == t.mask);
+            } else {
+                syncwarp = true;
+            }
+        }
+        for (int l = 0; l < lanes; ++l)
+            if (threads[base + l].state == AT_WARP) threads[base + l].state = READY;
+        if (syncwarp) ++warp_epochs[base / 32];
+        released = true;
+    }
+    return released;
+}
+
+// Release a barrier that every live thread waits at; a fault where they cannot all arrive.
+static bool release_barrier() {
+    int exited = 0, waiting = 0, line = 0;
+    for (int i = 0; i < n_threads; ++i) {
+        const Thread& t = threads[i];
+        if (t.state == EXITED) { ++exited; continue; }
+        if (t.state != AT_BARRIER) continue;
+        ++waiting;
+        if (!line) line = t.line;
+        if (t.line != line) {
+            char a[512], b[512];
+            describe(a, sizeof a, AT_BARRIER, line);
+            describe(b, sizeof b, AT_BARRIER, t.line);
+            fail_at(line, "deadlock: the threads of the block wait at different barriers: "
+                    "threads %s at __syncthreads() on line %d, threads %s at __syncthreads() on "
+                    "line %d (a __syncthreads() in a branch that not every thread takes?)",
+                    a, line, b, t.line);
+            return false;
+        }
+    }
+    if (!waiting) return false;
+    if (exited) {
+        char a[512];
+        describe(a, sizeof a, EXITED, 0);
+        fail_at(line, "deadlock: %d threads wait at __syncthreads() on line %d, which threads %s "
+                "never reach: they have returned (an early return before a barrier?)", waiting,
+                line, a);
+        return false;
+    }
+    ++epoch;
+    for (int i = 0; i < n_threads; ++i) threads[i].state = READY;
+    return true;
+}
+
+static void run_block(const Config* c, unsigned long long& state) {
+    ++epoch;
+    memset(warp_epochs, 0, sizeof warp_epochs);
+    for (int k = 0; k < n_shared; ++k) shared_objects[k]->reset();
+    if (!fiber_mode) {
+        for (int i = 0; i < n_threads && !failed; ++i) {
+            current = &threads[i];
+            body(body_args);
+        }
+        current = nullptr;
+        return;
+    }
+    if (!prepare_fibers()) {
+        fail_at(0, "could not allocate the stacks of %d threads", n_threads);
+        return;
+    }
+    int order[MAX_THREADS];
+    for (;;) {
+        int n = 0;
+        for (int i = 0; i < n_threads; ++i)
+            if (threads[i].state == READY) order[n++] = i;
+        if (c->seed) shuffle(order, n, state);
+        for (int k = 0; k < n; ++k) {
+            current = &threads[order[k]];
+            swapcontext(&scheduler, &current->context);
+            if (failed) return;
+        }
+        current = nullptr;
+        if (release_warps()) continue;
+        if (failed) return;
+        bool all_exited = true;
+        for (int i = 0; i < n_threads; ++i) all_exited &= threads[i].state == EXITED;
+        if (all_exited) return;
+        if (release_barrier()) continue;
+        if (failed) return;
+        fail_at(0, "deadlock: no thread of the block can go on");
+        return;
+    }
+}
+
+// One launch: every block of the grid, each thread running `kernel_body` on `args`.
+static int launch(const Config* c, void** args, Fault* f, void (*kernel_body)(void**)) {
+    fault = f, failed = false, current = nullptr;
+    fiber_mode = c->fibers != 0;
+    body = kernel_body, body_args = args;
+    block_dim = dim3{c->block[0], c->block[1], c->block[2]};
+    grid_dim = dim3{c->grid[0], c->grid[1], c->grid[2]};
+    n_threads = (int)(c->block[0] * c->block[1] * c->block[2]);
+    for (int i = 0; i < n_threads; ++i) {
+        Thread& t = threads[i];
+        t.linear = i;
+        t.idx = uint3{(unsigned)(i % c->block[0]), (unsigned)(i / c->block[0] % c->block[1]),
+                      (unsigned)(i / (c->block[0] * c->block[1]))};
+        t.state = READY;
+        t.line = 0;
+    }
+    long long blocks = (long long)c->grid[0] * c->grid[1] * c->grid[2];
+    long long* order = nullptr;
+    unsigned long long state = c->seed;
+    if (c->seed) {
+        order = static_cast<long long*>(malloc(sizeof(long long) * blocks));
+        for (long long b = 0; b < blocks; ++b) order[b] = b;
+        shuffle(order, blocks, state);
+    }
+    if (!fiber_mode && setjmp(direct_exit)) {
+        free(order);
+        current = nullptr;
+        return 1;
+    }
+    for (long long k = 0; k < blocks && !failed; ++k) {
+        long long b = order ? order[k] : k;
+        block_index = uint3{(unsigned)(b % c->grid[0]), (unsigned)(b / c->grid[0] % c->grid[1]),
+                            (unsigned)(b / ((long long)c->grid[0] * c->grid[1]))};
+        block_number = b + 1;
+        run_block(c, state);
+    }
+    free(order);
+    current = nullptr;
+    return failed ? 1 : 0;
+}
+
+}  // namespace minitfm
+
+extern "C" long long minitfm_shadow_bytes() { return sizeof(minitfm::Shadow); }
+
+#endif

@@ -1,0 +1,282 @@
+"""A kernel's CUDA C source as host C++ for ``cuda_host.h``: what changes, and what is refused.
+
+Host-only code (it reads and writes text). Every change keeps the source's lines where they are,
+so that the compiler's messages and the host execution's faults name the kernel's own lines:
+
+- a pointer type ``T*`` (parameters, locals) becomes ``minitfm::gptr<T>``, a pointer that knows
+  the array it points into, so that every element read or written is checked;
+- ``__shared__ T name[A][B];`` becomes ``static minitfm::shared<T, A, B> name("name");``: one copy
+  for the block under way (blocks run one after another), garbage at the start of each block;
+- the two PTX conversions of ``minitfm.fused.HALF`` (``cvt.f32.f16``, ``cvt.rn.f16.f32``) become
+  calls of the header's bit-exact host conversions.
+
+Refused by name, before anything is compiled, rather than run wrongly: any other inline PTX,
+dynamic shared memory (``extern __shared__``), ``__constant__`` memory, the atomics the header
+lacks, and the CUDA intrinsics it does not model (``UNMODELLED``: fences between blocks, clocks,
+warp matching and reductions, cooperative groups, textures).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+__all__ = ["Unsupported", "Param", "HostSource", "rewrite", "DTYPES", "blank_comments"]
+
+
+class Unsupported(ValueError):
+    """The source uses something the host execution does not model (the message names it)."""
+
+
+# C types a kernel's parameters may have, with the NumPy type CuPy's arguments must then have
+DTYPES = {"bool": "bool", "char": "int8", "signed char": "int8", "unsigned char": "uint8",
+          "short": "int16", "unsigned short": "uint16", "int": "int32", "unsigned int": "uint32",
+          "long": "int64", "long long": "int64", "unsigned long": "uint64",
+          "unsigned long long": "uint64", "float": "float32", "double": "float64",
+          "size_t": "uint64", "int8_t": "int8", "uint8_t": "uint8", "int16_t": "int16",
+          "uint16_t": "uint16", "int32_t": "int32", "uint32_t": "uint32", "int64_t": "int64",
+          "uint64_t": "uint64"}
+
+# the header's own: everything a kernel may call whose name starts with two underscores
+MODELLED = {"__syncthreads", "__syncwarp", "__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
+            "__shfl_xor_sync", "__ballot_sync", "__any_sync", "__all_sync", "__threadfence_block",
+            "__int_as_float", "__float_as_int", "__uint_as_float", "__float_as_uint",
+            "__longlong_as_double", "__double_as_longlong", "__expf", "__logf", "__fdividef",
+            "__frcp_rn", "__fsqrt_rn", "__saturatef", "__float2int_rn", "__float2int_rz",
+            "__popc", "__popcll", "__clz", "__ffs", "__ldg", "__launch_bounds__",
+            "__builtin_expect", "__forceinline__", "__restrict__"}
+ATOMICS = {"atomicAdd", "atomicSub", "atomicExch", "atomicMax", "atomicMin", "atomicAnd",
+           "atomicOr", "atomicXor", "atomicCAS"}
+UNMODELLED = {
+    "__threadfence": "it orders memory between blocks, which run one after another here",
+    "__threadfence_system": "it orders memory between blocks and the host",
+    "__activemask": "which lanes are active together is the device's scheduling",
+    "__nanosleep": "time on the device is not modelled", "clock": "the device's clock",
+    "clock64": "the device's clock",
+    "__syncthreads_count": "not modelled yet", "__syncthreads_and": "not modelled yet",
+    "__syncthreads_or": "not modelled yet"}
+WARP_OPERATIONS = re.compile(r"\b(__syncthreads|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|"
+                             r"__all_sync)\b")
+
+# the inline PTX of minitfm.fused.HALF, as host calls: template -> (output constraint, input
+# constraint, the header's function)
+PTX = {"cvt.f32.f16 %0, %1;": ("=f", "h", "minitfm::cvt_f32_f16"),
+       "cvt.rn.f16.f32 %0, %1;": ("=h", "f", "minitfm::cvt_rn_f16_f32")}
+
+
+class Param(NamedTuple):
+    name: str
+    ctype: str          # canonical C type of the value, or of what the pointer points to
+    pointer: bool
+    const: bool         # a pointer to const
+    dtype: str          # the NumPy type the argument must have (of its elements, for an array)
+    text: str           # the type as written, without the name (``const float``, ``int``)
+
+
+class HostSource(NamedTuple):
+    text: str                        # host C++ (without the header's #include)
+    kernels: dict                    # name -> tuple of Param, in order
+    fibers: bool                     # barriers or warp operations: the threads must be fibers
+
+
+def blank_comments(source: str) -> str:
+    """``source`` with every comment replaced by spaces (newlines kept), strings left alone."""
+    out, i, n = [], 0, len(source)
+    while i < n:
+        c = source[i]
+        if source.startswith("//", i):
+            j = source.find("\n", i)
+            j = n if j < 0 else j
+            out.append(" " * (j - i))
+            i = j
+        elif source.startswith("/*", i):
+            j = source.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append(re.sub(r"[^\n]", " ", source[i:j]))
+            i = j
+        elif c in "\"'":
+            j = i + 1
+            while j < n and source[j] != c:
+                j += 2 if source[j] == "\\" else 1
+            out.append(source[i:j + 1])
+            i = j + 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _line(text: str, at: int) -> int:
+    return text.count("\n", 0, at) + 1
+
+
+def _closing(text: str, opening: int) -> int:
+    """The index of the parenthesis that closes the one at ``opening``."""
+    depth = 0
+    for i in range(opening, len(text)):
+        if text[i] == "(":
+            depth += 1
+        elif text[i] == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+    raise Unsupported(f"line {_line(text, opening)}: a parenthesis is never closed")
+
+
+def canonical(words: str, typedefs: dict) -> str:
+    """``unsigned`` -> ``unsigned int``, ``long int`` -> ``long``, a typedef -> what it names;
+    qualifiers dropped."""
+    kept = [w for w in words.split() if w not in ("const", "volatile", "__restrict__", "signed")
+            or (w == "signed" and "char" in words)]
+    text = " ".join(kept)
+    text = typedefs.get(text, text)
+    text = re.sub(r"\b(short|long|long long) int\b", r"\1", text)
+    if text == "unsigned":
+        text = "unsigned int"
+    return text
+
+
+def _typedefs(text: str) -> dict:
+    found = {}
+    for m in re.finditer(r"\btypedef\s+([\w\s]+?)\s+(\w+)\s*;", text):
+        found[m.group(2)] = canonical(m.group(1), found)
+    return found
+
+
+def _refuse_unmodelled(text: str) -> None:
+    if re.search(r"\bextern\s+__shared__\b", text):
+        at = re.search(r"\bextern\s+__shared__\b", text).start()
+        raise Unsupported(f"line {_line(text, at)}: dynamic shared memory (extern __shared__) "
+                          f"is not modelled: declare the array with its size")
+    for m in re.finditer(r"\b__constant__\b", text):
+        raise Unsupported(f"line {_line(text, m.start())}: __constant__ memory is not modelled")
+    for m in re.finditer(r"\b(atomic\w+|__\w+|clock64|clock)\s*\(", text):
+        name = m.group(1)
+        if name.startswith("atomic") and name not in ATOMICS:
+            raise Unsupported(f"line {_line(text, m.start())}: {name} is not modelled by the host "
+                              f"execution (it has {', '.join(sorted(ATOMICS))})")
+        if name in UNMODELLED:
+            raise Unsupported(f"line {_line(text, m.start())}: {name} is not modelled by the "
+                              f"host execution: {UNMODELLED[name]}")
+        if name.startswith("__") and name not in MODELLED and not re.search(
+                rf"\b{name}\s*\([^;{{}}]*\)\s*\{{", text):       # not one of the source's own
+            raise Unsupported(f"line {_line(text, m.start())}: {name} is not modelled by the "
+                              f"host execution")
+
+
+def _rewrite_asm(text: str) -> str:
+    out, last = [], 0
+    for m in re.finditer(r"\basm\s*(?:volatile\s*)?\(", text):
+        if m.start() < last:
+            continue
+        close = _closing(text, m.end() - 1)
+        inside = text[m.end():close]
+        parts = inside.split(":")
+        template = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', parts[0])).strip()
+        template = re.sub(r"\s+", " ", template.strip("{} "))
+        where = f"line {_line(text, m.start())}"
+        if template not in PTX:
+            raise Unsupported(f"{where}: inline PTX `{template}` is not modelled by the host "
+                              f"execution (it knows {' and '.join(PTX)})")
+        out_constraint, in_constraint, function = PTX[template]
+        operands = [re.fullmatch(r'\s*"([^"]*)"\s*\((.*)\)\s*', p, re.S) for p in parts[1:3]]
+        if len(parts) != 3 or None in operands or \
+                [o.group(1) for o in operands] != [out_constraint, in_constraint]:
+            raise Unsupported(f"{where}: inline PTX `{template}` with operands other than "
+                              f'"{out_constraint}" and "{in_constraint}"')
+        semicolon = re.match(r"\s*;", text[close + 1:])
+        end = close + 1 + (semicolon.end() if semicolon else 0)
+        call = f"({operands[0].group(2)}) = {function}({operands[1].group(2)});"
+        statement = text[m.start():end]
+        out += [text[last:m.start()], call, "\n" * statement.count("\n")]
+        last = end
+    return "".join(out) + text[last:]
+
+
+def _rewrite_shared(text: str) -> str:
+    def replace(m: re.Match) -> str:
+        body = m.group(1)
+        where = f"line {_line(text, m.start())}"
+        words = re.match(r"\s*((?:\w+\s+)*?\w+)\s+(?=\w+\s*(?:\[|,|;|$))", body + ";")
+        if not words:
+            raise Unsupported(f"{where}: cannot read the __shared__ declaration `{body.strip()}`")
+        type_text, declarators = words.group(1), body[words.end():]
+        decls = []
+        for declarator in declarators.split(","):
+            d = re.fullmatch(r"\s*(\w+)\s*((?:\[[^\]]+\]\s*)*)", declarator)
+            if not d or "=" in declarator:
+                raise Unsupported(f"{where}: cannot read the __shared__ declarator "
+                                  f"`{declarator.strip()}` (a name with constant sizes, no "
+                                  f"initialiser)")
+            dims = re.findall(r"\[([^\]]+)\]", d.group(2))
+            args = "".join(f", {dim.strip()}" for dim in dims)
+            decls.append(f'static minitfm::shared<{type_text}{args}> {d.group(1)}'
+                         f'("{d.group(1)}");')
+        return " ".join(decls) + "\n" * body.count("\n")
+    return re.sub(r"\b__shared__\b([^;]*);", replace, text)
+
+
+def _rewrite_pointers(text: str, typedefs: dict) -> str:
+    names = sorted(set(DTYPES) | set(typedefs) | {"unsigned", "signed char"},
+                   key=lambda t: (-len(t.split()), -len(t)))
+    alternation = "|".join(r"\s+".join(map(re.escape, t.split())) for t in names)
+    pattern = re.compile(rf"(?<![\w.>])((?:(?:const|volatile)\s+)*(?:{alternation})(?:\s+const)?)"
+                         rf"\s*\*\s*(?:__restrict__\s*)?(?=[A-Za-z_])")
+    return pattern.sub(lambda m: f"minitfm::gptr<{m.group(1)}> ", text)
+
+
+def _kernels(text: str, typedefs: dict) -> dict:
+    kernels = {}
+    for m in re.finditer(r"\b__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(\w+)\s*\(",
+                         text):
+        name, close = m.group(1), _closing(text, m.end() - 1)
+        where = f"line {_line(text, m.start())}: kernel {name}"
+        params = []
+        for p in filter(None, (s.strip() for s in text[m.end():close].split(","))):
+            d = re.fullmatch(r"((?:\w+\s+)*?\w+)\s*(\*)?\s*(?:__restrict__\s*)?(\w+)", p)
+            if p == "void" and not params:
+                continue
+            if not d:
+                raise Unsupported(f"{where}: cannot read the parameter `{p}` (a scalar or a "
+                                  f"pointer to one)")
+            ctype = canonical(d.group(1), typedefs)
+            if ctype not in DTYPES:
+                raise Unsupported(f"{where}: parameter `{p}` has type {ctype}, which the host "
+                                  f"execution does not pass (it passes {', '.join(DTYPES)})")
+            const = d.group(2) is not None and re.search(r"\bconst\b", d.group(1)) is not None
+            text_type = d.group(1) if d.group(2) else re.sub(r"\bconst\s+", "", d.group(1))
+            params.append(Param(d.group(3), ctype, d.group(2) is not None, const, DTYPES[ctype],
+                                text_type.strip()))
+        kernels[name] = tuple(params)
+    return kernels
+
+
+def rewrite(source: str) -> HostSource:
+    """``source`` (a CUDA C translation unit, as CuPy's RawKernel takes it) as host C++."""
+    text = blank_comments(source)
+    _refuse_unmodelled(text)
+    typedefs = _typedefs(text)
+    kernels = _kernels(text, typedefs)
+    if not kernels:
+        raise Unsupported("no __global__ function: a kernel is `extern \"C\" __global__ void "
+                          "name(...)`")
+    text = _rewrite_asm(text)
+    text = _rewrite_shared(text)
+    text = _rewrite_pointers(text, typedefs)
+    return HostSource(text, kernels, WARP_OPERATIONS.search(text) is not None)
+
+
+def wrappers(kernels: dict) -> str:
+    """For each kernel, ``minitfm_launch_<name>(config, args, fault)``: the loader's entry, which
+    runs the kernel on a grid, each thread calling it with the arguments (an array as its
+    ``minitfm::Region``, a scalar as a pointer to its value)."""
+    out = []
+    for name, params in kernels.items():
+        args = ", ".join(
+            f"minitfm::gptr<{p.text}>((const minitfm::Region*)a[{i}])" if p.pointer
+            else f"*({p.text}*)a[{i}]" for i, p in enumerate(params))
+        out.append(f"static void minitfm_body_{name}(void** a) {{ {name}({args}); }}\n"
+                   f'extern "C" int minitfm_launch_{name}(const minitfm::Config* c, void** a, '
+                   f"minitfm::Fault* f) {{\n"
+                   f"    return minitfm::launch(c, a, f, minitfm_body_{name});\n}}\n")
+    return "".join(out)
