@@ -41,6 +41,66 @@ struct dim3 { unsigned int x, y, z; };
 
 namespace minitfm {
 
+// ---- fibers: a stack each, switched by saving and restoring the callee-saved registers ----------
+// (x86-64 and AArch64 on Linux; elsewhere ucontext, whose swapcontext also makes a system call
+// for the signal mask on every switch, and is about ten times slower)
+
+#if defined(__linux__) && (defined(__x86_64__) || defined(__aarch64__))
+#define MINITFM_OWN_SWITCH 1
+extern "C" void minitfm_switch(void** save_sp, void* load_sp);
+#if defined(__x86_64__)
+asm(".text\n.p2align 4\n.hidden minitfm_switch\n.globl minitfm_switch\n"
+    ".type minitfm_switch, @function\nminitfm_switch:\n"
+    "pushq %rbp\npushq %rbx\npushq %r12\npushq %r13\npushq %r14\npushq %r15\n"
+    "movq %rsp, (%rdi)\nmovq %rsi, %rsp\n"
+    "popq %r15\npopq %r14\npopq %r13\npopq %r12\npopq %rbx\npopq %rbp\nret\n"
+    ".size minitfm_switch, .-minitfm_switch\n");
+static const int SAVED = 7;          // six registers and the return address
+static const int RETURN_SLOT = 6;
+#else
+asm(".text\n.p2align 4\n.hidden minitfm_switch\n.globl minitfm_switch\n"
+    ".type minitfm_switch, %function\nminitfm_switch:\n"
+    "sub sp, sp, #176\n"
+    "stp x19, x20, [sp, #0]\nstp x21, x22, [sp, #16]\nstp x23, x24, [sp, #32]\n"
+    "stp x25, x26, [sp, #48]\nstp x27, x28, [sp, #64]\nstp x29, x30, [sp, #80]\n"
+    "stp d8, d9, [sp, #96]\nstp d10, d11, [sp, #112]\nstp d12, d13, [sp, #128]\n"
+    "stp d14, d15, [sp, #144]\n"
+    "mov x2, sp\nstr x2, [x0]\nmov sp, x1\n"
+    "ldp x19, x20, [sp, #0]\nldp x21, x22, [sp, #16]\nldp x23, x24, [sp, #32]\n"
+    "ldp x25, x26, [sp, #48]\nldp x27, x28, [sp, #64]\nldp x29, x30, [sp, #80]\n"
+    "ldp d8, d9, [sp, #96]\nldp d10, d11, [sp, #112]\nldp d12, d13, [sp, #128]\n"
+    "ldp d14, d15, [sp, #144]\n"
+    "add sp, sp, #176\nret\n"
+    ".size minitfm_switch, .-minitfm_switch\n");
+static const int SAVED = 22;         // 176 bytes: x19-x30, d8-d15, and padding
+static const int RETURN_SLOT = 11;   // x30
+#endif
+struct Context { void* sp; };
+static inline void switch_to(Context& from, Context& to) { minitfm_switch(&from.sp, to.sp); }
+static void start_context(Context& c, char* stack, size_t size, void (*entry)()) {
+    uintptr_t top = (uintptr_t)(stack + size) & ~(uintptr_t)15;
+#if defined(__x86_64__)
+    void** sp = (void**)(top - 8) - SAVED;     // `ret` enters with rsp = top - 8, as a call does
+    sp[SAVED] = nullptr;                       // the entry's own return address: it never returns
+#else
+    void** sp = (void**)top - SAVED;
+#endif
+    for (int i = 0; i < SAVED; ++i) sp[i] = nullptr;
+    sp[RETURN_SLOT] = (void*)entry;
+    c.sp = sp;
+}
+#else
+struct Context { ucontext_t uc; };
+static inline void switch_to(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+static void start_context(Context& c, char* stack, size_t size, void (*entry)()) {
+    getcontext(&c.uc);
+    c.uc.uc_stack.ss_sp = stack;
+    c.uc.uc_stack.ss_size = size;
+    c.uc.uc_link = nullptr;
+    makecontext(&c.uc, entry, 0);
+}
+#endif
+
 // ---- what the loader passes in and gets back ---------------------------------------------------
 
 struct Shadow;
@@ -87,7 +147,7 @@ static const char* const OP_NAMES[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_
                                        "__all_sync", "__syncwarp"};
 
 struct Thread {
-    ucontext_t context;
+    Context context;
     char* stack;
     uint3 idx;
     int linear, state, line;
@@ -104,7 +164,7 @@ struct SharedBase;
 static Thread threads[MAX_THREADS];
 static int n_threads = 0;
 static Thread* current = nullptr;
-static ucontext_t scheduler;
+static Context scheduler;
 static uint3 block_index;
 static dim3 block_dim, grid_dim;
 static long long block_number = 0;           // linear index of the block under way, + 1
@@ -140,7 +200,7 @@ static void fail_at(int line, const char* fmt, ...) {
     fault->line = line;
     failed = true;
     if (!current) return;                    // the scheduler's own finding: it stops the block
-    if (fiber_mode) swapcontext(&current->context, &scheduler);
+    if (fiber_mode) switch_to(current->context, scheduler);
     else longjmp(direct_exit, 1);
     abort();                                 // a failed thread is never resumed
 }
@@ -186,7 +246,8 @@ static void on_read(const Region* r, long long i, int line) {
                     space(r), r->name, i, s->w_thread);
     } else if (r->shared) {
         fail_at(line, "reads __shared__ %s[%lld] before any thread of this block wrote it: "
-                "shared memory starts as garbage in every block", r->name, i);
+                "shared memory starts as garbage in every block (a barrier missing before the "
+                "read?)", r->name, i);
     }
     if (s->r_block == 0 || (s->r_block == block_number && s->r_epoch != epoch)) {
         s->r_block = block_number, s->r_thread = me, s->r_epoch = epoch;
@@ -415,7 +476,7 @@ static void wait_here(int state, int line) {
         fail_at(line, "internal: a barrier or warp operation in a kernel run without fibers");
     current->state = state;
     current->line = line;
-    swapcontext(&current->context, &scheduler);
+    switch_to(current->context, scheduler);
 }
 
 template <class T> static unsigned long long bits_of(T v) {
@@ -490,12 +551,25 @@ inline int __all_sync(unsigned int mask, int predicate, int line = __builtin_LIN
     return minitfm::warp_op<int>(minitfm::OP_ALL, mask, predicate != 0, 0, 32, line);
 }
 
-// Atomics: threads never interleave inside one here, so each is its read and its write.
+// Atomics: threads never interleave inside one here, so each is its read and its write. They
+// are checked for bounds (and a __shared__ element for having been written), not for races:
+// atomics on one element from many threads are what atomics are for.
+namespace minitfm {
+template <class T> T* atomic_at(const gptr<T>& p, int line) {
+    check_bounds(p.r, p.off, p.lo, p.hi, line, "updates atomically");
+    const Shadow* s = p.r->shadow ? p.r->shadow + p.off : nullptr;
+    if (p.r->shared && s && !s->w_block)
+        fail_at(line, "updates __shared__ %s[%lld] atomically before any thread of this block "
+                "wrote it: shared memory starts as garbage in every block", p.r->name, p.off);
+    return static_cast<T*>(p.r->data) + p.off;
+}
+}  // namespace minitfm
 #define MINITFM_ATOMIC(name, expr)                                                               \
-    template <class T, class U> T name(minitfm::gptr<T> p, U operand) {                          \
-        T old = *p;                                                                              \
-        T v = static_cast<T>(operand);                                                           \
-        *p = (expr);                                                                             \
+    template <class T, class U> T name(minitfm::gptr<T> p, U operand,                            \
+                                       int line = __builtin_LINE()) {                            \
+        T* at = minitfm::atomic_at(p, line);                                                     \
+        T old = *at, v = static_cast<T>(operand);                                                \
+        *at = (expr);                                                                            \
         return old;                                                                              \
     }
 MINITFM_ATOMIC(atomicAdd, old + v)
@@ -507,9 +581,11 @@ MINITFM_ATOMIC(atomicAnd, old & v)
 MINITFM_ATOMIC(atomicOr, old | v)
 MINITFM_ATOMIC(atomicXor, old ^ v)
 #undef MINITFM_ATOMIC
-template <class T, class U> T atomicCAS(minitfm::gptr<T> p, U compare, U value) {
-    T old = *p;
-    if (old == static_cast<T>(compare)) *p = static_cast<T>(value);
+template <class T, class U> T atomicCAS(minitfm::gptr<T> p, U compare, U value,
+                                        int line = __builtin_LINE()) {
+    T* at = minitfm::atomic_at(p, line);
+    T old = *at;
+    if (old == static_cast<T>(compare)) *at = static_cast<T>(value);
     return old;
 }
 
@@ -629,7 +705,7 @@ static void describe(char* out, size_t room, int state, int line) {
 static void thread_entry() {
     body(body_args);
     current->state = EXITED;
-    swapcontext(&current->context, &scheduler);
+    switch_to(current->context, scheduler);
 }
 
 static bool prepare_fibers() {
@@ -643,11 +719,7 @@ static bool prepare_fibers() {
             mprotect(p, page, PROT_NONE);           // a guard page: an overflow faults at once
             t.stack = static_cast<char*>(p) + page;
         }
-        getcontext(&t.context);
-        t.context.uc_stack.ss_sp = t.stack;
-        t.context.uc_stack.ss_size = STACK;
-        t.context.uc_link = &scheduler;
-        makecontext(&t.context, thread_entry, 0);
+        start_context(t.context, t.stack, STACK, thread_entry);
         t.state = READY;
     }
     return true;
@@ -658,10 +730,20 @@ static bool release_warps() {
     bool released = false;
     current = nullptr;
     for (int base = 0; base < n_threads; base += 32) {
-        int lanes = n_threads - base < 32 ? n_threads - base : 32, waiting = 0;
-        for (int l = 0; l < lanes; ++l) waiting += threads[base + l].state == AT_WARP;
+        int lanes = n_threads - base < 32 ? n_threads - base : 32;
+        unsigned int waiting = 0;
+        for (int l = 0; l < lanes; ++l)
+            if (threads[base + l].state == AT_WARP) waiting |= 1u << l;
         if (!waiting) continue;
-        for (int l = 0; l < lanes; ++l) {
+        // the usual case, checked at once: every waiting lane at one operation with one mask,
+        // which names only waiting lanes
+        const Thread& first = threads[base + __builtin_ctz(waiting)];
+        bool same = (first.mask & ~waiting) == 0;
+        for (int l = 0; l < lanes && same; ++l) {
+            const Thread& t = threads[base + l];
+            same = t.state != AT_WARP || (t.op == first.op && t.mask == first.mask);
+        }
+        for (int l = 0; l < lanes && !same; ++l) {             // else find the fault and name it
             Thread& t = threads[base + l];
             if (t.state != AT_WARP) continue;
             const char* op = OP_NAMES[t.op];
@@ -764,9 +846,12 @@ static void run_block(const Config* c, unsigned long long& state) {
     ++epoch;
     memset(warp_epochs, 0, sizeof warp_epochs);
     for (int k = 0; k < n_shared; ++k) shared_objects[k]->reset();
-    if (!fiber_mode) {
-        for (int i = 0; i < n_threads && !failed; ++i) {
-            current = &threads[i];
+    int order[MAX_THREADS];
+    for (int i = 0; i < n_threads; ++i) order[i] = i;
+    if (!fiber_mode) {                       // no barriers: each thread runs to its end in turn
+        if (c->seed) shuffle(order, n_threads, state);
+        for (int k = 0; k < n_threads && !failed; ++k) {
+            current = &threads[order[k]];
             body(body_args);
         }
         current = nullptr;
@@ -776,7 +861,6 @@ static void run_block(const Config* c, unsigned long long& state) {
         fail_at(0, "could not allocate the stacks of %d threads", n_threads);
         return;
     }
-    int order[MAX_THREADS];
     for (;;) {
         int n = 0;
         for (int i = 0; i < n_threads; ++i)
@@ -784,7 +868,7 @@ static void run_block(const Config* c, unsigned long long& state) {
         if (c->seed) shuffle(order, n, state);
         for (int k = 0; k < n; ++k) {
             current = &threads[order[k]];
-            swapcontext(&scheduler, &current->context);
+            switch_to(scheduler, current->context);
             if (failed) return;
         }
         current = nullptr;
