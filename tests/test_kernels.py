@@ -13,6 +13,8 @@ chosen from the command line, run by the CuPy double as one launch of its twin.
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,8 +22,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitfm import backend, checkpoint, fused, kernelcheck
+from minitfm import backend, checkpoint, cudahost, fused, kernelcheck
+from minitfm.cudahost import build
+from minitfm.layers import layernorm
 
+from tests.conftest import cupy_double_env
 from tests.test_gpu_commands import WMT_TINY
 from tests.test_train_wmt import corpus, corpus_args  # noqa: F401  (corpus: a fixture)
 
@@ -183,3 +188,108 @@ def test_the_kernel_check_needs_cupy():
     done = subprocess.run([sys.executable, "-m", "minitfm.kernelcheck"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.startswith("error: backend 'cupy' was requested")
+
+
+# ---- the kernels' own source on the CPU (minitfm.cudahost) --------------------------------------
+
+def test_the_kernel_check_on_the_host_runs_every_kernel(tmp_path):
+    """``python -m minitfm.kernelcheck --host``: no GPU, no CuPy; every kernel's CUDA source
+    compiled for the CPU and run in every case, each launch held to its twin."""
+    done = subprocess.run([sys.executable, "-m", "minitfm.kernelcheck", "--host"], cwd=ROOT,
+                          env=dict(os.environ, MINITFM_CACHE=str(tmp_path)),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"{len(fused.KERNELS) + len(kernelcheck.CASES)} passed, 0 failed" in done.stdout
+    for name in fused.KERNELS:
+        assert re.search(rf"kernel {name} +launched [1-9]\d* times, against its twin: worst",
+                         done.stdout), name
+    units = {build.unit_of(k.source)[1] for k in fused.KERNELS.values()}   # comments aside
+    assert len(list((tmp_path / "cudahost").glob("*.so"))) == len(units), done.stdout
+
+
+def planted(kernel: fused.Kernel, old: str, new: str, monkeypatch) -> None:
+    """Run a copy of ``kernel``'s source with ``old`` (found once) replaced by ``new`` on the host
+    in the kernel's place; the shipped source is left as it is."""
+    assert kernel.source.count(old) >= 1, old
+    copy = kernel.source.replace(old, new, 1)
+    monkeypatch.setattr(kernel, "host", cudahost.HostKernel(copy, kernel.name))
+
+
+def host_check(capsys) -> tuple[int, str, str]:
+    status = kernelcheck.main(["--host"])
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def test_a_wrong_sign_in_a_kernel_is_caught_by_name(numpy_backend, monkeypatch, capsys):
+    planted(layernorm.BACKWARD, "float g = dy[row + c] * gamma[c] - mean_g;",
+            "float g = dy[row + c] * gamma[c] + mean_g;", monkeypatch)      # term 2's sign
+    status, out, _ = host_check(capsys)
+    differs = [line.split()[:2] for line in out.splitlines() if "DIFFERS" in line]
+    assert status == 1 and ["layernorm", "worst"] in differs, out
+    assert [name for what, name in differs if what == "kernel"] == ["layernorm_backward"], out
+
+
+BLOCK_SUM_STORE = "    if (lane == 0) scratch[warp] = v;\n    __syncthreads();\n"
+
+
+def test_a_barrier_in_a_branch_is_caught_as_a_deadlock(numpy_backend, monkeypatch, capsys):
+    planted(layernorm.FORWARD, BLOCK_SUM_STORE,
+            "    if (lane == 0) scratch[warp] = v;\n    if (warp == 0) __syncthreads();\n",
+            monkeypatch)
+    status, _, err = host_check(capsys)
+    assert status == 1
+    assert err.startswith("FAULT kernel layernorm_forward, block (0, 0, 0): deadlock: the "
+                          "threads of the block wait at different barriers: threads 0-31 at "
+                          "__syncthreads() on line 7, threads 32-255 at __syncthreads() on line "
+                          "13"), err
+
+
+def test_an_index_one_past_a_row_is_caught(numpy_backend, monkeypatch, capsys):
+    planted(layernorm.FORWARD, "for (int c = threadIdx.x; c < d; c += blockDim.x) {\n"
+                               "        float v = xhat[row + c] * r;",
+            "for (int c = threadIdx.x; c <= d; c += blockDim.x) {\n"
+            "        float v = xhat[row + c] * r;", monkeypatch)
+    status, _, err = host_check(capsys)
+    assert status == 1
+    assert err.startswith("FAULT kernel layernorm_forward, block (0, 0, 0), thread (0, 0, 0): "
+                          "reads gamma[512], outside its 512 elements"), err
+    assert "v = v * gamma[c] + beta[c];" in err
+
+
+def test_a_removed_barrier_is_caught_as_a_race_on_shared_memory(numpy_backend, monkeypatch,
+                                                                capsys):
+    free_again = "    __syncthreads();                                  // scratch is free again\n"
+    planted(layernorm.FORWARD, free_again, "", monkeypatch)
+    status, _, err = host_check(capsys)
+    assert status == 1
+    assert re.match(r"FAULT kernel layernorm_forward, block \(0, 0, 0\), thread \(0, 0, 0\): "
+                    r"writes __shared__ scratch\[0\], which other threads of this block read "
+                    r"since the last __syncthreads\(\): a race", err), err
+
+
+@pytest.mark.parametrize("precision, tolerance", [("fp32", 1e-5), ("fp16", 1e-3)])
+def test_training_through_the_host_executed_kernels_keeps_the_plain_losses(precision, tolerance,
+                                                                           tmp_path):
+    """train_toy.py on the CuPy double with every fused kernel's own source executed on the CPU
+    (CUPY_DOUBLE_KERNELS=host) in the real loop: dropout everywhere, clipping, the optimizer,
+    and in fp16 the loss scaler's kernels. Its losses are the plain run's, up to the order of
+    sums (and in fp16 a float16 rounding that another order of sums may tip)."""
+    cache = tmp_path / "cache"
+    env = dict(cupy_double_env("14"), CUPY_DOUBLE_KERNELS="host", MINITFM_CACHE=str(cache))
+    losses = {}
+    for kernels in ("plain", "fused"):
+        out = tmp_path / kernels
+        done = subprocess.run([sys.executable, "train_toy.py", "--backend", "cupy", "--kernels",
+                               kernels, "--precision", precision, "--max-steps", "3",
+                               "--batch-size", "8", "--log-every", "1", "--clip-norm", "1.0",
+                               "--eval-size", "2", "--examples", "0", "--valid-every", "0",
+                               "--quiet", "--out", str(out)], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        losses[kernels] = [json.loads(line)["loss"] for line in
+                           (out / "log.jsonl").read_text().splitlines() if '"loss"' in line]
+        compiled = list((cache / "cudahost").glob("*.so")) if cache.exists() else []
+        assert bool(compiled) == (kernels == "fused"), compiled   # the kernels ran, compiled
+    assert len(losses["fused"]) == len(losses["plain"]) == 3
+    np.testing.assert_allclose(losses["fused"], losses["plain"], rtol=tolerance)

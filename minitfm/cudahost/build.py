@@ -63,12 +63,12 @@ def cache_dir() -> Path:
     path = Path(root) / "cudahost"
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".probe-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError:                       # a read-only home: a folder of this user's in /tmp
-        path = Path(tempfile.gettempdir()) / f"minitfm-cudahost-{os.getuid()}"
-        path.mkdir(parents=True, exist_ok=True)
+        if os.access(path, os.W_OK | os.X_OK):
+            return path
+    except OSError:
+        pass
+    path = Path(tempfile.gettempdir()) / f"minitfm-cudahost-{os.getuid()}"   # a read-only home
+    path.mkdir(parents=True, exist_ok=True)
     return path
 
 
