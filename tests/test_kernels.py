@@ -215,16 +215,22 @@ def planted(kernel: fused.Kernel, old: str, new: str, monkeypatch) -> None:
     monkeypatch.setattr(kernel, "host", cudahost.HostKernel(copy, kernel.name))
 
 
-def host_check(capsys) -> tuple[int, str, str]:
+def host_check(capsys) -> tuple[int, str]:
+    """``kernelcheck --host``'s status and output; a faulting case's row is ``case FAULT ...``."""
     status = kernelcheck.main(["--host"])
-    out = capsys.readouterr()
-    return status, out.out, out.err
+    return status, capsys.readouterr().out
+
+
+def fault_row(out: str, case: str) -> str:
+    rows = [line for line in out.splitlines() if line.startswith(f"{case} ")]
+    assert len(rows) == 1 and " FAULT kernel " in rows[0], out
+    return rows[0].split(" FAULT ", 1)[1]
 
 
 def test_a_wrong_sign_in_a_kernel_is_caught_by_name(numpy_backend, monkeypatch, capsys):
     planted(layernorm.BACKWARD, "float g = dy[row + c] * gamma[c] - mean_g;",
             "float g = dy[row + c] * gamma[c] + mean_g;", monkeypatch)      # term 2's sign
-    status, out, _ = host_check(capsys)
+    status, out = host_check(capsys)
     differs = [line.split()[:2] for line in out.splitlines() if "DIFFERS" in line]
     assert status == 1 and ["layernorm", "worst"] in differs, out
     assert [name for what, name in differs if what == "kernel"] == ["layernorm_backward"], out
@@ -237,12 +243,12 @@ def test_a_barrier_in_a_branch_is_caught_as_a_deadlock(numpy_backend, monkeypatc
     planted(layernorm.FORWARD, BLOCK_SUM_STORE,
             "    if (lane == 0) scratch[warp] = v;\n    if (warp == 0) __syncthreads();\n",
             monkeypatch)
-    status, _, err = host_check(capsys)
-    assert status == 1
-    assert err.startswith("FAULT kernel layernorm_forward, block (0, 0, 0): deadlock: the "
-                          "threads of the block wait at different barriers: threads 0-31 at "
-                          "__syncthreads() on line 7, threads 32-255 at __syncthreads() on line "
-                          "13"), err
+    status, out = host_check(capsys)
+    assert status == 1 and fault_row(out, "layernorm").startswith(
+        "kernel layernorm_forward, block (0, 0, 0): deadlock: the threads of the block wait at "
+        "different barriers: threads 0-31 at __syncthreads() on line 7, threads 32-255 at "
+        "__syncthreads() on line 13"), out
+    assert re.search(r"kernel layernorm_forward .*FAULT in case layernorm", out), out
 
 
 def test_an_index_one_past_a_row_is_caught(numpy_backend, monkeypatch, capsys):
@@ -250,22 +256,24 @@ def test_an_index_one_past_a_row_is_caught(numpy_backend, monkeypatch, capsys):
                                "        float v = xhat[row + c] * r;",
             "for (int c = threadIdx.x; c <= d; c += blockDim.x) {\n"
             "        float v = xhat[row + c] * r;", monkeypatch)
-    status, _, err = host_check(capsys)
-    assert status == 1
-    assert err.startswith("FAULT kernel layernorm_forward, block (0, 0, 0), thread (0, 0, 0): "
-                          "reads gamma[512], outside its 512 elements"), err
-    assert "v = v * gamma[c] + beta[c];" in err
+    status, out = host_check(capsys)
+    assert status == 1 and fault_row(out, "layernorm").startswith(
+        "kernel layernorm_forward, block (0, 0, 0), thread (0, 0, 0): reads gamma[512], outside "
+        "its 512 elements"), out
+    line = next(i for i, text in enumerate(layernorm.FORWARD.source.splitlines(), 1)
+                if "v = v * gamma[c] + beta[c];" in text)
+    assert f"line {line} of the kernel's source: v = v * gamma[c] + beta[c];" in out
 
 
 def test_a_removed_barrier_is_caught_as_a_race_on_shared_memory(numpy_backend, monkeypatch,
                                                                 capsys):
     free_again = "    __syncthreads();                                  // scratch is free again\n"
     planted(layernorm.FORWARD, free_again, "", monkeypatch)
-    status, _, err = host_check(capsys)
-    assert status == 1
-    assert re.match(r"FAULT kernel layernorm_forward, block \(0, 0, 0\), thread \(0, 0, 0\): "
-                    r"writes __shared__ scratch\[0\], which other threads of this block read "
-                    r"since the last __syncthreads\(\): a race", err), err
+    status, out = host_check(capsys)
+    assert status == 1 and fault_row(out, "layernorm").startswith(
+        "kernel layernorm_forward, block (0, 0, 0), thread (0, 0, 0): writes __shared__ "
+        "scratch[0], which other threads of this block read since the last __syncthreads(): a "
+        "race"), out
 
 
 @pytest.mark.parametrize("precision, tolerance", [("fp32", 1e-5), ("fp16", 1e-3)])
