@@ -384,15 +384,19 @@ template <long long D, long long... R> struct product<D, R...> {
     static const long long value = D * product<R...>::value;
 };
 
+static void check_dimension(const Region* r, const at& k, long long size) {
+    if (k.i < 0 || k.i >= size)
+        fail_at(k.line, "indexes __shared__ %s with %lld, outside a dimension of %lld", r->name,
+                k.i, size);
+}
+
 // A row of an N-dimensional __shared__ array: indexing the first dimension gives the next.
 template <class T, long long... D> struct view;
 template <class T, long long D> struct view<T, D> {
     const Region* r;
     long long base;
     ref<T> operator[](at k) const {
-        if (k.i < 0 || k.i >= D)
-            fail_at(k.line, "indexes __shared__ %s with %lld, outside a dimension of %lld",
-                    r->name, k.i, D);
+        check_dimension(r, k, D);
         return {r, base + k.i, base, base + D, k.line};
     }
     operator gptr<T>() const { return gptr<T>(r, base, base, base + D); }
@@ -402,9 +406,7 @@ template <class T, long long D, long long E, long long... R> struct view<T, D, E
     const Region* r;
     long long base;
     view<T, E, R...> operator[](at k) const {
-        if (k.i < 0 || k.i >= D)
-            fail_at(k.line, "indexes __shared__ %s with %lld, outside a dimension of %lld",
-                    r->name, k.i, D);
+        check_dimension(r, k, D);
         return {r, base + k.i * product<E, R...>::value};
     }
 };
@@ -417,56 +419,46 @@ static void register_shared(SharedBase* s) {
     shared_objects[n_shared++] = s;
 }
 
-template <class T, long long... D> struct shared;
-
-template <class T, long long D> struct shared<T, D> : SharedBase {      // one dimension
-    alignas(16) unsigned char bytes[sizeof(T) * D];
-    Shadow shadows[D];
-    explicit shared(const char* name) {
-        region = Region{bytes, D, (long long)sizeof(T), name, 1, shadows, nullptr};
-        reset();
-        register_shared(this);
-    }
-    ref<T> operator[](at k) const { return {&region, k.i, 0, D, k.line}; }
-    operator gptr<T>() const { return gptr<T>(&region); }
-    operator gptr<const T>() const { return gptr<const T>(&region); }
-};
-
-template <class T, long long D, long long E, long long... R>
-struct shared<T, D, E, R...> : SharedBase {                               // more dimensions
-    static const long long N = product<D, E, R...>::value;
+// the memory of a __shared__ array of N elements, with its record, reset at each block's start
+template <class T, long long N> struct storage : SharedBase {
     alignas(16) unsigned char bytes[sizeof(T) * N];
     Shadow shadows[N];
-    explicit shared(const char* name) {
+    explicit storage(const char* name) {
         region = Region{bytes, N, (long long)sizeof(T), name, 1, shadows, nullptr};
         reset();
         register_shared(this);
     }
+};
+
+template <class T, long long... D> struct shared;
+
+template <class T, long long D> struct shared<T, D> : storage<T, D> {    // one dimension
+    using storage<T, D>::storage;
+    ref<T> operator[](at k) const { return {&this->region, k.i, 0, D, k.line}; }
+    operator gptr<T>() const { return gptr<T>(&this->region); }
+    operator gptr<const T>() const { return gptr<const T>(&this->region); }
+};
+
+template <class T, long long D, long long E, long long... R>
+struct shared<T, D, E, R...> : storage<T, product<D, E, R...>::value> {    // more dimensions
+    using storage<T, product<D, E, R...>::value>::storage;
     view<T, E, R...> operator[](at k) const {
-        if (k.i < 0 || k.i >= D)
-            fail_at(k.line, "indexes __shared__ %s with %lld, outside a dimension of %lld",
-                    region.name, k.i, D);
-        return {&region, k.i * product<E, R...>::value};
+        check_dimension(&this->region, k, D);
+        return {&this->region, k.i * product<E, R...>::value};
     }
 };
 
 // a __shared__ scalar: one element
-template <class T> struct shared<T> : SharedBase {
+template <class T> struct shared<T> : storage<T, 1> {
     using V = T;
-    alignas(16) unsigned char bytes[sizeof(T)];
-    Shadow shadows[1];
-    explicit shared(const char* name) {
-        region = Region{bytes, 1, (long long)sizeof(T), name, 1, shadows, nullptr};
-        reset();
-        register_shared(this);
-    }
-    ref<T> element(int line = __builtin_LINE()) const { return {&region, 0, 0, 1, line}; }
+    using storage<T, 1>::storage;
+    ref<T> element(int line = __builtin_LINE()) const { return {&this->region, 0, 0, 1, line}; }
     operator V() const { return element().get(); }
     template <class U> shared& operator=(const U& v) { element().set(static_cast<V>(v)); return *this; }
     template <class U> shared& operator+=(const U& v) { element() += v; return *this; }
     template <class U> shared& operator-=(const U& v) { element() -= v; return *this; }
     template <class U> shared& operator*=(const U& v) { element() *= v; return *this; }
-    gptr<T> operator&() const { return gptr<T>(&region); }
+    gptr<T> operator&() const { return gptr<T>(&this->region); }
 };
 
 // ---- barriers and warp operations --------------------------------------------------------------
