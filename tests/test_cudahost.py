@@ -384,3 +384,15 @@ def test_the_ziglang_compiler_runs_the_kernels(tmp_path):
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ziglang c++" in done.stdout and "0 failed" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_portable_fibers_run_the_kernels(tmp_path):
+    """The fibers of systems other than x86-64 and AArch64 Linux (ucontext), forced here with
+    -DMINITFM_UCONTEXT: the whole kernel check on the host."""
+    env = dict(os.environ, MINITFM_CACHE=str(tmp_path),
+               MINITFM_CXX=" ".join(build.compiler()) + " -DMINITFM_UCONTEXT")
+    done = subprocess.run([sys.executable, "-m", "minitfm.kernelcheck", "--host"], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "-DMINITFM_UCONTEXT" in done.stdout and "0 failed" in done.stdout

@@ -42,10 +42,10 @@ struct dim3 { unsigned int x, y, z; };
 namespace minitfm {
 
 // ---- fibers: a stack each, switched by saving and restoring the callee-saved registers ----------
-// (x86-64 and AArch64 on Linux; elsewhere ucontext, whose swapcontext also makes a system call
-// for the signal mask on every switch, and is about ten times slower)
+// (x86-64 and AArch64 on Linux; elsewhere, or compiled with -DMINITFM_UCONTEXT, ucontext, whose
+// swapcontext also makes a system call for the signal mask on every switch: several times slower)
 
-#if defined(__linux__) && (defined(__x86_64__) || defined(__aarch64__))
+#if defined(__linux__) && (defined(__x86_64__) || defined(__aarch64__)) && !defined(MINITFM_UCONTEXT)
 #define MINITFM_OWN_SWITCH 1
 extern "C" void minitfm_switch(void** save_sp, void* load_sp);
 #if defined(__x86_64__)
