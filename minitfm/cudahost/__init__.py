@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import threading
 import warnings
 
 import numpy
@@ -105,8 +104,6 @@ class HostKernel:
     """Kernel ``name`` of the CUDA C ``source``, executed on the CPU (see the module's
     docstring); compiled on first use, as ``cupy.RawKernel`` is."""
 
-    _locks: dict = {}          # a library's state is its own: one launch at a time in it
-
     def __init__(self, source: str, name: str):
         self.source, self.name = source, name
         self._library = None
@@ -119,7 +116,6 @@ class HostKernel:
                 raise Unsupported(f"no kernel named {self.name!r} in the source (it has "
                                   f"{', '.join(library.host.kernels)})")
             self._entry = library.entry(self.name)
-            self._shadow = ctypes.CDLL(str(library.path)).minitfm_shadow_bytes()
             self._library = library
         return self._library
 
@@ -151,7 +147,7 @@ class HostKernel:
         config = _Config((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block),
                          seed & (1 << 64) - 1, int(self.library.host.fibers))
         fault = _Fault()
-        with HostKernel._locks.setdefault(str(self.library.path), threading.Lock()):
+        with self.library.lock:
             failed = self._entry(ctypes.byref(config), pointers, ctypes.byref(fault))
         if failed:
             thread = tuple(fault.thread) if fault.thread[0] >= 0 else None
@@ -175,7 +171,7 @@ class HostKernel:
                             f"{param.ctype}").encode()
             shadow = None
             if races:
-                shadow = numpy.zeros(max(arg.size, 1) * self._shadow, dtype=numpy.uint8)
+                shadow = numpy.zeros(max(arg.size, 1) * self.library.shadow_bytes, dtype=numpy.uint8)
                 keep.append(shadow)
             name = param.name.encode()
             region = _Region(arg.ctypes.data, arg.size, arg.itemsize, name, 0,

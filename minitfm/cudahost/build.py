@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from filelock import FileLock
@@ -73,11 +74,15 @@ def cache_dir() -> Path:
 
 
 class Library:
-    """A compiled translation unit: ``entry(name)`` is the launch function of kernel ``name``."""
+    """A compiled translation unit: ``entry(name)`` is the launch function of kernel ``name``;
+    ``shadow_bytes`` the size of one element's race record; ``lock``, held by a launch (the
+    library's state is its own: one launch at a time in it)."""
 
     def __init__(self, path: Path, host: rewrite.HostSource, unit: str):
         self.path, self.host, self.unit = path, host, unit
         self._dll = ctypes.CDLL(str(path))
+        self.shadow_bytes = self._dll.minitfm_shadow_bytes()
+        self.lock = threading.Lock()
 
     def entry(self, name: str):
         function = getattr(self._dll, f"minitfm_launch_{name}")

@@ -178,17 +178,13 @@ static void** body_args = nullptr;
 static SharedBase* shared_objects[MAX_SHARED];
 static int n_shared = 0;
 
-static void format(char* out, size_t room, const char* fmt, va_list ap) {
-    vsnprintf(out, room, fmt, ap);
-}
-
 // Stop the launch: the message, with the block and the thread (the whole block where the
 // scheduler itself finds the fault); never returns to the caller.
 static void fail_at(int line, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 static void fail_at(int line, const char* fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    format(fault->message, sizeof fault->message, fmt, ap);
+    vsnprintf(fault->message, sizeof fault->message, fmt, ap);
     va_end(ap);
     fault->block[0] = block_index.x, fault->block[1] = block_index.y;
     fault->block[2] = block_index.z;

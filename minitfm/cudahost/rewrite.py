@@ -144,12 +144,14 @@ def _typedefs(text: str) -> dict:
 
 
 def _refuse_unmodelled(text: str) -> None:
-    if re.search(r"\bextern\s+__shared__\b", text):
-        at = re.search(r"\bextern\s+__shared__\b", text).start()
-        raise Unsupported(f"line {_line(text, at)}: dynamic shared memory (extern __shared__) "
-                          f"is not modelled: declare the array with its size")
-    for m in re.finditer(r"\b__constant__\b", text):
-        raise Unsupported(f"line {_line(text, m.start())}: __constant__ memory is not modelled")
+    dynamic = re.search(r"\bextern\s+__shared__\b", text)
+    if dynamic:
+        raise Unsupported(f"line {_line(text, dynamic.start())}: dynamic shared memory (extern "
+                          f"__shared__) is not modelled: declare the array with its size")
+    constant = re.search(r"\b__constant__\b", text)
+    if constant:
+        raise Unsupported(f"line {_line(text, constant.start())}: __constant__ memory is not "
+                          f"modelled")
     for m in re.finditer(r"\b(atomic\w+|__\w+|clock64|clock)\s*\(", text):
         name = m.group(1)
         if name.startswith("atomic") and name not in ATOMICS:
