@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Iterator
 
 __all__ = ["WriteError", "write_error", "temporary_beside", "remove_stale_temporaries",
-           "replacing", "replacing_directory", "fsync_directory", "kind_of"]
+           "replacing", "replacing_directory", "fsync_directory", "kind_of", "link_trouble"]
 
 # the errors that say the destination has no room or cannot be written, whichever file raised them
 _NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
@@ -140,6 +140,42 @@ def kind_of(path: str | os.PathLike) -> str | None:
     except (OSError, ValueError):
         return None
     return next((words for test, words in _KINDS if test(mode)), None)
+
+
+def link_trouble(path: str | os.PathLike) -> str | None:
+    """What is wrong with ``path`` when it is (or passes through) a symbolic link that leads
+    nowhere, in words: "a loop of symbolic links (a -> b -> a)", or "a symbolic link to X, which
+    does not exist"; None when ``path`` can be followed (or is simply missing)."""
+    try:
+        os.stat(path)
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not os.path.islink(path):
+            return "a path that passes through a loop of symbolic links"
+        if exc.errno == errno.ELOOP:
+            return f"a loop of symbolic links ({_chain(path)})"
+        if exc.errno != errno.ENOENT or not os.path.islink(path):
+            return None
+    target = os.readlink(path)
+    return (f"a symbolic link to {target}, which does not exist" if not os.path.islink(
+        os.path.join(os.path.dirname(os.fspath(path)), target))
+        else f"a chain of symbolic links that ends nowhere ({_chain(path)})")
+
+
+def _chain(path: str | os.PathLike, most: int = 8) -> str:
+    """``path`` and the links it leads through, "a -> b -> a" (a long chain cut with "...")."""
+    seen, names, here = set(), [os.fspath(path)], os.fspath(path)
+    while os.path.islink(here) and len(names) <= most:
+        key = os.path.abspath(here)
+        if key in seen:
+            break
+        seen.add(key)
+        here = os.path.join(os.path.dirname(here), os.readlink(here))
+        names.append(os.path.normpath(here))
+    else:
+        if os.path.islink(here):
+            names.append("...")
+    return " -> ".join(names)
 
 
 def _special(path: str | os.PathLike) -> bool:
