@@ -36,7 +36,7 @@ from minitfm.exits import UsageError
 from minitfm.models.translator import Config
 from minitfm.options import Words
 from minitfm.training.rundir import RunDirectory
-from minitfm.training.state import TrainState
+from minitfm.training.state import TrainState, config_field
 from minitfm.training.stops import StopRequests, describe_signal
 
 __all__ = ["EXIT_INTERRUPTED", "reuse_freed_memory", "select_backend", "placement_defaults",
@@ -160,10 +160,9 @@ def model_config(preset: str, vocab_size: int, args: argparse.Namespace) -> Conf
     on the command line (``--layers``, ``--d-model``, ``--d-ff``, ``--heads``, ``--max-len``,
     ``--dropout``, ``--attention-dropout``, ``--relu-dropout``, ``--label-smoothing``; absent or
     None: the preset's value)."""
-    options = {"n_layers": "layers", "d_model": "d_model", "d_ff": "d_ff", "n_heads": "heads",
-               "max_len": "max_len", "dropout": "dropout", "attention_dropout": "attention_dropout",
-               "relu_dropout": "relu_dropout", "label_smoothing": "label_smoothing"}
-    overrides = {field: getattr(args, option) for field, option in options.items()
+    options = ("layers", "d_model", "d_ff", "heads", "max_len", "dropout", "attention_dropout",
+               "relu_dropout", "label_smoothing")
+    overrides = {config_field(option): getattr(args, option) for option in options
                  if getattr(args, option, None) is not None}
     try:
         return Config.preset(preset, src_vocab=vocab_size, tgt_vocab=vocab_size, **overrides)

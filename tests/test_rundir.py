@@ -16,8 +16,9 @@ def test_prepare_creates_the_directory_and_writes_run_info(tmp_path):
     run = RunDirectory.open(tmp_path / "a" / "run", keep_last=2)
     assert run.latest_checkpoint() is None                     # not there yet: nothing to read
     run.prepare(0, {"args": {"steps": 3}})
-    assert json.loads((tmp_path / "a" / "run" / RUN_INFO_NAME).read_text()) == {
-        "args": {"steps": 3}}
+    record = json.loads((tmp_path / "a" / "run" / RUN_INFO_NAME).read_text())
+    assert record["args"] == {"steps": 3} and record["outcome"] == rundir.RUNNING
+    assert {"command", "started"} <= set(record) and "resumes" not in record
     assert sorted(p.name for p in (tmp_path / "a" / "run").iterdir()) == [
         RUN_INFO_NAME, LOCK_NAME, HOLDER_NAME]
     run.close()                                                 # the holder's details go

@@ -141,7 +141,7 @@ def test_resume_continues_and_refuses_a_run_that_does_not_fit(corpus, tmp_path, 
     assert "--dropout-start: the run has 0.0, now 0.5" in capsys.readouterr().err
     assert run(*common, "--max-steps", 8, "--resume", "--attention-dropout", 0.1) == \
         exits.BAD_INPUT
-    assert "--attention-dropout: the run has None, now 0.1" in capsys.readouterr().err
+    assert "--attention-dropout: the run has 0.0 (its preset's), now 0.1" in capsys.readouterr().err
 
 
 def test_vocabulary_is_reused_and_a_changed_one_is_refused_on_resume(corpus, tmp_path, capsys):

@@ -13,9 +13,17 @@ Layout of ``out_dir``:
   with its ``step``, appended; a resumed run first cuts it back (rewritten whole, atomically) to
   its complete lines up to its checkpoint's step (dropping those of the steps it will redo, and a
   line a crash cut short);
-- ``run.json`` (``RUN_INFO_NAME``): what the caller says about the run (its command line), written
-  once the checks of a new or resumed run have passed; with a best metric, also ``"best"``: the
-  metric, its best value so far and the step of that validation.
+- ``run.json`` (``RUN_INFO_NAME``): the record of the run, written once the checks of a new or
+  resumed run have passed (a command refused before then changes nothing in it). The start is
+  kept as it was written: ``"args"`` (every option as given: what a resume is held to),
+  ``"config"``, ``"command"``, ``"started"``; each session then gets its ``"outcome"``
+  (``"running"`` while it runs, then ``"finished"``, ``"stopped by SIGTERM"``, ``"failed: ..."``,
+  or, for one that ended without a word, ``"ended unrecorded ..."``), with ``"ended"`` and the
+  ``"step"`` it reached. Every resume is appended to ``"resumes"``: its own command, options,
+  start, ``"from_step"`` and outcome. A fresh start in a directory whose earlier attempt left a
+  record but no checkpoint keeps that record in ``"earlier"``; a record that cannot be read is
+  moved aside (``run.json.unreadable``), never overwritten. With a best metric, also ``"best"``:
+  the metric, its best value so far and the step of that validation.
 
 Whole files (checkpoints, ``run.json``, the cut log) are written by ``files.replacing``. A file
 that cannot be written (disk full, file too large, read-only file system) raises
@@ -57,10 +65,12 @@ from minitfm import checkpoint, files
 
 __all__ = ["LOG_NAME", "RUN_INFO_NAME", "BEST_NAME", "LOCK_NAME", "HOLDER_NAME", "WriteFailed",
            "RunDirectoryBusy", "LockUnsupported", "NotARunDirectory", "RunDirectory",
-           "write_failed"]
+           "write_failed", "command_line", "RUNNING", "UNREADABLE_SUFFIX"]
 
 LOG_NAME = "log.jsonl"
 RUN_INFO_NAME = "run.json"
+UNREADABLE_SUFFIX = ".unreadable"      # an unreadable run.json is kept under this name
+RUNNING = "running"                    # a session's outcome until it ends
 BEST_NAME = "checkpoint_best.npz"
 LOCK_NAME = "run.lock"
 HOLDER_NAME = "run.lock.json"
@@ -108,6 +118,8 @@ class RunDirectory:
         self.log_path = os.path.join(self.path, LOG_NAME)
         self.run_info_path = os.path.join(self.path, RUN_INFO_NAME)
         self._taken: str | None = None          # the key of this process's hold, while open
+        self._recorded = False                  # this session's start is in run.json ...
+        self._session: int | None = None        # ... as resume number _session (None: the start)
 
     @classmethod
     def open(cls, path: str | os.PathLike, keep_last: int = 5, *,
@@ -147,19 +159,85 @@ class RunDirectory:
         return checkpoint.checkpoint_path(self.path, step)
 
     def prepare(self, step: int, run_info: dict | None,
-                last_checkpoint: str | None = None) -> int:
+                last_checkpoint: str | None = None, *, resumed: bool = False) -> int:
         """Ready the directory for a run at ``step``: create it, cut the log back to ``step``,
-        write ``run.json`` (when ``run_info`` is given). Returns how many log lines a crash had
-        cut short (:func:`cut_log`: dropped)."""
+        and record this session in ``run.json`` (when ``run_info`` is given: its ``"args"``,
+        ``"config"`` and so on): the start of the run, or with ``resumed`` one more entry of
+        ``"resumes"``, the start kept as it is. Returns how many log lines a crash had cut short
+        (:func:`cut_log`: dropped)."""
         try:
             os.makedirs(self.path, exist_ok=True)
             cut = cut_log(self.log_path, step)
             if run_info is not None:
-                _write_json(self.run_info_path, run_info)
+                self._record_session(step, run_info, resumed)
         except OSError as exc:
             raise write_failed(f"the run directory {self.path} ({exc.filename})", exc,
                                last_checkpoint) from exc
         return cut
+
+    def _record_session(self, step: int, run_info: dict, resumed: bool) -> None:
+        session = {**run_info, "command": command_line(), "started": _now(),
+                   "outcome": RUNNING}
+        record, unreadable = self._read_record()
+        if unreadable:
+            aside = self.run_info_path + UNREADABLE_SUFFIX
+            os.replace(self.run_info_path, aside)
+            print(f"{self.run_info_path} could not be read ({unreadable}): kept as {aside}; a "
+                  f"new record starts here", file=sys.stderr, flush=True)
+        for earlier in [record, *record.get("resumes", [])]:
+            if earlier.get("outcome") == RUNNING:     # its process is gone: the lock is ours
+                earlier["outcome"] = ("ended unrecorded (killed, or the machine stopped); the "
+                                      "step it reached is that of its last checkpoint")
+        if not resumed:
+            earlier = [*record.pop("earlier", []), record] if record else []
+            record = {**session, **({"earlier": earlier} if earlier else {})}
+            self._session = None
+        else:
+            if not record:
+                record = {"start": f"not recorded: {RUN_INFO_NAME} was "
+                                   f"{'unreadable' if unreadable else 'missing'} when the run "
+                                   f"was resumed at step {step}"}
+            session.pop("config", None)         # a resume has the run's config (checked)
+            record.setdefault("resumes", []).append({**session, "from_step": step})
+            self._session = len(record["resumes"]) - 1
+        _write_json(self.run_info_path, record)
+        self._recorded = True
+
+    def _read_record(self) -> tuple[dict, str | None]:
+        """``run.json`` as a dict ({} if there is none), and why it cannot be read (None if it
+        can)."""
+        try:
+            with open(self.run_info_path, encoding="utf-8") as f:
+                record = json.load(f)
+        except FileNotFoundError:
+            return {}, None
+        except (OSError, ValueError) as exc:
+            return {}, str(exc)
+        if not isinstance(record, dict):
+            return {}, f"a JSON {type(record).__name__}, not an object"
+        return record, None
+
+    def end_session(self, outcome: str, step: int, last_checkpoint: str | None = None) -> None:
+        """Record how this process's session ended (``outcome``, at ``step``, its newest
+        checkpoint ``last_checkpoint``) in ``run.json``, if it recorded its start there. A write that fails is said on stderr, not raised: the
+        error that ended the run (a full disk, say) is the one to report."""
+        if not self._recorded:
+            return
+        self._recorded = False
+        record, unreadable = self._read_record()
+        resumes = record.get("resumes", [])
+        session = record if self._session is None else (
+            resumes[self._session] if self._session < len(resumes) else None)
+        if unreadable or not isinstance(session, dict):
+            return
+        session.update({"outcome": outcome, "ended": _now(), "step": step,
+                        "last_checkpoint": last_checkpoint and os.path.basename(last_checkpoint)})
+        try:
+            _write_json(self.run_info_path, record)
+        except OSError as exc:
+            print(f"could not record the outcome ({outcome}) in {self.run_info_path}: "
+                  f"{files.write_error(self.run_info_path, exc).strerror}", file=sys.stderr,
+                  flush=True)
 
     def append_log(self, record: dict, last_checkpoint: str | None = None) -> None:
         """Add ``record`` as one line of the log."""
@@ -210,13 +288,9 @@ class RunDirectory:
     def record_best(self, record, last_checkpoint: str | None = None) -> None:
         """Set ``run.json``'s ``"best"`` to the metric, best value and step of ``record`` (a
         ``validation.Record``), keeping the rest of the file."""
-        try:
-            with open(self.run_info_path, encoding="utf-8") as f:
-                info = json.load(f)
-        except (OSError, ValueError):
-            info = {}
-        if not isinstance(info, dict):
-            info = {}
+        info, unreadable = self._read_record()
+        if unreadable:                          # kept aside at the start of the session
+            return
         info["best"] = {"metric": record.metric, "value": record.best, "step": record.best_step,
                         "checkpoint": BEST_NAME}
         try:
@@ -318,10 +392,8 @@ def _lock(path: str) -> filelock.BaseFileLock:
                 f"pass --no-lock") from exc
         raise write_failed(f"the lock file {os.path.join(path, LOCK_NAME)}", exc,
                            None) from exc
-    started = datetime.datetime.now().astimezone()
-    holder = {"pid": os.getpid(), "host": socket.gethostname(),
-              "started": started.isoformat(sep=" ", timespec="seconds"),
-              "command": shlex.join([os.path.basename(sys.executable), *sys.argv])}
+    holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": _now(),
+              "command": command_line()}
     try:
         with files.replacing(os.path.join(path, HOLDER_NAME)) as tmp, \
                 open(tmp, "w", encoding="utf-8") as f:
@@ -371,6 +443,15 @@ def cut_log(path: str, step: int) -> int:
     with files.replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.writelines(line for line, logged in lines if logged is not None and logged <= step)
     return sum(logged is None for _, logged in lines)
+
+
+def command_line() -> str:
+    """This process's command line, as a shell would take it."""
+    return shlex.join([os.path.basename(sys.executable), *sys.argv])
+
+
+def _now() -> str:
+    return datetime.datetime.now().astimezone().isoformat(sep=" ", timespec="seconds")
 
 
 def _write_json(path: str, info: dict) -> None:

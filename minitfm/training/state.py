@@ -20,7 +20,16 @@ from minitfm.gradscale import INITIAL_SCALE, LossScaler
 from minitfm.optim import Adam
 from minitfm.training.validation import Record
 
-__all__ = ["TrainOptions", "TrainState"]
+__all__ = ["TrainOptions", "TrainState", "CONFIG_FIELDS", "config_field"]
+
+# The model options whose config field has another name (``--layers`` sets ``n_layers``); the
+# others (``--d-model``, ``--d-ff``, ``--dropout``, ...) set the field of their own name.
+CONFIG_FIELDS = {"layers": "n_layers", "heads": "n_heads"}
+
+
+def config_field(option: str) -> str:
+    """The config field that the model option ``option`` (a ``TrainOptions.command`` key) sets."""
+    return CONFIG_FIELDS.get(option, option)
 
 
 @dataclass(frozen=True)
