@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import errno
 import glob
 import os
 import signal
@@ -41,7 +42,7 @@ from minitfm.training.stops import StopRequests, describe_signal
 
 __all__ = ["EXIT_INTERRUPTED", "reuse_freed_memory", "select_backend", "placement_defaults",
            "place", "run_defaults", "default_run_dir", "run_directory", "model_config",
-           "stopped", "report_errors"]
+           "stopped", "report_errors", "OutputFailed", "describe_stdout"]
 
 EXIT_INTERRUPTED = exits.for_signal(signal.SIGINT)   # 130, the shell's code for Ctrl-C
 
@@ -199,14 +200,18 @@ def report_errors(run: Callable[[], int], sizes: str | None = None) -> int:
     or a signal in one worker, where the others may be waiting for it in a collective, ends
     every worker with this status (``World.fail_together``), after the message."""
     world = distributed.world()
-    with world.fail_together(), StopRequests() as requests:
+    with world.fail_together(), StopRequests() as requests, _guarded_stdout():
         try:
             status = run()
+            sys.stdout.flush()                  # what is still buffered: its failure is ours
         except KeyboardInterrupt:
             signum = requests.signum or signal.SIGINT
             print(describe_signal(signum), file=sys.stderr, flush=True)
             return _failed(world, exits.for_signal(signum))
         except Exception as exc:
+            if _output_failed(exc):
+                return _failed(world, exits.for_signal(signal.SIGPIPE) if exc.errno == errno.EPIPE
+                               else exits.FAILED)
             status = exits.status_of(exc)
             if status is None:
                 raise                   # not a user's error: a bug, shown with its traceback
@@ -214,6 +219,72 @@ def report_errors(run: Callable[[], int], sizes: str | None = None) -> int:
             return _failed(world, status)
         world.finish()
         return status
+
+
+class OutputFailed(OSError):
+    """Standard output could not take what a command wrote (a full disk, a closed pipe)."""
+
+
+class _Guarded:
+    """A text stream whose failed writes raise :class:`OutputFailed`: an ``OSError`` from
+    standard output says which stream it is (the stream's own says no name)."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except OSError as exc:
+            raise OutputFailed(exc.errno, exc.strerror or str(exc)) from exc
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError as exc:
+            raise OutputFailed(exc.errno, exc.strerror or str(exc)) from exc
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def _guarded_stdout():
+    """``sys.stdout`` guarded (:class:`_Guarded`) for the block, as it was after it."""
+    stream = sys.stdout
+    sys.stdout = _Guarded(stream)
+    try:
+        yield
+    finally:
+        sys.stdout = stream
+
+
+def _output_failed(exc: Exception) -> bool:
+    """Whether ``exc`` is standard output failing. Then one line says so, unless its reader went
+    away (``| head``: a closed pipe ends the command quietly, as it ends ``yes``), and stdout is
+    pointed at /dev/null, so that nothing more fails on the way out."""
+    if not isinstance(exc, OutputFailed):
+        return False
+    if exc.errno != errno.EPIPE:
+        print(f"error: cannot write to {describe_stdout()}: {exc.strerror}. Nothing is lost: no "
+              f"file was written or changed by what went there. Send the output where there is "
+              f"room (> a file on a disk with free space) and run the command again",
+              file=sys.stderr, flush=True)
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return True
+
+
+def describe_stdout() -> str:
+    """"standard output", with what it is written to where the system says and it is a file or
+    a device ("standard output (/dev/full)")."""
+    try:
+        target = os.readlink(f"/proc/self/fd/{sys.stdout.fileno()}")
+    except (OSError, ValueError, AttributeError):
+        return "standard output"
+    return f"standard output ({target})" if target.startswith("/") else "standard output"
 
 
 def _failed(world: distributed.World, status: int) -> int:

@@ -16,7 +16,8 @@
   step * warmup^-1.5), for each combination of ``--d-model`` and ``--warmup``.
 - ``curves``: training loss, validation loss and validation metrics (BLEU, accuracy) against the
   step, from the JSON-lines log of a training run (one object per line with "step", and "loss"
-  or "valid_loss" / "valid_bleu" / ...); lines or keys that are missing are skipped.
+  or "valid_loss" / "valid_bleu" / ...); keys that are missing are skipped, and so are lines that
+  cannot be read (cut short by a crash, not JSON, without a step), each named in a warning.
 
 matplotlib is an optional dependency (the ``plot`` extra), imported only when a picture is drawn,
 with the non-interactive Agg backend.
@@ -30,6 +31,7 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from minitfm import backend, files
 from minitfm.cli import report_errors
@@ -41,7 +43,7 @@ from minitfm.argtypes import integer, number, positive_int
 
 __all__ = [
     "PlotError", "attention_maps", "plot_attention", "plot_positional", "plot_lr_schedule",
-    "read_log", "plot_curves", "main",
+    "Log", "read_log", "plot_curves", "main",
 ]
 
 ATTENTION_KINDS = ("encoder", "decoder_self", "cross")
@@ -193,21 +195,51 @@ def plot_lr_schedule(path, d_models: Sequence[int] = (512,), warmups: Sequence[i
 
 # ---- training curves -------------------------------------------------------------------------
 
-def read_log(path) -> list[dict]:
-    """The JSON objects of a JSON-lines log that have a numeric "step"; other lines are skipped."""
-    records = []
+class Log(NamedTuple):
+    """A training log as read: its records, and the lines skipped, ``(line number, why)``."""
+
+    records: list[dict]
+    skipped: list[tuple[int, str]]
+
+    def warning(self, path) -> str | None:
+        """One line naming the skipped lines of ``path`` and why, or None if none was."""
+        if not self.skipped:
+            return None
+        shown = ", ".join(f"line {number} ({why})" for number, why in self.skipped[:5])
+        more = f", and {len(self.skipped) - 5} more" if len(self.skipped) > 5 else ""
+        count = len(self.skipped)
+        return (f"warning: {path}: skipped {count} line{'s' if count > 1 else ''} that could "
+                f"not be read: {shown}{more}; the curves are drawn without "
+                f"{'them' if count > 1 else 'it'}")
+
+
+def read_log(path) -> Log:
+    """The JSON objects of a JSON-lines log that have a numeric "step", and the lines skipped
+    (blank lines aside): a line cut short by a crash, one that is not JSON or not UTF-8, an
+    object without a step."""
     try:
-        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise PlotError(f"cannot read training log {path}: {exc.strerror or exc}") from exc
-    for line in lines:
+    records, skipped = [], []
+    lines = data.split(b"\n")
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        ended = number < len(lines)            # the last piece has no line end after it
         try:
-            record = json.loads(line)
+            record = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            skipped.append((number, "not UTF-8"))
+            continue
         except ValueError:
-            continue                                  # blank, or cut off by a crash mid-write
+            skipped.append((number, "not JSON" if ended else "cut short: no line end"))
+            continue
         if isinstance(record, dict) and isinstance(record.get("step"), (int, float)):
             records.append(record)
-    return records
+        else:
+            skipped.append((number, 'no numeric "step"'))
+    return Log(records, skipped)
 
 
 def training_minutes(records: Sequence[dict]) -> dict[int, float]:
@@ -315,8 +347,13 @@ def run(args: argparse.Namespace) -> list[str]:
     if args.command == "lr":
         return [plot_lr_schedule(args.out, args.d_model, args.warmup, args.steps, args.factor)]
     if args.command == "curves":
-        return [plot_curves({Path(p).parent.name or p: read_log(p) for p in args.logs}, args.out,
-                            args.x)]
+        logs = {}
+        for path in args.logs:
+            log = read_log(path)
+            if log.warning(path):
+                print(log.warning(path), file=sys.stderr, flush=True)
+            logs[Path(path).parent.name or path] = log.records
+        return [plot_curves(logs, args.out, args.x)]
     from minitfm.checkpoint import CheckpointError
     from minitfm.translate import TranslateError, load_translator
     if args.backend is not None:

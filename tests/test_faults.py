@@ -419,3 +419,48 @@ def test_base_preset_on_numpy_is_warned_about(tmp_path, capsys, numpy_backend):
                            str(tmp_path / "nowhere"), "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert "warning: the base preset on the CPU" in err and "--backend cupy" in err
+
+
+# ---- 12. standard output that fails, a log with lines that cannot be read --------------------
+
+FULL_OUTPUT = ("error: cannot write to standard output (/dev/full): No space left on device. "
+               "Nothing is lost: no file was written or changed by what went there. Send the "
+               "output where there is room (> a file on a disk with free space) and run the "
+               "command again\n")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
+@pytest.mark.parametrize("command", ["translate", "train_toy"])
+def test_standard_output_on_a_full_disk_is_named(command, ckpt, tmp_path):  # noqa: F811
+    args = ([sys.executable, "-m", "minitfm.translate", "--checkpoint", str(ckpt), "--beam", "1"]
+            if command == "translate" else
+            [sys.executable, str(ROOT / "train_toy.py"), *TOY, "--max-steps", "2", "--out",
+             str(tmp_path / "run")])
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(args, input=b"a man\ntwo dogs\n", stdout=full,
+                              stderr=subprocess.PIPE, env=ENV, timeout=120)
+    assert done.returncode == exits.FAILED
+    assert done.stderr.decode() == FULL_OUTPUT              # one line, nothing more on the way out
+    assert not (tmp_path / "run").exists()                  # refused at its first line
+
+
+def test_standard_output_closed_by_its_reader_ends_quietly(ckpt):  # noqa: F811
+    process = subprocess.Popen([sys.executable, "-m", "minitfm.translate", "--checkpoint",
+                                str(ckpt), "--beam", "1"], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+    process.stdout.close()                                  # as `| head` does once it has enough
+    _, err = process.communicate(b"a man\n" * 100, timeout=120)
+    assert process.returncode == 128 + signal.SIGPIPE and err == b""
+
+
+def test_plot_names_the_log_lines_it_skips(tmp_path):
+    pytest.importorskip("matplotlib")
+    log = tmp_path / "run" / LOG_NAME
+    log.parent.mkdir()
+    log.write_text("".join(f'{{"step": {s}, "loss": {5 / s}}}\n' for s in range(1, 9))
+                   + '{"step": 9, "lo')                     # cut short by a crash
+    done = subprocess.run([sys.executable, "-m", "minitfm.plot", "curves", str(log), "--out",
+                           str(tmp_path / "c.png")], capture_output=True, text=True, env=ENV)
+    assert done.returncode == 0 and (tmp_path / "c.png").exists()
+    assert done.stderr == (f"warning: {log}: skipped 1 line that could not be read: line 9 (cut "
+                           f"short: no line end); the curves are drawn without it\n")

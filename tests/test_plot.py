@@ -58,19 +58,29 @@ def test_lr_png_via_command_line(tmp_path, capsys):
 
 
 @needs_matplotlib
-def test_curves_png_tolerates_missing_keys_and_bad_lines(tmp_path):
+def test_curves_png_tolerates_missing_keys_and_names_the_lines_it_skips(tmp_path, capsys):
     log = tmp_path / "run" / "log.jsonl"
     log.parent.mkdir()
     lines = [json.dumps({"step": s, "loss": 5.0 / s, "lr": 1e-4 * s}) for s in range(1, 30)]
     lines += [json.dumps({"step": 10, "valid_loss": 1.2, "valid_bleu": 3.5}),
               json.dumps({"step": 20, "valid_loss": 1.0}),                  # no BLEU this time
-              json.dumps({"loss": 1.0}), "not json", "", '{"step": 30, "loss": 0.1']
-    log.write_text("\n".join(lines) + "\n")
-    records = plot.read_log(log)
-    assert len(records) == 31
+              json.dumps({"loss": 1.0}), "not json", ""]
+    log.write_bytes(("\n".join(lines) + "\n").encode() + b'{"step": 30, "lo\xff"\n'
+                    + b'{"step": 30, "loss": 0.1')                          # cut by a crash
+    read = plot.read_log(log)
+    assert len(read.records) == 31
+    assert read.skipped == [(32, 'no numeric "step"'), (33, "not JSON"), (35, "not UTF-8"),
+                            (36, "cut short: no line end")]
     out = tmp_path / "curves.png"
     assert plot.main(["curves", str(log), "--out", str(out)]) == 0
     assert_png(out)
+    assert capsys.readouterr().err == (
+        f'warning: {log}: skipped 4 lines that could not be read: line 32 (no numeric "step"), '
+        f"line 33 (not JSON), line 35 (not UTF-8), line 36 (cut short: no line end); the curves "
+        f"are drawn without them\n")
+    log.write_text("\n".join(lines[:31]) + "\n")
+    assert plot.main(["curves", str(log), "--out", str(out)]) == 0
+    assert capsys.readouterr().err == ""                       # nothing skipped, nothing said
 
 
 def test_training_minutes_of_steps_and_of_the_validations_after_them():
