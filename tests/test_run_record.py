@@ -49,6 +49,10 @@ def test_resumes_are_appended_and_the_start_is_kept(tmp_path):
     code, _, err = finish(toy("--max-steps", 8, "--d-model", 8, "--out", tmp_path, "--resume",
                               "--examples", 0))
     assert code == 0, err
+    assert f"moved to {tmp_path / rundir.REPLACED_NAME}" in err      # the failed session's lines
+    replaced = [json.loads(line) for line in
+                (tmp_path / rundir.REPLACED_NAME).read_text().splitlines()]
+    assert replaced and all(r["step"] > 4 for r in replaced)
     done = record(tmp_path)
     assert [r["outcome"] for r in done["resumes"]][1:] == ["finished"]
     assert done["resumes"][1]["from_step"] == 4 and done["resumes"][1]["step"] == 8

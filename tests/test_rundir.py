@@ -36,9 +36,12 @@ def test_the_log_is_cut_back_to_the_resumed_step(tmp_path):
         run.append_log({"step": step, "loss": float(step)})
     with open(tmp_path / LOG_NAME, "a") as f:
         f.write('{"step": 5, "lo')                             # a line a crash cut short
-    run.prepare(2, None)
+    assert run.prepare(2, None) == (1, 2)          # one line cut short, two of later steps
     lines = [json.loads(line) for line in (tmp_path / LOG_NAME).read_text().splitlines()]
     assert [r["step"] for r in lines] == [1, 2, 2]
+    replaced = (tmp_path / rundir.REPLACED_NAME).read_text().splitlines()
+    assert [json.loads(line) for line in replaced] == [{"step": 3, "loss": 3.0},
+                                                       {"step": 4, "loss": 4.0}]
     run.append_log({"step": 3, "loss": 0.5})
     assert json.loads((tmp_path / LOG_NAME).read_text().splitlines()[-1]) == {"step": 3,
                                                                               "loss": 0.5}

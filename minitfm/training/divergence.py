@@ -51,8 +51,8 @@ def diverged(what: str, step: int | str, state: Progress,
     return TrainingDiverged(
         f"{what} at {step if isinstance(step, str) else f'step {step}'}; training stopped and "
         f"{kept}. Lower the learning rate (--lr-factor, or --lr), lengthen the warmup (--warmup) "
-        f"or clip gradients (--clip-norm), then start again or resume from the last good "
-        f"checkpoint")
+        f"or clip gradients (--clip-norm), then "
+        + ("resume from that checkpoint (--resume) or start again" if good else "start again"))
 
 
 def check_finite(loss: float, nll: float, grad_norm: float | None, window_steps: int,

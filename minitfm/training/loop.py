@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 
 from tqdm import tqdm
@@ -101,7 +102,17 @@ def update(run: Run, taken: list) -> dict:
     """Apply update ``run.state.step + 1`` with its batches ``taken`` (``(epoch, batches
     consumed, batch)`` each, all workers' shares); return its statistics (loss, nll, tokens, lr[,
     grad_norm]). The normaliser and the gradients are summed over all workers (loss and nll stay
-    this worker's part until a log line)."""
+    this worker's part until a log line).
+
+    NumPy's floating-point warnings ("invalid value encountered in divide") are not shown: they
+    come from an update that runs off, which the divergence watch reports with its step, the
+    intact checkpoint and the fix."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return _update(run, taken)
+
+
+def _update(run: Run, taken: list) -> dict:
     state, world, cfg = run.state, run.world, run.cfg
     step = state.step + 1
     micro_batches = [batch for _, _, batch in world.shard(taken)]

@@ -44,7 +44,7 @@ from minitfm.gradscale import LossScaler
 from minitfm.optim import Adam
 from minitfm.training.divergence import diverged
 from minitfm.training.plan import PlanError, plan
-from minitfm.training.rundir import RunDirectory
+from minitfm.training.rundir import REPLACED_NAME, RunDirectory
 from minitfm.training.state import TrainOptions, TrainState, config_field
 from minitfm.training.stops import (AgreedStop, StopRequests, describe_signal,
                                     interrupts_deferred)
@@ -314,8 +314,12 @@ class Run:
         """The log cut back to the state's step, run.json, and the best checkpoint named."""
         state, run_dir = self.state, self.run_dir
         info = {"args": self.options.command, "config": self.cfg.to_dict()}
-        cut = run_dir.prepare(state.step, info, state.last_checkpoint,
-                              resumed=state.last_checkpoint is not None)
+        cut, replaced = run_dir.prepare(state.step, info, state.last_checkpoint,
+                                        resumed=state.last_checkpoint is not None)
+        if replaced:
+            print(f"{run_dir.log_path}: {'a line' if replaced == 1 else f'{replaced} lines'} of "
+                  f"the steps after {state.step}, which this run makes again, moved to "
+                  f"{os.path.join(run_dir.path, REPLACED_NAME)}", file=sys.stderr, flush=True)
         if cut:
             print(f"{run_dir.log_path}: dropped {'a line' if cut == 1 else f'{cut} lines'} cut "
                   f"short (the run ended while writing it); the log goes on from step "

@@ -11,8 +11,8 @@ Layout of ``out_dir``:
   theirs;
 - ``log.jsonl`` (``LOG_NAME``): one JSON object per line, a logged step or a validation, each
   with its ``step``, appended; a resumed run first cuts it back (rewritten whole, atomically) to
-  its complete lines up to its checkpoint's step (dropping those of the steps it will redo, and a
-  line a crash cut short);
+  its complete lines up to its checkpoint's step (dropping a line a crash cut short, and moving
+  those of the steps it will redo to ``log.replaced.jsonl``, ``REPLACED_NAME``, appended);
 - ``run.json`` (``RUN_INFO_NAME``): the record of the run, written once the checks of a new or
   resumed run have passed (a command refused before then changes nothing in it). The start is
   kept as it was written: ``"args"`` (every option as given: what a resume is held to),
@@ -63,11 +63,12 @@ import filelock
 
 from minitfm import checkpoint, files
 
-__all__ = ["LOG_NAME", "RUN_INFO_NAME", "BEST_NAME", "LOCK_NAME", "HOLDER_NAME", "WriteFailed",
+__all__ = ["LOG_NAME", "REPLACED_NAME", "RUN_INFO_NAME", "BEST_NAME", "LOCK_NAME", "HOLDER_NAME", "WriteFailed",
            "RunDirectoryBusy", "LockUnsupported", "NotARunDirectory", "RunDirectory",
            "write_failed", "command_line", "RUNNING", "UNREADABLE_SUFFIX"]
 
 LOG_NAME = "log.jsonl"
+REPLACED_NAME = "log.replaced.jsonl"   # the log lines of steps a resumed run made again
 RUN_INFO_NAME = "run.json"
 UNREADABLE_SUFFIX = ".unreadable"      # an unreadable run.json is kept under this name
 RUNNING = "running"                    # a session's outcome until it ends
@@ -159,12 +160,13 @@ class RunDirectory:
         return checkpoint.checkpoint_path(self.path, step)
 
     def prepare(self, step: int, run_info: dict | None,
-                last_checkpoint: str | None = None, *, resumed: bool = False) -> int:
+                last_checkpoint: str | None = None, *, resumed: bool = False) -> tuple[int, int]:
         """Ready the directory for a run at ``step``: create it, cut the log back to ``step``,
         and record this session in ``run.json`` (when ``run_info`` is given: its ``"args"``,
         ``"config"`` and so on): the start of the run, or with ``resumed`` one more entry of
         ``"resumes"``, the start kept as it is. Returns how many log lines a crash had cut short
-        (:func:`cut_log`: dropped)."""
+        (dropped) and how many of steps after ``step`` were moved to ``log.replaced.jsonl``
+        (:func:`cut_log`)."""
         try:
             os.makedirs(self.path, exist_ok=True)
             cut = cut_log(self.log_path, step)
@@ -432,17 +434,24 @@ def logged_step(line: str) -> int | None:
         return None
 
 
-def cut_log(path: str, step: int) -> int:
+def cut_log(path: str, step: int) -> tuple[int, int]:
     """Keep the complete log lines up to ``step``: a resumed run rewrites the steps lost since its
     checkpoint, and a line a crash cut short (no newline, or not JSON) is dropped, so the next
-    line appended starts a line of its own. Returns how many lines were cut short."""
+    line appended starts a line of its own. The complete lines of the steps after ``step`` are
+    not lost: they are appended to ``log.replaced.jsonl`` (``REPLACED_NAME``) beside the log.
+    Returns how many lines were cut short, and how many were kept there."""
     if not os.path.exists(path):
-        return 0
+        return 0, 0
     with open(path, encoding="utf-8", errors="replace") as f:
         lines = [(line, logged_step(line) if line.endswith("\n") else None) for line in f]
+    replaced = [line for line, logged in lines if logged is not None and logged > step]
+    if replaced:
+        with open(os.path.join(os.path.dirname(path), REPLACED_NAME), "a",
+                  encoding="utf-8") as f:
+            f.writelines(replaced)
     with files.replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.writelines(line for line, logged in lines if logged is not None and logged <= step)
-    return sum(logged is None for _, logged in lines)
+    return sum(logged is None for _, logged in lines), len(replaced)
 
 
 def command_line() -> str:
