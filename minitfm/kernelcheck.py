@@ -33,6 +33,7 @@ import time
 import warnings
 
 from minitfm import backend, cudahost, flat, fused, gradscale, optim, philox
+from minitfm.cli import report_errors
 from minitfm.layers import attention, dropout, feedforward, layernorm, linear, loss, residual
 
 __all__ = ["CASES", "HOST_TOLERANCES", "compare", "prepare_host", "main"]
@@ -252,6 +253,11 @@ def main(argv=None) -> int:
                              "machine's C++ compiler), each launch checked for faults and held "
                              "to its twin")
     args = parser.parse_args(argv)
+    return report_errors(lambda: run(args))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check every kernel as ``args`` say; print the table; 0 if all pass."""
     started = time.monotonic()
     try:
         backend.use("numpy" if args.host else "cupy")
