@@ -35,10 +35,11 @@ from collections.abc import Sequence
 
 import numpy
 
-from minitfm import checkpoint, usable
+from minitfm import checkpoint, files, usable
 from minitfm.training import validation
 from minitfm.checkpoint import Checkpoint, CheckpointError
 from minitfm.cli import report_errors
+from minitfm.exits import UsageError
 from minitfm.argtypes import positive_int
 from minitfm.training.rundir import BEST_NAME, WriteFailed
 
@@ -121,7 +122,7 @@ def best_checkpoints(inputs: Sequence[str], n: int) -> list[Checkpoint]:
         elif os.path.isfile(item):
             candidates.append((item, True))
         else:
-            raise FileNotFoundError(f"input {item} is neither a checkpoint file nor a directory")
+            raise _no_input(item)
     found, seen = [], set()
     for path, named in candidates:
         ckpt = checkpoint.load(path, with_optimizer=False)
@@ -140,6 +141,16 @@ def best_checkpoints(inputs: Sequence[str], n: int) -> list[Checkpoint]:
     return validation.ranked(found)[:n]
 
 
+def _no_input(item: str) -> Exception:
+    """The error for an input that is neither a file nor a directory: a symbolic link that leads
+    nowhere (a loop, a missing target) said as what it is, else nothing there."""
+    trouble = files.link_trouble(item)
+    if trouble is not None:
+        return CheckpointError(f"input {item} is {trouble}: point it at a checkpoint file or a "
+                               f"run directory, or give that itself")
+    return FileNotFoundError(f"input {item} is neither a checkpoint file nor a directory")
+
+
 def _collect_inputs(inputs: Sequence[str]) -> list[str]:
     """Directories expand to their checkpoints in step order; files are kept in the order given."""
     paths: list[str] = []
@@ -152,7 +163,7 @@ def _collect_inputs(inputs: Sequence[str]) -> list[str]:
         elif os.path.isfile(item):
             paths.append(item)
         else:
-            raise FileNotFoundError(f"input {item} is neither a checkpoint file nor a directory")
+            raise _no_input(item)
     return list(dict.fromkeys(paths))          # drop repeats, keep order
 
 
@@ -194,6 +205,10 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, CheckpointError):
         raise
     except OSError as exc:          # disk full, file too large, read-only, a directory
+        trouble = files.link_trouble(args.output)
+        if trouble is not None:     # the output, or a folder on its way, a link to nowhere
+            raise UsageError(f"--output {args.output} is {trouble}: mend the link, or give "
+                             f"another path for the averaged checkpoint") from exc
         raise WriteFailed(f"cannot write the averaged checkpoint {args.output}: "
                           f"{exc.strerror or exc}; the input checkpoints, and any earlier "
                           f"{args.output}, are unchanged") from exc

@@ -195,7 +195,9 @@ def load(path: str | os.PathLike, *, with_optimizer: bool = True) -> Checkpoint:
 
     ``with_optimizer=False`` skips the optimizer moments (two thirds of a training checkpoint),
     for decoding or averaging. Raises :class:`CheckpointError` if the file is damaged, is not a
-    checkpoint, or has an unknown format version; ``FileNotFoundError`` if it does not exist.
+    checkpoint, or has an unknown format version, or if ``path`` is not a file (a directory, a
+    pipe, a symbolic link that leads nowhere: a loop, a missing target); ``FileNotFoundError``
+    if there is nothing at all.
     """
     path = os.fspath(path)
     kind = files.kind_of(path)
@@ -207,6 +209,10 @@ def load(path: str | os.PathLike, *, with_optimizer: bool = True) -> Checkpoint:
         raise CheckpointError(
             f"{path} is {kind}, not a file: a checkpoint is read out of order (an .npz is a "
             f"zip archive), which a pipe cannot do; save it to a file and give that")
+    trouble = files.link_trouble(path)
+    if trouble is not None:
+        raise CheckpointError(f"checkpoint {path} is {trouble}: point it at a checkpoint file, "
+                              f"or give the file itself")
     try:
         with numpy.load(path, allow_pickle=False) as archive:
             meta = _read_meta(archive, path)

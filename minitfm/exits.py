@@ -8,10 +8,12 @@ status                meaning
                       off, a file that could not be written: disk full, I/O error; out of memory;
                       a gradient check that failed)
 2                     bad usage or bad input: an option, a file that is missing, unreadable,
-                      empty, damaged or of another kind, a backend this machine cannot run, a
-                      run directory in use by another run; nothing was changed
+                      empty, damaged or of another kind, a symbolic link that leads nowhere (a
+                      loop, a missing target), a backend this machine cannot run, a run
+                      directory in use by another run; nothing was changed
 128 + N               stopped by signal N: 130 for Ctrl-C (SIGINT), 143 for SIGTERM, 129 for
-                      SIGHUP; a training run saves a checkpoint first
+                      SIGHUP; a training run saves a checkpoint first. 141 (SIGPIPE's): the
+                      reader of standard output went away (``| head``), said by no message
 ====================  ==========================================================================
 
 Every command (``train_toy.py``, ``train_lm.py``, ``train_wmt.py``, ``python -m minitfm.translate``,
@@ -23,9 +25,11 @@ argparse's own usage errors exit with 2 as well.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 
-from minitfm import backend
+from minitfm import backend, files
 from minitfm.backend import BackendError
 from minitfm.checkpoint import CheckpointError
 from minitfm.data import DataError
@@ -66,7 +70,7 @@ def status_of(exc: BaseException) -> int | None:
     shown with its traceback)."""
     if isinstance(exc, FAILURES):
         return FAILED
-    if isinstance(exc, BAD_INPUT_ERRORS):
+    if isinstance(exc, BAD_INPUT_ERRORS) or _link_trouble(exc) is not None:
         return BAD_INPUT
     if isinstance(exc, OSError):        # disk full, I/O error, file too large: the run failed
         return FAILED
@@ -85,6 +89,28 @@ def message(exc: BaseException, sizes: str | None = None) -> str:
         return (f"error: out of memory on {backend.memory_in_words()}"
                 f"{': ' + str(exc).rstrip('.') if str(exc) else ''}; lower "
                 f"{sizes or 'the sizes the command was given'}, or use a device with more memory")
-    if isinstance(exc, OSError) and exc.strerror:
-        return f"error: {exc.filename or 'a file'}: {exc.strerror}"
+    trouble = _link_trouble(exc)
+    if trouble is not None:
+        fix = ("mend the links on the way, or give another path"
+               if trouble.startswith("a path that passes through")
+               else "point it at the file meant, or give that file itself")
+        return f"error: {os.fsdecode(exc.filename)} is {trouble}: {fix}"
+    if isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
+        return f"error: {exc.filename}: {exc.strerror}"
+    if isinstance(exc, OSError) and exc.strerror:   # the system did not say which file or stream
+        return f"error: {exc.strerror} (the system did not say on which file or stream)"
     return f"error: {exc}"
+
+
+def _link_trouble(exc: BaseException) -> str | None:
+    """For an ``OSError`` on a file named in it that a symbolic link that leads nowhere caused (a
+    loop of them: ELOOP; a link to nothing: ENOENT; either, for a folder to be made: EEXIST),
+    what that link is, in words (``files.link_trouble``); else None."""
+    if (not isinstance(exc, OSError)
+            or exc.errno not in (errno.ELOOP, errno.ENOENT, errno.EEXIST)
+            or not isinstance(exc.filename, (str, bytes, os.PathLike))):
+        return None
+    trouble = files.link_trouble(exc.filename)
+    if trouble is None and exc.errno == errno.ELOOP:
+        return "a path that passes through a loop of symbolic links"
+    return trouble

@@ -175,15 +175,16 @@ def load(path: str | os.PathLike, kind: str | None = None, *,
     """Read the checkpoint at ``path`` (:func:`checkpoint.load`) and check it (:func:`check`).
 
     A damaged file is refused as :class:`UnusableCheckpoint` too, naming the newest good one;
-    ``FileNotFoundError`` if there is no file."""
+    a path that is no file (a directory, a pipe, a symbolic link that leads nowhere) as the
+    ``CheckpointError`` that says what it is; ``FileNotFoundError`` if there is nothing at all."""
     path = os.fspath(path)
     try:
         ckpt = checkpoint.load(path, with_optimizer=with_optimizer)
     except UnusableCheckpoint:
         raise
     except CheckpointError as exc:
-        if files.kind_of(path) is not None:       # a directory, a pipe: said as it is
-            raise
+        if files.kind_of(path) is not None or files.link_trouble(path) is not None:
+            raise                       # a directory, a pipe, a link to nowhere: said as it is
         # its message says already how to move it aside
         raise _refuse(path, None, str(exc).rstrip("."), kind, with_optimizer,
                       advise=False) from exc

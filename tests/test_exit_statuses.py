@@ -120,7 +120,7 @@ def test_train_toy(toy_run, tmp_path):
 
 @pytest.mark.gpu
 def test_out_of_memory_names_the_device_its_memory_and_what_to_lower(cupy_backend, capsys):
-    """The issue: "out of memory: ...; use smaller sizes" said nothing of the GPU. Here the
+    """Never "out of memory: ...; use smaller sizes", which said nothing of the GPU. Here the
     device's own error (the CuPy double's memory is bounded, as a GPU's)."""
     total = cupy_backend.cuda.runtime.getDeviceProperties(0)["totalGlobalMem"]
     status = cli.report_errors(lambda: cupy_backend.zeros(total + 1, dtype="uint8") is None,

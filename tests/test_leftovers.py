@@ -88,7 +88,8 @@ def export(*args, limit_file_size: int | None = None, env: dict | None = None):
                                       ("safetensors", "model.safetensors")])
 def test_an_export_removes_what_killed_exports_left_and_names_a_full_disk(
         translator_ckpt, exported, tmp_path, to, name):  # noqa: F811
-    """The issue: "error: a file: No space left on device", or a SafetensorError traceback."""
+    """Named, with its folder's free space: never "error: a file: No space left on device", nor
+    a SafetensorError traceback."""
     out = tmp_path / name
     stale = [killed_while_writing(out, "folder" if to == "ctranslate2" else "file")
              for _ in range(2)]
@@ -116,7 +117,7 @@ def test_an_export_without_its_extra_is_bad_usage_with_the_install_line(translat
     for args in (["--to", "ctranslate2", "--out", tmp_path / "ct2"],
                  ["--to", "safetensors", "--out", tmp_path / "again.safetensors"]):
         assert_error(export(translator_ckpt, *args, env=env), 2, "pip install -e '.[export]'")
-    # the issue: a ModuleNotFoundError traceback, status 1
+    # guards against a ModuleNotFoundError traceback, status 1
     assert_error(export(weights, "--from", "safetensors", "--out", tmp_path / "back.npz", env=env),
                  2, "safetensors files need the safetensors package: pip install -e '.[export]'")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "site"]

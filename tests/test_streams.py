@@ -45,7 +45,8 @@ def never_opened(fifo: Path) -> bool:
 
 
 def test_translate_reads_a_pipe_once(translator_ckpt, tmp_path):
-    """The issue: --input <(cat file) printed nothing (the gzip check read the pipe first)."""
+    """A fault this guards against: --input <(cat file) printed nothing (the gzip check read
+    the pipe first)."""
     code, plain, err = translate(translator_ckpt, stdin=LINES.encode())
     assert code == 0 and len(plain.splitlines()) == 2, err
     assert translate(translator_ckpt, "--input", "/dev/stdin",         # a pipe, gzipped
@@ -76,7 +77,7 @@ def test_an_endless_line_is_refused_naming_the_file_and_the_line(translator_ckpt
 
 @pytest.mark.parametrize("data", ["a named pipe", "/dev/zero", "a text without line ends"])
 def test_train_lm_refuses_what_it_cannot_read_twice_before_reading(tmp_path, data):
-    """The issue: a FIFO hung for ever; /dev/zero filled the memory."""
+    """A fault this guards against: a FIFO hung for ever; /dev/zero filled the memory."""
     out = tmp_path / "run"
     if data == "a named pipe":
         path, words = tmp_path / "input.txt", "is a named pipe, not a regular file"

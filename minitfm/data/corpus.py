@@ -31,6 +31,8 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import NamedTuple
 
+from minitfm import files
+
 from .reading import DataError, raw_lines
 
 __all__ = [
@@ -95,6 +97,11 @@ def _find_side(prefix: str | Path, lang: str) -> Path:
     candidates = [Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")]
     found = [path for path in candidates if os.path.lexists(path)]
     if not found:
+        for path in candidates:             # in a folder that is (or passes through) a loop
+            trouble = files.link_trouble(path)
+            if trouble is not None:
+                raise DataError(f"{path} is {trouble}: point the links at the corpus's folder, "
+                                f"or give the folder itself")
         looked = ", ".join(str(path) for path in candidates)
         raise DataError(f"corpus {prefix!s}: no '{lang}' side found (looked for {looked})")
     if len(found) > 1:

@@ -71,6 +71,10 @@ def encode_text_file(path: str | Path, tokenizer: Tokenizer,
     """
     path = Path(path)
     if not path.is_file():
+        trouble = files.link_trouble(path)
+        if trouble is not None:
+            raise DataError(f"{path} is {trouble}: point it at a text file, or give the file "
+                            f"itself")
         raise DataError(f"{path}: no such text file" if not path.exists()
                         else f"{path}: not a regular file; give the path of a text file")
     if cache_dir is None:

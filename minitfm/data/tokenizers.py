@@ -196,6 +196,7 @@ class BPETokenizer:
         Like the character vocabulary, it is fitted on the whole file, validation part included.
         """
         lines = (line for chunk in text_chunks(Path(path)) for line in chunk.split("\n") if line)
+        options.setdefault("source", str(path))       # named in the errors
         return cls(train_vocab(lines, vocab_size, **options))
 
     @property

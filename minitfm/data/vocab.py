@@ -23,7 +23,8 @@ import io
 import itertools
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from pathlib import Path
 
@@ -40,6 +41,9 @@ __all__ = ["Vocab", "train_vocab", "train_joint_vocab",
            "cached_joint_vocab", "read_metadata", "sample_sentences"]
 
 _SPECIAL_PIECES = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>"}
+# sentencepiece's max_sentence_length, left at its default (set, it would change every model's
+# bytes, hence its identifier): longer sentences are skipped in training
+SENTENCEPIECE_MAX_BYTES = 4192
 
 
 class Vocab:
@@ -172,12 +176,18 @@ def sample_sentences(sentences: Iterable[str], size: int, seed: int) -> list[str
 def train_vocab(sentences: Iterable[str], vocab_size: int, *,
                 input_sentence_size: int = 2_000_000, shuffle_input_sentence: bool = True,
                 seed: int = 0, character_coverage: float = 1.0, hard_vocab_limit: bool = True,
-                num_threads: int = 16) -> Vocab:
+                num_threads: int = 16, source: str = "the training corpus") -> Vocab:
     """Train a BPE vocabulary on ``sentences`` (for a joint vocabulary, both sides of the corpus).
 
     ``input_sentence_size`` caps the sentences used (0: all of them); with
     ``shuffle_input_sentence`` they are a uniform sample drawn from ``seed``, otherwise the first
     ones. ``hard_vocab_limit=False`` lets a tiny corpus end with fewer pieces than asked.
+    ``source`` names the sentences in the messages of errors.
+
+    A training that fails because of the data (no sentence sentencepiece keeps: every line longer
+    than SENTENCEPIECE_MAX_BYTES, or only characters its normalization drops; a vocabulary
+    larger than the text makes, or smaller than its characters) is a :class:`DataError` that
+    says which and what to change, never sentencepiece's own check that failed.
     """
     if vocab_size <= len(_SPECIAL_PIECES):
         raise DataError(f"vocab_size must be larger than the {len(_SPECIAL_PIECES)} special "
@@ -189,13 +199,14 @@ def train_vocab(sentences: Iterable[str], vocab_size: int, *,
     stream = iter(sentences)
     first = next((sentence for sentence in stream if sentence.strip()), None)  # skips blanks
     if first is None:
-        raise DataError("no text to train a vocabulary on: the training corpus is empty (or "
-                        "holds only blank lines)")
-    sentences = itertools.chain([first], stream)
+        raise DataError(f"no text to train a vocabulary on: {source} is empty (or holds only "
+                        f"blank lines)")
+    tally = _Tally()
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences), model_writer=model, model_type="bpe",
+            sentence_iterator=tally.counted(itertools.chain([first], stream)),
+            model_writer=model, model_type="bpe",
             vocab_size=vocab_size, hard_vocab_limit=hard_vocab_limit,
             character_coverage=character_coverage, input_sentence_size=0,
             pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
@@ -203,9 +214,76 @@ def train_vocab(sentences: Iterable[str], vocab_size: int, *,
             bos_piece=_SPECIAL_PIECES["bos"], eos_piece=_SPECIAL_PIECES["eos"],
             num_threads=num_threads, minloglevel=2)
     except RuntimeError as exc:
-        raise DataError(f"sentencepiece training failed: {exc}; for a small corpus, lower the "
-                        "vocabulary size or pass hard_vocab_limit=False") from exc
+        raise _training_failed(exc, tally, vocab_size, source) from exc
     return Vocab(model.getvalue())
+
+
+class _Tally:
+    """What sentencepiece was given: the lines with text, how many of them it skips for their
+    length (over SENTENCEPIECE_MAX_BYTES of UTF-8) and the longest of those, in bytes."""
+
+    def __init__(self) -> None:
+        self.lines = self.too_long = self.longest = 0
+
+    def counted(self, sentences: Iterable[str]) -> Iterator[str]:
+        for sentence in sentences:
+            if sentence.strip():
+                self.lines += 1
+                if len(sentence) * 4 > SENTENCEPIECE_MAX_BYTES:     # at most 4 bytes a character
+                    size = len(sentence.encode("utf-8", "surrogatepass"))
+                    if size > SENTENCEPIECE_MAX_BYTES:
+                        self.too_long += 1
+                        self.longest = max(self.longest, size)
+            yield sentence
+
+
+def _training_failed(exc: RuntimeError, tally: _Tally, vocab_size: int,
+                     source: str) -> DataError:
+    """sentencepiece's failure ``exc`` as what is wrong with the data and what to change."""
+    text = str(exc)
+    # no sentence kept at all, or none with a character left once normalized (blanks kept)
+    nothing = "sentences_.empty()" in text or "all_chars_count" in text
+    if nothing and tally.lines and tally.too_long == tally.lines:
+        return DataError(
+            f"no sentence to train a vocabulary on: all {tally.lines:,} lines with text of "
+            f"{source} are longer than {SENTENCEPIECE_MAX_BYTES:,} bytes (the longest "
+            f"{tally.longest:,}), and sentencepiece skips longer ones: give text with one "
+            f"sentence per line (sentences that end in carriage returns alone: convert them to "
+            f"line feeds, e.g. with tr '\\r' '\\n')")
+    if "sentences_.empty()" in text:
+        return DataError(
+            f"no sentence to train a vocabulary on: sentencepiece kept none of the "
+            f"{tally.lines:,} lines with text of {source} ({tally.too_long:,} of them longer than "
+            f"{SENTENCEPIECE_MAX_BYTES:,} bytes, which it skips): give UTF-8 text with one "
+            f"sentence per line")
+    if "all_chars_count" in text:               # normalization left no character
+        found = (f"of the {tally.lines:,} lines with text of {source}, {tally.too_long:,} are "
+                 f"longer than {SENTENCEPIECE_MAX_BYTES:,} bytes, which sentencepiece skips, and "
+                 f"the others hold only characters its normalization removes"
+                 if tally.too_long else
+                 f"the {tally.lines:,} lines with text of {source} hold only characters that "
+                 f"sentencepiece's normalization removes")
+        return DataError(
+            f"no characters to train a vocabulary on: {found} (control characters, zero-width "
+            f"spaces and the like): check that it is the text meant, in UTF-8")
+    most = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)",
+                     text)
+    if most:
+        return DataError(
+            f"{source} is too small for a {vocab_size}-piece vocabulary: it makes at most "
+            f"{most.group(2)} pieces; lower the vocabulary size (--vocab-size) to "
+            f"{most.group(2)} or less, or train on more text")
+    fewest = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", text)
+    if fewest:
+        return DataError(
+            f"{source} holds more distinct characters than a {vocab_size}-piece vocabulary "
+            f"has room for: every character is a piece, so it needs at least {fewest.group(2)} "
+            f"pieces with the special ones; raise the vocabulary size (--vocab-size) to "
+            f"{fewest.group(2)} or more")
+    return DataError(
+        f"sentencepiece training failed: {text.strip()}; check that {source} is UTF-8 text with "
+        f"one sentence per line, and for a small corpus lower the vocabulary size (--vocab-size; "
+        f"from Python, hard_vocab_limit=False lets it end with fewer pieces than asked)")
 
 
 def train_joint_vocab(prefix: str | Path, src_lang: str, tgt_lang: str, vocab_size: int, *,
@@ -214,7 +292,9 @@ def train_joint_vocab(prefix: str | Path, src_lang: str, tgt_lang: str, vocab_si
 
     ``options`` are :func:`train_vocab`'s; the paper's shared vocabulary has about 37000 tokens.
     """
-    reader = ParallelReader(*parallel_files(prefix, src_lang, tgt_lang), skip_invalid=skip_invalid)
+    paths = parallel_files(prefix, src_lang, tgt_lang)
+    reader = ParallelReader(*paths, skip_invalid=skip_invalid)
+    options.setdefault("source", f"corpus {prefix} ({paths[0]} and {paths[1]})")
     return train_vocab((text for pair in reader for text in pair), vocab_size, **options)
 
 

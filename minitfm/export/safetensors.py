@@ -24,7 +24,7 @@ import re
 
 import numpy
 
-from minitfm import checkpoint
+from minitfm import checkpoint, files
 from minitfm.export.source import ExportError, Loaded, check_loadable
 
 FORMAT = "minitfm"
@@ -69,6 +69,10 @@ def read(path: str) -> Loaded:
     """The checked model of a safetensors file written by :func:`export`."""
     _library()                                          # a clear error first, without the extra
     from safetensors import safe_open
+    trouble = files.link_trouble(path)
+    if trouble is not None:
+        raise ExportError(f"{path} is {trouble}: point it at a safetensors file written by "
+                          f"`python -m minitfm.export --to safetensors`, or give the file itself")
     try:
         with safe_open(path, framework="numpy") as f:
             meta = f.metadata() or {}

@@ -115,7 +115,8 @@ class Run:
         if state.interrupted:
             return f"stopped by {signal.Signals(state.stop_signal or signal.SIGINT).name}"
         if state.out_of_patience:
-            return f"stopped: no better {state.record.metric} in {self.options.patience} validations"
+            return (f"stopped: no better {state.record.metric} in {self.options.patience} "
+                    f"validations")
         if state.out_of_time:
             return "stopped: time limit reached"
         return "finished"

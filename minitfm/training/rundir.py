@@ -63,8 +63,8 @@ import filelock
 
 from minitfm import checkpoint, files
 
-__all__ = ["LOG_NAME", "REPLACED_NAME", "RUN_INFO_NAME", "BEST_NAME", "LOCK_NAME", "HOLDER_NAME", "WriteFailed",
-           "RunDirectoryBusy", "LockUnsupported", "NotARunDirectory", "RunDirectory",
+__all__ = ["LOG_NAME", "REPLACED_NAME", "RUN_INFO_NAME", "BEST_NAME", "LOCK_NAME", "HOLDER_NAME",
+           "WriteFailed", "RunDirectoryBusy", "LockUnsupported", "NotARunDirectory", "RunDirectory",
            "write_failed", "command_line", "RUNNING", "UNREADABLE_SUFFIX"]
 
 LOG_NAME = "log.jsonl"
@@ -221,8 +221,9 @@ class RunDirectory:
 
     def end_session(self, outcome: str, step: int, last_checkpoint: str | None = None) -> None:
         """Record how this process's session ended (``outcome``, at ``step``, its newest
-        checkpoint ``last_checkpoint``) in ``run.json``, if it recorded its start there. A write that fails is said on stderr, not raised: the
-        error that ended the run (a full disk, say) is the one to report."""
+        checkpoint ``last_checkpoint``) in ``run.json``, if it recorded its start there. A write
+        that fails is said on stderr, not raised: the error that ended the run (a full disk, say)
+        is the one to report."""
         if not self._recorded:
             return
         self._recorded = False
@@ -318,9 +319,9 @@ _holds: dict[str, _Hold] = {}        # the run directories this process holds, b
 
 def _take(path: str, lock: bool) -> str:
     if os.path.lexists(path) and not os.path.isdir(path):
-        raise NotARunDirectory(f"--out {path} is {files.kind_of(path) or 'a file'}, not a run "
-                               f"directory: give a directory (a new one, or that of a run to "
-                               f"continue with --resume)")
+        what = files.kind_of(path) or files.link_trouble(path) or "a file"
+        raise NotARunDirectory(f"--out {path} is {what}, not a run directory: give a directory "
+                               f"(a new one, or that of a run to continue with --resume)")
     created = None
     missing = os.path.abspath(path)
     while not os.path.exists(missing) and os.path.dirname(missing) != missing:
