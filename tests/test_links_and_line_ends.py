@@ -173,6 +173,12 @@ def test_an_output_in_a_loop_is_said_to_be_one(ckpt, tmp_path):  # noqa: F811
             f"--output {looped / 'a.npz'} is a path that passes through a loop")
 
 
+def test_a_run_directory_that_is_a_loop_is_said_to_be_one(tmp_path):
+    looped = loop(tmp_path)
+    refused(command(ROOT / "train_toy.py", "--max-steps", 2, "--out", looped),
+            f"--out {said_loop(looped)}, not a run directory")
+
+
 def test_an_error_of_the_system_on_a_loop_names_it(tmp_path):
     looped = loop(tmp_path)
     error = OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(looped))
