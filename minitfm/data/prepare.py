@@ -35,6 +35,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import tarfile
 import urllib.error
 import urllib.request
@@ -114,8 +115,17 @@ def prepare_wmt14(out_dir: str | Path, *, src_lang: str = "en", tgt_lang: str = 
     done = out_dir / "prepare.json"
     options = {"languages": list(langs), "clean_options": clean.to_dict() if clean else None}
     if done.is_file():
-        summary = json.loads(done.read_text(encoding="utf-8"))
-        if all(summary.get(k) == v for k, v in options.items()) and all(
+        try:
+            summary = json.loads(done.read_text(encoding="utf-8"))
+            readable = isinstance(summary, dict) and isinstance(summary.get("files"), list)
+        except (OSError, ValueError) as exc:      # cut short by a crash, damaged, not UTF-8
+            readable, why = False, str(exc)
+        else:
+            why = "not the summary of a preparation"
+        if not readable:
+            print(f"{done} cannot be read ({why}): preparing {out_dir} again", file=sys.stderr,
+                  flush=True)
+        elif all(summary.get(k) == v for k, v in options.items()) and all(
                 (out_dir / name).is_file() for name in summary["files"]):
             return summary
     base_url = base_url or os.environ.get(BASE_URL_ENV) or None

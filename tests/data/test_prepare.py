@@ -108,6 +108,15 @@ def test_full_preparation(tmp_path, mirror):
     assert unclean["train"]["clean"] is None and len(read_lines(out / "train.en")) == 7
 
 
+def test_a_summary_cut_short_is_said_and_the_preparation_made_again(tmp_path, mirror, capsys):
+    base_url, archives = mirror
+    out = tmp_path / "wmt14"
+    summary = prepare_wmt14(out, base_url=base_url, archives=archives, progress=False)
+    (out / "prepare.json").write_text('{"languages": ["en", "de"], "fil')
+    assert prepare_wmt14(out, base_url=base_url, archives=archives, progress=False) == summary
+    assert f"{out / 'prepare.json'} cannot be read (" in capsys.readouterr().err
+
+
 def test_reverse_direction_uses_the_other_test_files(tmp_path, mirror, monkeypatch):
     base_url, archives = mirror
     monkeypatch.setenv(BASE_URL_ENV, base_url)
