@@ -188,8 +188,8 @@ class RunDirectory:
                   f"new record starts here", file=sys.stderr, flush=True)
         for earlier in [record, *record.get("resumes", [])]:
             if earlier.get("outcome") == RUNNING:     # its process is gone: the lock is ours
-                earlier["outcome"] = ("ended unrecorded (killed, or the machine stopped); the "
-                                      "step it reached is that of its last checkpoint")
+                earlier["outcome"] = ("ended unrecorded (killed, or the machine stopped); what "
+                                      "it kept is its last checkpoint")
         if not resumed:
             earlier = [*record.pop("earlier", []), record] if record else []
             record = {**session, **({"earlier": earlier} if earlier else {})}
