@@ -17,10 +17,11 @@ The step balances truncation, O(h^4), large for strongly curved functions (a Lay
 three features), against rounding, O(eps |L| / h), large for gradients much smaller than L:
 h = 2e-5 keeps both near 1e-9 for almost every array. A ReLU's kink at 0 needs a small h (a
 quotient whose points straddle it means nothing); an array whose gradient is ~1e-6 of L (a
-LayerNorm shift deep in a stack) needs a large one. So an array whose error exceeds the tolerance
-at 2e-5 is measured again at 1e-4 (against rounding), then at 4e-6 (against a kink), and its
-smallest error counts; a wrong backward pass fails at every step (the checker's own tests hold it
-to that). Rounding is also why inputs keep activations at unit scale, and why attention is drawn
+LayerNorm shift deep in a stack, the query bias of a cross-attention over one or two source
+tokens) needs a large one. So an array whose error exceeds the tolerance at 2e-5 is measured
+again at 1e-4 (against rounding), then at 4e-6 (against a kink), then at 5e-4 (against the
+rounding of a gradient ~1e-6 of L, where 1e-4 still loses ~2e-6), and its smallest error counts;
+a wrong backward pass fails at every step (the checker's own tests hold it to that). Rounding is also why inputs keep activations at unit scale, and why attention is drawn
 with d_model >= 2: a saturated softmax has gradients so small next to L that no h resolves them.
 
     python -m minitfm.gradcheck              # every layer and the whole models, as a table

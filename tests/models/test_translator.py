@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minitfm import backend
-from minitfm.gradcheck.check import TOLERANCE, check_case, random_params
+from minitfm.gradcheck.check import TOLERANCE, check_case, check_gradients, random_params
 from minitfm.gradcheck.cases import MODEL_CASES, translation_batch
 from minitfm.layers import loss as loss_layer
 from minitfm.layers import output
@@ -50,6 +50,28 @@ def test_model_gradients_match_finite_differences(case, seed, batch, src_len, tg
 @given(**BATCHES)
 def test_model_gradients_many_batches(case, seed, batch, src_len, tgt_len):
     check_model(case, seed, batch, src_len, tgt_len)
+
+
+def test_a_gradient_a_millionth_of_the_loss_is_resolved_and_an_error_in_it_caught():
+    """Cross-attention over sources of one and two equal tokens: the decoders' query biases get
+    gradients ~1e-6 of the loss, which 1e-4 resolves to only 2e-6 (rounding); the widest step
+    resolves them, and still fails them once off by 1e-4."""
+    case = next(c for c in TRANSLATOR_CASES if c.name == "model (separate embeddings)")
+    sizes = {**case.sizes, "batch": 2, "src_len": 2, "tgt_len": 2}
+    rng = backend.host_rng(21)
+    arrays = case.draw(rng, sizes)
+    out, cache = case.forward(arrays, sizes)
+    g = backend.to_device(rng.standard_normal(out.shape), dtype="float64")
+    grads = case.gradients(case.backward(g, cache))
+    names = ["dec.0.cross_attn.b_q", "dec.1.cross_attn.b_q"]
+
+    def objective():
+        return float((case.forward(arrays, sizes)[0] * g).sum())
+
+    errors = check_gradients(objective, {name: grads[name] for name in names}, arrays)
+    assert max(errors.values()) <= TOLERANCE
+    wrong = {name: grads[name] * 1.0001 for name in names}
+    assert min(check_gradients(objective, wrong, arrays).values()) > TOLERANCE
 
 
 def test_shared_embedding_gradient_is_the_sum_of_its_three_uses():
