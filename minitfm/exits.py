@@ -91,9 +91,9 @@ def message(exc: BaseException, sizes: str | None = None) -> str:
                 f"{sizes or 'the sizes the command was given'}, or use a device with more memory")
     trouble = _link_trouble(exc)
     if trouble is not None:
-        fix = ("mend the links on the way, or give another path"
-               if trouble.startswith("a path that passes through")
-               else "point it at the file meant, or give that file itself")
+        fix = ("point it at the file meant, or give that file itself"
+               if os.path.islink(exc.filename)
+               else "mend the links on the way, or give another path")
         return f"error: {os.fsdecode(exc.filename)} is {trouble}: {fix}"
     if isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
         return f"error: {exc.filename}: {exc.strerror}"

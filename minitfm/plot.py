@@ -350,8 +350,9 @@ def run(args: argparse.Namespace) -> list[str]:
         logs = {}
         for path in args.logs:
             log = read_log(path)
-            if log.warning(path):
-                print(log.warning(path), file=sys.stderr, flush=True)
+            warning = log.warning(path)
+            if warning:
+                print(warning, file=sys.stderr, flush=True)
             logs[Path(path).parent.name or path] = log.records
         return [plot_curves(logs, args.out, args.x)]
     from minitfm.checkpoint import CheckpointError

@@ -102,17 +102,7 @@ def update(run: Run, taken: list) -> dict:
     """Apply update ``run.state.step + 1`` with its batches ``taken`` (``(epoch, batches
     consumed, batch)`` each, all workers' shares); return its statistics (loss, nll, tokens, lr[,
     grad_norm]). The normaliser and the gradients are summed over all workers (loss and nll stay
-    this worker's part until a log line).
-
-    NumPy's floating-point warnings ("invalid value encountered in divide") are not shown: they
-    come from an update that runs off, which the divergence watch reports with its step, the
-    intact checkpoint and the fix."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return _update(run, taken)
-
-
-def _update(run: Run, taken: list) -> dict:
+    this worker's part until a log line)."""
     state, world, cfg = run.state, run.world, run.cfg
     step = state.step + 1
     micro_batches = [batch for _, _, batch in world.shard(taken)]
@@ -144,7 +134,11 @@ def _update(run: Run, taken: list) -> dict:
 
 def train(run: Run, batches: Batches) -> TrainState:
     """Make the started ``run``'s updates from ``batches`` (``batches(epoch)`` in an order fixed
-    by the seed and the epoch, or a list read again every epoch); return its state."""
+    by the seed and the epoch, or a list read again every epoch); return its state.
+
+    NumPy's floating-point warnings ("invalid value encountered in divide") are not shown while
+    it trains: they come from updates that run off, which the divergence watch reports with the
+    step, the intact checkpoint and the fix."""
     state, world, steps = run.state, run.world, run.plan.steps
     if (run.validating or not world.is_root) and run.cut_short():
         # a signal came before the validation of the checkpoint's step: make it now, as an
@@ -164,7 +158,8 @@ def train(run: Run, batches: Batches) -> TrainState:
     session_start, elapsed_before = time.perf_counter(), state.elapsed
     bar = tqdm(total=steps, initial=state.step, disable=not run.options.progress, unit="step",
                dynamic_ncols=True)
-    with StopRequests(always_held=world.distributed) as stops, bar:
+    with StopRequests(always_held=world.distributed) as stops, bar, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
         try:
             while state.step < steps and not (state.out_of_time or state.out_of_patience):
                 started = time.perf_counter()
