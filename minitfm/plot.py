@@ -205,7 +205,7 @@ class Log(NamedTuple):
         """One line naming the skipped lines of ``path`` and why, or None if none was."""
         if not self.skipped:
             return None
-        shown = ", ".join(f"line {number} ({why})" for number, why in self.skipped[:5])
+        shown = ", ".join(f"line {line} ({why})" for line, why in self.skipped[:5])
         more = f", and {len(self.skipped) - 5} more" if len(self.skipped) > 5 else ""
         count = len(self.skipped)
         return (f"warning: {path}: skipped {count} line{'s' if count > 1 else ''} that could "
@@ -223,22 +223,22 @@ def read_log(path) -> Log:
         raise PlotError(f"cannot read training log {path}: {exc.strerror or exc}") from exc
     records, skipped = [], []
     lines = data.split(b"\n")
-    for number, raw in enumerate(lines, start=1):
+    for line_number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
-        ended = number < len(lines)            # the last piece has no line end after it
+        ended = line_number < len(lines)            # the last piece has no line end after it
         try:
             record = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError:
-            skipped.append((number, "not UTF-8"))
+            skipped.append((line_number, "not UTF-8"))
             continue
         except ValueError:
-            skipped.append((number, "not JSON" if ended else "cut short: no line end"))
+            skipped.append((line_number, "not JSON" if ended else "cut short: no line end"))
             continue
         if isinstance(record, dict) and isinstance(record.get("step"), (int, float)):
             records.append(record)
         else:
-            skipped.append((number, 'no numeric "step"'))
+            skipped.append((line_number, 'no numeric "step"'))
     return Log(records, skipped)
 
 

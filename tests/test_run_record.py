@@ -10,7 +10,7 @@ import signal
 import time
 
 from minitfm import checkpoint, exits
-from minitfm.training import rundir
+from minitfm.training import record as record_module, rundir
 from minitfm.training.rundir import LOG_NAME, RUN_INFO_NAME
 from tests.test_faults import finish, toy, wait_for
 
@@ -74,7 +74,7 @@ def test_a_stopped_and_a_killed_session_are_recorded(tmp_path):
     while "resumes" not in record(tmp_path):             # written whole: never half a file
         assert process.poll() is None and time.monotonic() < deadline, finish(process)
         time.sleep(0.02)
-    assert record(tmp_path)["resumes"][0]["outcome"] == rundir.RUNNING
+    assert record(tmp_path)["resumes"][0]["outcome"] == record_module.RUNNING
     process.kill()                                       # no word from it
     finish(process)
     code, _, err = finish(toy("--max-steps", 1, "--out", tmp_path, "--resume", "--examples", 0))
@@ -102,7 +102,7 @@ def test_a_resume_that_cannot_write_keeps_the_record(tmp_path):
 def test_a_fresh_start_keeps_an_earlier_record_and_an_unreadable_one_is_kept_aside(tmp_path):
     (tmp_path / RUN_INFO_NAME).write_text('{"args": {"max_steps": 9}, "outcome": "runn')
     assert finish(toy("--max-steps", 2, "--out", tmp_path, "--examples", 0))[0] == 0
-    kept = tmp_path / (RUN_INFO_NAME + rundir.UNREADABLE_SUFFIX)
+    kept = tmp_path / (RUN_INFO_NAME + record_module.UNREADABLE_SUFFIX)
     assert kept.read_text() == '{"args": {"max_steps": 9}, "outcome": "runn'
     assert record(tmp_path)["outcome"] == "finished" and "earlier" not in record(tmp_path)
 

@@ -8,6 +8,7 @@ import pytest
 
 from minitfm import checkpoint
 from minitfm.training import rundir
+from minitfm.training.record import RUNNING
 from minitfm.training.rundir import (HOLDER_NAME, LOCK_NAME, LOG_NAME, RUN_INFO_NAME, RunDirectory,
                             WriteFailed)
 
@@ -17,7 +18,7 @@ def test_prepare_creates_the_directory_and_writes_run_info(tmp_path):
     assert run.latest_checkpoint() is None                     # not there yet: nothing to read
     run.prepare(0, {"args": {"steps": 3}})
     record = json.loads((tmp_path / "a" / "run" / RUN_INFO_NAME).read_text())
-    assert record["args"] == {"steps": 3} and record["outcome"] == rundir.RUNNING
+    assert record["args"] == {"steps": 3} and record["outcome"] == RUNNING
     assert {"command", "started"} <= set(record) and "resumes" not in record
     assert sorted(p.name for p in (tmp_path / "a" / "run").iterdir()) == [
         RUN_INFO_NAME, LOCK_NAME, HOLDER_NAME]

@@ -11,6 +11,7 @@
     window.py      the log line of the updates since the previous one
     validation.py  the validation loss, and the record of what the run judged by it
     rundir.py      the files of a run directory: its lock, checkpoints, log.jsonl, run.json
+    record.py      run.json, the record of a run: its start, every resume, each one's outcome
     stops.py       signals: stopping between updates, all workers together
     divergence.py  a loss that ran off
     phases.py      points and lengths of a run in updates or epochs

@@ -30,12 +30,9 @@ automatic dropout start), and all stop together after the update in which any re
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import signal
 import sys
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 from tqdm import tqdm
 
@@ -44,19 +41,15 @@ from minitfm.gradscale import LossScaler
 from minitfm.optim import Adam
 from minitfm.training.divergence import diverged
 from minitfm.training.plan import PlanError, plan
+from minitfm.training.record import changed_options, outcome
 from minitfm.training.rundir import REPLACED_NAME, RunDirectory
-from minitfm.training.state import TrainOptions, TrainState, config_field
+from minitfm.training.state import TrainOptions, TrainState
 from minitfm.training.stops import (AgreedStop, StopRequests, describe_signal,
                                     interrupts_deferred)
 from minitfm.training import validation
 from minitfm.training.validation import Batch, Record, ValidMetric
 
 __all__ = ["Run", "due"]
-
-
-def _given(value) -> str:
-    """An option's value in a message: its repr, or "none given" for an option left out."""
-    return "none given" if value is None else repr(value)
 
 
 def due(step: int, every: int, last: int) -> bool:
@@ -97,29 +90,10 @@ class Run:
     def __exit__(self, exc_type, exc, traceback) -> None:
         try:
             if self.run_dir is not None and self.state is not None:
-                self.run_dir.end_session(self._outcome(exc), self.state.step,
-                                         self.state.last_checkpoint)
+                self.run_dir.record.end(outcome(self.state, exc, self.options.patience),
+                                        self.state.step, self.state.last_checkpoint)
         finally:
             self.close()
-
-    def _outcome(self, exc: BaseException | None) -> str:
-        """How this session ended, in words, for run.json: ``exc`` the error that ended it."""
-        state = self.state
-        if isinstance(exc, KeyboardInterrupt):
-            return "interrupted"
-        if isinstance(exc, MemoryError):
-            return "failed: out of memory" + (f" ({exc})" if str(exc) else "")
-        if exc is not None:
-            text = str(exc).strip().splitlines()
-            return f"failed: {text[0] if text else type(exc).__name__}"
-        if state.interrupted:
-            return f"stopped by {signal.Signals(state.stop_signal or signal.SIGINT).name}"
-        if state.out_of_patience:
-            return (f"stopped: no better {state.record.metric} in {self.options.patience} "
-                    f"validations")
-        if state.out_of_time:
-            return "stopped: time limit reached"
-        return "finished"
 
     def say(self, text: str) -> None:
         """Show ``text`` on the console above the progress bar, unless progress is off."""
@@ -150,27 +124,10 @@ class Run:
     def _check_same_options(self, ckpt: checkpoint.Checkpoint) -> None:
         """The seed and the options that define the run (``run.json``) are the run's own."""
         options = self.options
-        try:
-            started = json.loads(Path(self.run_dir.run_info_path).read_text())["args"]
-        except (OSError, ValueError, KeyError, TypeError):
-            started = {}                         # no record: the checkpoint is checked alone
-        started = {**started, "seed": ckpt.extra["seed"]}           # the checkpoint's own
+        started = {**self.run_dir.record.started_args(),      # none recorded: the checkpoint
+                   "seed": ckpt.extra["seed"]}                 # is checked alone
         now = {**options.command, "seed": options.seed}
-        changed = []
-        for name in dict.fromkeys(("seed", *options.defining)):
-            if name not in started:
-                continue
-            was, value, field = started[name], now.get(name), config_field(name)
-            if was is None and value is not None and field in ckpt.config:
-                # not given then: the preset's value, which the checkpoint's config holds
-                if ckpt.config[field] != value:
-                    changed.append(f"--{name.replace('_', '-')}: the run has "
-                                   f"{ckpt.config[field]!r} (its preset's), now {value!r}")
-            elif was is not None and value is None and field in ckpt.config:
-                continue            # the preset's value now: the config is compared at start
-            elif was != value:
-                changed.append(f"--{name.replace('_', '-')}: the run has {_given(was)}, now "
-                               f"{_given(value)}")
+        changed = changed_options(started, now, ("seed", *options.defining), ckpt.config)
         if changed:
             raise checkpoint.CheckpointError(
                 f"cannot resume {options.out_dir} with other options:\n  " + "\n  ".join(changed)

@@ -13,17 +13,9 @@ Layout of ``out_dir``:
   with its ``step``, appended; a resumed run first cuts it back (rewritten whole, atomically) to
   its complete lines up to its checkpoint's step (dropping a line a crash cut short, and moving
   those of the steps it will redo to ``log.replaced.jsonl``, ``REPLACED_NAME``, appended);
-- ``run.json`` (``RUN_INFO_NAME``): the record of the run, written once the checks of a new or
-  resumed run have passed (a command refused before then changes nothing in it). The start is
-  kept as it was written: ``"args"`` (every option as given: what a resume is held to),
-  ``"config"``, ``"command"``, ``"started"``; each session then gets its ``"outcome"``
-  (``"running"`` while it runs, then ``"finished"``, ``"stopped by SIGTERM"``, ``"failed: ..."``,
-  or, for one that ended without a word, ``"ended unrecorded ..."``), with ``"ended"`` and the
-  ``"step"`` it reached. Every resume is appended to ``"resumes"``: its own command, options,
-  start, ``"from_step"`` and outcome. A fresh start in a directory whose earlier attempt left a
-  record but no checkpoint keeps that record in ``"earlier"``; a record that cannot be read is
-  moved aside (``run.json.unreadable``), never overwritten. With a best metric, also ``"best"``:
-  the metric, its best value so far and the step of that validation.
+- ``run.json`` (``RUN_INFO_NAME``): the record of the run (:mod:`minitfm.training.record`: the
+  start as written, every resume appended, each session's outcome, the best validation),
+  written once the checks of a new or resumed run have passed.
 
 Whole files (checkpoints, ``run.json``, the cut log) are written by ``files.replacing``. A file
 that cannot be written (disk full, file too large, read-only file system) raises
@@ -49,29 +41,25 @@ removes the temporaries that writes of a killed run left there, those whose writ
 
 from __future__ import annotations
 
-import datetime
 import errno
 import json
 import os
-import shlex
 import shutil
 import socket
-import sys
 from collections.abc import Callable, Collection
 
 import filelock
 
 from minitfm import checkpoint, files
+from minitfm.training.record import RunRecord, command_line, timestamp
 
 __all__ = ["LOG_NAME", "REPLACED_NAME", "RUN_INFO_NAME", "BEST_NAME", "LOCK_NAME", "HOLDER_NAME",
            "WriteFailed", "RunDirectoryBusy", "LockUnsupported", "NotARunDirectory", "RunDirectory",
-           "write_failed", "command_line", "RUNNING", "UNREADABLE_SUFFIX"]
+           "write_failed"]
 
 LOG_NAME = "log.jsonl"
 REPLACED_NAME = "log.replaced.jsonl"   # the log lines of steps a resumed run made again
 RUN_INFO_NAME = "run.json"
-UNREADABLE_SUFFIX = ".unreadable"      # an unreadable run.json is kept under this name
-RUNNING = "running"                    # a session's outcome until it ends
 BEST_NAME = "checkpoint_best.npz"
 LOCK_NAME = "run.lock"
 HOLDER_NAME = "run.lock.json"
@@ -119,8 +107,7 @@ class RunDirectory:
         self.log_path = os.path.join(self.path, LOG_NAME)
         self.run_info_path = os.path.join(self.path, RUN_INFO_NAME)
         self._taken: str | None = None          # the key of this process's hold, while open
-        self._recorded = False                  # this session's start is in run.json ...
-        self._session: int | None = None        # ... as resume number _session (None: the start)
+        self.record = RunRecord(self.run_info_path)
 
     @classmethod
     def open(cls, path: str | os.PathLike, keep_last: int = 5, *,
@@ -171,76 +158,11 @@ class RunDirectory:
             os.makedirs(self.path, exist_ok=True)
             cut = cut_log(self.log_path, step)
             if run_info is not None:
-                self._record_session(step, run_info, resumed)
+                self.record.start(step, run_info, resumed)
         except OSError as exc:
             raise write_failed(f"the run directory {self.path} ({exc.filename})", exc,
                                last_checkpoint) from exc
         return cut
-
-    def _record_session(self, step: int, run_info: dict, resumed: bool) -> None:
-        session = {**run_info, "command": command_line(), "started": _now(),
-                   "outcome": RUNNING}
-        record, unreadable = self._read_record()
-        if unreadable:
-            aside = self.run_info_path + UNREADABLE_SUFFIX
-            os.replace(self.run_info_path, aside)
-            print(f"{self.run_info_path} could not be read ({unreadable}): kept as {aside}; a "
-                  f"new record starts here", file=sys.stderr, flush=True)
-        for earlier in [record, *record.get("resumes", [])]:
-            if earlier.get("outcome") == RUNNING:     # its process is gone: the lock is ours
-                earlier["outcome"] = ("ended unrecorded (killed, or the machine stopped); what "
-                                      "it kept is its last checkpoint")
-        if not resumed:
-            earlier = [*record.pop("earlier", []), record] if record else []
-            record = {**session, **({"earlier": earlier} if earlier else {})}
-            self._session = None
-        else:
-            if not record:
-                record = {"start": f"not recorded: {RUN_INFO_NAME} was "
-                                   f"{'unreadable' if unreadable else 'missing'} when the run "
-                                   f"was resumed at step {step}"}
-            session.pop("config", None)         # a resume has the run's config (checked)
-            record.setdefault("resumes", []).append({**session, "from_step": step})
-            self._session = len(record["resumes"]) - 1
-        _write_json(self.run_info_path, record)
-        self._recorded = True
-
-    def _read_record(self) -> tuple[dict, str | None]:
-        """``run.json`` as a dict ({} if there is none), and why it cannot be read (None if it
-        can)."""
-        try:
-            with open(self.run_info_path, encoding="utf-8") as f:
-                record = json.load(f)
-        except FileNotFoundError:
-            return {}, None
-        except (OSError, ValueError) as exc:
-            return {}, str(exc)
-        if not isinstance(record, dict):
-            return {}, f"a JSON {type(record).__name__}, not an object"
-        return record, None
-
-    def end_session(self, outcome: str, step: int, last_checkpoint: str | None = None) -> None:
-        """Record how this process's session ended (``outcome``, at ``step``, its newest
-        checkpoint ``last_checkpoint``) in ``run.json``, if it recorded its start there. A write
-        that fails is said on stderr, not raised: the error that ended the run (a full disk, say)
-        is the one to report."""
-        if not self._recorded:
-            return
-        self._recorded = False
-        record, unreadable = self._read_record()
-        resumes = record.get("resumes", [])
-        session = record if self._session is None else (
-            resumes[self._session] if self._session < len(resumes) else None)
-        if unreadable or not isinstance(session, dict):
-            return
-        session.update({"outcome": outcome, "ended": _now(), "step": step,
-                        "last_checkpoint": last_checkpoint and os.path.basename(last_checkpoint)})
-        try:
-            _write_json(self.run_info_path, record)
-        except OSError as exc:
-            print(f"could not record the outcome ({outcome}) in {self.run_info_path}: "
-                  f"{files.write_error(self.run_info_path, exc).strerror}", file=sys.stderr,
-                  flush=True)
 
     def append_log(self, record: dict, last_checkpoint: str | None = None) -> None:
         """Add ``record`` as one line of the log."""
@@ -291,13 +213,9 @@ class RunDirectory:
     def record_best(self, record, last_checkpoint: str | None = None) -> None:
         """Set ``run.json``'s ``"best"`` to the metric, best value and step of ``record`` (a
         ``validation.Record``), keeping the rest of the file."""
-        info, unreadable = self._read_record()
-        if unreadable:                          # kept aside at the start of the session
-            return
-        info["best"] = {"metric": record.metric, "value": record.best, "step": record.best_step,
-                        "checkpoint": BEST_NAME}
         try:
-            _write_json(self.run_info_path, info)
+            self.record.set_best({"metric": record.metric, "value": record.best,
+                                  "step": record.best_step, "checkpoint": BEST_NAME})
         except OSError as exc:
             raise write_failed(f"{self.run_info_path}", exc, last_checkpoint) from exc
 
@@ -395,7 +313,7 @@ def _lock(path: str) -> filelock.BaseFileLock:
                 f"pass --no-lock") from exc
         raise write_failed(f"the lock file {os.path.join(path, LOCK_NAME)}", exc,
                            None) from exc
-    holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": _now(),
+    holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": timestamp(),
               "command": command_line()}
     try:
         with files.replacing(os.path.join(path, HOLDER_NAME)) as tmp, \
@@ -453,18 +371,3 @@ def cut_log(path: str, step: int) -> tuple[int, int]:
     with files.replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.writelines(line for line, logged in lines if logged is not None and logged <= step)
     return sum(logged is None for _, logged in lines), len(replaced)
-
-
-def command_line() -> str:
-    """This process's command line, as a shell would take it."""
-    return shlex.join([os.path.basename(sys.executable), *sys.argv])
-
-
-def _now() -> str:
-    return datetime.datetime.now().astimezone().isoformat(sep=" ", timespec="seconds")
-
-
-def _write_json(path: str, info: dict) -> None:
-    """Write ``info`` whole or not at all (files.replacing)."""
-    with files.replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        f.write(json.dumps(info, indent=1) + "\n")
