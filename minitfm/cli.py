@@ -32,7 +32,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from minitfm import backend, distributed, exits, fused, gradscale, placement
+from minitfm import backend, distributed, exits, fused, gradscale, placement, rows
 from minitfm.exits import UsageError
 from minitfm.models.translator import Config
 from minitfm.options import Words
@@ -97,8 +97,10 @@ def place(threads: int | None, cap: int | None, precision: str | None = None,
     """Place this worker (placement.place: its GPU, or its BLAS threads, from ``--threads``, the
     environment or its share of the cores, at most ``cap``) for the active backend, set the
     precision of its float32 products (``--precision``; None: the backend's default for its
-    device, :func:`minitfm.backend.set_precision`), choose the fused kernels or the plain code
-    (``--kernels``, :func:`minitfm.fused.use`), and print them as the run's first line
+    device, :func:`minitfm.backend.set_precision`), choose the fast path or the plain code
+    (``--kernels``: on CuPy the fused kernels, :func:`minitfm.fused.use`, plain by default; on
+    NumPy the row passes on the worker's threads, :func:`minitfm.rows.use`, the default), and
+    print them as the run's first line
     (rank 0; not with ``announce=False``, for output that must be the command's text alone).
     Call it after the backend is chosen and before any array is made."""
     world = distributed.world()
@@ -107,15 +109,26 @@ def place(threads: int | None, cap: int | None, precision: str | None = None,
         chosen, why = backend.set_precision(precision)
     except backend.BackendError as exc:
         raise UsageError(f"--precision {precision}: {exc}") from exc
+    on_cpu = backend.name == "numpy"
     try:
-        fused.use(kernels or "plain")
+        fused.use(kernels or ("fused" if on_cpu else "plain"))
     except backend.BackendError as exc:
         raise UsageError(f"--kernels {kernels}: {exc}") from exc
+    rows.use(on_cpu and fused.choice() == "fused", decided.threads or 1)
     if announce and world.is_root:
         print(f"{decided.describe()}; precision {chosen} "
-              f"({'--precision' if precision else why})"
-              + ("; fused kernels" if fused.choice() == "fused" else ""), flush=True)
+              f"({'--precision' if precision else why}); {_fast_path()}", flush=True)
     return decided
+
+
+def _fast_path() -> str:
+    """The run's first line's last words: which code runs outside the products, on how many
+    threads."""
+    if rows.enabled():
+        return f"row passes on {placement.count(rows.threads(), 'thread')} (--kernels fused)"
+    if fused.choice() == "fused":
+        return "fused kernels"
+    return "plain array code (--kernels plain)"
 
 
 # ---- the run directory -----------------------------------------------------------------------

@@ -9,10 +9,11 @@ C++ source in the file of the layer it serves (``layers/dropout.py``, ``layers/l
 ``optim.py``), right below the plain code, which stays the reference: a kernel has a *twin*, a
 function of the kernel's own arguments that computes its outputs with the plain array code.
 
-``--kernels fused|plain`` chooses (:func:`use`); ``plain`` is the default until a run on a real
-GPU has shown every kernel equal to its twin (``python -m minitfm.kernelcheck``, ``pytest -m
-gpu``). Fused kernels run on CuPy only, on float32 arrays; elsewhere (NumPy, float64 gradient
-checks) every layer runs its plain code whatever the choice.
+``--kernels fused|plain`` chooses (:func:`use`); on CuPy ``plain`` is the default until a run on
+a real GPU has shown every kernel equal to its twin (``python -m minitfm.kernelcheck``, ``pytest
+-m gpu``). Fused kernels run on CuPy only, on float32 arrays; on NumPy ``fused`` chooses the CPU's
+fast path instead, the row passes of :mod:`minitfm.rows` (the default there), and float64
+(the gradient checks) runs the plain code whatever the choice.
 
 A :class:`Kernel` is compiled by CuPy (``cupy.RawKernel``, NVRTC) on first use, once per device,
 with ``--fmad=false`` so that ``a * b + c`` rounds twice, as the plain code's two operations do.
@@ -53,10 +54,6 @@ def use(kernels: str, on_host: bool = False) -> None:
     if kernels == "fused" and on_host and backend.is_gpu():
         raise backend.BackendError("the kernels run on the host over NumPy arrays (the numpy "
                                    "backend); on the cupy backend they run on the GPU")
-    if kernels == "fused" and not on_host and not backend.is_gpu():
-        raise backend.BackendError("fused kernels run on a GPU (the cupy backend); NumPy runs "
-                                   "the plain array code: use --kernels plain (or run the "
-                                   "kernels on the CPU: python -m minitfm.kernelcheck --host)")
     _choice, _on_host = kernels, kernels == "fused" and on_host
 
 

@@ -159,9 +159,11 @@ VOCABULARY = {option.dest: option for option in [
                            f"gradients overflow (skipped) and doubled after "
                            f"{gradscale.GROWTH_INTERVAL} finite ones",
            number(0, low_open=True), "S"),
-    Option("--kernels", "on a GPU: fused kernels (softmax, LayerNorm, dropout, loss, Adam ... "
-                        "each in one launch) or the plain array code NumPy runs too",
-           choices=fused.CHOICES, absent="plain: fused becomes the default once a GPU run has "
+    Option("--kernels", "fused: on a GPU, fused kernels (softmax, LayerNorm, dropout, loss, "
+                        "Adam ... each in one launch); on the CPU, the row passes (the same "
+                        "layers, block by block on every thread of the worker); plain: the "
+                        "plain array code alone",
+           choices=fused.CHOICES, absent="fused on the CPU; plain on a GPU until a GPU run has "
                                          "shown every kernel equal to its plain twin"),
     # beam search (beam.py's module docstring says what each does)
     Option("--beam", "beam size", positive_int),

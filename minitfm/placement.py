@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from minitfm import devices
 
 __all__ = ["PlacementError", "Placement", "THREAD_VARIABLES", "available_cores", "blas_threads",
-           "place"]
+           "count", "place"]
 
 # what the BLAS libraries read at start-up: OpenBLAS's own, MKL's own, then OpenMP's (both)
 THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
@@ -63,7 +63,7 @@ class Placement:
         if self.gpu is not None:
             what = f"GPU {self.gpu} ({self.gpu_name}) for local rank {self.local_rank}"
         else:
-            what = _count(self.threads, "BLAS thread") + (" each" if self.local_size > 1 else "")
+            what = count(self.threads, "BLAS thread") + (" each" if self.local_size > 1 else "")
         return f"placement: {workers}{what} ({self.why})"
 
 
@@ -97,20 +97,21 @@ def blas_threads(local_size: int, *, requested: int | None = None, cap: int | No
                     f"unset it to give each worker its share of the cores (or pass --threads N)")
             return int(first), _crowded(f"{variable}={text}", int(first), local_size, cores)
     share = max(1, cores // max(local_size, 1))
-    why = f"{_count(cores, 'core')} / {_count(local_size, 'worker')}"
+    why = f"{count(cores, 'core')} / {count(local_size, 'worker')}"
     if cap is not None and share > cap:
         return cap, f"{why}, at most {cap} by default"
     return share, why
 
 
-def _count(n: int, thing: str) -> str:
+def count(n: int, thing: str) -> str:
+    """``1 thread``, ``2 threads``."""
     return f"{n} {thing}{'s' if n != 1 else ''}"
 
 
 def _crowded(why: str, threads: int, local_size: int, cores: int) -> str:
     """``why``, and where the threads of the workers on this machine outnumber its cores, so."""
     total = threads * local_size
-    return why + (f"; {total} threads on {_count(cores, 'core')}" if total > cores else "")
+    return why + (f"; {total} threads on {count(cores, 'core')}" if total > cores else "")
 
 
 def limit_blas_threads(threads: int) -> None:
@@ -129,14 +130,14 @@ def place(world, backend_name: str, *, threads: int | None = None, cap: int | No
     command's default at most, None for none). Call it once, before any array is made."""
     rank, size = world.local_rank, world.local_size
     if backend_name == "cupy":
-        count = devices.device_count()
-        if size > count:
+        gpus = devices.device_count()
+        if size > gpus:
             raise PlacementError(
-                f"{size} workers on this machine but {count} GPU{'s' if count != 1 else ''}: "
-                f"start one worker per GPU (mpiexec -n {count} on each machine)")
+                f"{size} workers on this machine but {gpus} GPU{'s' if gpus != 1 else ''}: "
+                f"start one worker per GPU (mpiexec -n {gpus} on each machine)")
         devices.use_device(rank)
-        return Placement(rank, size, f"one GPU per worker, {count} on this machine", gpu=rank,
+        return Placement(rank, size, f"one GPU per worker, {gpus} on this machine", gpu=rank,
                          gpu_name=devices.device_name(rank))
-    count, why = blas_threads(size, requested=threads, cap=cap, environ=environ)
-    limit_blas_threads(count)
-    return Placement(rank, size, why, threads=count)
+    n_threads, why = blas_threads(size, requested=threads, cap=cap, environ=environ)
+    limit_blas_threads(n_threads)
+    return Placement(rank, size, why, threads=n_threads)

@@ -1,0 +1,114 @@
+"""Row passes on the CPU's cores: the NumPy backend's fast path, beside the plain code.
+
+NumPy runs each array operation on one core, sweeping the whole array: a LayerNorm over an (N, D)
+array is some eight passes over memory, each reading back from the outer caches what the last one
+wrote. Most of a training step's work outside the matrix products is *row-wise*, each row of the
+outputs depending on the same row of the inputs alone (LayerNorm, the loss, softmax, dropout,
+bias + ReLU, the residual add; Adam is element-wise, its flat buffers rows of one). Such a pass
+runs the layer's plain code on blocks of rows:
+
+- a block small enough (:data:`BLOCK_BYTES`) to stay in a core's cache between the operations of
+  the pass, so that its sweeps of memory become about one;
+- the blocks shared among the worker's threads (NumPy releases the GIL inside its loops), so
+  that every core the placement gives the worker does the work that one did.
+
+The plain code on a block does on each row what it does on the whole array, so a row-wise pass
+gives the plain pass's bits; a pass that also sums over the rows (LayerNorm's dgamma, a bias's
+gradient) adds the blocks' partial sums in block order instead of the rows in one sweep: the
+same numbers up to float32 rounding, the tolerance its test states. The blocks depend on the
+array's shape alone, never on the thread count or on which thread finishes first: a run gives the
+same bits with one thread or two, every time.
+
+``--kernels fused`` chooses these passes on NumPy (the default there: :func:`use`), ``plain`` the
+plain code; float64 (the gradient checks) always runs the plain code. Threads: the placement's
+(``--threads``, or the worker's share of the cores); with one thread the passes still run block
+by block, for the cache. This module is host-only: on CuPy the fused kernels play its part.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from minitfm import backend
+
+__all__ = ["BLOCK_BYTES", "use", "enabled", "threads", "active", "blocks", "run", "map_rows"]
+
+BLOCK_BYTES = 1 << 18           # a block's widest array: 256 KiB, a quarter of a core's L2 cache
+MIN_ROWS = 8                    # rows a block has at least (each block costs a few NumPy calls)
+
+_enabled = False
+_threads = 1
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def use(enabled: bool, threads: int = 1) -> None:
+    """Run the row passes (``enabled``) on ``threads`` threads, or the plain code."""
+    global _enabled, _threads
+    if threads < 1:
+        raise ValueError(f"threads must be 1 or more, not {threads}")
+    _enabled, _threads = bool(enabled), int(threads)
+
+
+def enabled() -> bool:
+    return _enabled
+
+
+def threads() -> int:
+    """The threads the row passes use."""
+    return _threads
+
+
+def active(*arrays) -> bool:
+    """Whether a layer given ``arrays`` runs its row pass: chosen, on NumPy, float32 arrays."""
+    if not _enabled or backend.name != "numpy":
+        return False
+    return all(a.dtype == backend.xp.float32 for a in arrays)
+
+
+def blocks(n_rows: int, row_bytes: int, block_bytes: int = BLOCK_BYTES) -> list[slice]:
+    """The blocks of ``n_rows`` rows of ``row_bytes`` bytes (of the pass's widest array): about
+    ``block_bytes`` each, at least :data:`MIN_ROWS` rows, of near-equal sizes. They depend on
+    these numbers alone."""
+    per_block = max(MIN_ROWS, block_bytes // max(1, row_bytes))
+    count = max(1, math.ceil(n_rows / per_block))
+    edges = [n_rows * i // count for i in range(count + 1)]
+    return [slice(a, b) for a, b in zip(edges, edges[1:]) if b > a]
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool._max_workers < _threads - 1:
+            if _pool is not None:
+                _pool.shutdown(wait=True)
+            _pool = ThreadPoolExecutor(max_workers=_threads - 1, thread_name_prefix="minitfm-rows")
+        return _pool
+
+
+def run(fn, parts: list) -> list:
+    """``[fn(part) for part in parts]``, the parts shared among the threads in contiguous runs
+    (the calling thread takes the first); results in the parts' order."""
+    if _threads == 1 or len(parts) == 1:
+        return [fn(part) for part in parts]
+    n = min(_threads, len(parts))
+    edges = [len(parts) * i // n for i in range(n + 1)]
+    results: list = [None] * len(parts)
+
+    def share(t: int) -> None:
+        for i in range(edges[t], edges[t + 1]):
+            results[i] = fn(parts[i])
+
+    futures = [_executor().submit(share, t) for t in range(1, n)]
+    share(0)
+    for future in futures:
+        future.result()                 # re-raises a block's error here
+    return results
+
+
+def map_rows(fn, n_rows: int, row_bytes: int, block_bytes: int = BLOCK_BYTES) -> list:
+    """``fn(rows)`` for each block of rows (a slice), on the threads: :func:`run` over
+    :func:`blocks`."""
+    return run(fn, blocks(n_rows, row_bytes, block_bytes))
