@@ -8,7 +8,7 @@ bias + ReLU, the residual add; Adam is element-wise, its flat buffers rows of on
 runs the layer's plain code on blocks of rows:
 
 - a block small enough (:data:`BLOCK_BYTES`) to stay in a core's cache between the operations of
-  the pass, so that its sweeps of memory become about one;
+  the pass, so that its sweeps of memory become about one (a LayerNorm on one core: 3x faster);
 - the blocks shared among the worker's threads (NumPy releases the GIL inside its loops), so
   that every core the placement gives the worker does the work that one did.
 
@@ -35,13 +35,18 @@ from minitfm import backend
 
 __all__ = ["BLOCK_BYTES", "use", "enabled", "threads", "active", "blocks", "run", "map_rows"]
 
-BLOCK_BYTES = 1 << 18           # a block's widest array: 256 KiB, a quarter of a core's L2 cache
-MIN_ROWS = 8                    # rows a block has at least (each block costs a few NumPy calls)
+# A block's rows in every array its pass touches: about a core's L2 cache (1-2 MiB on today's
+# x86 cores), large enough that the dozen NumPy calls of a block, serialised by the GIL, stay
+# short beside its arithmetic (256 KiB blocks made a LayerNorm on two threads slower than on one)
+BLOCK_BYTES = 1 << 21
+MIN_ROWS = 8                    # rows a block has at least
 
 _enabled = False
 _threads = 1
 _pool: ThreadPoolExecutor | None = None
+_pool_size = 0
 _pool_lock = threading.Lock()
+_inside = threading.local()     # .block: this thread is running a block of a row pass
 
 
 def use(enabled: bool, threads: int = 1) -> None:
@@ -62,14 +67,15 @@ def threads() -> int:
 
 
 def active(*arrays) -> bool:
-    """Whether a layer given ``arrays`` runs its row pass: chosen, on NumPy, float32 arrays."""
-    if not _enabled or backend.name != "numpy":
+    """Whether a layer given ``arrays`` runs its row pass: chosen, on NumPy, float32 arrays, and
+    not already inside a block (there a layer runs its plain code on the block)."""
+    if not _enabled or backend.name != "numpy" or getattr(_inside, "block", False):
         return False
     return all(a.dtype == backend.xp.float32 for a in arrays)
 
 
 def blocks(n_rows: int, row_bytes: int, block_bytes: int = BLOCK_BYTES) -> list[slice]:
-    """The blocks of ``n_rows`` rows of ``row_bytes`` bytes (of the pass's widest array): about
+    """The blocks of ``n_rows`` rows of ``row_bytes`` bytes (in all the pass's arrays): about
     ``block_bytes`` each, at least :data:`MIN_ROWS` rows, of near-equal sizes. They depend on
     these numbers alone."""
     per_block = max(MIN_ROWS, block_bytes // max(1, row_bytes))
@@ -79,30 +85,43 @@ def blocks(n_rows: int, row_bytes: int, block_bytes: int = BLOCK_BYTES) -> list[
 
 
 def _executor() -> ThreadPoolExecutor:
-    global _pool
+    """The pool of the threads beside the caller's, made on first use (and again for more)."""
+    global _pool, _pool_size
     with _pool_lock:
-        if _pool is None or _pool._max_workers < _threads - 1:
+        if _pool is None or _pool_size < _threads - 1:
             if _pool is not None:
                 _pool.shutdown(wait=True)
-            _pool = ThreadPoolExecutor(max_workers=_threads - 1, thread_name_prefix="minitfm-rows")
+            _pool_size = _threads - 1
+            _pool = ThreadPoolExecutor(max_workers=_pool_size, thread_name_prefix="minitfm-rows")
         return _pool
 
 
 def run(fn, parts: list) -> list:
     """``[fn(part) for part in parts]``, the parts shared among the threads in contiguous runs
     (the calling thread takes the first); results in the parts' order."""
-    if _threads == 1 or len(parts) == 1:
-        return [fn(part) for part in parts]
     n = min(_threads, len(parts))
     edges = [len(parts) * i // n for i in range(n + 1)]
     results: list = [None] * len(parts)
 
     def share(t: int) -> None:
-        for i in range(edges[t], edges[t + 1]):
-            results[i] = fn(parts[i])
+        outer = getattr(_inside, "block", False)
+        _inside.block = True            # the layers called on a block run their plain code
+        try:
+            for i in range(edges[t], edges[t + 1]):
+                results[i] = fn(parts[i])
+        finally:
+            _inside.block = outer
+
+    if n == 1:
+        share(0)
+        return results
 
     futures = [_executor().submit(share, t) for t in range(1, n)]
-    share(0)
+    try:
+        share(0)
+    finally:                            # never leave a block running: it writes our arrays
+        for future in futures:
+            future.exception()
     for future in futures:
         future.result()                 # re-raises a block's error here
     return results

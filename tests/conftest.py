@@ -58,12 +58,15 @@ def cupy_device_available() -> bool:
 
 @pytest.fixture(autouse=True)
 def process_choices_restored():
-    """The precision and the kernels a test chooses are the process's (as a command's are):
-    put back afterwards, so that no other test runs in fp16 or with fused kernels by chance."""
-    from minitfm import fused
+    """The precision, the kernels and the row passes a test chooses are the process's (as a
+    command's are): put back afterwards, so that no other test runs in fp16 or with fused kernels
+    by chance."""
+    from minitfm import fused, rows
     precision, kernels, on_host = backend.precision(), fused.choice(), fused.on_host()
+    row_passes = rows.enabled(), rows.threads()
     yield
     backend._precision, fused._choice, fused._on_host = precision, kernels, on_host
+    rows.use(*row_passes)
 
 
 @pytest.fixture

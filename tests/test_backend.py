@@ -272,6 +272,22 @@ def test_numpy_dropout_masks_are_unchanged(numpy_backend, stream, shape, p, dige
     np.testing.assert_array_equal(first, expected)
 
 
+@pytest.mark.parametrize("shape", [(8,), (6,), (3, 7), (64, 24, 8), (5, 4, 3)])
+@pytest.mark.parametrize("before", [0, 1, 2])
+def test_dropout_draws_the_bytes_of_the_generator(numpy_backend, shape, before):
+    """The mask's 16-bit draws are ``generator.bytes(2 * size)`` (taken from the generator's raw
+    64-bit outputs where they are whole), and leave the generator where ``bytes`` would, after an
+    earlier draw of ``before`` 16-bit halves too."""
+    ours, reference = backend.rng(4, 2), backend.rng(4, 2)
+    ours.bytes(2 * before)
+    reference.bytes(2 * before)
+    keep, _ = backend.dropout_keep(ours, shape, 0.25)
+    raw = np.frombuffer(reference.bytes(2 * int(np.prod(shape))), dtype=np.uint16)
+    np.testing.assert_array_equal(keep, raw.reshape(shape) >= round(0.25 * 2**16))
+    assert ours.bytes(12) == reference.bytes(12)
+    assert ours.random(3).tolist() == reference.random(3).tolist()
+
+
 def test_dropout_refuses_other_generators(numpy_backend, monkeypatch):
     with pytest.raises(TypeError, match="backend.rng"):
         backend.dropout_keep(np.random.RandomState(0), (2, 3), 0.1)

@@ -20,13 +20,18 @@ Fused (``--kernels fused``, on CuPy; the twins are the plain functions): the for
 kernel, a block of threads per row (the sums of the mean and the variance reduced in the block);
 the backward pass two: dx a block per row, dgamma and dbeta a column sum over the rows. Under
 mixed precision the forward kernel also writes y in float16, for the next layer's product.
+
+Row passes (on NumPy, ``--kernels fused``, the default there: :mod:`minitfm.rows`): the plain
+code on blocks of rows, on the worker's threads, each block in cache through the whole pass.
+The forward pass and dx are bit for bit the plain ones; dgamma and dbeta, sums over the rows,
+add the blocks' partial sums (equal to float32 rounding).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend, fused, mixed
+from minitfm import backend, fused, mixed, rows
 
 EPS = 1e-5
 
@@ -45,6 +50,8 @@ def forward(x, p, eps=EPS):
     """Return ``(y, cache)`` with the statistics needed by the backward pass."""
     if fused.active(x, p["gamma"], p["beta"]):
         return _fused_forward(x, p, eps)
+    if rows.active(x, p["gamma"], p["beta"]):
+        return rows_forward(x, p, eps)
     xp = backend.xp
     d = x.shape[-1]
     mu = x.mean(axis=-1, keepdims=True)                             # (..., 1)
@@ -63,6 +70,8 @@ def backward(dy, cache: Cache, out=None):
     """Return ``(dx, {"gamma": dgamma, "beta": dbeta})``."""
     if fused.active(dy, cache.xhat):
         return _fused_backward(dy, cache, out)
+    if rows.active(dy, cache.xhat):
+        return rows_backward(dy, cache, out)
     xhat, rstd, gamma = cache.xhat, cache.rstd, cache.gamma
     xp = backend.xp
     d = xhat.shape[-1]
@@ -210,3 +219,53 @@ def _fused_backward(dy, cache, out):
     PARAM_GRADS((-(-d // 32),), (dy, cache.xhat, grads["gamma"], grads["beta"],
                                  fused.i64(rows), fused.i32(d)))
     return dx, grads
+
+
+# ---- row passes (CPU) -------------------------------------------------------------------------
+
+def rows_forward(x, p, eps=EPS, before=None):
+    """``forward`` on blocks of rows, on the worker's threads. ``before(rows)``: work of the
+    caller's on those rows of x first, while the block is in cache (the residual connection's
+    add)."""
+    xp = backend.xp
+    d = x.shape[-1]
+    x2 = x.reshape(-1, d)                                           # (N, D), a view
+    y, xhat = xp.empty_like(x2), xp.empty_like(x2)
+    rstd = xp.empty((x2.shape[0], 1), dtype=x.dtype)
+
+    def block(part):
+        if before is not None:
+            before(part)
+        y[part], cache = forward(x2[part], p, eps)
+        xhat[part], rstd[part] = cache.xhat, cache.rstd
+
+    rows.map_rows(block, x2.shape[0], 3 * d * x.itemsize)
+    return y.reshape(x.shape), Cache(xhat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1),
+                                     p["gamma"])
+
+
+def rows_backward(dy, cache: Cache, out=None, after=None):
+    """``backward`` on blocks of rows, on the worker's threads: dx row by row as the plain code,
+    dgamma and dbeta the sums of the blocks' partial sums, in block order. ``after(rows, dx)``:
+    work of the caller's on those rows of dx, while the block is in cache."""
+    xp = backend.xp
+    d = dy.shape[-1]
+    dy2, xhat = dy.reshape(-1, d), cache.xhat.reshape(-1, d)        # (N, D)
+    rstd = cache.rstd.reshape(-1, 1)
+    dx = xp.empty(dy2.shape, dtype=dy.dtype)
+
+    def block(part):
+        dx[part], grads = backward(dy2[part], Cache(xhat[part], rstd[part], cache.gamma))
+        if after is not None:
+            after(part, dx[part])
+        return grads
+
+    partial = rows.map_rows(block, dy2.shape[0], 3 * d * dy.itemsize)
+    grads = {}
+    for name in ("gamma", "beta"):
+        total = xp.empty_like(cache.gamma) if out is None else out[name]
+        total[...] = partial[0][name]
+        for more in partial[1:]:
+            total += more[name]
+        grads[name] = total
+    return dx.reshape(dy.shape), grads

@@ -21,14 +21,17 @@ few times as the math allows (it is the largest array of a training step). No pa
 ``forward_backward`` is the two in one call, as the output layer uses them. Fused (``--kernels
 fused``, on CuPy) it is one kernel, a block of threads per row: the row's max, sums, loss and
 negative log-likelihood, and its gradient written over the logits; the per-row results are then
-summed. Its twin is ``forward`` then ``backward``.
+summed. Its twin is ``forward`` then ``backward``. On NumPy (``--kernels fused``, the default
+there) ``forward_backward`` runs ``forward`` and ``backward`` on blocks of rows on the worker's
+threads (:mod:`minitfm.rows`), each block's logits in cache from the max to the gradient: bit
+for bit the plain code.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend, fused
+from minitfm import backend, fused, rows
 
 
 class Cache(NamedTuple):
@@ -97,6 +100,8 @@ def forward_backward(logits, targets, smoothing, dloss=None, pad_id=None, loss_s
     array multiplying ``dloss`` (mixed precision's loss scale)."""
     if fused.active(logits):
         return _fused(logits, targets, smoothing, dloss, pad_id, loss_scale)
+    if rows.active(logits):
+        return _rows_forward_backward(logits, targets, smoothing, dloss, pad_id, loss_scale)
     sums, cache = forward(logits, targets, smoothing, pad_id)
     if dloss is None:
         return sums, None
@@ -172,3 +177,24 @@ def _fused(logits, targets, smoothing, dloss, pad_id, loss_scale):
                   scale, fused.i32(loss_scale is not None)))
     total = sums.reshape(2, n).sum(axis=1)                                   # (2,)
     return (total[0], total[1]), None if dloss is None else logits
+
+
+# ---- row passes (CPU) -------------------------------------------------------------------------
+
+def _rows_forward_backward(logits, targets, smoothing, dloss, pad_id, loss_scale):
+    """``forward_backward`` on blocks of rows, on the worker's threads: the plain per-row
+    losses and gradients of each block, then the sums of the per-row losses over all rows, as
+    ``forward`` sums them."""
+    xp = backend.xp
+    weight = None if dloss is None else dloss if loss_scale is None else dloss * loss_scale
+
+    def block(part):
+        (loss, nll), cache = _row_losses(logits[part], targets[part], smoothing, pad_id)
+        if weight is not None:
+            backward(weight, cache)             # over this block's rows of the logits
+        return loss, nll
+
+    n, v = logits.shape
+    done = rows.map_rows(block, n, v * logits.itemsize)
+    loss, nll = (xp.concatenate([part[i] for part in done]) for i in (0, 1))       # (N,)
+    return (loss.sum(), nll.sum()), None if dloss is None else logits

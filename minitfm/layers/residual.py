@@ -24,13 +24,19 @@ numbers. Fused (``--kernels fused``, on CuPy): the bias, the dropout and the res
 kernel over F'(.) (its Philox mask drawn inside, as dropout.py's kernel draws it); its twin is
 ``_add_dropped``. The backward pass's dropout is dropout.py's fused kernel; b's gradient is the
 sub-layer's (its linear layer's row sum).
+
+Row passes (on NumPy, ``--kernels fused``, the default there: :mod:`minitfm.rows`): the bias,
+the dropout (its mask drawn whole, as the plain code draws it) and the add run on blocks of rows
+on the worker's threads, and post-LN's LayerNorm on each block right after, while it is in
+cache; backward, the LayerNorm's and the dropout's passes share their blocks too. Bit for bit
+the plain code, but for the LayerNorm's dgamma and dbeta (sums over the rows: layernorm.py).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend, fused, philox
+from minitfm import backend, fused, philox, rows
 from minitfm.layers import dropout, layernorm
 
 
@@ -50,6 +56,8 @@ def forward(x, sublayer, ln, p_drop, rng, pre_ln, bias=None):
         f, c_drop = _add_dropped(x, f, p_drop, rng, bias)
         return f, Cache(c_ln, c_sub, c_drop, pre_ln)
     f, c_sub = sublayer(x)
+    if _rows_apply(x, f):
+        return _rows_post_ln(x, f, c_sub, ln, p_drop, rng, bias)
     f, c_drop = _add_dropped(x, f, p_drop, rng, bias)
     y, c_ln = layernorm.forward(f, ln)
     return y, Cache(c_ln, c_sub, c_drop, pre_ln)
@@ -77,8 +85,11 @@ def backward(dy, cache: Cache, sublayer_backward, out=None):
         dx, g_ln = layernorm.backward(dh, cache.ln, out)
         dx += dy                                    # the identity path
         return (dx, *rest, g_ln)
-    ds, g_ln = layernorm.backward(dy, cache.ln, out)
-    df, _ = dropout.backward(ds, cache.dropout)
+    if rows.active(dy, cache.ln.xhat):
+        ds, df, g_ln = _rows_ln_dropout_backward(dy, cache, out)
+    else:
+        ds, g_ln = layernorm.backward(dy, cache.ln, out)
+        df, _ = dropout.backward(ds, cache.dropout)
     dx, *rest = sublayer_backward(df, cache.sublayer)
     dx += ds                                        # the identity path
     return (dx, *rest, g_ln)
@@ -90,6 +101,10 @@ def _add_dropped(x, f, p_drop, rng, bias=None):
     if fused.active(x, f) and (bias is not None or drop) and (
             not drop or isinstance(rng, philox.Philox)):
         return _fused_add_dropped(x, f, p_drop if drop else 0.0, rng, bias)
+    if _rows_apply(x, f):
+        add, c_drop = _rows_adder(x, f, p_drop, rng, bias)
+        rows.map_rows(add, f.size // f.shape[-1], 3 * f.shape[-1] * f.itemsize)
+        return f, c_drop
     if bias is not None:
         f += bias
     f, c_drop = dropout.forward(f, p_drop, rng, inplace=True)
@@ -140,3 +155,60 @@ def _fused_add_dropped(x, f, p_drop, rng, bias):
            (f, x, f if bias is None else bias, keep, fused.i64(f.size), fused.i32(f.shape[-1]),
             fused.i32(bias is not None), fused.i32(cache is not None), *args))
     return f, cache
+
+
+# ---- row passes (CPU) -------------------------------------------------------------------------
+
+def _rows_apply(x, f) -> bool:
+    """Whether the row passes take ``x + Dropout(f + b)``: chosen, and f's rows lie in order
+    (the sub-layer's product), so that a block of rows is a view of f."""
+    return rows.active(x, f) and f.flags.c_contiguous and x.shape == f.shape
+
+
+def _rows_adder(x, f, p_drop, rng, bias):
+    """``(add, dropout cache)``: the mask drawn whole from ``rng`` (the plain code's draw),
+    ``add(rows)`` then computing ``_add_dropped``'s lines on those rows of f, in place."""
+    d = f.shape[-1]
+    x2, f2 = x.reshape(-1, d), f.reshape(-1, d)                     # (N, d)
+    c_drop = None
+    if rng is not None and p_drop > 0.0:
+        keep, scale = backend.dropout_keep(rng, f.shape, p_drop)
+        c_drop, keep2 = dropout.Cache(keep, scale), keep.reshape(-1, d)
+
+    def add(part):
+        block = f2[part]
+        if bias is not None:
+            block += bias
+        if c_drop is not None:
+            backend.xp.multiply(block, keep2[part], out=block)
+            block *= c_drop.scale
+        block += x2[part]
+
+    return add, c_drop
+
+
+def _rows_post_ln(x, f, c_sub, ln, p_drop, rng, bias):
+    """Post-LN's ``LN(x + Dropout(f + b))``, the add and the LayerNorm on the same blocks."""
+    add, c_drop = _rows_adder(x, f, p_drop, rng, bias)
+    y, c_ln = layernorm.rows_forward(f, ln, before=add)
+    return y, Cache(c_ln, c_sub, c_drop, False)
+
+
+def _rows_ln_dropout_backward(dy, cache: Cache, out):
+    """Post-LN's ``ds = LN'(dy)`` and ``df = Dropout'(ds)`` on the same blocks:
+    ``(ds, df, LayerNorm grads)``."""
+    c_drop = cache.dropout
+    if c_drop is None:
+        ds, g_ln = layernorm.rows_backward(dy, cache.ln, out)
+        return ds, ds, g_ln
+    d = dy.shape[-1]
+    keep2 = c_drop.keep.reshape(-1, d)
+    df = backend.xp.empty(dy.shape, dtype=dy.dtype)
+    df2 = df.reshape(-1, d)
+
+    def drop(part, ds):                  # dropout.backward's lines on these rows
+        backend.xp.multiply(ds, keep2[part], out=df2[part])
+        df2[part] *= c_drop.scale
+
+    ds, g_ln = layernorm.rows_backward(dy, cache.ln, out, after=drop)
+    return ds, df, g_ln
