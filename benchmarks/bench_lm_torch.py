@@ -10,9 +10,10 @@ update (beta2 0.99, weight decay 0.1 on matrices and the embedding). Both run in
 same random blocks. The shapes: ``default`` is train_lm.py's defaults (2 layers, d 128, 22 blocks
 of 48 tokens), ``nanogpt-cpu`` nanoGPT's CPU recipe (4 layers, d 128, 12 blocks of 64).
 
-The two alternate, ``--steps`` steps each per round, so a noisy shared machine slows both alike;
-the step times quoted are medians over every step measured. minitfm runs with one BLAS thread
-(what train_lm.py sets); PyTorch runs with one thread and with the machine's threads.
+The contenders alternate, ``--steps`` steps each per round, so a noisy shared machine slows them
+alike; the step times quoted are medians over every step measured. minitfm and PyTorch each run
+on one thread and on the machine's threads (minitfm: its BLAS threads and its row passes, as
+``train_lm.py --threads N``; ``--kernels plain``: its plain code).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import time       # noqa: E402
 
 import numpy      # noqa: E402
 
-from minitfm import backend, flat, optim  # noqa: E402
+from minitfm import backend, flat, optim, placement, rows  # noqa: E402
 from minitfm.models import lm  # noqa: E402
 
 SHAPES = {  # (config, batch)
@@ -136,6 +137,9 @@ def main(argv=None) -> int:
     parser.add_argument("--shape", default="default", choices=tuple(SHAPES))
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=10, help="steps per round and contender")
+    parser.add_argument("--kernels", choices=("fused", "plain"), default="fused",
+                        help="minitfm's row passes (fused, its default on the CPU) or its plain "
+                             "code")
     parser.add_argument("--breakdown", action="store_true",
                         help="also time minitfm's array operations one by one: its matrix "
                              "products alone bound how far ahead of PyTorch it can get")
@@ -149,20 +153,27 @@ def main(argv=None) -> int:
     backend.use("numpy")
     cfg, batch = SHAPES[args.shape]
     x, y = make_blocks(cfg, batch)
-    threads = os.cpu_count() or 1
-    contenders = {"minitfm (NumPy, 1 thread)": (MinitfmStep(cfg, x, y), None),
-                  f"PyTorch {torch.__version__} eager, 1 thread": (TorchStep(cfg, x, y), 1),
-                  f"PyTorch eager, {threads} threads": (TorchStep(cfg, x, y), threads)}
+    threads = placement.available_cores()
+    ours_name = f"minitfm (NumPy, {placement.count(threads, 'thread')})"
+    contenders = {"minitfm (NumPy, 1 thread)": (MinitfmStep(cfg, x, y), 1, False),
+                  ours_name: (MinitfmStep(cfg, x, y), threads, False),
+                  f"PyTorch {torch.__version__} eager, 1 thread": (TorchStep(cfg, x, y), 1, True),
+                  f"PyTorch eager, {threads} threads": (TorchStep(cfg, x, y), threads, True)}
+    if threads == 1:
+        del contenders[ours_name]
     times: dict[str, list[float]] = {name: [] for name in contenders}
     for round_ in range(args.rounds + 1):                  # round 0 warms up, not counted
-        for name, (step, n_threads) in contenders.items():
-            if n_threads is not None:
+        for name, (step, n_threads, is_torch) in contenders.items():
+            if is_torch:
                 torch.set_num_threads(n_threads)
+            else:       # the BLAS threads and the row passes, as train_lm.py --threads N
+                placement.limit_blas_threads(n_threads)
+                rows.use(args.kernels != "plain", n_threads)
             measured = timed(step, args.steps)
             if round_:
                 times[name] += measured
     tokens = batch * cfg.max_len
-    ours = statistics.median(times["minitfm (NumPy, 1 thread)"])
+    ours = statistics.median(times[ours_name])
     print(f"shape {args.shape}: {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} "
           f"heads, d_ff {cfg.d_ff}, batch {batch} x {cfg.max_len} tokens; "
           f"{args.rounds} rounds of {args.steps} steps each")
@@ -177,6 +188,8 @@ def main(argv=None) -> int:
               "torch_version": torch.__version__}
     if args.breakdown:
         import op_counter            # the operation counter, here with its clock on
+        rows.use(args.kernels != "plain", 1)        # it counts in one thread
+        placement.limit_blas_threads(1)
         seconds = op_counter.clocked(lambda: MinitfmStep(cfg, x, y), args.steps)
         products, others = op_counter.split_seconds(seconds)
         other = sum(others.values())

@@ -4,7 +4,7 @@ PyTorch's model and step (:func:`torch_model`, :func:`torch_step`) serve the GPU
 (``gpu_check.py``: on a CUDA device, in float32, TF32 and AMP).
 
     pip install torch            # not a dependency of minitfm; only this comparison needs it
-    python benchmarks/bench_torch.py [--preset small] [--steps 5] [--extra-dropout 0.1]
+    python benchmarks/bench_torch.py [--preset small] [--steps 5] [--rounds 3] [--extra-dropout 0.1]
 
 Both models are the same Transformer: the preset's sizes, post-LN, ReLU feed-forward, one shared
 embedding scaled by sqrt(d_model) that is also the output projection, sinusoidal positions,
@@ -14,8 +14,11 @@ nn.Transformer's own dropout there is replaced by them; ``--extra-dropout P`` se
 both models, as nn.Transformer has it by default), label-smoothed cross-entropy over the
 target tokens, and an Adam update. Both run
 in float32 on the same random batch (128 sentences x 24 tokens per side) with the machine's
-threads. Step times are medians; the fraction of the float32 matrix-multiply peak uses the
-analytic FLOP count of bench_train.py and a peak measured in the same run.
+threads: minitfm with its plain code and with its row passes (``--kernels fused``, the default
+of its commands on the CPU), PyTorch eager. The three take turns, ``--steps`` steps each per
+round, so that a busy machine slows them alike; the figures are the medians of the rounds'
+medians. The fraction of the float32 matrix-multiply peak uses the analytic FLOP count of
+bench_train.py and a peak measured in the same run.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -31,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_train import BATCHES, make_batch, matmul_peak, step_flops  # noqa: E402
 
-from minitfm import backend, cli, flat, optim  # noqa: E402
+from minitfm import backend, cli, flat, optim, placement, rows  # noqa: E402
 from minitfm.models import translator  # noqa: E402
 
 
@@ -121,34 +125,47 @@ def torch_step(cfg: translator.Config, src, tgt, device: str = "cpu", precision:
     return step
 
 
-def torch_step_seconds(cfg: translator.Config, src, tgt, steps: int, warmup: int) -> float:
-    step = torch_step(cfg, src, tgt)
-    times = []
-    for _ in range(warmup + steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return sorted(times[warmup:])[steps // 2]
-
-
-def minitfm_step_seconds(cfg: translator.Config, src, tgt, steps: int, warmup: int) -> float:
+def minitfm_step(cfg: translator.Config, src, tgt):
+    """A function running one training step of minitfm (as train() runs it: one flat gradient
+    buffer for the run, the loss and gradients, the Adam update)."""
     params = translator.init_params(cfg, 0)
     adam = optim.Adam(params)
-    grads = flat.zeros_like(params)          # one gradient buffer for the run, as train() keeps
-    times = []
-    for step in range(warmup + steps):
-        start = time.perf_counter()
-        translator.loss_and_grads(params, cfg, src, tgt, backend.rng(0, step), out=grads)
+    grads = flat.zeros_like(params)
+    count = iter(range(1 << 62))
+
+    def step():
+        translator.loss_and_grads(params, cfg, src, tgt, backend.rng(0, next(count)), out=grads)
         adam.update(params, grads, 1e-4)
-        times.append(time.perf_counter() - start)
-    return sorted(times[warmup:])[steps // 2]
+    return step
+
+
+def alternate(contenders: dict, rounds: int, steps: int, warmup: int) -> dict:
+    """``{name: [median step seconds of each round]}``: each contender ``(step, setup)`` runs
+    ``steps`` timed steps in turn, round after round (``setup()`` first: the row passes on or
+    off), so that a busy machine slows them alike; ``warmup`` untimed steps each, first."""
+    for step, setup in contenders.values():
+        setup()
+        for _ in range(warmup):
+            step()
+    medians: dict = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, (step, setup) in contenders.items():
+            setup()
+            times = []
+            for _ in range(steps):
+                start = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - start)
+            medians[name].append(statistics.median(times))
+    return medians
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="small", choices=["small", "base"])
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (the figures: medians)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--extra-dropout", type=float, default=0.0,
                         help="attention and ReLU dropout in both models (default 0, the paper's)")
@@ -159,29 +176,43 @@ def main(argv=None) -> int:
         print("PyTorch is not installed: `pip install torch` to run this comparison",
               file=sys.stderr)
         return 2
-    torch.set_num_threads(os.cpu_count() or 1)
+    cores = placement.available_cores()
+    torch.set_num_threads(cores)
+    placement.limit_blas_threads(cores)
     cli.reuse_freed_memory()                 # as the training scripts do; for both contenders
 
     batch, src_len, tgt_len = BATCHES[args.preset]
     cfg = translator.Config.preset(args.preset, attention_dropout=args.extra_dropout,
-                              relu_dropout=args.extra_dropout)
+                                   relu_dropout=args.extra_dropout)
     src, tgt = make_batch(cfg, batch, src_len, tgt_len)
     flops = step_flops(cfg, batch, src_len, tgt_len, batch * tgt_len)
     peak = matmul_peak()
-    ours = minitfm_step_seconds(cfg, src, tgt, args.steps, args.warmup)
-    theirs = torch_step_seconds(cfg, src, tgt, args.steps, args.warmup)
+    ours = minitfm_step(cfg, src, tgt)
+    fast = f"minitfm (NumPy, {placement.count(cores, 'thread')})"
+    contenders = {
+        "minitfm (NumPy, plain)": (ours, lambda: rows.use(False)),
+        fast: (ours, lambda: rows.use(True, cores)),
+        f"PyTorch {torch.__version__} eager": (torch_step(cfg, src, tgt), lambda: rows.use(False)),
+    }
+    medians = alternate(contenders, args.rounds, args.steps, args.warmup)
     peak = max(peak, matmul_peak())
-    rows = {"minitfm (NumPy)": ours, f"PyTorch {torch.__version__} eager": theirs}
+    seconds = {name: statistics.median(times) for name, times in medians.items()}
     print(f"preset {args.preset}, attention and ReLU dropout {args.extra_dropout:g}, batch "
           f"{batch}x{src_len}/{tgt_len}, {flops / 1e9:.1f} GFLOP per step, float32 matmul peak "
-          f"{peak:.1f} GFLOP/s")
-    print(f"{'':<28} {'step s':>8} {'tgt tok/s':>10} {'of peak':>8}")
-    for name, seconds in rows.items():
-        print(f"{name:<28} {seconds:>8.3f} {batch * tgt_len / seconds:>10.0f} "
-              f"{flops / seconds / 1e9 / peak:>8.1%}")
-    print(f"minitfm is {theirs / ours:.2f}x faster per step")
-    print(json.dumps({"preset": args.preset, "peak_gflop_per_s": peak, "gflop_per_step": flops / 1e9,
-                      "minitfm_step_s": ours, "torch_step_s": theirs,
+          f"{peak:.1f} GFLOP/s; medians of {args.rounds} rounds of {args.steps} steps")
+    print(f"{'':<34} {'step s':>8} {'tgt tok/s':>10} {'of peak':>8}  rounds")
+    for name, value in seconds.items():
+        rounds = " ".join(f"{t:.3f}" for t in medians[name])
+        print(f"{name:<34} {value:>8.3f} {batch * tgt_len / value:>10.0f} "
+              f"{flops / value / 1e9 / peak:>8.1%}  {rounds}")
+    theirs = seconds[f"PyTorch {torch.__version__} eager"]
+    print(f"minitfm is {theirs / seconds[fast]:.2f}x faster per step with the row passes "
+          f"({theirs / seconds['minitfm (NumPy, plain)']:.2f}x with the plain code)")
+    print(json.dumps({"preset": args.preset, "peak_gflop_per_s": peak,
+                      "gflop_per_step": flops / 1e9, "threads": cores,
+                      "minitfm_step_s": seconds[fast],
+                      "minitfm_plain_step_s": seconds["minitfm (NumPy, plain)"],
+                      "torch_step_s": theirs, "rounds": medians,
                       "torch_version": torch.__version__}))
     return 0
 

@@ -34,7 +34,8 @@ import subprocess
 import sys
 import time
 
-from minitfm import backend, cli, flat, gradscale, mixed, optim, options
+from minitfm import (backend, cli, flat, fused, gradscale, mixed, optim, options, placement,
+                     rows)
 from minitfm.models import base, translator
 
 BATCHES = {"toy": (128, 24, 24), "small": (128, 24, 24), "base": (128, 32, 32)}
@@ -165,6 +166,7 @@ def breakdown(name: str, steps: int) -> dict:
     import op_counter                # the operation counter, here with its clock on
     batch, src_len, tgt_len = BATCHES[name]
     cfg = preset_config(name)
+    rows.use(rows.enabled(), 1)       # the operation counter counts in one thread
     seconds = op_counter.clocked(lambda: make_step(cfg, batch, src_len, tgt_len), steps)
     products, others = op_counter.split_seconds(seconds)
     return {"matmul_s": products, "other_s": sum(others.values()),
@@ -182,7 +184,7 @@ def main(argv=None) -> int:
                         help="also time every array operation (NumPy only): the seconds in matrix "
                              "products, in everything else by layer, and the fraction of peak the "
                              "step would reach if everything but the matrix products were free")
-    options.add(parser, "precision")
+    options.add(parser, "precision", "kernels")
     parser.add_argument("--worker", help=argparse.SUPPRESS)    # one preset, in this process
     args = parser.parse_args(argv)
     try:
@@ -194,6 +196,9 @@ def main(argv=None) -> int:
         parser.error("--breakdown times NumPy operations: run it with the numpy backend")
     if args.worker:
         cli.reuse_freed_memory()             # as the training scripts do
+        kernels = args.kernels or ("plain" if backend.is_gpu() else "fused")   # the commands'
+        fused.use(kernels)
+        rows.use(kernels == "fused" and not backend.is_gpu(), placement.available_cores())
         row = run_preset(args.worker, args.steps, args.warmup)
         if args.breakdown:
             row.update(breakdown(args.worker, args.steps))
@@ -201,10 +206,11 @@ def main(argv=None) -> int:
         return 0
 
     peak = matmul_peak()
-    rows = []
+    table = []
     for name in args.presets:
         cmd = [sys.executable, __file__, "--worker", name, "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--precision", precision] + (
+                   ["--kernels", args.kernels] if args.kernels else []) + (
                    ["--breakdown"] if args.breakdown else [])
         out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
         if out.returncode != 0:
@@ -212,20 +218,20 @@ def main(argv=None) -> int:
             return 1
         row = json.loads(out.stdout.strip().splitlines()[-1])
         row["fraction_of_peak"] = row["gflop_per_s"] / peak
-        rows.append(row)
+        table.append(row)
     peak_after = matmul_peak()       # the machine is shared: bracket the run
     print(f"backend {backend.name}, precision {precision} ({why}); float32 matmul peak "
           f"{peak:.1f} GFLOP/s before, {peak_after:.1f} after (fractions use the higher)")
     peak = max(peak, peak_after)
     print(f"{'preset':<7} {'batch':>10} {'step s':>8} {'tgt tok/s':>10} {'GFLOP':>8} "
           f"{'GFLOP/s':>8} {'of peak':>8} {'peak RSS MiB':>13}")
-    for row in rows:
+    for row in table:
         row["fraction_of_peak"] = row["gflop_per_s"] / peak
         print(f"{row['preset']:<7} {row['batch']:>10} {row['step_s']:>8.3f} "
               f"{row['target_tokens_per_s']:>10.0f} {row['gflop_per_step']:>8.1f} "
               f"{row['gflop_per_s']:>8.1f} {row['fraction_of_peak']:>8.1%} "
               f"{row['peak_rss_mib']:>13.0f}")
-    for row in rows if args.breakdown else []:
+    for row in table if args.breakdown else []:
         row["fraction_of_peak_products_alone"] = row["gflop_per_step"] / row["matmul_s"] / peak
         top = ", ".join(f"{module} {s:.3f}" for module, s in
                         list(row["other_s_by_module"].items())[:6])
@@ -234,7 +240,7 @@ def main(argv=None) -> int:
               f"products free, the step would reach "
               f"{row['fraction_of_peak_products_alone']:.1%} of peak")
     print(json.dumps({"backend": backend.name, "precision": precision,
-                      "matmul_peak_gflop_per_s": peak, "presets": rows}, indent=1))
+                      "matmul_peak_gflop_per_s": peak, "presets": table}, indent=1))
     return 0
 
 

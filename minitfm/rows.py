@@ -39,6 +39,9 @@ __all__ = ["BLOCK_BYTES", "use", "enabled", "threads", "active", "blocks", "run"
 # x86 cores), large enough that the dozen NumPy calls of a block, serialised by the GIL, stay
 # short beside its arithmetic (256 KiB blocks made a LayerNorm on two threads slower than on one)
 BLOCK_BYTES = 1 << 21
+# Smaller passes still split, so that two to four threads share them: blocks of 128 KiB and
+# more, at most SPLIT of them (a language model's (1056, 128) LayerNorm: 4 blocks)
+SPLIT, SPLIT_BYTES = 4, 1 << 17
 MIN_ROWS = 8                    # rows a block has at least
 
 _enabled = False
@@ -76,10 +79,12 @@ def active(*arrays) -> bool:
 
 def blocks(n_rows: int, row_bytes: int, block_bytes: int = BLOCK_BYTES) -> list[slice]:
     """The blocks of ``n_rows`` rows of ``row_bytes`` bytes (in all the pass's arrays): about
-    ``block_bytes`` each, at least :data:`MIN_ROWS` rows, of near-equal sizes. They depend on
-    these numbers alone."""
-    per_block = max(MIN_ROWS, block_bytes // max(1, row_bytes))
-    count = max(1, math.ceil(n_rows / per_block))
+    ``block_bytes`` each, or up to :data:`SPLIT` of at least :data:`SPLIT_BYTES` where that
+    makes more, at least :data:`MIN_ROWS` rows, of near-equal sizes. They depend on these
+    numbers alone."""
+    total = n_rows * row_bytes
+    count = max(math.ceil(total / block_bytes), min(SPLIT, total // SPLIT_BYTES))
+    count = max(1, min(count, n_rows // MIN_ROWS))
     edges = [n_rows * i // count for i in range(count + 1)]
     return [slice(a, b) for a, b in zip(edges, edges[1:]) if b > a]
 
