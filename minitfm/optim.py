@@ -34,7 +34,9 @@ stay float32 (every scalar is a Python float, which does not promote an array's 
 
 Array math goes through ``backend.xp``, so the same code runs on NumPy and on CuPy. Fused
 (``--kernels fused``, on CuPy, flat buffers): the Adam step is one kernel over the four buffers;
-its twin is ``adam_step``. (Clipping and loss scaling, before the update: :mod:`minitfm.gradscale`.)
+its twin is ``adam_step``. On NumPy (``--kernels fused``, the default there) the flat update runs
+on blocks of the buffers on the worker's threads (:mod:`minitfm.rows`), bit for bit the plain
+update. (Clipping and loss scaling, before the update: :mod:`minitfm.gradscale`.)
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from minitfm import backend, flat, fused
+from minitfm import backend, flat, fused, rows
 
 __all__ = ["Adam", "LRSchedule", "WarmupDecaySchedule", "Cooldown", "run_progress",
            "decays_by_default", "adam_step", "coefficients"]
@@ -272,11 +274,9 @@ class Adam:
         b1, b2, step_size, v_scale, keep = coefficients(self.beta1, self.beta2, self.step, lr,
                                                         1.0 - decay, state)
         if buffers is not None:
-            p, g, m, v = buffers
-            if decay and self.decayed:
-                xp = backend.xp     # 1 - lr * decay where a parameter decays, 1 elsewhere
-                p *= xp.where(self._flat_decay_mask(params), keep, 1.0).astype(p.dtype)
-            adam_step(p, g, m, v, b1, b2, self.eps, step_size, v_scale)
+            decays = self._flat_decay_mask(params) if decay and self.decayed else None
+            step = rows_flat_step if rows.active(*buffers) else flat_step
+            step(*buffers, decays, keep, b1, b2, self.eps, step_size, v_scale)
             return
         for name, p in params.items():
             if decay and name in self.decayed:
@@ -348,6 +348,14 @@ def adam_step(p, g, m, v, b1, b2, eps: float, step_size, v_scale) -> None:
     p -= buf                                # p -= lr m_hat / (sqrt(v_hat) + eps)
 
 
+def flat_step(p, g, m, v, decays, keep, b1, b2, eps: float, step_size, v_scale) -> None:
+    """The update of flat buffers, in place: AdamW's decay, ``p *= keep`` where ``decays``
+    (a bool buffer; None: no decay), then :func:`adam_step`."""
+    if decays is not None:      # 1 - lr * decay where a parameter decays, 1 elsewhere
+        p *= backend.xp.where(decays, keep, 1.0).astype(p.dtype)
+    adam_step(p, g, m, v, b1, b2, eps, step_size, v_scale)
+
+
 ADAM_SOURCE = r"""
 // AdamW over flat buffers: the operations of adam_step, one element a thread
 extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, const bool* decays,
@@ -370,9 +378,23 @@ extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, co
 def _adam_twin(p, g, m, v, decays, n, decay, keep, b1, b2, eps, step, lr, state, scaled):
     b1, b2, step_size, v_scale, keep = coefficients(float(b1), float(b2), int(step), float(lr),
                                                     float(keep), state if scaled else None)
-    if decay:
-        p *= backend.xp.where(decays, keep, 1.0).astype(p.dtype)
-    adam_step(p, g, m, v, b1, b2, float(eps), step_size, v_scale)
+    flat_step(p, g, m, v, decays if decay else None, keep, b1, b2, float(eps), step_size, v_scale)
 
 
 ADAM = fused.Kernel("adam", ADAM_SOURCE, _adam_twin)
+
+
+# ---- row passes (CPU) -------------------------------------------------------------------------
+
+def rows_flat_step(p, g, m, v, decays, keep, b1, b2, eps: float, step_size, v_scale) -> None:
+    """:func:`flat_step` on blocks of the buffers, on the worker's threads.
+
+    adam_step is a dozen passes over four buffers: over whole buffers (tens of MB) each reads back
+    from memory what the last one wrote, on a block it finds it in the core's cache. Element-wise,
+    on blocks set by the size alone: the plain update's bits, with any number of threads.
+    """
+    def block(part):
+        flat_step(p[part], g[part], m[part], v[part], None if decays is None else decays[part],
+                  keep, b1, b2, eps, step_size, v_scale)
+
+    rows.map_rows(block, p.size, 5 * p.itemsize)    # a row: p, g, m, v and adam_step's scratch

@@ -85,6 +85,8 @@ def blocks(n_rows: int, row_bytes: int, block_bytes: int = BLOCK_BYTES) -> list[
     total = n_rows * row_bytes
     count = max(math.ceil(total / block_bytes), min(SPLIT, total // SPLIT_BYTES))
     count = max(1, min(count, n_rows // MIN_ROWS))
+    if n_rows == 0:
+        return []
     edges = [n_rows * i // count for i in range(count + 1)]
     return [slice(a, b) for a, b in zip(edges, edges[1:]) if b > a]
 
@@ -104,6 +106,8 @@ def _executor() -> ThreadPoolExecutor:
 def run(fn, parts: list) -> list:
     """``[fn(part) for part in parts]``, the parts shared among the threads in contiguous runs
     (the calling thread takes the first); results in the parts' order."""
+    if not parts:
+        return []
     n = min(_threads, len(parts))
     edges = [len(parts) * i // n for i in range(n + 1)]
     results: list = [None] * len(parts)

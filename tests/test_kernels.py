@@ -56,11 +56,13 @@ def test_a_fused_call_is_one_launch_on_the_double(cupy_backend):
 
 
 def test_fused_kernels_run_on_cupy_only(numpy_backend):
-    with pytest.raises(backend.BackendError, match="fused kernels run on a GPU.*--kernels plain"):
-        fused.use("fused")
+    """On NumPy ``fused`` chooses the row passes (minitfm.rows): no kernel runs there."""
     with pytest.raises(backend.BackendError, match="unknown kernels 'fast'"):
         fused.use("fast")
     assert fused.choice() == "plain"
+    fused.use("fused")
+    assert fused.choice() == "fused"
+    assert not fused.active(np.ones(3, dtype=np.float32))
 
 
 def test_the_double_refuses_to_run_cuda_and_checks_launches(cupy_backend):
@@ -161,13 +163,18 @@ def test_train_wmt_with_fused_kernels_reaches_the_plain_parameters(cupy_env, cor
         assert launches[0] < 0.6 * launches[1], launches
 
 
-def test_fused_kernels_on_numpy_are_a_usage_error(tmp_path):
-    done = subprocess.run([sys.executable, "train_toy.py", "--backend", "numpy", "--kernels",
-                           "fused", "--max-steps", "1", "--out", str(tmp_path / "run")], cwd=ROOT,
+@pytest.mark.parametrize("kernels, words", [
+    (None, "row passes on 2 threads (--kernels fused)"),
+    ("fused", "row passes on 2 threads (--kernels fused)"),
+    ("plain", "plain array code (--kernels plain)")])
+def test_on_numpy_the_first_line_says_which_code_runs(tmp_path, kernels, words):
+    done = subprocess.run([sys.executable, "train_toy.py", "--backend", "numpy", "--threads", "2",
+                           "--max-steps", "1", "--out", str(tmp_path / "run"), "--quiet"]
+                          + (["--kernels", kernels] if kernels else []), cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.strip().splitlines()[-1].startswith(
-        "error: --kernels fused: fused kernels run on a GPU"), done.stderr
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("placement: 2 BLAS threads (--threads") and first.endswith(words)
 
 
 def test_the_kernel_check_command(cupy_env, tmp_path):

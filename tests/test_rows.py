@@ -45,6 +45,11 @@ def test_blocks_cover_the_rows_in_order_and_depend_on_the_shape_alone():
             assert rows.blocks(n, row_bytes) == parts
 
 
+def test_no_rows_make_no_blocks():
+    rows.use(True, 2)
+    assert rows.blocks(0, 64) == [] and rows.map_rows(lambda part: 1 / 0, 0, 64) == []
+
+
 def test_run_returns_results_in_order_from_every_thread():
     rows.use(True, 3)
     names = set()

@@ -9,43 +9,26 @@ M is an additive mask: 0 where a query may look, -1e9 where it may not (padded k
 positions in the decoder's self-attention: ``padding_mask``, ``causal_mask``). exp(-1e9 - max)
 underflows to exactly 0, so a masked key gets exactly zero weight and zero gradient.
 
-Backward
+Backward (M is a constant and gets no gradient)
     dV = P'^T dO
     dP'= dO V^T
     dP = dP' * m / (1 - p_att)       the dropout's backward (dropout.py); dP = dP' without it
     dS = P * (dP - rowsum(dP * P))   softmax Jacobian: dS_ij = P_ij (dP_ij - sum_k dP_ik P_ik)
-    dQ = dS K / sqrt(d_k)
-    dK = dS^T Q / sqrt(d_k)
-    (M is a constant and gets no gradient.)
-Attention dropout (Tensor2Tensor's "attention_dropout", fairseq's "--attention-dropout") zeroes
-whole attention weights, so each query sees a random subset of its keys: a regulariser for small
-corpora, off by default.
+    dQ = dS K / sqrt(d_k),  dK = dS^T Q / sqrt(d_k)
+Attention dropout (Tensor2Tensor's "attention_dropout", fairseq's "--attention-dropout"; off by
+default), a regulariser for small corpora, zeroes whole weights: each query sees a random subset.
 
 Multi-head attention
     MultiHead(Q, K, V) = Concat(head_1 .. head_h) W_O + b_O,  head_i = Attention(Q W_Q^i, K W_K^i, V W_V^i)
-The per-head projections are fused into one matrix product: self-attention projects x once with
-W_QKV = [W_Q | W_K | W_V] (d_model, 3 d_model); cross-attention projects the decoder state with
-W_Q and the encoder output once with W_KV = [W_K | W_V] (d_model, 2 d_model). Each head reads
-its d_k = d_model / h columns of those products.
+The heads' projections are one product each: W_QKV = [W_Q | W_K | W_V] over x (self-attention),
+W_Q over the decoder state and W_KV = [W_K | W_V] over the encoder output (cross-attention); each
+head reads its d_k = d_model / h columns. As row t of causal attention reads positions <= t alone,
+``self_step`` and ``cross_step`` decode a position at a time, over the keys and values kept so far.
 
-Parameters: self-attention "w_qkv" (d, 3d), "b_qkv" (3d,), "w_o" (d, d), "b_o" (d,);
-cross-attention "w_q" (d, d), "b_q", "w_kv" (d, 2d), "b_kv", "w_o", "b_o" -- each pair the "w" and
-"b" of one linear layer (see ``self_param_shapes``, ``cross_param_shapes``).
-
-Incremental decoding
-The output at position t of causal self-attention depends only on positions <= t, so a model that
-generates one position at a time need not recompute the earlier ones: ``self_step`` projects
-position t alone, writes its key and value into slot t of per-layer buffers (R, H, L, d_k) and
-lets its query attend to slots 0..t -- the row t of ``self_forward`` with a causal mask (no mask is
-needed: slots after t are never read). ``cross_step`` is the row t of ``cross_forward``; the keys
-and values of the encoder output do not change from step to step and are projected once, by
-``cross_kv``, and several rows may share one source's (the beams of a sentence). Each step sits
-right below the forward pass it mirrors.
-
-Fused (``--kernels fused``, on CuPy): the scaling, the mask and the softmax are one kernel over
-the scores, a block of threads per row (the max and the sum reduced in the block), and the
-softmax backward (with the 1 / sqrt(d_k) of dQ and dK) is one kernel over dP; their twins are the
-plain lines of ``sdpa_forward`` and ``sdpa_backward``.
+Fused (``--kernels fused``): on CuPy the scaled, masked softmax is one kernel over the scores, a
+block of threads per row, and its backward (with dQ's and dK's 1 / sqrt(d_k)) one over dP, twins
+of the plain lines; on NumPy (the default there) the scaled dot-product attention runs on blocks
+of the batch on the worker's threads (:mod:`minitfm.rows`), bit for bit the plain code.
 """
 
 from __future__ import annotations
@@ -53,7 +36,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from minitfm import backend, fused
+from minitfm import backend, fused, rows
 from minitfm.layers import dropout, linear, positional
 
 MASKED = -1e9
@@ -63,8 +46,7 @@ MASKED = -1e9
 
 def padding_mask(ids, pad_id, dtype):
     """ids (B, S) -> (B, 1, 1, S): MASKED at padded keys, 0 elsewhere."""
-    xp = backend.xp
-    return xp.where(ids == pad_id, MASKED, 0.0).astype(dtype)[:, None, None, :]
+    return backend.xp.where(ids == pad_id, MASKED, 0.0).astype(dtype)[:, None, None, :]
 
 
 _causal_masks: dict = {}     # (array module, T, dtype) -> mask, a constant made once
@@ -93,33 +75,29 @@ class SdpaCache(NamedTuple):
 
 
 def sdpa_forward(q, k, v, mask=None, o_out=None, p_drop=0.0, rng=None):
-    """q (B, H, T, d_k), k and v (B, H, S, d_k), mask broadcastable to (B, H, T, S).
-
-    ``o_out``: where to write O (B, H, T, d_k), e.g. a view of merged heads (``heads_buffer``).
-    ``p_drop``: attention dropout, drawn from ``rng`` (none when ``rng`` is None: evaluation).
-    """
-    xp = backend.xp
+    """q (B, H, T, d_k), k and v (B, H, S, d_k), mask broadcastable to (B, H, T, S); ``o_out``:
+    where to write O (B, H, T, d_k), e.g. a view of merged heads (``heads_buffer``); ``p_drop``:
+    attention dropout, drawn from ``rng`` (none when ``rng`` is None: evaluation)."""
+    if blocks := _row_blocks(q, k, dropping=p_drop != 0.0 and rng is not None):
+        return _rows_forward(q, k, v, mask, o_out, blocks)
     scale = 1.0 / math.sqrt(q.shape[-1])
     s = q @ k.swapaxes(-1, -2)                      # (B, H, T, S)
-    # the kernel takes (B, H, T, S) scores; beam search's cross-attention, several beams to a
-    # source (B, H, K, T, S), takes the plain lines
+    # the kernel takes (B, H, T, S) scores, beam search's (B, H, K, T, S) the plain lines
     if s.ndim == 4 and fused.active(s, *(() if mask is None else (mask,))):
         p = _fused_softmax(s, scale, mask)
     else:
         p = _softmax(s, scale, mask)
     p_dropped, c_drop = dropout.forward(p, p_drop, rng)     # a new array: P stays for backward
-    o = xp.matmul(p_dropped, v, out=o_out)          # (B, H, T, d_k)
+    o = backend.xp.matmul(p_dropped, v, out=o_out)  # (B, H, T, d_k)
     return o, SdpaCache(q, k, v, p, p_dropped, c_drop, scale)
 
 
 def sdpa_backward(do, cache: SdpaCache, dq_out=None, dk_out=None, dv_out=None):
-    """Return ``(dq, dk, dv, {})``: no parameters (the mask is a constant).
-
-    ``dq_out``, ``dk_out``, ``dv_out``: where to write the three gradients, e.g. views of merged
-    heads (``heads_buffer``), so that no copy merges them afterwards.
-    """
-    xp = backend.xp
-    q, k, v, p = cache.q, cache.k, cache.v, cache.p
+    """Return ``(dq, dk, dv, {})`` (no parameters: the mask is a constant), written into
+    ``dq_out``, ``dk_out``, ``dv_out`` when given, e.g. views of merged heads (``heads_buffer``)."""
+    if blocks := _row_blocks(cache.q, cache.k, dropping=cache.dropout is not None):
+        return _rows_backward(do, cache, dq_out, dk_out, dv_out, blocks)
+    xp, q, k, v, p = backend.xp, cache.q, cache.k, cache.v, cache.p
     dv = xp.matmul(cache.p_dropped.swapaxes(-1, -2), do, out=dv_out)   # (B, H, S, d_k)
     dp = do @ v.swapaxes(-1, -2)                                # (B, H, T, S)
     if cache.dropout is not None:
@@ -153,6 +131,50 @@ def _softmax_backward(dp, p, scale):
     ds *= p                                         # dS = P * (dP - rowsum(dP * P))
     ds *= scale                                     # fold 1/sqrt(d_k) in once for dQ and dK
     return ds
+
+
+# ---- row passes (CPU) ------------------------------------------------------------------------
+
+def _row_blocks(q, k, dropping: bool) -> list[slice] | None:
+    """The blocks of the batch the row passes below run on, sized by an element's arrays in the
+    backward pass (the larger), or None: the plain code for beam search's 5-D scores, a decoding
+    step's one query (too little to share) and attention dropout (one stream draws its mask)."""
+    if dropping or q.ndim != 4 or q.shape[2] == 1 or not rows.active(q, k) or fused.active(q):
+        return None
+    (b, h, t, d_k), s = q.shape, k.shape[2]     # P, dP (T, S); q, dO, dQ; k, v, dK, dV (S, d_k)
+    return rows.blocks(b, h * (2 * t * s + (3 * t + 4 * s) * d_k) * q.itemsize)
+
+
+def _rows_forward(q, k, v, mask, o_out, blocks):
+    """``sdpa_forward`` without dropout on blocks of the batch shared among the worker's threads
+    (``minitfm.rows``), a block's scores in a core's cache from Q K^T to P V (NumPy alone runs on
+    one core, sweeping all (B, H, T, S) scores): the same operations per element, the same bits."""
+    xp, scale = backend.xp, 1.0 / math.sqrt(q.shape[-1])
+    p = xp.empty(q.shape[:3] + k.shape[2:3], dtype=q.dtype)     # (B, H, T, S), a slice a block
+    o = xp.empty(q.shape, dtype=q.dtype) if o_out is None else o_out     # (B, H, T, d_k)
+    own_mask = mask is not None and mask.ndim == 4 and mask.shape[0] > 1     # one per element
+
+    def block(r):
+        xp.matmul(q[r], k[r].swapaxes(-1, -2), out=p[r])                # the scores, in P
+        _softmax(p[r], scale, mask[r] if own_mask else mask)
+        xp.matmul(p[r], v[r], out=o[r])
+    rows.run(block, blocks)
+    return o, SdpaCache(q, k, v, p, p, None, scale)
+
+
+def _rows_backward(do, cache: SdpaCache, dq_out, dk_out, dv_out, blocks):
+    """``sdpa_backward`` without dropout on blocks of the batch, as ``_rows_forward``."""
+    xp, q, k, v, p = backend.xp, cache.q, cache.k, cache.v, cache.p
+    dq, dk, dv = (xp.empty(a.shape, dtype=a.dtype) if out is None else out
+                  for a, out in ((q, dq_out), (k, dk_out), (v, dv_out)))
+
+    def block(r):
+        xp.matmul(p[r].swapaxes(-1, -2), do[r], out=dv[r])              # (b, H, S, d_k)
+        ds = _softmax_backward(do[r] @ v[r].swapaxes(-1, -2), p[r], cache.scale)  # (b, H, T, S)
+        xp.matmul(ds, k[r], out=dq[r])                                  # (b, H, T, d_k)
+        xp.matmul(ds.swapaxes(-1, -2), q[r], out=dk[r])                 # (b, H, S, d_k)
+    rows.run(block, blocks)
+    return dq, dk, dv, {}
 
 
 # ---- fused: the softmax with its mask, each way ----------------------------------------------
@@ -196,18 +218,13 @@ SOFTMAX = fused.Kernel("softmax_forward", SOFTMAX_SOURCE, _softmax_twin)
 
 
 def _fused_softmax(s, scale, mask):
-    xp = backend.xp
-    b, h, t, cols = s.shape
-    strides, has_mask = (0, 0, 0, 0), 0
+    xp, (b, h, t, cols) = backend.xp, s.shape
+    strides = (0, 0, 0, 0)              # no mask (has_mask 0): s stands in, never read
     if mask is not None:
         mask = xp.ascontiguousarray(mask)
-        item = mask.dtype.itemsize
-        strides = tuple(st // item for st in xp.broadcast_to(mask, s.shape).strides)
-        has_mask = 1
-    else:
-        mask = s                        # not read
-    SOFTMAX((b * h * t,), (s, mask, fused.i32(cols), fused.i32(h), fused.i32(t),
-                           *map(fused.i64, strides), fused.i32(has_mask),
+        strides = tuple(st // mask.dtype.itemsize for st in xp.broadcast_to(mask, s.shape).strides)
+    SOFTMAX((b * h * t,), (s, s if mask is None else mask, fused.i32(cols), fused.i32(h),
+                           fused.i32(t), *map(fused.i64, strides), fused.i32(mask is not None),
                            fused.f32(scale)))
     return s
 
@@ -230,8 +247,7 @@ def _softmax_backward_twin(dp, p, cols, scale):
     _softmax_backward(dp, p, float(scale))
 
 
-SOFTMAX_BACKWARD = fused.Kernel("softmax_backward", SOFTMAX_BACKWARD_SOURCE,
-                                _softmax_backward_twin)
+SOFTMAX_BACKWARD = fused.Kernel("softmax_backward", SOFTMAX_BACKWARD_SOURCE, _softmax_backward_twin)
 
 
 # ---- head split / merge, projections ---------------------------------------------------------
@@ -260,14 +276,9 @@ def merge_heads(*heads):
     return out.reshape(b, t, len(heads) * h * d_k)
 
 
-def _projection_shapes(name, d_in, d_out):
-    """The parameter shapes of the linear layer ``name``: "w_{name}", "b_{name}"."""
-    return {f"{k}_{name}": shape for k, shape in linear.param_shapes(d_in, d_out).items()}
-
-
-def _projection_grads(grads, name):
-    """A linear layer's gradients ``{"w", "b"}`` under the names of projection ``name``."""
-    return {f"{k}_{name}": g for k, g in grads.items()}
+def _projection(d, name):
+    """A linear layer's ``{"w", "b"}`` (shapes, gradients) as ``{"w_{name}", "b_{name}"}``."""
+    return {f"{k}_{name}": a for k, a in d.items()}
 
 
 def _projection_out(out, name):
@@ -285,14 +296,13 @@ class SelfCache(NamedTuple):
 
 
 def self_param_shapes(d_model: int) -> dict[str, tuple[int, ...]]:
-    return {**_projection_shapes("qkv", d_model, 3 * d_model),
-            **_projection_shapes("o", d_model, d_model)}
+    return {**_projection(linear.param_shapes(d_model, 3 * d_model), "qkv"),
+            **_projection(linear.param_shapes(d_model, d_model), "o")}
 
 
 def self_forward(x, p, mask, n_heads, p_drop=0.0, rng=None, add_bias=True):
-    """x (B, T, d_model); p has "w_qkv" (d, 3d), "b_qkv", "w_o" (d, d), "b_o". ``p_drop``:
-    attention dropout on the weights, drawn from ``rng`` (see ``sdpa_forward``);
-    ``add_bias=False``: b_o is left to the caller (``linear.forward``)."""
+    """x (B, T, d_model); p: "w_qkv" (d, 3d), "b_qkv", "w_o" (d, d), "b_o"; ``p_drop``, ``rng``:
+    attention dropout (``sdpa_forward``); ``add_bias=False``: b_o left to the caller."""
     qkv, c_qkv = linear.forward(x, {"w": p["w_qkv"], "b": p["b_qkv"]})              # (B, T, 3d)
     q, k, v = split_heads(qkv, 3, n_heads)                               # (B, H, T, d_k) each
     merged, (o,) = heads_buffer(*x.shape[:2], 1, n_heads, q.shape[-1], x.dtype)
@@ -302,13 +312,10 @@ def self_forward(x, p, mask, n_heads, p_drop=0.0, rng=None, add_bias=True):
 
 
 def self_step(x, p, k_buf, v_buf, t, n_heads: int):
-    """Causal self-attention of position t alone over positions 0..t; return y (R, d).
-
-    x (R, d_model) is position t of R rows; its key and value go into slot t of ``k_buf`` and
-    ``v_buf`` (R, H, L, d_k), whose slots < t the earlier steps wrote. Equals row t of
-    ``self_forward`` with a causal mask. ``t`` may be ``positional.Positions``: runs of rows at
-    different positions, each run a step of its own.
-    """
+    """Row t alone of ``self_forward`` with a causal mask; return y (R, d). x (R, d_model) is
+    position t of R rows; its key and value go into slot t of ``k_buf`` and ``v_buf`` (R, H, L,
+    d_k), whose slots < t the earlier steps wrote (slots after t are never read: no mask). ``t``
+    may be ``positional.Positions``: runs of rows at different positions, each a step of its own."""
     qkv, _ = linear.forward(x, {"w": p["w_qkv"], "b": p["b_qkv"]})                  # (R, 3d)
     q, k, v = split_heads(qkv[:, None], 3, n_heads)                      # (R, H, 1, d_k) each
     o = backend.xp.empty_like(q)                                         # (R, H, 1, d_k)
@@ -326,7 +333,7 @@ def self_backward(dy, cache: SelfCache, out=None):
     dqkv, (dq, dk, dv) = heads_buffer(*dy.shape[:2], 3, cache.n_heads, q.shape[-1], q.dtype)
     sdpa_backward(*split_heads(do, 1, cache.n_heads), cache.attention, dq, dk, dv)
     dx, g_qkv = linear.backward(dqkv, cache.qkv, _projection_out(out, "qkv"))
-    return dx, {**_projection_grads(g_qkv, "qkv"), **_projection_grads(g_o, "o")}
+    return dx, {**_projection(g_qkv, "qkv"), **_projection(g_o, "o")}
 
 
 # ---- multi-head cross-attention (decoder queries, encoder keys and values) -----------------
@@ -340,17 +347,14 @@ class CrossCache(NamedTuple):
 
 
 def cross_param_shapes(d_model: int) -> dict[str, tuple[int, ...]]:
-    return {**_projection_shapes("q", d_model, d_model),
-            **_projection_shapes("kv", d_model, 2 * d_model),
-            **_projection_shapes("o", d_model, d_model)}
+    return {**_projection(linear.param_shapes(d_model, d_model), "q"),
+            **_projection(linear.param_shapes(d_model, 2 * d_model), "kv"),
+            **_projection(linear.param_shapes(d_model, d_model), "o")}
 
 
 def cross_forward(x, memory, p, mask, n_heads, p_drop=0.0, rng=None, add_bias=True):
-    """x (B, T, d) decoder state, memory (B, S, d) encoder output.
-
-    p has "w_q" (d, d), "b_q", "w_kv" (d, 2d), "b_kv", "w_o", "b_o". ``p_drop``: attention
-    dropout on the weights, drawn from ``rng`` (see ``sdpa_forward``); ``add_bias``: as above.
-    """
+    """x (B, T, d) decoder state, memory (B, S, d) encoder output; p: "w_q" (d, d), "b_q",
+    "w_kv" (d, 2d), "b_kv", "w_o" (d, d), "b_o"; ``p_drop``, ``rng``, ``add_bias``: as above."""
     qp, c_q = linear.forward(x, {"w": p["w_q"], "b": p["b_q"]})                     # (B, T, d)
     kv, c_kv = linear.forward(memory, {"w": p["w_kv"], "b": p["b_kv"]})             # (B, S, 2d)
     (q,) = split_heads(qp, 1, n_heads)
@@ -368,13 +372,10 @@ def cross_kv(memory, p, n_heads):
 
 
 def cross_step(x, p, k, v, mask, n_heads: int):
-    """Cross-attention of one position over precomputed keys and values; return y (R, d).
-
-    x (R, d_model), R = n * G: rows g*G .. g*G + G - 1 attend to row g of k and v
-    (n, H, S, d_k) from ``cross_kv`` and of mask (n, 1, 1, S) (G = 1: a source per row). The
-    shared row is broadcast, not copied: each row's products are the ones it would have over a
-    copy of its own. Each row equals one row of ``cross_forward``.
-    """
+    """One position of ``cross_forward`` over keys and values from ``cross_kv``; return y (R, d).
+    x (R, d_model), R = n * G: rows g*G .. g*G + G - 1 attend to row g of k and v (n, H, S, d_k)
+    and of mask (n, 1, 1, S) (G = 1: a source per row), broadcast, not copied: each row's
+    products are the ones it would have over a copy of its own."""
     n, h, s, d_k = k.shape
     qp, _ = linear.forward(x, {"w": p["w_q"], "b": p["b_q"]})                       # (R, d)
     (q,) = split_heads(qp[:, None], 1, n_heads)                          # (R, H, 1, d_k)
@@ -395,6 +396,5 @@ def cross_backward(dy, cache: CrossCache, out=None):
     sdpa_backward(*split_heads(do, 1, cache.n_heads), cache.attention, dq, dk, dv)
     dx, g_q = linear.backward(dq_merged, cache.q, _projection_out(out, "q"))
     dmemory, g_kv = linear.backward(dkv, cache.kv, _projection_out(out, "kv"))
-    grads = {**_projection_grads(g_q, "q"), **_projection_grads(g_kv, "kv"),
-             **_projection_grads(g_o, "o")}
-    return dx, dmemory, grads
+    return dx, dmemory, {**_projection(g_q, "q"), **_projection(g_kv, "kv"),
+                         **_projection(g_o, "o")}

@@ -12,6 +12,11 @@ Backward
 Parameters: "table" (V, d_model). The same matrix may be used several times in one step (source
 embedding, target embedding, output projection); each use returns its own gradient and the model
 adds them.
+
+Row passes (``--kernels fused`` on NumPy, float32): the scatter-add sorts the ids and adds the
+first row of every id in one indexed add, then the second, ... (:func:`rows_scatter_add`),
+instead of one row after another: each row of the table still receives its id's rows in their
+order, from its own value: the plain backward's bits, some ten times faster.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from minitfm import backend
+from minitfm import backend, rows
 
 
 class Cache(NamedTuple):
@@ -50,6 +55,55 @@ def backward(dy, cache: Cache, out=None):
     ``out`` rather than overwriting it: a table used several times sums its uses there).
     """
     dtable = backend.xp.zeros(cache.shape, dtype=cache.dtype) if out is None else out["table"]
-    rows = dy.reshape(-1, cache.shape[1]) * cache.scale     # (N, d_model), scaled before the sum
-    backend.scatter_add(dtable, cache.ids.reshape(-1), rows)
+    scaled = dy.reshape(-1, cache.shape[1]) * cache.scale   # (N, d_model), scaled before the sum
+    if rows.active(scaled, dtable) and scaled.size >= ROW_PASS_MIN and cache.shape[1] > 1:
+        rows_scatter_add(dtable, cache.ids.reshape(-1), scaled)
+    else:
+        backend.scatter_add(dtable, cache.ids.reshape(-1), scaled)
     return None, {"table": dtable}
+
+
+# ---- row passes (CPU) -------------------------------------------------------------------------
+
+ROW_PASS_MIN = 1 << 14      # numbers in dy below which add.at is as fast (the sort's fixed cost)
+WIDE_PASS = 16              # ids a pass serves at least; fewer ids left: they go one by one
+
+
+def rows_scatter_add(target, indices, values) -> None:
+    """``numpy.add.at(target, indices, values)`` (indices 1-D, values (N, d), d > 1) in fewer,
+    wider operations, with add.at's bits.
+
+    add.at adds the N rows one after another, some microseconds each. Here the rows are sorted
+    by id, stably (each id's rows keep their order), and added a rank at a time:
+
+        pass r = 0, 1, ...     the r-th row of every id that has more than r rows, at once:
+                               target[ids] += values[their r-th rows]   (distinct ids: exact)
+        then, once fewer than WIDE_PASS ids have rows left, each of those on its own:
+                               target[id] = sum over axis 0 of (target[id], its rows left)
+
+    Each row of ``target`` thus receives its id's rows one after another, from its own value,
+    as add.at adds them. (NumPy sums a C-ordered (c, d) array over axis 0 row after row, d
+    numbers at a time; for d = 1 it would use pairwise sums, hence d > 1.)
+    """
+    xp = backend.xp
+    order = xp.argsort(indices, kind="stable")             # (N,) each id's rows together
+    ids = indices[order]                                    # (N,) sorted
+    if ids.size == 0 or ids[0] < 0:                         # none, or ids counted from the end
+        backend.scatter_add(target, indices, values)
+        return
+    first = xp.flatnonzero(xp.diff(ids, prepend=ids[0] - 1))    # (U,) where each id's rows start
+    count = xp.diff(first, append=ids.size)                 # (U,) the rows of each id
+    most = xp.argsort(-count, kind="stable")                # the ids with most rows first: the
+    first, count = first[most], count[most]                 # ids of a pass are then a prefix
+    wide = xp.searchsorted(-count, -xp.arange(count[0]))    # (max count,) ids with count > r
+    rank = 0
+    while rank < count[0] and wide[rank] >= WIDE_PASS:
+        n = wide[rank]
+        target[ids[first[:n]]] += values[order[first[:n] + rank]]       # (n, d)
+        rank += 1
+    for k in range(wide[rank] if rank < count[0] else 0):   # the ids with rows left, one by one
+        left = order[first[k] + rank:first[k] + count[k]]
+        stack = xp.empty((1 + left.size, values.shape[1]), dtype=target.dtype)
+        stack[0] = target[ids[first[k]]]
+        xp.take(values, left, axis=0, out=stack[1:])        # (1 + c, d): the row, then its rows
+        target[ids[first[k]]] = xp.add.reduce(stack, axis=0)

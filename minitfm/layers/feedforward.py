@@ -9,8 +9,8 @@ Forward
 Backward
     dW2 = a^T dy,  db2 = sum dy,  da = dy W2^T
     da  = da * m / (1 - p_relu)      the dropout's backward (dropout.py), when it was applied
-    dh  = da * [h > 0]               ReLU passes the gradient where it was active ([a > 0] is the same set;
-                                     where dropout zeroed a, da is already 0)
+    dh  = da * [h > 0]               ReLU passes the gradient where it was active ([a > 0] is the
+                                     same set; where dropout zeroed a, da is already 0)
     dW1 = x^T dh,  db1 = sum dh,  dx = dh W1^T
 
 ReLU dropout (fairseq's "activation dropout", Tensor2Tensor's "relu_dropout") drops hidden units
@@ -21,14 +21,17 @@ Parameters: the two linear layers' "w" and "b", numbered: "w1", "b1", "w2", "b2"
 Fused (``--kernels fused``, on CuPy): b1, the ReLU and its dropout are one kernel over x W1 (the
 dropout's Philox mask drawn inside, as dropout.py's kernel draws it), and their backward one
 kernel over da; the twins are the plain lines of ``forward`` and ``backward``. Under mixed
-precision the forward kernel also writes its output in float16, for the second product.
+precision the forward kernel also writes its output in float16, for the second product. On NumPy
+(``--kernels fused``, the default there) b1 + ReLU, and the ReLU's (and dropout's) backward, run
+on blocks of rows on the worker's threads (minitfm.rows), bit for bit the plain code; the dropout's
+mask is still drawn over the whole array, from its generator's one stream.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend, fused, mixed, philox
+from minitfm import backend, fused, mixed, philox, rows
 from minitfm.layers import dropout, linear
 
 
@@ -52,6 +55,8 @@ def forward(x, p, p_drop=0.0, rng=None, add_bias=True):
     """
     if fused.active(x, p["w1"]) and (rng is None or isinstance(rng, philox.Philox)):
         return _fused_forward(x, p, p_drop, rng, add_bias)
+    if rows.active(x, p["w1"], p["b1"]):
+        return _rows_forward(x, p, p_drop, rng, add_bias)
     h, c_first = linear.forward(x, {"w": p["w1"], "b": p["b1"]})        # (..., d_ff)
     a = backend.xp.maximum(h, 0, out=h)                                # in place: a = max(0, h)
     a, c_drop = dropout.forward(a, p_drop, rng, inplace=True)          # a is ours
@@ -75,10 +80,67 @@ def backward(dy, cache: Cache, out=None):
 
 
 def _relu_dropout_backward(da, cache: Cache):
+    if rows.active(da, cache.a):
+        return relu_dropout_backward_rows(da, cache)
     if cache.dropout is not None:
         da, _ = dropout.backward(da, cache.dropout)
     da *= cache.a > 0                               # dh = da * [h > 0], in place
     return da
+
+
+# ---- row passes (CPU) -----------------------------------------------------------------------
+
+def _rows_forward(x, p, p_drop, rng, add_bias):
+    """``forward`` with b1 and the ReLU one pass over blocks of rows of x W1."""
+    # b1 is the pass's to add; its gradient stays linear's row sum, as without the pass
+    h, c_first = linear.forward(x, {"w": p["w1"], "b": p["b1"]}, add_bias=False)  # (..., d_ff)
+    a = bias_relu_rows(h, p["b1"])                                     # in place over h
+    # the mask is drawn over all of a at once: the generator's stream, as the plain code draws it
+    a, c_drop = dropout.forward(a, p_drop, rng, inplace=True)
+    y, c_second = linear.forward(a, {"w": p["w2"], "b": p["b2"]}, add_bias)   # (..., d_model)
+    return y, Cache(c_first, a, c_drop, c_second)
+
+
+def bias_relu_rows(h, b):
+    """``h += b; a = max(0, h)`` in place, on blocks of rows of h (..., d) on the threads
+    (minitfm.rows): a block is added to and clipped while it is in the core's cache, one sweep
+    of memory where the plain lines make two. Returns a, the plain lines' bits (a copy of h only
+    where h could not be viewed as rows)."""
+    h2 = h.reshape(-1, h.shape[-1])                         # (N, d_ff)
+    # the same maximum against a row of zeros: NumPy's loop for an array operand is a few times
+    # faster than its loop for a scalar one, and gives the same bits
+    zeros = backend.xp.zeros(h2.shape[1], dtype=h2.dtype)
+
+    def bias_relu(block: slice) -> None:
+        hb = h2[block]
+        hb += b
+        backend.xp.maximum(hb, zeros, out=hb)
+
+    rows.map_rows(bias_relu, h2.shape[0], h2.shape[1] * h2.itemsize)
+    return h2.reshape(h.shape)
+
+
+def relu_dropout_backward_rows(da, cache: Cache):
+    """``_relu_dropout_backward`` on blocks of rows of da (..., d_ff) on the threads
+    (minitfm.rows): the dropout's ``da * keep * scale``, then ``* [a > 0]``, the same operations
+    in the same order on each block, so the plain code's bits. Each block's [a > 0] is made and
+    used while the block is in the core's cache. In place over da (linear.backward's new array,
+    ours), where the plain dropout backward makes a new one."""
+    d = da.shape[-1]
+    da2, a2 = da.reshape(-1, d), cache.a.reshape(-1, d)    # (N, d_ff)
+    keep = None if cache.dropout is None else cache.dropout.keep.reshape(-1, d)
+
+    def backward_block(block: slice) -> None:
+        dab = da2[block]
+        if keep is not None:                                # dropout.backward, in place
+            backend.xp.multiply(dab, keep[block], out=dab)
+            dab *= cache.dropout.scale
+        dab *= a2[block] > 0
+
+    # a row in every array the pass touches: da and a (float32), [a > 0] and keep (bool)
+    row_bytes = d * (2 * da2.itemsize + 1 + (keep is not None))
+    rows.map_rows(backward_block, da2.shape[0], row_bytes)
+    return da2.reshape(da.shape)
 
 
 # ---- fused: b1 + ReLU + dropout, each way -----------------------------------------------------

@@ -16,7 +16,9 @@ Mixed precision (``--precision fp16``, minitfm.mixed): the three products take f
 (x, W and dY cast, W from the update's float16 copy of the parameters), sum in float32 and give
 float32 results (dW straight into the float32 gradient buffer). The cache keeps the float16 x,
 half the memory of x. Fused (``--kernels fused``): dY's float16 copy and db, its column sums,
-come from one kernel.
+come from one kernel. On NumPy (``--kernels fused``, the default there) the bias add and db stay
+the plain code, whole-array: each is one operation, one sweep of memory already, which blocks of
+rows (minitfm.rows) made slower, not faster; the feed-forward's row pass adds its b1.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Every layer's backward pass against float64 central differences, on random shapes and values."""
 
+import math
 from pathlib import Path
 
 import pytest
@@ -7,6 +8,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from minitfm import backend, layers
+from minitfm.layers import feedforward
 from minitfm.gradcheck.check import STEP, TOLERANCE, check_case, check_gradients
 from minitfm.gradcheck.cases import CASES
 from minitfm.gradcheck.__main__ import main as gradcheck_main
@@ -27,6 +29,32 @@ def sizes_for(case, ranges):
     return st.fixed_dictionaries({k: st.integers(*ranges[k]) for k in case.sizes if k in ranges})
 
 
+RELU_MARGIN = 1e-3      # a ReLU input nearer 0 than this: finite differences straddle the kink
+
+
+def relu_inputs_clear_of_zero(case, seed, sizes) -> bool:
+    """Whether every ReLU input of the case's forward pass (as ``check_case`` draws it) lies at
+    least :data:`RELU_MARGIN` from 0. Nearer, the perturbed objective is not smooth within the
+    steps, and the finite differences, not the backward pass, are wrong (an input 8e-9 from 0
+    made x's error 0.14 in a decoder-only stack)."""
+    nearest = [math.inf]
+    plain = feedforward.forward
+
+    def watched(x, p, *args, **kwargs):
+        h = x.reshape(-1, p["w1"].shape[0]) @ p["w1"] + p["b1"]         # the ReLU's input
+        nearest[0] = min(nearest[0], float(abs(h).min()))
+        return plain(x, p, *args, **kwargs)
+
+    rng = backend.host_rng(seed)
+    arrays = case.draw(rng, {**case.sizes, **sizes})
+    feedforward.forward = watched
+    try:
+        case.forward(arrays, {**case.sizes, **sizes})
+    finally:
+        feedforward.forward = plain
+    return nearest[0] >= RELU_MARGIN
+
+
 def assert_close(errors, case):
     worst = max(errors, key=errors.get)
     assert errors[worst] <= TOLERANCE, f"{case.name}: {worst} relative error {errors[worst]:.2e}"
@@ -41,6 +69,7 @@ def test_layer_gradients(case, data, seed):
         # d_model >= 2, as for the stacks: with one head of one dimension the gradient through
         # the queries is often ~1e-6 of the objective, below what finite differences resolve
         assume(sizes["h"] * sizes["dk"] >= 2)
+    assume(relu_inputs_clear_of_zero(case, seed, sizes))
     assert_close(check_case(case, seed, sizes), case)
 
 
@@ -52,6 +81,7 @@ def test_stack_gradients(case, data, seed):
     assume(sizes["h"] * sizes["dk"] >= 3)                      # d_model >= 3, as above
     sizes["p"] = data.draw(st.sampled_from([0.0, 0.25]))       # with fixed dropout masks too:
     sizes["pa"] = data.draw(st.sampled_from([0.0, 0.25]))      # residual, attention and ReLU
+    assume(relu_inputs_clear_of_zero(case, seed, sizes))
     assert_close(check_case(case, seed, sizes), case)
 
 
@@ -123,3 +153,12 @@ def test_cli_reports_a_table_and_exit_status(capsys):
     out = capsys.readouterr().out
     assert "layernorm" in out and "pass" in out and "1 passed, 0 failed" in out
     assert gradcheck_main(["no such layer"]) == 2
+
+
+def test_a_relu_input_at_its_kink_is_recognised():
+    """The draw whose ReLU input lay 8e-9 from 0 is set aside; another seed of it is checked."""
+    case = next(c for c in CASES if c.name == "decoder-only stack (pre-LN)")
+    sizes = {"b": 2, "h": 1, "t": 2, "s": 1, "dk": 3, "f": 4, "n": 1, "p": 0.25, "pa": 0.0}
+    assert not relu_inputs_clear_of_zero(case, 431, sizes)
+    assert relu_inputs_clear_of_zero(case, 432, sizes)
+    assert_close(check_case(case, 432, sizes), case)
