@@ -1,3 +1,7 @@
 """minitfm: the Transformer of "Attention Is All You Need", from scratch on NumPy/CuPy arrays."""
 
+from minitfm import blas
+
 __version__ = "0.1.0"
+
+blas.apply()            # before NumPy loads OpenBLAS, which reads its settings once (blas.py)

@@ -204,3 +204,25 @@ def test_float64_runs_the_plain_code():
         rows.map_rows = original
     assert calls == [] and y.dtype == np.float64
     np.testing.assert_array_equal(y, y_plain)
+
+
+def test_openblas_threads_sleep_soon_unless_the_environment_says_otherwise():
+    from minitfm import blas
+    environ = {}
+    assert blas.apply(environ) == {"OPENBLAS_THREAD_TIMEOUT": "16"} == environ
+    environ = {"OPENBLAS_THREAD_TIMEOUT": "28"}
+    assert blas.apply(environ) == {} and environ == {"OPENBLAS_THREAD_TIMEOUT": "28"}
+
+
+def test_the_package_sets_it_before_numpy_loads_openblas():
+    """Importing minitfm sets the variable and loads no NumPy: every module after it that does
+    finds the variable in place."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    code = ("import sys, os, minitfm; print('numpy' in sys.modules, "
+            "os.environ['OPENBLAS_THREAD_TIMEOUT'])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert done.stdout.split() == ["False", "16"], done.stderr

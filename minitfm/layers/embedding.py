@@ -106,4 +106,4 @@ def rows_scatter_add(target, indices, values) -> None:
         stack = xp.empty((1 + left.size, values.shape[1]), dtype=target.dtype)
         stack[0] = target[ids[first[k]]]
         xp.take(values, left, axis=0, out=stack[1:])        # (1 + c, d): the row, then its rows
-        target[ids[first[k]]] = xp.add.reduce(stack, axis=0)
+        target[ids[first[k]]] = stack.sum(axis=0)      # row after row (add.reduce)
