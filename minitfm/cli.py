@@ -117,18 +117,18 @@ def place(threads: int | None, cap: int | None, precision: str | None = None,
     rows.use(on_cpu and fused.choice() == "fused", decided.threads or 1)
     if announce and world.is_root:
         print(f"{decided.describe()}; precision {chosen} "
-              f"({'--precision' if precision else why}); {_fast_path()}", flush=True)
+              f"({'--precision' if precision else why}){_fast_path(on_cpu)}", flush=True)
     return decided
 
 
-def _fast_path() -> str:
-    """The run's first line's last words: which code runs outside the products, on how many
-    threads."""
+def _fast_path(on_cpu: bool) -> str:
+    """The run's first line's last words: what runs outside the products (on the CPU, on how
+    many threads); nothing for a GPU's plain code, its default."""
     if rows.enabled():
-        return f"row passes on {placement.count(rows.threads(), 'thread')} (--kernels fused)"
+        return f"; row passes on {placement.count(rows.threads(), 'thread')} (--kernels fused)"
     if fused.choice() == "fused":
-        return "fused kernels"
-    return "plain array code (--kernels plain)"
+        return "; fused kernels"
+    return "; plain array code (--kernels plain)" if on_cpu else ""
 
 
 # ---- the run directory -----------------------------------------------------------------------

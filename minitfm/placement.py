@@ -16,10 +16,11 @@ that applies:
    (the first one set, in that order): the user's own choice;
 3. the cores this process may use (``os.sched_getaffinity``; ``os.cpu_count()`` where that is
    missing) divided by the workers on this machine, at least 1, and at most the command's own
-   default where it has one (the small models of ``train_toy.py`` and ``train_lm.py`` gain
-   nothing from a second thread).
+   default where it has one (``train_toy.py``'s small models gain nothing from a second
+   thread; ``train_lm.py --sample`` neither).
 
-The number is applied with threadpoolctl before the first matrix product, and :func:`place`
+The number is applied with threadpoolctl before the first matrix product, and the row passes
+outside the products (:mod:`minitfm.rows`, chosen by ``cli.place``) use as many; :func:`place`
 returns it, with the reason, as a :class:`Placement` whose :meth:`~Placement.describe` is the
 ``placement: ...`` line every trainer prints first.
 """

@@ -44,7 +44,9 @@ from minitfm.training.validation import evaluate
 # character in under a minute on a two-core CPU (docs/results.md, "Language model"): the model
 # of the "cpu" preset, and this recipe.
 _CPU = lm.PRESETS["cpu"]
-THREADS = 1              # BLAS threads at most by default: the matrices are too small for more
+THREADS = None           # training: the worker's share of the cores (row passes and BLAS on
+                         # two threads: 1.4x one thread's steps on two cores)
+SAMPLING_THREADS = 1     # one position at a time: products too small for a second thread
 TRAINER = options.Trainer(
     shared=("vocab_size", "layers", "d_model", "heads", "d_ff", "dropout", "batch_size",
             "max_steps", "max_epochs", "time_limit", "schedule", "lr", "lr_factor", "min_lr",
@@ -259,7 +261,7 @@ def finish(args: argparse.Namespace, state, cfg: lm.LMConfig, tokenizer, prompt,
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.sample:
-        return cli.report_errors(lambda: lm_sampling.run_sampling(args, THREADS),
+        return cli.report_errors(lambda: lm_sampling.run_sampling(args, SAMPLING_THREADS),
                                  sizes="--max-new-tokens")
 
     def in_its_directory() -> int:
