@@ -33,7 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from minitfm import backend
 
-__all__ = ["BLOCK_BYTES", "use", "enabled", "threads", "active", "blocks", "run", "map_rows"]
+__all__ = ["BLOCK_BYTES", "MIN_BYTES", "use", "enabled", "threads", "chosen", "active", "blocks",
+           "run", "map_rows"]
 
 # A block's rows in every array its pass touches: about a core's L2 cache (1-2 MiB on today's
 # x86 cores), large enough that the dozen NumPy calls of a block, serialised by the GIL, stay
@@ -43,21 +44,27 @@ BLOCK_BYTES = 1 << 21
 # more, at most SPLIT of them (a language model's (1056, 128) LayerNorm: 4 blocks)
 SPLIT, SPLIT_BYTES = 4, 1 << 17
 MIN_ROWS = 8                    # rows a block has at least
+# Arrays smaller than this in all (a language model's (1056, 128) LayerNorm, 0.5 MiB) run the
+# plain code: they fit in the cache whole, and a pass's dozen calls per block and the handing
+# of blocks to threads cost more than they save (LayerNorm: 145 us plain, 170-260 in blocks)
+MIN_BYTES = 1 << 20
 
 _enabled = False
 _threads = 1
+_min_bytes = MIN_BYTES
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 _pool_lock = threading.Lock()
 _inside = threading.local()     # .block: this thread is running a block of a row pass
 
 
-def use(enabled: bool, threads: int = 1) -> None:
-    """Run the row passes (``enabled``) on ``threads`` threads, or the plain code."""
-    global _enabled, _threads
+def use(enabled: bool, threads: int = 1, min_bytes: int = MIN_BYTES) -> None:
+    """Run the row passes (``enabled``) on ``threads`` threads, or the plain code; passes over
+    fewer than ``min_bytes`` in all run the plain code (tests take 0: every pass)."""
+    global _enabled, _threads, _min_bytes
     if threads < 1:
         raise ValueError(f"threads must be 1 or more, not {threads}")
-    _enabled, _threads = bool(enabled), int(threads)
+    _enabled, _threads, _min_bytes = bool(enabled), int(threads), int(min_bytes)
 
 
 def enabled() -> bool:
@@ -69,12 +76,19 @@ def threads() -> int:
     return _threads
 
 
-def active(*arrays) -> bool:
-    """Whether a layer given ``arrays`` runs its row pass: chosen, on NumPy, float32 arrays, and
-    not already inside a block (there a layer runs its plain code on the block)."""
+def chosen(*arrays) -> bool:
+    """Whether the row passes are chosen for ``arrays``: on NumPy, float32, and not already
+    inside a block (there a layer runs its plain code on the block), whatever their size."""
     if not _enabled or backend.name != "numpy" or getattr(_inside, "block", False):
         return False
     return all(a.dtype == backend.xp.float32 for a in arrays)
+
+
+def active(*arrays) -> bool:
+    """Whether a layer given ``arrays`` runs its row pass: chosen, on NumPy, float32 arrays of
+    :data:`MIN_BYTES` or more in all, and not already inside a block (there a layer runs its
+    plain code on the block)."""
+    return chosen(*arrays) and sum(a.nbytes for a in arrays) >= _min_bytes
 
 
 def blocks(n_rows: int, row_bytes: int, block_bytes: int = BLOCK_BYTES) -> list[slice]:

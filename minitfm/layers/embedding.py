@@ -56,7 +56,7 @@ def backward(dy, cache: Cache, out=None):
     """
     dtable = backend.xp.zeros(cache.shape, dtype=cache.dtype) if out is None else out["table"]
     scaled = dy.reshape(-1, cache.shape[1]) * cache.scale   # (N, d_model), scaled before the sum
-    if rows.active(scaled, dtable) and scaled.size >= ROW_PASS_MIN and cache.shape[1] > 1:
+    if rows.chosen(scaled, dtable) and scaled.size >= ROW_PASS_MIN and cache.shape[1] > 1:
         rows_scatter_add(dtable, cache.ids.reshape(-1), scaled)
     else:
         backend.scatter_add(dtable, cache.ids.reshape(-1), scaled)

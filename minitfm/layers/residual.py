@@ -85,7 +85,7 @@ def backward(dy, cache: Cache, sublayer_backward, out=None):
         dx, g_ln = layernorm.backward(dh, cache.ln, out)
         dx += dy                                    # the identity path
         return (dx, *rest, g_ln)
-    if rows.active(dy, cache.ln.xhat):
+    if rows.active(dy) and cache.ln.xhat.dtype == dy.dtype:
         ds, df, g_ln = _rows_ln_dropout_backward(dy, cache, out)
     else:
         ds, g_ln = layernorm.backward(dy, cache.ln, out)
@@ -162,7 +162,8 @@ def _fused_add_dropped(x, f, p_drop, rng, bias):
 def _rows_apply(x, f) -> bool:
     """Whether the row passes take ``x + Dropout(f + b)``: chosen, and f's rows lie in order
     (the sub-layer's product), so that a block of rows is a view of f."""
-    return rows.active(x, f) and f.flags.c_contiguous and x.shape == f.shape
+    return (rows.active(f) and x.dtype == f.dtype and f.flags.c_contiguous
+            and x.shape == f.shape)
 
 
 def _rows_adder(x, f, p_drop, rng, bias):
