@@ -27,6 +27,7 @@ by block, for the cache. This module is host-only: on CuPy the fused kernels pla
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -118,35 +119,42 @@ def _executor() -> ThreadPoolExecutor:
 
 
 def run(fn, parts: list) -> list:
-    """``[fn(part) for part in parts]``, the parts shared among the threads in contiguous runs
-    (the calling thread takes the first); results in the parts' order."""
+    """``[fn(part) for part in parts]``, the parts taken in order by the calling thread and the
+    pool's threads, each the next one not yet taken; results in the parts' order. A thread that
+    the machine's other work keeps from running takes no part, so the caller does its share: it
+    then waits only for the parts already begun elsewhere, never for a thread to be scheduled
+    (a pool whose threads each own a fixed share waits at every pass for the slowest)."""
     if not parts:
         return []
-    n = min(_threads, len(parts))
-    edges = [len(parts) * i // n for i in range(n + 1)]
     results: list = [None] * len(parts)
+    taken = itertools.count()            # next() of a count is atomic: each part taken once
+    finished = [threading.Event() for _ in parts]
+    errors: list = []
 
-    def share(t: int) -> None:
+    def work() -> None:
         outer = getattr(_inside, "block", False)
         _inside.block = True            # the layers called on a block run their plain code
         try:
-            for i in range(edges[t], edges[t + 1]):
-                results[i] = fn(parts[i])
+            for i in iter(lambda: next(taken), None):
+                if i >= len(parts):
+                    return
+                try:
+                    results[i] = fn(parts[i])
+                except BaseException as exc:       # re-raised by the caller, below
+                    errors.append((i, exc))
+                finally:
+                    finished[i].set()
         finally:
             _inside.block = outer
 
-    if n == 1:
-        share(0)
-        return results
-
-    futures = [_executor().submit(share, t) for t in range(1, n)]
-    try:
-        share(0)
-    finally:                            # never leave a block running: it writes our arrays
-        for future in futures:
-            future.exception()
-    for future in futures:
-        future.result()                 # re-raises a block's error here
+    helpers = min(_threads, len(parts)) - 1
+    for _ in range(helpers):
+        _executor().submit(work)
+    work()
+    for event in finished:              # the parts begun by other threads
+        event.wait()
+    if errors:
+        raise min(errors, key=lambda error: error[0])[1]
     return results
 
 

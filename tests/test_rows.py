@@ -3,6 +3,7 @@ and the passes of the loss, LayerNorm and the residual connection held to the pl
 for bit, but for the sums over rows (dgamma, dbeta), held to float32 rounding of their terms."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -57,10 +58,36 @@ def test_run_returns_results_in_order_from_every_thread():
     def work(i):
         names.add(threading.current_thread().name)
         assert not rows.active(np.zeros(2, np.float32))   # a block runs the plain code
+        time.sleep(0.002)                                  # long enough for every thread
         return i * i
 
     assert rows.run(work, list(range(40))) == [i * i for i in range(40)]
-    assert "MainThread" in names and len(names) >= 2      # the caller and the pool
+    assert "MainThread" in names and len(names) == 3      # the caller and the pool's two
+
+
+def test_the_caller_does_not_wait_for_a_thread_that_cannot_run():
+    """With the pool's one thread held elsewhere, a pass runs all its parts in the caller and
+    returns: it waits only for parts begun by other threads."""
+    rows.use(True, 2, min_bytes=0)
+    gate = threading.Event()
+
+    def held(part):                   # the pool's thread waits at the gate; the caller does not
+        if threading.current_thread().name.startswith("minitfm-rows"):
+            gate.wait(30)
+        return part
+
+    holder = threading.Thread(target=rows.run, args=(held, list(range(8))))
+    holder.start()
+    time.sleep(0.2)                   # the pool's thread is at the gate now
+    result = []
+    caller = threading.Thread(target=lambda: result.append(rows.run(lambda p: -p, [1, 2, 3])))
+    caller.start()
+    caller.join(10)
+    finished = not caller.is_alive()
+    gate.set()
+    holder.join(30)
+    caller.join(30)
+    assert finished and result == [[-1, -2, -3]]
     assert rows.active(np.zeros(2, np.float32))
 
 
