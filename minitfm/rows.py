@@ -8,13 +8,13 @@ bias + ReLU, the residual add; Adam is element-wise, its flat buffers rows of on
 runs the layer's plain code on blocks of rows:
 
 - a block small enough (:data:`BLOCK_BYTES`) to stay in a core's cache between the operations of
-  the pass, so that its sweeps of memory become about one (a LayerNorm on one core: 3x faster);
+  the pass, so that its sweeps of memory become about one;
 - the blocks shared among the worker's threads (NumPy releases the GIL inside its loops), so
   that every core the placement gives the worker does the work that one did.
 
 The plain code on a block does on each row what it does on the whole array, so a row-wise pass
-gives the plain pass's bits; a pass that also sums over the rows (LayerNorm's dgamma, a bias's
-gradient) adds the blocks' partial sums in block order instead of the rows in one sweep: the
+gives the plain pass's bits; a pass that also sums over the rows (LayerNorm's dgamma and dbeta)
+adds the blocks' partial sums in block order instead of the rows in one sweep: the
 same numbers up to float32 rounding, the tolerance its test states. The blocks depend on the
 array's shape alone, never on the thread count or on which thread finishes first: a run gives the
 same bits with one thread or two, every time.
@@ -42,7 +42,7 @@ __all__ = ["BLOCK_BYTES", "MIN_BYTES", "use", "enabled", "threads", "chosen", "a
 # short beside its arithmetic (256 KiB blocks made a LayerNorm on two threads slower than on one)
 BLOCK_BYTES = 1 << 21
 # Smaller passes still split, so that two to four threads share them: blocks of 128 KiB and
-# more, at most SPLIT of them (a language model's (1056, 128) LayerNorm: 4 blocks)
+# more, at most SPLIT of them (a language model's attention over 22 sequences: 4 blocks)
 SPLIT, SPLIT_BYTES = 4, 1 << 17
 MIN_ROWS = 8                    # rows a block has at least
 # Arrays smaller than this in all (a language model's (1056, 128) LayerNorm, 0.5 MiB) run the
