@@ -24,6 +24,7 @@ bench_train.py and a peak measured in the same run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -131,7 +132,7 @@ def minitfm_step(cfg: translator.Config, src, tgt):
     params = translator.init_params(cfg, 0)
     adam = optim.Adam(params)
     grads = flat.zeros_like(params)
-    count = iter(range(1 << 62))
+    count = itertools.count()
 
     def step():
         translator.loss_and_grads(params, cfg, src, tgt, backend.rng(0, next(count)), out=grads)

@@ -334,33 +334,25 @@ def sorted_scatter_add(target, indices, values) -> None:
 def dropout_keep(generator, shape, p: float):
     """A keep mask for inverted dropout: ``(keep, scale)``.
 
-    ``keep`` is a bool array, True with probability 1 - p', where p' = round(p * 2^16) / 2^16 is
-    the drop probability rounded to 16 bits (0.1 -> 0.100006), and ``scale = 1 / (1 - p')`` keeps
-    the expectation exact. Either way the mask compares 16-bit random integers with
-    ``round(p * 2^16)``: a NumPy generator (the NumPy backend's :func:`rng`) draws them as raw
-    bytes, which costs about half of drawing one float per element; a
+    ``keep``: bool, True with probability 1 - p', p' = round(p * 2^16) / 2^16 (0.1 -> 0.100006),
+    and ``scale = 1 / (1 - p')`` keeps the expectation exact. The mask compares 16-bit random
+    integers with ``round(p * 2^16)``: a NumPy generator (:func:`rng`'s) draws the bytes of
+    ``generator.bytes``, from its raw PCG64 outputs where they are whole (half the cost); a
     :class:`~minitfm.philox.Philox` generator (the CuPy backend's) takes two from each 32-bit word.
     """
     threshold, scale = philox.dropout_threshold(p)
     if isinstance(generator, numpy.random.Generator) and _active_name() == "numpy":
-        size = int(numpy.prod(shape))
-        return _random_uint16(generator, size).reshape(shape) >= threshold, scale
+        size, bits = int(numpy.prod(shape)), generator.bit_generator
+        if size % 4 or not isinstance(bits, numpy.random.PCG64) or bits.state["has_uint32"]:
+            draws = numpy.frombuffer(generator.bytes(2 * size), dtype=numpy.uint16)
+        else:   # bytes() takes each output's low, then high 32 bits: whole outputs, none left
+            draws = bits.random_raw(size // 4).view(numpy.uint16)
+        return draws.reshape(shape) >= threshold, scale
     if isinstance(generator, philox.Philox):
         return generator.keep(shape, threshold), scale
     raise TypeError(f"dropout on the {_active_name()} backend draws from a generator of "
                     f"minitfm.backend.rng(...), got {type(generator).__module__}."
                     f"{type(generator).__name__}")
-
-
-def _random_uint16(generator: numpy.random.Generator, size: int):
-    """``size`` 16-bit integers, the bytes of ``generator.bytes(2 * size)``. Those are 32-bit
-    draws, the low then the high half of each 64-bit PCG64 output; where they take whole outputs
-    (size a multiple of 4, no half left over from an earlier draw) the raw outputs are the same
-    bytes, at half the cost."""
-    bits = generator.bit_generator
-    if size % 4 == 0 and isinstance(bits, numpy.random.PCG64) and not bits.state["has_uint32"]:
-        return bits.random_raw(size // 4).view("<u2")
-    return numpy.frombuffer(generator.bytes(2 * size), dtype="<u2")
 
 
 def rng(seed: int, *stream: int):

@@ -134,7 +134,7 @@ def place(world, backend_name: str, *, threads: int | None = None, cap: int | No
         gpus = devices.device_count()
         if size > gpus:
             raise PlacementError(
-                f"{size} workers on this machine but {gpus} GPU{'s' if gpus != 1 else ''}: "
+                f"{size} workers on this machine but {count(gpus, 'GPU')}: "
                 f"start one worker per GPU (mpiexec -n {gpus} on each machine)")
         devices.use_device(rank)
         return Placement(rank, size, f"one GPU per worker, {gpus} on this machine", gpu=rank,
