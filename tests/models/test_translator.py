@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from minitfm import backend
@@ -14,6 +14,7 @@ from minitfm.gradcheck.cases import MODEL_CASES, translation_batch
 from minitfm.layers import loss as loss_layer
 from minitfm.layers import output
 from minitfm.models import DROPOUTS, translator
+from tests.layers.test_gradients import relu_inputs_clear_of_zero
 
 TINY = translator.Config.preset("tiny")
 
@@ -31,7 +32,9 @@ BATCHES = dict(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 3), src_len=
 
 
 def check_model(case, seed, batch, src_len, tgt_len):
-    errors = check_case(case, seed, dict(batch=batch, src_len=src_len, tgt_len=tgt_len))
+    sizes = dict(batch=batch, src_len=src_len, tgt_len=tgt_len)
+    assume(relu_inputs_clear_of_zero(case, seed, sizes))   # else the differences straddle a kink
+    errors = check_case(case, seed, sizes)
     assert set(errors) == set(translator.parameter_names(case.cfg))  # every parameter is checked
     worst = max(errors, key=errors.get)
     assert errors[worst] <= TOLERANCE, f"{case.name}: {worst} {errors[worst]:.2e}"
@@ -50,6 +53,17 @@ def test_model_gradients_match_finite_differences(case, seed, batch, src_len, tg
 @given(**BATCHES)
 def test_model_gradients_many_batches(case, seed, batch, src_len, tgt_len):
     check_model(case, seed, batch, src_len, tgt_len)
+
+
+def test_a_draw_with_a_relu_input_at_its_kink_is_set_aside():
+    """A draw whose ReLU input lay 1.5e-5 from 0 (enc.0.ff.w1's difference quotient then missed
+    by 8.7e-4) is recognised; a neighbouring seed of it is checked, and passes."""
+    case = next(c for c in TRANSLATOR_CASES if c.name == "model (dropout, fixed mask)")
+    sizes = dict(batch=2, src_len=2, tgt_len=2)
+    assert not relu_inputs_clear_of_zero(case, 6330, sizes)
+    assert max(check_case(case, 6330, sizes).values()) > TOLERANCE
+    assert relu_inputs_clear_of_zero(case, 6331, sizes)
+    assert max(check_case(case, 6331, sizes).values()) <= TOLERANCE
 
 
 def test_a_gradient_a_millionth_of_the_loss_is_resolved_and_an_error_in_it_caught():
