@@ -43,9 +43,7 @@ def forward(x, p, rng=None, inplace=False):
     if fused.active(x) and isinstance(rng, philox.Philox):
         return _fused_forward(x, p, rng, inplace)
     keep, scale = backend.dropout_keep(rng, x.shape, p)      # bool, same shape as x
-    y = backend.xp.multiply(x, keep, out=x if inplace else None)
-    y *= scale
-    return y, Cache(keep, scale)
+    return apply(x, keep, scale, out=x if inplace else None), Cache(keep, scale)
 
 
 def backward(dy, cache: Cache | None):
@@ -57,9 +55,15 @@ def backward(dy, cache: Cache | None):
         BACKWARD(fused.grid_for(dy.size), (dy, cache.keep, dx, fused.i64(dy.size),
                                           fused.f32(cache.scale)))
         return dx, {}
-    dx = dy * cache.keep
-    dx *= cache.scale
-    return dx, {}
+    return apply(dy, cache.keep, cache.scale), {}
+
+
+def apply(x, keep, scale, out=None):
+    """``x * keep * scale``, both ways of the pass (into ``out`` when given, which may be x);
+    the row passes that fuse a dropout with their own work call it on their blocks."""
+    y = backend.xp.multiply(x, keep, out=out)
+    y *= scale
+    return y
 
 
 # ---- fused: one kernel each way ----------------------------------------------------------
@@ -96,8 +100,7 @@ def dropped_twin(x, y, keep, threshold, scale, k0, k1, first):
     """What a kernel's dropout does, plainly (its twin's part): ``keep`` drawn from ``draw``'s
     arguments, y = x * keep * scale (``y`` may be ``x``)."""
     keep[...] = mask_of(x.shape, threshold, k0, k1, first)
-    backend.xp.multiply(x, keep, out=y)
-    y *= float(scale)
+    apply(x, keep, float(scale), out=y)
 
 
 FORWARD_SOURCE = philox.DEVICE + r"""
@@ -134,8 +137,7 @@ extern "C" __global__ void dropout_backward(const float* dy, const bool* keep, f
 
 
 def _backward_twin(dy, keep, dx, n, scale):
-    backend.xp.multiply(dy, keep, out=dx)
-    dx *= float(scale)
+    apply(dy, keep, float(scale), out=dx)
 
 
 BACKWARD = fused.Kernel("dropout_backward", BACKWARD_SOURCE, _backward_twin)

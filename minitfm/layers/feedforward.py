@@ -133,8 +133,7 @@ def relu_dropout_backward_rows(da, cache: Cache):
     def backward_block(block: slice) -> None:
         dab = da2[block]
         if keep is not None:                                # dropout.backward, in place
-            backend.xp.multiply(dab, keep[block], out=dab)
-            dab *= cache.dropout.scale
+            dropout.apply(dab, keep[block], cache.dropout.scale, out=dab)
         dab *= a2[block] > 0
 
     # a row in every array the pass touches: da and a (float32), [a > 0] and keep (bool)

@@ -181,8 +181,7 @@ def _rows_adder(x, f, p_drop, rng, bias):
         if bias is not None:
             block += bias
         if c_drop is not None:
-            backend.xp.multiply(block, keep2[part], out=block)
-            block *= c_drop.scale
+            dropout.apply(block, keep2[part], c_drop.scale, out=block)
         block += x2[part]
 
     return add, c_drop
@@ -207,9 +206,8 @@ def _rows_ln_dropout_backward(dy, cache: Cache, out):
     df = backend.xp.empty(dy.shape, dtype=dy.dtype)
     df2 = df.reshape(-1, d)
 
-    def drop(part, ds):                  # dropout.backward's lines on these rows
-        backend.xp.multiply(ds, keep2[part], out=df2[part])
-        df2[part] *= c_drop.scale
+    def drop(part, ds):                  # dropout.backward on these rows
+        dropout.apply(ds, keep2[part], c_drop.scale, out=df2[part])
 
     ds, g_ln = layernorm.rows_backward(dy, cache.ln, out, after=drop)
     return ds, df, g_ln
