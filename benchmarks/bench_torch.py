@@ -24,7 +24,6 @@ bench_train.py and a peak measured in the same run.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
@@ -34,9 +33,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_train import BATCHES, make_batch, matmul_peak, step_flops  # noqa: E402
+from bench_train import BATCHES, make_batch, make_step, matmul_peak, step_flops  # noqa: E402
 
-from minitfm import backend, cli, flat, optim, placement, rows  # noqa: E402
+from minitfm import backend, cli, placement, rows  # noqa: E402
 from minitfm.models import translator  # noqa: E402
 
 
@@ -126,20 +125,6 @@ def torch_step(cfg: translator.Config, src, tgt, device: str = "cpu", precision:
     return step
 
 
-def minitfm_step(cfg: translator.Config, src, tgt):
-    """A function running one training step of minitfm (as train() runs it: one flat gradient
-    buffer for the run, the loss and gradients, the Adam update)."""
-    params = translator.init_params(cfg, 0)
-    adam = optim.Adam(params)
-    grads = flat.zeros_like(params)
-    count = itertools.count()
-
-    def step():
-        translator.loss_and_grads(params, cfg, src, tgt, backend.rng(0, next(count)), out=grads)
-        adam.update(params, grads, 1e-4)
-    return step
-
-
 def alternate(contenders: dict, rounds: int, steps: int, warmup: int) -> dict:
     """``{name: [median step seconds of each round]}``: each contender ``(step, setup)`` runs
     ``steps`` timed steps in turn, round after round (``setup()`` first: the row passes on or
@@ -188,7 +173,7 @@ def main(argv=None) -> int:
     src, tgt = make_batch(cfg, batch, src_len, tgt_len)
     flops = step_flops(cfg, batch, src_len, tgt_len, batch * tgt_len)
     peak = matmul_peak()
-    ours = minitfm_step(cfg, src, tgt)
+    ours = make_step(cfg, batch, src_len, tgt_len)   # as train() runs it, on the same batch
     fast = f"minitfm (NumPy, {placement.count(cores, 'thread')})"
     contenders = {
         "minitfm (NumPy, plain)": (ours, lambda: rows.use(False)),
