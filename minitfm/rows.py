@@ -33,9 +33,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from minitfm import backend
+from minitfm import compiled as _numba
 
-__all__ = ["BLOCK_BYTES", "MIN_BYTES", "use", "enabled", "threads", "chosen", "active", "blocks",
-           "run", "map_rows"]
+__all__ = ["BLOCK_BYTES", "MIN_BYTES", "use", "enabled", "threads", "chosen", "active",
+           "compiled", "state", "blocks", "run", "map_rows"]
 
 # A block's rows in every array its pass touches: about a core's L2 cache (1-2 MiB on today's
 # x86 cores), large enough that the dozen NumPy calls of a block, serialised by the GIL, stay
@@ -51,6 +52,7 @@ MIN_ROWS = 8                    # rows a block has at least
 MIN_BYTES = 1 << 20
 
 _enabled = False
+_compiled = True
 _threads = 1
 _min_bytes = MIN_BYTES
 _pool: ThreadPoolExecutor | None = None
@@ -59,13 +61,22 @@ _pool_lock = threading.Lock()
 _inside = threading.local()     # .block: this thread is running a block of a row pass
 
 
-def use(enabled: bool, threads: int = 1, min_bytes: int = MIN_BYTES) -> None:
+def use(enabled: bool, threads: int = 1, min_bytes: int = MIN_BYTES,
+        compiled: bool = True) -> None:
     """Run the row passes (``enabled``) on ``threads`` threads, or the plain code; passes over
-    fewer than ``min_bytes`` in all run the plain code (tests take 0: every pass)."""
-    global _enabled, _threads, _min_bytes
+    fewer than ``min_bytes`` in all run the plain code (tests take 0: every pass), except the
+    layers' compiled loops (``compiled``, where Numba is installed: :mod:`minitfm.compiled`),
+    which take every size; with ``compiled=False`` the row passes run NumPy on their blocks."""
+    global _enabled, _threads, _min_bytes, _compiled
     if threads < 1:
         raise ValueError(f"threads must be 1 or more, not {threads}")
     _enabled, _threads, _min_bytes = bool(enabled), int(threads), int(min_bytes)
+    _compiled = bool(compiled)
+
+
+def state() -> tuple:
+    """The arguments of the last :func:`use`: ``use(*state())`` puts them back."""
+    return _enabled, _threads, _min_bytes, _compiled
 
 
 def enabled() -> bool:
@@ -90,6 +101,13 @@ def active(*arrays) -> bool:
     :data:`MIN_BYTES` or more in all, and not already inside a block (there a layer runs its
     plain code on the block)."""
     return chosen(*arrays) and sum(a.nbytes for a in arrays) >= _min_bytes
+
+
+def compiled(*arrays) -> bool:
+    """Whether a layer that has a compiled loop runs it on ``arrays``, whatever their size:
+    the row passes chosen for them (:func:`chosen`) with their compiled loops, and Numba
+    installed."""
+    return _compiled and chosen(*arrays) and _numba.available()
 
 
 def blocks(n_rows: int, row_bytes: int, block_bytes: int = BLOCK_BYTES) -> list[slice]:

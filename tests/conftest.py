@@ -63,7 +63,7 @@ def process_choices_restored():
     by chance."""
     from minitfm import fused, rows
     precision, kernels, on_host = backend.precision(), fused.choice(), fused.on_host()
-    row_passes = rows.enabled(), rows.threads()
+    row_passes = rows.state()
     yield
     backend._precision, fused._choice, fused._on_host = precision, kernels, on_host
     rows.use(*row_passes)

@@ -27,7 +27,7 @@ def on_numpy(numpy_backend):
 @pytest.fixture(params=[1, 2], ids=["1 thread", "2 threads"])
 def row_passes(request):
     """Switch the row passes on for the test's body (on 1 or 2 threads), off afterwards."""
-    rows.use(True, request.param, min_bytes=0)
+    rows.use(True, request.param, min_bytes=0, compiled=False)
     yield request.param
     rows.use(False, 1)
 
@@ -84,9 +84,9 @@ def test_adam_row_pass_gives_the_plain_bits(row_passes, monkeypatch, size, weigh
 
 def test_adam_row_pass_gives_the_same_bits_on_one_and_two_threads():
     size = SIZES["no multiple of a block"]
-    rows.use(True, 1, min_bytes=0)
+    rows.use(True, 1, min_bytes=0, compiled=False)
     one = adam_steps(size, 0.1)
-    rows.use(True, 2, min_bytes=0)
+    rows.use(True, 2, min_bytes=0, compiled=False)
     two = adam_steps(size, 0.1)
     for a, b in zip(one, two):
         np.testing.assert_array_equal(bits(a), bits(b))

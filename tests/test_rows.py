@@ -26,7 +26,7 @@ def each_mode(compute):
     plain = compute()
     results = []
     for mode in MODES:
-        rows.use(*mode, min_bytes=0)            # every pass, however small
+        rows.use(*mode, min_bytes=0, compiled=False)            # every pass, however small
         results.append(compute())
     rows.use(False, 1)
     return plain, results
@@ -42,17 +42,17 @@ def test_blocks_cover_the_rows_in_order_and_depend_on_the_shape_alone():
         assert len(parts) == 1 or min(sizes) >= rows.MIN_ROWS
         assert len(parts) == 1 or max(sizes) * row_bytes <= rows.BLOCK_BYTES + row_bytes
         for threads in (1, 2, 5):
-            rows.use(True, threads, min_bytes=0)
+            rows.use(True, threads, min_bytes=0, compiled=False)
             assert rows.blocks(n, row_bytes) == parts
 
 
 def test_no_rows_make_no_blocks():
-    rows.use(True, 2, min_bytes=0)
+    rows.use(True, 2, min_bytes=0, compiled=False)
     assert rows.blocks(0, 64) == [] and rows.map_rows(lambda part: 1 / 0, 0, 64) == []
 
 
 def test_run_returns_results_in_order_from_every_thread():
-    rows.use(True, 3, min_bytes=0)
+    rows.use(True, 3, min_bytes=0, compiled=False)
     names = set()
 
     def work(i):
@@ -68,7 +68,7 @@ def test_run_returns_results_in_order_from_every_thread():
 def test_the_caller_does_not_wait_for_a_thread_that_cannot_run():
     """With the pool's one thread held elsewhere, a pass runs all its parts in the caller and
     returns: it waits only for parts begun by other threads."""
-    rows.use(True, 2, min_bytes=0)
+    rows.use(True, 2, min_bytes=0, compiled=False)
     gate = threading.Event()
 
     def held(part):                   # the pool's thread waits at the gate; the caller does not
@@ -92,7 +92,7 @@ def test_the_caller_does_not_wait_for_a_thread_that_cannot_run():
 
 
 def test_an_error_in_a_block_reaches_the_caller_after_every_block_ended():
-    rows.use(True, 2, min_bytes=0)
+    rows.use(True, 2, min_bytes=0, compiled=False)
     finished = []
 
     def work(i):
@@ -111,19 +111,19 @@ def test_small_arrays_run_the_plain_code():
     rows.use(True, 2)
     small = np.zeros(rows.MIN_BYTES // 8, np.float32)
     assert not rows.active(small) and rows.active(small, small) and rows.chosen(small)
-    rows.use(True, 2, min_bytes=0)
+    rows.use(True, 2, min_bytes=0, compiled=False)
     assert rows.active(small[:1])
 
 
 def test_only_chosen_float32_arrays_on_numpy_take_the_row_passes(monkeypatch):
     x32, x64 = np.zeros(3, np.float32), np.zeros(3)
     assert not rows.active(x32)
-    rows.use(True, 2, min_bytes=0)
+    rows.use(True, 2, min_bytes=0, compiled=False)
     assert rows.active(x32) and not rows.active(x64) and not rows.active(x32, x64)
     monkeypatch.setattr(backend, "name", "cupy")
     assert not rows.active(x32)
     with pytest.raises(ValueError, match="threads"):
-        rows.use(True, 0, min_bytes=0)
+        rows.use(True, 0, min_bytes=0, compiled=False)
 
 
 # ---- the layers' passes -------------------------------------------------------------------------
@@ -226,12 +226,12 @@ def test_residual_rows_equal_the_plain_code(shape, pre_ln, p_drop):
 
 
 def test_float64_runs_the_plain_code():
-    rows.use(True, 2, min_bytes=0)
+    rows.use(True, 2, min_bytes=0, compiled=False)
     x = np.random.default_rng(0).standard_normal((40, 8))
     p = {"gamma": np.ones(8), "beta": np.zeros(8)}
     rows.use(False, 1)
     y_plain, _ = layernorm.forward(x, p)
-    rows.use(True, 2, min_bytes=0)
+    rows.use(True, 2, min_bytes=0, compiled=False)
     calls = []
     original = rows.map_rows
     try:

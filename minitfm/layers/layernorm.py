@@ -21,17 +21,22 @@ kernel, a block of threads per row (the sums of the mean and the variance reduce
 the backward pass two: dx a block per row, dgamma and dbeta a column sum over the rows. Under
 mixed precision the forward kernel also writes y in float16, for the next layer's product.
 
-Row passes (on NumPy, ``--kernels fused``, the default there: :mod:`minitfm.rows`): the plain
-code on blocks of rows, on the worker's threads, each block in cache through the whole pass.
-The forward pass and dx are bit for bit the plain ones; dgamma and dbeta, sums over the rows,
-add the blocks' partial sums (equal to float32 rounding).
+Row passes (on NumPy, ``--kernels fused``, the default there: :mod:`minitfm.rows`): blocks of
+rows on the worker's threads, each block in cache through the whole pass. Where Numba is
+installed, a block is one call of a compiled loop (``forward_rows``, ``backward_rows`` below,
+:mod:`minitfm.compiled`): a row's sums in another order, so equal to the plain code up to float32
+rounding. Without it, the plain code runs on the block: the forward pass and dx bit for bit the
+plain ones. dgamma and dbeta, sums over the rows, add the blocks' partial sums (equal to float32
+rounding).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend, fused, mixed, rows
+import numpy
+
+from minitfm import backend, compiled, fused, mixed, rows
 
 EPS = 1e-5
 
@@ -50,7 +55,8 @@ def forward(x, p, eps=EPS):
     """Return ``(y, cache)`` with the statistics needed by the backward pass."""
     if fused.active(x, p["gamma"], p["beta"]):
         return _fused_forward(x, p, eps)
-    if rows.active(x) and p["gamma"].dtype == p["beta"].dtype == x.dtype:
+    if rows.compiled(x, p["gamma"], p["beta"]) or (
+            rows.active(x) and p["gamma"].dtype == p["beta"].dtype == x.dtype):
         return rows_forward(x, p, eps)
     xp = backend.xp
     d = x.shape[-1]
@@ -70,7 +76,7 @@ def backward(dy, cache: Cache, out=None):
     """Return ``(dx, {"gamma": dgamma, "beta": dbeta})``."""
     if fused.active(dy, cache.xhat):
         return _fused_backward(dy, cache, out)
-    if rows.active(dy):
+    if rows.compiled(dy, cache.xhat, cache.gamma) or rows.active(dy):
         return rows_backward(dy, cache, out)
     xhat, rstd, gamma = cache.xhat, cache.rstd, cache.gamma
     xp = backend.xp
@@ -224,18 +230,26 @@ def _fused_backward(dy, cache, out):
 # ---- row passes (CPU) -------------------------------------------------------------------------
 
 def rows_forward(x, p, eps=EPS, before=None):
-    """``forward`` on blocks of rows, on the worker's threads. ``before(rows)``: work of the
-    caller's on those rows of x first, while the block is in cache (the residual connection's
-    add)."""
+    """``forward`` on blocks of rows, on the worker's threads: each block one call of
+    ``forward_rows`` where the compiled loops run (:func:`minitfm.rows.compiled`), else the plain
+    code. ``before(rows)``: work of the caller's on those rows of x first, while the block is in
+    cache (the residual connection's add)."""
     xp = backend.xp
     d = x.shape[-1]
+    loop = rows.compiled(x, p["gamma"], p["beta"])
     x2 = x.reshape(-1, d)                                           # (N, D), a view
+    if loop:
+        x2, gamma, beta = (xp.ascontiguousarray(a) for a in (x2, p["gamma"], p["beta"]))
+        d_eps = numpy.float32(d * eps)
     y, xhat = xp.empty_like(x2), xp.empty_like(x2)
     rstd = xp.empty((x2.shape[0], 1), dtype=x.dtype)
 
     def block(part):
         if before is not None:
             before(part)
+        if loop:
+            forward_rows(x2[part], gamma, beta, y[part], xhat[part], rstd[part], d_eps)
+            return
         y[part], cache = forward(x2[part], p, eps)
         xhat[part], rstd[part] = cache.xhat, cache.rstd
 
@@ -245,17 +259,26 @@ def rows_forward(x, p, eps=EPS, before=None):
 
 
 def rows_backward(dy, cache: Cache, out=None, after=None):
-    """``backward`` on blocks of rows, on the worker's threads: dx row by row as the plain code,
-    dgamma and dbeta the sums of the blocks' partial sums, in block order. ``after(rows, dx)``:
-    work of the caller's on those rows of dx, while the block is in cache."""
+    """``backward`` on blocks of rows, on the worker's threads (``backward_rows`` or the plain
+    code, as ``rows_forward``): dx row by row, dgamma and dbeta the sums of the blocks' partial
+    sums, in block order. ``after(rows, dx)``: work of the caller's on those rows of dx, while
+    the block is in cache."""
     xp = backend.xp
     d = dy.shape[-1]
+    loop = rows.compiled(dy, cache.xhat, cache.gamma)
     dy2, xhat = dy.reshape(-1, d), cache.xhat.reshape(-1, d)        # (N, D)
-    rstd = cache.rstd.reshape(-1, 1)
+    rstd, gamma = cache.rstd.reshape(-1, 1), cache.gamma
+    if loop:
+        dy2, xhat, rstd, gamma = (xp.ascontiguousarray(a) for a in (dy2, xhat, rstd, gamma))
     dx = xp.empty(dy2.shape, dtype=dy.dtype)
 
     def block(part):
-        dx[part], grads = backward(dy2[part], Cache(xhat[part], rstd[part], cache.gamma))
+        if loop:
+            grads = {"gamma": xp.zeros_like(gamma), "beta": xp.zeros_like(gamma)}
+            backward_rows(dy2[part], xhat[part], rstd[part], gamma, dx[part], grads["gamma"],
+                          grads["beta"])
+        else:
+            dx[part], grads = backward(dy2[part], Cache(xhat[part], rstd[part], gamma))
         if after is not None:
             after(part, dx[part])
         return grads
@@ -269,3 +292,50 @@ def rows_backward(dy, cache: Cache, out=None, after=None):
             total += more[name]
         grads[name] = total
     return dx.reshape(dy.shape), grads
+
+
+# ---- compiled loops (CPU, Numba: minitfm.compiled) ---------------------------------------------
+
+@compiled.kernel
+def forward_rows(x, gamma, beta, y, xhat, rstd, d_eps):
+    """The forward pass on the rows of x (n, D), one after another: y and xhat (n, D), rstd
+    (n, 1); ``d_eps`` is D * eps (float32), rstd = sqrt(D / (sum (x - mu)^2 + D eps)) as in
+    the plain code."""
+    n, d = x.shape
+    size = numpy.float32(d)
+    for r in range(n):
+        total = numpy.float32(0.0)
+        for c in range(d):
+            total += x[r, c]
+        mu = total / size
+        squares = numpy.float32(0.0)
+        for c in range(d):
+            centred = x[r, c] - mu
+            xhat[r, c] = centred
+            squares += centred * centred
+        scale = numpy.sqrt(size / (squares + d_eps))                # 1 / sqrt(var + eps)
+        rstd[r, 0] = scale
+        for c in range(d):
+            normed = xhat[r, c] * scale
+            xhat[r, c] = normed
+            y[r, c] = normed * gamma[c] + beta[c]
+
+
+@compiled.kernel
+def backward_rows(dy, xhat, rstd, gamma, dx, dgamma, dbeta):
+    """dx (n, D) for the rows of dy (n, D), one after another; each row's dy * xhat and dy
+    added to dgamma and dbeta (D,)."""
+    n, d = dy.shape
+    size = numpy.float32(d)
+    for r in range(n):
+        sum_g = numpy.float32(0.0)
+        sum_gx = numpy.float32(0.0)
+        for c in range(d):
+            g = dy[r, c] * gamma[c]                                 # term 1
+            sum_g += g
+            sum_gx += g * xhat[r, c]
+            dgamma[c] += dy[r, c] * xhat[r, c]
+            dbeta[c] += dy[r, c]
+        mean_g, mean_gx, scale = sum_g / size, sum_gx / size, rstd[r, 0]
+        for c in range(d):                                          # terms 2 and 3, the scale
+            dx[r, c] = (dy[r, c] * gamma[c] - mean_g - xhat[r, c] * mean_gx) * scale

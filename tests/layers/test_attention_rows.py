@@ -13,7 +13,7 @@ H, D_K = 4, 64       # (4, 24, 64) float32 heads: a batch of 3 is one block, of 
 
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
 def row_passes(request, numpy_backend):
-    rows.use(True, request.param, min_bytes=0)
+    rows.use(True, request.param, min_bytes=0, compiled=False)
     yield request.param
     rows.use(False, 1)
 
@@ -42,7 +42,7 @@ def plain(fn):
     try:
         return fn()
     finally:
-        rows.use(True, threads, min_bytes=0)
+        rows.use(True, threads, min_bytes=0, compiled=False)
 
 
 def assert_same_bits(got, want):
@@ -109,7 +109,7 @@ def test_one_thread_and_two_give_the_same_bits(numpy_backend, blocks_seen):
     try:
         results = []
         for threads in (1, 2):
-            rows.use(True, threads, min_bytes=0)
+            rows.use(True, threads, min_bytes=0, compiled=False)
             results.append(sdpa(q, k, v, do, m, views=True))
     finally:
         rows.use(False, 1)

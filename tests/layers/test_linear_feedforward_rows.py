@@ -37,7 +37,7 @@ def plain_and_rows(threads, fn):
     """``fn()`` with the plain code, then with the row passes on ``threads`` threads."""
     rows.use(False, 1)
     plain = fn()
-    rows.use(True, threads, min_bytes=0)
+    rows.use(True, threads, min_bytes=0, compiled=False)
     try:
         return plain, fn()
     finally:
@@ -230,7 +230,7 @@ def test_linear_gives_the_plain_bits_with_rows_on(threads, monkeypatch, lead):
 def test_no_row_pass_on_cupy(monkeypatch, cupy_backend):
     """On CuPy (here its double) the fused kernels or the plain code run, never a row pass."""
     counts = counted_passes(monkeypatch, SMALL_BLOCK)
-    rows.use(True, 2, min_bytes=0)
+    rows.use(True, 2, min_bytes=0, compiled=False)
     try:
         for kernels in ("plain", "fused"):
             fused.use(kernels)
