@@ -18,14 +18,17 @@ Fused (``--kernels fused``, on CuPy): the mask is drawn and applied in one kerne
 the Philox stream itself (``philox.DEVICE``: one thread per block of the stream, 8 elements) and
 draws exactly what ``Philox.keep`` draws; the backward pass is one kernel too. Their twins, below
 each, are the plain code above. ``draw`` and ``mask_of`` serve the kernels that fuse a dropout
-with their own work (residual, feed-forward).
+with their own work (residual, feed-forward); ``apply_rows``, a compiled loop (CPU), the row
+passes that do (minitfm.compiled).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend, fused, philox
+import numpy
+
+from minitfm import backend, compiled, fused, philox
 
 
 class Cache(NamedTuple):
@@ -64,6 +67,15 @@ def apply(x, keep, scale, out=None):
     y = backend.xp.multiply(x, keep, out=out)
     y *= scale
     return y
+
+
+@compiled.kernel
+def apply_rows(x, keep, scale, out):
+    """``apply`` on rows (n, D) as a compiled loop: out = x * keep * scale (out may be x)."""
+    n, d = x.shape
+    for r in range(n):
+        for c in range(d):
+            out[r, c] = x[r, c] * numpy.float32(keep[r, c]) * scale
 
 
 # ---- fused: one kernel each way ----------------------------------------------------------

@@ -29,14 +29,19 @@ Row passes (on NumPy, ``--kernels fused``, the default there: :mod:`minitfm.rows
 the dropout (its mask drawn whole, as the plain code draws it) and the add run on blocks of rows
 on the worker's threads, and post-LN's LayerNorm on each block right after, while it is in
 cache; backward, the LayerNorm's and the dropout's passes share their blocks too. Bit for bit
-the plain code, but for the LayerNorm's dgamma and dbeta (sums over the rows: layernorm.py).
+the plain code, but for the LayerNorm's dgamma and dbeta (sums over the rows: layernorm.py);
+where Numba is installed, the add is one compiled loop a block (``add_dropped_rows``, beside
+LayerNorm's and the dropout's), equal to the plain code up to float32 rounding (a multiply and
+an add may be one fused instruction).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend, fused, philox, rows
+import numpy
+
+from minitfm import backend, compiled, fused, philox, rows
 from minitfm.layers import dropout, layernorm
 
 
@@ -85,7 +90,7 @@ def backward(dy, cache: Cache, sublayer_backward, out=None):
         dx, g_ln = layernorm.backward(dh, cache.ln, out)
         dx += dy                                    # the identity path
         return (dx, *rest, g_ln)
-    if rows.active(dy) and cache.ln.xhat.dtype == dy.dtype:
+    if (rows.active(dy) or rows.compiled(dy)) and cache.ln.xhat.dtype == dy.dtype:
         ds, df, g_ln = _rows_ln_dropout_backward(dy, cache, out)
     else:
         ds, g_ln = layernorm.backward(dy, cache.ln, out)
@@ -162,21 +167,31 @@ def _fused_add_dropped(x, f, p_drop, rng, bias):
 def _rows_apply(x, f) -> bool:
     """Whether the row passes take ``x + Dropout(f + b)``: chosen, and f's rows lie in order
     (the sub-layer's product), so that a block of rows is a view of f."""
-    return (rows.active(f) and x.dtype == f.dtype and f.flags.c_contiguous
-            and x.shape == f.shape)
+    return ((rows.active(f) or rows.compiled(x, f)) and x.dtype == f.dtype
+            and f.flags.c_contiguous and x.shape == f.shape)
 
 
 def _rows_adder(x, f, p_drop, rng, bias):
     """``(add, dropout cache)``: the mask drawn whole from ``rng`` (the plain code's draw),
     ``add(rows)`` then computing ``_add_dropped``'s lines on those rows of f, in place."""
     d = f.shape[-1]
+    loop = rows.compiled(x, f, *(() if bias is None else (bias,)))
     x2, f2 = x.reshape(-1, d), f.reshape(-1, d)                     # (N, d)
     c_drop = None
     if rng is not None and p_drop > 0.0:
         keep, scale = backend.dropout_keep(rng, f.shape, p_drop)
         c_drop, keep2 = dropout.Cache(keep, scale), keep.reshape(-1, d)
+    if loop:
+        x2 = backend.xp.ascontiguousarray(x2)
+        b = numpy.zeros(d, f.dtype) if bias is None else numpy.ascontiguousarray(bias)
+        keep_all = keep2 if c_drop is not None else numpy.ones((1, 1), bool)
+        scale32 = numpy.float32(1.0 if c_drop is None else c_drop.scale)
 
     def add(part):
+        if loop:
+            add_dropped_rows(x2[part], f2[part], b, keep_all[part] if c_drop is not None else keep_all,
+                             scale32, bias is not None, c_drop is not None)
+            return
         block = f2[part]
         if bias is not None:
             block += bias
@@ -206,8 +221,29 @@ def _rows_ln_dropout_backward(dy, cache: Cache, out):
     df = backend.xp.empty(dy.shape, dtype=dy.dtype)
     df2 = df.reshape(-1, d)
 
+    loop = rows.compiled(dy)
+    scale32 = numpy.float32(c_drop.scale)
+
     def drop(part, ds):                  # dropout.backward on these rows
-        dropout.apply(ds, keep2[part], c_drop.scale, out=df2[part])
+        if loop:
+            dropout.apply_rows(ds, keep2[part], scale32, df2[part])
+        else:
+            dropout.apply(ds, keep2[part], c_drop.scale, out=df2[part])
 
     ds, g_ln = layernorm.rows_backward(dy, cache.ln, out, after=drop)
     return ds, df, g_ln
+
+
+@compiled.kernel
+def add_dropped_rows(x, f, bias, keep, scale, has_bias, drop):
+    """``_add_dropped`` on rows (n, d) as a compiled loop: f = x + Dropout(f + bias), in place;
+    ``has_bias``, ``drop``: whether bias (d,) and keep (n, d), with its scale, apply."""
+    n, d = f.shape
+    for r in range(n):
+        for c in range(d):
+            v = f[r, c]
+            if has_bias:
+                v = v + bias[c]
+            if drop:
+                v = v * numpy.float32(keep[r, c]) * scale
+            f[r, c] = v + x[r, c]

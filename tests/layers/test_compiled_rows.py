@@ -6,8 +6,8 @@ to the plain float64 code (the loop's math, apart from the compiler)."""
 import numpy as np
 import pytest
 
-from minitfm import compiled, rows
-from minitfm.layers import layernorm
+from minitfm import backend, compiled, rows
+from minitfm.layers import layernorm, residual
 
 SHAPES = [(5, 16), (128, 24, 64), (3001, 40), (2, 3, 7), (64, 512)]
 EPS32 = np.finfo(np.float32).eps
@@ -112,3 +112,36 @@ def test_compiled_loops_take_small_arrays_and_leave_float64_to_the_plain_code():
     finally:
         layernorm.forward_rows = original
     assert called == [np.float32]
+
+
+@pytest.mark.parametrize("pre_ln", [False, True])
+@pytest.mark.parametrize("p_drop", [0.0, 0.1])
+@pytest.mark.parametrize("shape", [(3, 5, 16), (64, 24, 96), (700, 48)])
+def test_residual_compiled_loops_equal_the_plain_code(shape, pre_ln, p_drop):
+    d = shape[-1]
+    x, f, dy = random(shape, 7), random(shape, 8), random(shape, 9)
+    bias, ln = random((d,), 10), {"gamma": random((d,), 11), "beta": random((d,), 12)}
+
+    def compute():
+        sublayer = lambda h: (f.copy(), None)                           # noqa: E731
+        y, cache = residual.forward(x, sublayer, ln, p_drop, backend.rng(0, 3), pre_ln, bias)
+        dx, g_ln = residual.backward(dy, cache, lambda df, c: (df * 2,))
+        return y, dx, g_ln, cache
+
+    plain, results = each_thread_count(compute)
+    s = np.abs(x) + np.abs(f + bias) * (1 / (1 - p_drop))         # the sum before LayerNorm
+    for y, dx, g_ln, cache in results:
+        if p_drop:
+            np.testing.assert_array_equal(cache.dropout.keep, plain[3].dropout.keep)
+        xhat = plain[3].ln.xhat
+        if pre_ln:                      # y = x + Dropout(f + b): the add alone, one rounding
+            assert_close_to_rounding(y, plain[0], s, ulps=1)
+        else:                           # LN(s): s's rounding, through the normalisation
+            assert_close_to_rounding(y, plain[0], np.abs(ln["gamma"]) * (
+                np.abs(xhat).max(axis=-1, keepdims=True) + s * plain[3].ln.rstd))
+        np.testing.assert_allclose(dx, plain[1], rtol=1e-4, atol=1e-5 * np.abs(plain[1]).max())
+        for name in ("gamma", "beta"):
+            np.testing.assert_allclose(g_ln[name], plain[2][name], rtol=1e-4,
+                                       atol=1e-5 * np.abs(plain[2][name]).max())
+        np.testing.assert_array_equal(y, results[0][0])
+        np.testing.assert_array_equal(dx, results[0][1])
