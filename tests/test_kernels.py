@@ -165,8 +165,8 @@ def test_train_wmt_with_fused_kernels_reaches_the_plain_parameters(cupy_env, cor
 
 
 @pytest.mark.parametrize("kernels, words", [
-    (None, "row passes on 2 threads (--kernels fused)"),
-    ("fused", "row passes on 2 threads (--kernels fused)"),
+    (None, "row passes on 2 threads with compiled loops (--kernels fused)"),
+    ("fused", "row passes on 2 threads with compiled loops (--kernels fused)"),
     ("plain", "plain array code (--kernels plain)")])
 def test_on_numpy_the_first_line_says_which_code_runs(tmp_path, kernels, words):
     done = subprocess.run([sys.executable, "train_toy.py", "--backend", "numpy", "--threads", "2",

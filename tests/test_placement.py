@@ -143,7 +143,7 @@ def expected_line(workers: int, cap: int | None) -> str:
     threads, why = blas_threads(workers, cap=cap, environ={})
     return (f"{Placement(0, workers, why, threads=threads).describe()}; "
             f"precision fp32 (NumPy: float32 only); row passes on {threads} "
-            f"thread{'s' if threads > 1 else ''} (--kernels fused)")
+            f"thread{'s' if threads > 1 else ''} with compiled loops (--kernels fused)")
 
 
 def run_command(argv: list[str], env: dict, workers: int = 1) -> subprocess.CompletedProcess:
