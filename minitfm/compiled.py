@@ -27,9 +27,14 @@ import functools
 import importlib.util
 import threading
 
-__all__ = ["available", "kernel"]
+import numpy
+
+__all__ = ["available", "kernel", "float32", "sqrt"]
 
 FASTMATH = frozenset({"reassoc", "contract"})
+# what the loops in the layers' files (which reach arrays through minitfm.backend alone) call for
+# a float32 number and a float32 square root: compiled.float32(0.0), compiled.sqrt(v)
+float32, sqrt = numpy.float32, numpy.sqrt
 _compiling = threading.Lock()
 
 

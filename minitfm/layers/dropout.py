@@ -26,8 +26,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numpy
-
 from minitfm import backend, compiled, fused, philox
 
 
@@ -75,7 +73,7 @@ def apply_rows(x, keep, scale, out):
     n, d = x.shape
     for r in range(n):
         for c in range(d):
-            out[r, c] = x[r, c] * numpy.float32(keep[r, c]) * scale
+            out[r, c] = x[r, c] * compiled.float32(keep[r, c]) * scale
 
 
 # ---- fused: one kernel each way ----------------------------------------------------------

@@ -34,8 +34,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numpy
-
 from minitfm import backend, compiled, fused, mixed, rows
 
 EPS = 1e-5
@@ -240,7 +238,7 @@ def rows_forward(x, p, eps=EPS, before=None):
     x2 = x.reshape(-1, d)                                           # (N, D), a view
     if loop:
         x2, gamma, beta = (xp.ascontiguousarray(a) for a in (x2, p["gamma"], p["beta"]))
-        d_eps = numpy.float32(d * eps)
+        d_eps = compiled.float32(d * eps)
     y, xhat = xp.empty_like(x2), xp.empty_like(x2)
     rstd = xp.empty((x2.shape[0], 1), dtype=x.dtype)
 
@@ -302,18 +300,18 @@ def forward_rows(x, gamma, beta, y, xhat, rstd, d_eps):
     (n, 1); ``d_eps`` is D * eps (float32), rstd = sqrt(D / (sum (x - mu)^2 + D eps)) as in
     the plain code."""
     n, d = x.shape
-    size = numpy.float32(d)
+    size = compiled.float32(d)
     for r in range(n):
-        total = numpy.float32(0.0)
+        total = compiled.float32(0.0)
         for c in range(d):
             total += x[r, c]
         mu = total / size
-        squares = numpy.float32(0.0)
+        squares = compiled.float32(0.0)
         for c in range(d):
             centred = x[r, c] - mu
             xhat[r, c] = centred
             squares += centred * centred
-        scale = numpy.sqrt(size / (squares + d_eps))                # 1 / sqrt(var + eps)
+        scale = compiled.sqrt(size / (squares + d_eps))                # 1 / sqrt(var + eps)
         rstd[r, 0] = scale
         for c in range(d):
             normed = xhat[r, c] * scale
@@ -326,10 +324,10 @@ def backward_rows(dy, xhat, rstd, gamma, dx, dgamma, dbeta):
     """dx (n, D) for the rows of dy (n, D), one after another; each row's dy * xhat and dy
     added to dgamma and dbeta (D,)."""
     n, d = dy.shape
-    size = numpy.float32(d)
+    size = compiled.float32(d)
     for r in range(n):
-        sum_g = numpy.float32(0.0)
-        sum_gx = numpy.float32(0.0)
+        sum_g = compiled.float32(0.0)
+        sum_gx = compiled.float32(0.0)
         for c in range(d):
             g = dy[r, c] * gamma[c]                                 # term 1
             sum_g += g

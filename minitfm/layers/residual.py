@@ -39,8 +39,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numpy
-
 from minitfm import backend, compiled, fused, philox, rows
 from minitfm.layers import dropout, layernorm
 
@@ -181,15 +179,16 @@ def _rows_adder(x, f, p_drop, rng, bias):
     if rng is not None and p_drop > 0.0:
         keep, scale = backend.dropout_keep(rng, f.shape, p_drop)
         c_drop, keep2 = dropout.Cache(keep, scale), keep.reshape(-1, d)
-    if loop:
-        x2 = backend.xp.ascontiguousarray(x2)
-        b = numpy.zeros(d, f.dtype) if bias is None else numpy.ascontiguousarray(bias)
-        keep_all = keep2 if c_drop is not None else numpy.ones((1, 1), bool)
-        scale32 = numpy.float32(1.0 if c_drop is None else c_drop.scale)
+    if loop:                            # the loop's arguments; no bias, no mask: stand-ins
+        xp = backend.xp
+        x2 = xp.ascontiguousarray(x2)
+        b = xp.zeros(d, f.dtype) if bias is None else xp.ascontiguousarray(bias)
+        no_mask = xp.ones((1, 1), bool)
+        scale32 = compiled.float32(1.0 if c_drop is None else c_drop.scale)
 
     def add(part):
         if loop:
-            add_dropped_rows(x2[part], f2[part], b, keep_all[part] if c_drop is not None else keep_all,
+            add_dropped_rows(x2[part], f2[part], b, no_mask if c_drop is None else keep2[part],
                              scale32, bias is not None, c_drop is not None)
             return
         block = f2[part]
@@ -222,7 +221,7 @@ def _rows_ln_dropout_backward(dy, cache: Cache, out):
     df2 = df.reshape(-1, d)
 
     loop = rows.compiled(dy)
-    scale32 = numpy.float32(c_drop.scale)
+    scale32 = compiled.float32(c_drop.scale)
 
     def drop(part, ds):                  # dropout.backward on these rows
         if loop:
@@ -245,5 +244,5 @@ def add_dropped_rows(x, f, bias, keep, scale, has_bias, drop):
             if has_bias:
                 v = v + bias[c]
             if drop:
-                v = v * numpy.float32(keep[r, c]) * scale
+                v = v * compiled.float32(keep[r, c]) * scale
             f[r, c] = v + x[r, c]
