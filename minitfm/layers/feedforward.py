@@ -24,14 +24,17 @@ kernel over da; the twins are the plain lines of ``forward`` and ``backward``. U
 precision the forward kernel also writes its output in float16, for the second product. On NumPy
 (``--kernels fused``, the default there) b1 + ReLU, and the ReLU's (and dropout's) backward, run
 on blocks of rows on the worker's threads (minitfm.rows), bit for bit the plain code; the dropout's
-mask is still drawn over the whole array, from its generator's one stream.
+mask is still drawn over the whole array, from its generator's one stream. Where Numba is
+installed, a block is one compiled loop (``bias_relu_loop``, ``relu_dropout_backward_loop``),
+one pass over the block where the plain lines make two or three: the same operations on each
+number, but for a multiply and an add that may become one fused instruction.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend, fused, mixed, philox, rows
+from minitfm import backend, compiled, fused, mixed, philox, rows
 from minitfm.layers import dropout, linear
 
 
@@ -55,7 +58,7 @@ def forward(x, p, p_drop=0.0, rng=None, add_bias=True):
     """
     if fused.active(x, p["w1"]) and (rng is None or isinstance(rng, philox.Philox)):
         return _fused_forward(x, p, p_drop, rng, add_bias)
-    if rows.active(x, p["w1"], p["b1"]):
+    if rows.active(x, p["w1"], p["b1"]) or rows.compiled(x, p["w1"], p["b1"]):
         return _rows_forward(x, p, p_drop, rng, add_bias)
     h, c_first = linear.forward(x, {"w": p["w1"], "b": p["b1"]})        # (..., d_ff)
     a = backend.xp.maximum(h, 0, out=h)                                # in place: a = max(0, h)
@@ -80,7 +83,7 @@ def backward(dy, cache: Cache, out=None):
 
 
 def _relu_dropout_backward(da, cache: Cache):
-    if rows.active(da, cache.a):
+    if rows.active(da, cache.a) or rows.compiled(da, cache.a):
         return relu_dropout_backward_rows(da, cache)
     if cache.dropout is not None:
         da, _ = dropout.backward(da, cache.dropout)
@@ -110,8 +113,12 @@ def bias_relu_rows(h, b):
     # the same maximum against a row of zeros: NumPy's loop for an array operand is a few times
     # faster than its loop for a scalar one, and gives the same bits
     zeros = backend.xp.zeros(h2.shape[1], dtype=h2.dtype)
+    loop = rows.compiled(h2, b) and h2.flags.c_contiguous
 
     def bias_relu(block: slice) -> None:
+        if loop:
+            bias_relu_loop(h2[block], b)
+            return
         hb = h2[block]
         hb += b
         backend.xp.maximum(hb, zeros, out=hb)
@@ -129,8 +136,17 @@ def relu_dropout_backward_rows(da, cache: Cache):
     d = da.shape[-1]
     da2, a2 = da.reshape(-1, d), cache.a.reshape(-1, d)    # (N, d_ff)
     keep = None if cache.dropout is None else cache.dropout.keep.reshape(-1, d)
+    loop = rows.compiled(da2, a2) and da2.flags.c_contiguous
+    if loop:                            # the loop's arguments; no mask: a stand-in
+        no_mask = backend.xp.ones((1, 1), dtype=bool)
+        scale = compiled.float32(1.0 if keep is None else cache.dropout.scale)
 
     def backward_block(block: slice) -> None:
+        if loop:
+            relu_dropout_backward_loop(da2[block], a2[block],
+                                       no_mask if keep is None else keep[block], scale,
+                                       keep is not None)
+            return
         dab = da2[block]
         if keep is not None:                                # dropout.backward, in place
             dropout.apply(dab, keep[block], cache.dropout.scale, out=dab)
@@ -140,6 +156,32 @@ def relu_dropout_backward_rows(da, cache: Cache):
     row_bytes = d * (2 * da2.itemsize + 1 + (keep is not None))
     rows.map_rows(backward_block, da2.shape[0], row_bytes)
     return da2.reshape(da.shape)
+
+
+@compiled.kernel
+def bias_relu_loop(h, b):
+    """``bias_relu_rows``' block as a compiled loop: h = max(0, h + b) in place over rows (n, d)
+    (a NaN stays NaN, as with NumPy's maximum)."""
+    n, d = h.shape
+    zero = compiled.float32(0.0)
+    for r in range(n):
+        for c in range(d):
+            v = h[r, c] + b[c]
+            h[r, c] = zero if v < zero else v
+
+
+@compiled.kernel
+def relu_dropout_backward_loop(da, a, keep, scale, drop):
+    """``relu_dropout_backward_rows``' block as a compiled loop, in place over da (n, d): the
+    dropout's da * keep * scale (``drop``), then da * [a > 0]."""
+    n, d = da.shape
+    zero = compiled.float32(0.0)
+    for r in range(n):
+        for c in range(d):
+            g = da[r, c]
+            if drop:
+                g = g * compiled.float32(keep[r, c]) * scale
+            da[r, c] = g if a[r, c] > zero else g * zero
 
 
 # ---- fused: b1 + ReLU + dropout, each way -----------------------------------------------------

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from minitfm import backend, compiled, rows
-from minitfm.layers import layernorm, residual
+from minitfm.layers import feedforward, layernorm, residual
 
 SHAPES = [(5, 16), (128, 24, 64), (3001, 40), (2, 3, 7), (64, 512)]
 EPS32 = np.finfo(np.float32).eps
@@ -145,3 +145,30 @@ def test_residual_compiled_loops_equal_the_plain_code(shape, pre_ln, p_drop):
                                        atol=1e-5 * np.abs(plain[2][name]).max())
         np.testing.assert_array_equal(y, results[0][0])
         np.testing.assert_array_equal(dx, results[0][1])
+
+
+@pytest.mark.parametrize("relu_drop", [0.0, 0.25])
+@pytest.mark.parametrize("shape", [(3, 5, 16), (64, 24, 96), (700, 48)])
+def test_feedforward_compiled_loops_give_the_plain_bits(shape, relu_drop):
+    """b1 + ReLU and the ReLU's (and dropout's) backward: the same operations on each number
+    (no multiply and add to fuse), so the plain code's bits."""
+    d, d_ff = shape[-1], 2 * shape[-1]
+    x, dy = random(shape, 13), random(shape, 14)
+    p = {"w1": random((d, d_ff), 15) / 4, "b1": random((d_ff,), 16),
+         "w2": random((d_ff, d), 17) / 4, "b2": random((d,), 18)}
+    x[0, 0] = np.nan                                   # a NaN stays NaN through the ReLU
+    calls = []
+
+    def compute():
+        y, cache = feedforward.forward(x, p, relu_drop, backend.rng(0, 5))
+        dx, grads = feedforward.backward(dy, cache)
+        calls.append(rows.compiled(x))
+        return y, cache.a, dx, grads
+
+    plain, results = each_thread_count(compute)
+    assert calls == [False, True, True, True] and np.isnan(plain[1][0, 0]).all()
+    for result in results:
+        for a, b in zip(result[:3], plain[:3]):
+            np.testing.assert_array_equal(a, b)
+        for name in ("w1", "b1", "w2", "b2"):
+            np.testing.assert_array_equal(result[3][name], plain[3][name])
