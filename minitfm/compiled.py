@@ -56,9 +56,20 @@ def kernel(fn):
         if compiled is None:
             with _compiling:            # the threads of a row pass may call it first together
                 if compiled is None:
-                    import numba
-                    compiled = numba.njit(nogil=True, cache=True, fastmath=set(FASTMATH))(fn)
+                    compiled = _compile(fn)
         return compiled(*args)
 
     call.python = fn
     return call
+
+
+def _compile(fn):
+    """Numba's dispatcher of ``fn``, its machine code kept on disk where Numba finds a place
+    (beside the module, else a cache in the user's home): a read-only installation with no
+    writable home compiles it anew in each process instead of failing."""
+    import numba
+    options = {"nogil": True, "fastmath": set(FASTMATH)}
+    try:
+        return numba.njit(cache=True, **options)(fn)
+    except RuntimeError:                # "cannot cache function ...: no locator available"
+        return numba.njit(cache=False, **options)(fn)

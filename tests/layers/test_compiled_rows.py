@@ -172,3 +172,28 @@ def test_feedforward_compiled_loops_give_the_plain_bits(shape, relu_drop):
             np.testing.assert_array_equal(a, b)
         for name in ("w1", "b1", "w2", "b2"):
             np.testing.assert_array_equal(result[3][name], plain[3][name])
+
+
+def test_a_loop_that_numba_cannot_cache_is_compiled_all_the_same(monkeypatch):
+    """Where Numba finds no writable place for its cache (a read-only installation, no
+    writable home), the loop is compiled in the process instead of failing."""
+    import numba
+    njit, asked = numba.njit, []
+
+    def no_cache(*args, cache=False, **options):
+        asked.append(cache)
+        if cache:
+            raise RuntimeError("cannot cache function 'double': no locator available")
+        return njit(*args, cache=cache, **options)
+
+    monkeypatch.setattr(numba, "njit", no_cache)
+
+    def double(x, out):
+        for i in range(x.shape[0]):
+            out[i] = x[i] * compiled.float32(2.0)
+
+    loop = compiled.kernel(double)
+    x, out = np.arange(5, dtype=np.float32), np.zeros(5, np.float32)
+    loop(x, out)
+    assert asked == [True, False] and loop.python is double
+    np.testing.assert_array_equal(out, 2 * x)
