@@ -337,17 +337,17 @@ def dropout_keep(generator, shape, p: float):
     ``keep``: bool, True with probability 1 - p', p' = round(p * 2^16) / 2^16 (0.1 -> 0.100006),
     and ``scale = 1 / (1 - p')`` keeps the expectation exact. The mask compares 16-bit random
     integers with ``round(p * 2^16)``: a NumPy generator (:func:`rng`'s) draws the bytes of
-    ``generator.bytes``, from its raw PCG64 outputs where they are whole (half the cost, on the
-    row passes' threads: :func:`minitfm.rows.keep_mask`); a :class:`~minitfm.philox.Philox`
-    generator (the CuPy backend's) takes two from each 32-bit word."""
+    ``generator.bytes``, from its raw PCG64 outputs where they are whole (half the cost); a
+    :class:`~minitfm.philox.Philox` generator (the CuPy backend's) takes two from each 32-bit word.
+    """
     threshold, scale = philox.dropout_threshold(p)
     if isinstance(generator, numpy.random.Generator) and _active_name() == "numpy":
         size, bits = int(numpy.prod(shape)), generator.bit_generator
         if size % 4 or not isinstance(bits, numpy.random.PCG64) or bits.state["has_uint32"]:
             draws = numpy.frombuffer(generator.bytes(2 * size), dtype=numpy.uint16)
-            return draws.reshape(shape) >= threshold, scale
-        from minitfm import rows    # bytes() takes each output's low, then high 32 bits
-        return rows.keep_mask(bits, shape, threshold), scale
+        else:   # bytes() takes each output's low, then high 32 bits: whole outputs, none left
+            draws = bits.random_raw(size // 4).view(numpy.uint16)
+        return draws.reshape(shape) >= threshold, scale
     if isinstance(generator, philox.Philox):
         return generator.keep(shape, threshold), scale
     raise TypeError(f"dropout on the {_active_name()} backend draws from a generator of "
