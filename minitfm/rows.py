@@ -27,19 +27,16 @@ by block, for the cache. This module is host-only: on CuPy the fused kernels pla
 
 from __future__ import annotations
 
-import copy
 import itertools
 import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy
-
-from minitfm import backend, philox
+from minitfm import backend
 from minitfm import compiled as _numba
 
 __all__ = ["BLOCK_BYTES", "MIN_BYTES", "use", "enabled", "threads", "chosen", "active",
-           "compiled", "state", "blocks", "run", "map_rows", "dropout_keep", "keep_mask"]
+           "compiled", "state", "blocks", "run", "map_rows"]
 
 # A block's rows in every array its pass touches: about a core's L2 cache (1-2 MiB on today's
 # x86 cores), large enough that the dozen NumPy calls of a block, serialised by the GIL, stay
@@ -184,45 +181,3 @@ def map_rows(fn, n_rows: int, row_bytes: int, block_bytes: int = BLOCK_BYTES) ->
     :func:`blocks`."""
     return run(fn, blocks(n_rows, row_bytes, block_bytes))
 
-
-KEEP_PART = 1 << 15        # raw outputs a thread draws at least (128 Ki dropout draws)
-
-
-def dropout_keep(generator, shape, p: float):
-    """``backend.dropout_keep(generator, shape, p)``: the same mask and scale, the mask drawn
-    by :func:`keep_mask` where backend.dropout_keep takes it from whole raw outputs of a NumPy
-    PCG64 generator (the row passes' dropout draws this way)."""
-    bits = getattr(generator, "bit_generator", None)
-    if (backend.name != "numpy" or not isinstance(bits, numpy.random.PCG64)
-            or math.prod(shape) % 4 or bits.state["has_uint32"]):
-        return backend.dropout_keep(generator, shape, p)
-    threshold, scale = philox.dropout_threshold(p)
-    return keep_mask(bits, shape, threshold), scale
-
-
-def keep_mask(bits, shape, threshold: int):
-    """Dropout's keep mask from a NumPy PCG64 ``bits``, as ``minitfm.backend.dropout_keep``:
-    ``bits.random_raw(size // 4).view(uint16).reshape(shape) >= threshold``, each raw 64-bit
-    output four 16-bit draws, with its parts drawn on the worker's threads (NumPy releases the
-    GIL while it draws), each by a copy of the generator advanced to the part's place; ``bits``
-    then stands where one draw of all would leave it. The same mask with any number of parts."""
-    xp = backend.xp
-    outputs = math.prod(shape) // 4
-    shared = _enabled and not getattr(_inside, "block", False)
-    parts = max(1, min(_threads if shared else 1, outputs // KEEP_PART))
-    edges = [outputs * i // parts for i in range(parts + 1)]
-    keep = xp.empty(4 * outputs, dtype=bool)
-    copies = []
-    for start in edges[:-1]:
-        part = copy.deepcopy(bits)
-        part.advance(start)
-        copies.append(part)
-    bits.advance(outputs)
-
-    def draw(i):
-        a, b = edges[i], edges[i + 1]
-        xp.greater_equal(copies[i].random_raw(b - a).view(xp.uint16), threshold,
-                         out=keep[4 * a:4 * b])
-
-    run(draw, list(range(parts)))
-    return keep.reshape(shape)

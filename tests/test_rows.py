@@ -264,19 +264,3 @@ def test_the_package_sets_it_before_numpy_loads_openblas():
                           timeout=60)
     assert done.stdout.split() == ["False", "16"], done.stderr
 
-
-@pytest.mark.parametrize("shape", [(128, 24, 256), (7, 4), (3, 1000, 44)])
-def test_dropout_masks_drawn_on_threads_are_the_one_draws_mask(shape):
-    """The keep mask's parts, drawn by advanced copies of the generator on 1, 2 or 3 threads:
-    the mask one draw of the whole gives, and the generator left where that draw leaves it."""
-    one = backend.rng(0, 1)
-    size = int(np.prod(shape))
-    expected = one.bit_generator.random_raw(size // 4).view(np.uint16).reshape(shape) >= 6554
-    after = one.random(3)
-    for mode in MODES:
-        rows.use(*mode, compiled=False)
-        generator = backend.rng(0, 1)
-        keep, scale = rows.dropout_keep(generator, shape, 0.1)
-        assert scale == backend.dropout_keep(backend.rng(0, 1), shape, 0.1)[1]
-        np.testing.assert_array_equal(keep, expected)
-        np.testing.assert_array_equal(generator.random(3), after)
