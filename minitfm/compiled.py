@@ -29,12 +29,12 @@ import threading
 
 import numpy
 
-__all__ = ["available", "kernel", "float32", "sqrt"]
+__all__ = ["available", "kernel", "float32", "sqrt", "log"]
 
 FASTMATH = frozenset({"reassoc", "contract"})
 # what the loops in the layers' files (which reach arrays through minitfm.backend alone) call for
-# a float32 number and a float32 square root: compiled.float32(0.0), compiled.sqrt(v)
-float32, sqrt = numpy.float32, numpy.sqrt
+# a float32 number, its square root and its logarithm: compiled.float32(0.0), compiled.sqrt(v)
+float32, sqrt, log = numpy.float32, numpy.sqrt, numpy.log
 _compiling = threading.Lock()
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from minitfm import backend, compiled, rows
-from minitfm.layers import feedforward, layernorm, residual
+from minitfm.layers import feedforward, layernorm, loss, residual
 
 SHAPES = [(5, 16), (128, 24, 64), (3001, 40), (2, 3, 7), (64, 512)]
 EPS32 = np.finfo(np.float32).eps
@@ -198,3 +198,30 @@ def test_a_loop_that_numba_cannot_cache_is_compiled_all_the_same(monkeypatch):
     loop(x, out)
     assert asked == [True, False] and loop.python is double
     np.testing.assert_array_equal(out, 2 * x)
+
+
+@pytest.mark.parametrize("pad_id, scale", [(None, None), (0, None), (0, 256.0)])
+@pytest.mark.parametrize("n, v, smoothing", [(3, 11, 0.1), (700, 3000, 0.1), (90, 40000, 0.0)])
+def test_loss_compiled_loops_equal_the_plain_code(n, v, smoothing, pad_id, scale):
+    logits = random((n, v), 5) * 4
+    targets = np.random.default_rng(6).integers(0, v, n)
+    targets[: n // 3] = 0                           # some padding rows, with pad_id 0
+
+    def compute():
+        loss_scale = None if scale is None else np.asarray(scale, np.float32)
+        (total, nll), dz = loss.forward_backward(logits.copy(), targets, smoothing, 0.25,
+                                                 pad_id, loss_scale)
+        (total2, nll2), none = loss.forward_backward(logits.copy(), targets, smoothing,
+                                                     pad_id=pad_id)
+        assert none is None and total2 == total and nll2 == nll
+        return float(total), float(nll), dz
+
+    plain, results = each_thread_count(compute)
+    rows_kept = n - n // 3 if pad_id == 0 else n
+    for total, nll, dz in results:
+        # per row: a logsumexp of v terms, summed over the rows: float32 rounding of those
+        bound = 4 * EPS32 * rows_kept * (np.abs(logits).max() + np.log(v))
+        assert abs(total - plain[0]) <= bound and abs(nll - plain[1]) <= bound
+        weight = 0.25 * (scale or 1.0)              # dz = weight * (p - q): |dz| <= weight
+        assert_close_to_rounding(dz, plain[2], weight)
+        np.testing.assert_array_equal(dz, results[0][2])
