@@ -23,13 +23,15 @@ blocks.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
+import signal
 import threading
 
 import numpy
 
-__all__ = ["available", "kernel", "float32", "sqrt", "log"]
+__all__ = ["available", "kernel", "signals_held_back", "float32", "sqrt", "log"]
 
 FASTMATH = frozenset({"reassoc", "contract"})
 # what the loops in the layers' files (which reach arrays through minitfm.backend alone) call for
@@ -53,11 +55,13 @@ def kernel(fn):
     @functools.wraps(fn)
     def call(*args):
         nonlocal compiled
-        if compiled is None:
-            with _compiling:            # the threads of a row pass may call it first together
-                if compiled is None:
-                    compiled = _compile(fn)
-        return compiled(*args)
+        if compiled is not None:
+            return compiled(*args)
+        # the threads of a row pass may call it first together; the first call compiles
+        with _compiling, signals_held_back():
+            if compiled is None:
+                compiled = _compile(fn)
+            return compiled(*args)
 
     call.python = fn
     return call
@@ -73,3 +77,33 @@ def _compile(fn):
         return numba.njit(cache=True, **options)(fn)
     except RuntimeError:                # "cannot cache function ...: no locator available"
         return numba.njit(cache=False, **options)(fn)
+
+
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
+                     if hasattr(signal, name))
+
+
+@contextlib.contextmanager
+def signals_held_back():
+    """Ctrl-C, SIGTERM and SIGHUP held back while Numba is imported and compiles (a second
+    or two on a busy machine), then delivered to the handlers they had (a KeyboardInterrupt,
+    a clean stop). A Ctrl-C raised inside that work was seen lost: a sampling command went on
+    to its end (once in about ten runs under two busy loops, with no compiled code cached
+    yet); held back, it reaches the command where its handler expects it. Python runs signal
+    handlers in the main thread alone: elsewhere nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    previous = {}
+    for signum in STOP_SIGNALS:
+        handler = signal.getsignal(signum)
+        if handler is not None:             # None: set outside Python, left alone
+            previous[signum] = signal.signal(signum, lambda number, frame: came.append(number))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(came):
+            signal.raise_signal(signum)     # its own handler runs now, here

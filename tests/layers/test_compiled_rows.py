@@ -225,3 +225,31 @@ def test_loss_compiled_loops_equal_the_plain_code(n, v, smoothing, pad_id, scale
         weight = 0.25 * (scale or 1.0)              # dz = weight * (p - q): |dz| <= weight
         assert_close_to_rounding(dz, plain[2], weight)
         np.testing.assert_array_equal(dz, results[0][2])
+
+
+def test_a_ctrl_c_while_numba_compiles_is_held_back_then_raised():
+    """A Ctrl-C that came while Numba imports and compiles is delivered once that is done, as
+    the KeyboardInterrupt it would have been, even where the code it came in swallows it."""
+    import os
+    import signal
+    import time
+    swallowed = []
+
+    def careless(seconds):              # code that swallows whatever it raises
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(seconds)
+        except BaseException as exc:    # the hazard itself
+            swallowed.append(exc)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)    # as in a command
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with compiled.signals_held_back():
+                careless(0.05)
+        assert swallowed == []
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        careless(0.05)                  # without it, the interrupt is lost
+        assert len(swallowed) == 1 and isinstance(swallowed[0], KeyboardInterrupt)
+    finally:
+        signal.signal(signal.SIGINT, previous)
