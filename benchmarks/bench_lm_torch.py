@@ -188,7 +188,7 @@ def main(argv=None) -> int:
               "torch_version": torch.__version__}
     if args.breakdown:
         import op_counter            # the operation counter, here with its clock on
-        rows.use(args.kernels != "plain", 1)        # it counts in one thread
+        rows.use(args.kernels != "plain", 1, compiled=False)   # one thread, array operations
         placement.limit_blas_threads(1)
         seconds = op_counter.clocked(lambda: MinitfmStep(cfg, x, y), args.steps)
         products, others = op_counter.split_seconds(seconds)

@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from op_counter import TALLY, counting_backend  # noqa: E402
 
-from minitfm import backend, fused  # noqa: E402
+from minitfm import backend, fused, rows  # noqa: E402
 from minitfm.layers import output  # noqa: E402
 from minitfm.models import base, translator  # noqa: E402
 from minitfm.training import loop  # noqa: E402
@@ -84,11 +84,17 @@ def run_updates(cfg: translator.Config, batches: list, steps: int, update_freq: 
 
 def count_run(cfg: translator.Config, batches: list, steps: int, update_freq: int,
               clip_norm: float | None) -> tuple[collections.Counter, collections.Counter]:
-    """Operations and syncs of ``steps`` updates of a fresh model, set-up included."""
+    """Operations and syncs of ``steps`` updates of a fresh model, set-up included: the plain
+    code's (the CPU's row passes and compiled loops off, whatever the process chose before)."""
     TALLY.ops.clear()
     TALLY.syncs.clear()
-    with counting_backend():
-        run_updates(cfg, batches, steps, update_freq, clip_norm)
+    chosen = rows.state()
+    rows.use(False, 1)
+    try:
+        with counting_backend():
+            run_updates(cfg, batches, steps, update_freq, clip_norm)
+    finally:
+        rows.use(*chosen)
     return collections.Counter(TALLY.ops), collections.Counter(TALLY.syncs)
 
 
