@@ -31,12 +31,13 @@ import threading
 
 import numpy
 
-__all__ = ["available", "kernel", "signals_held_back", "float32", "sqrt", "log"]
+__all__ = ["available", "kernel", "signals_held_back", "float32", "sqrt", "log", "inf"]
 
 FASTMATH = frozenset({"reassoc", "contract"})
 # what the loops in the layers' files (which reach arrays through minitfm.backend alone) call for
-# a float32 number, its square root and its logarithm: compiled.float32(0.0), compiled.sqrt(v)
-float32, sqrt, log = numpy.float32, numpy.sqrt, numpy.log
+# a float32 number, its square root, its logarithm and infinity: compiled.float32(0.0),
+# compiled.sqrt(v), -compiled.inf
+float32, sqrt, log, inf = numpy.float32, numpy.sqrt, numpy.log, numpy.inf
 _compiling = threading.Lock()
 
 

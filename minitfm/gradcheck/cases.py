@@ -9,7 +9,7 @@ from minitfm import backend
 from minitfm.gradcheck.check import Case, draw, normal, random_params
 from minitfm.layers import (attention, decoder, decoder_only, dropout, embedding, encoder,
                             feedforward, inputs, layernorm, linear, loss, output, positional,
-                            residual)
+                            residual, softmax)
 from minitfm.models import DROPOUTS, lm, translator
 
 
@@ -60,10 +60,23 @@ HALF = 0.5        # attention weights at half the unit scale: scores of order 1,
 QKV = {"q": "b h t dk", "k": "b h kv dk", "v": "b h kv dk", "mask": "mask: b kv"}
 
 
+SCORE_SCALE = 0.7                 # the softmax's scale c (1 / sqrt(d_k) in attention)
+
+
+def _softmax_forward(scores, mask):   # on a copy: the layer overwrites its scores with P
+    p = softmax.forward(scores.copy(), SCORE_SCALE, mask)
+    return p, p                       # P is its own cache
+
+
 FEEDFORWARD = Case("feedforward", dict(b=2, t=3, d=4, f=6), {"x": "b t d"},
                    lambda s: feedforward.param_shapes(s["d"], s["f"]),
                    lambda a, s: feedforward.forward(a["x"], a, s.get("p", 0.0), _rng()),
                    feedforward.backward)
+# 5 keys: seed 0 leaves 3 of them visible in each row (with 4, one: a constant P, no gradient)
+SOFTMAX = Case("softmax (scaled, padding mask)", {**ATTN, "s": 5},
+               {"s": "b h t kv", "mask": "mask: b kv"},
+               None, lambda a, s: _softmax_forward(a["s"], None if s.get("nomask") else a["mask"]),
+               lambda dp, p: (softmax.backward(dp.copy(), p, SCORE_SCALE), {}), ("s",))
 SDPA = Case("attention (padding mask)", ATTN, QKV, None,
             lambda a, s: attention.sdpa_forward(
                 a["q"], a["k"], a["v"], a["mask"] + (attention.causal_mask(s["t"], a["q"].dtype)
@@ -129,6 +142,7 @@ CASES = [
          lambda s: layernorm.param_shapes(s["d"]),
          lambda a, s: layernorm.forward(a["x"], a), layernorm.backward),
     FEEDFORWARD, _also(FEEDFORWARD, "feedforward (ReLU dropout)", p=0.3),
+    SOFTMAX, _also(SOFTMAX, "softmax (scaled, no mask)", nomask=1),
     SDPA,
     _also(SDPA, "attention (causal mask)", causal=1),
     _also(SDPA, "attention (dropout)", p=0.3),

@@ -1,8 +1,8 @@
 """One file per layer, in the order a reader meets them: linear, embedding, positional, dropout,
-inputs, layernorm, feedforward, attention, residual, encoder, decoder, decoder_only, loss and
-output. Each file has the math and the derivation of its backward pass in its docstring, then the
-code. ``inputs`` (embedding, positions, dropout) and ``output`` (the tied projection and the loss)
-are the ends both models share; ``encoder`` and ``decoder`` are the translator's stacks,
+inputs, layernorm, feedforward, softmax, attention, residual, encoder, decoder, decoder_only,
+loss and output. Each file has the math and the derivation of its backward pass in its
+docstring, then the code. ``inputs`` (embedding, positions, dropout) and ``output`` (the tied
+projection and the loss) are the ends both models share; ``encoder`` and ``decoder`` are the translator's stacks,
 ``decoder_only`` the language model's.
 
 The contract every layer keeps

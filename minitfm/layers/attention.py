@@ -25,10 +25,13 @@ W_Q over the decoder state and W_KV = [W_K | W_V] over the encoder output (cross
 head reads its d_k = d_model / h columns. As row t of causal attention reads positions <= t alone,
 ``self_step`` and ``cross_step`` decode a position at a time, over the keys and values kept so far.
 
-Fused (``--kernels fused``): on CuPy the scaled, masked softmax is one kernel over the scores, a
-block of threads per row, and its backward (with dQ's and dK's 1 / sqrt(d_k)) one over dP, twins
-of the plain lines; on NumPy (the default there) the scaled dot-product attention runs on blocks
-of the batch on the worker's threads (:mod:`minitfm.rows`), bit for bit the plain code.
+The softmax, its scale and mask, each way: ``softmax.py``, with its fast paths.
+
+Fused (``--kernels fused``): on CuPy the softmax is one kernel each way (``softmax.py``); on
+NumPy (the default there) the scaled dot-product attention runs on blocks of the batch on the
+worker's threads (:mod:`minitfm.rows`), each block the plain code's operations, the softmax's
+compiled loops where Numba is installed (within float32 rounding), else its plain lines (the
+same bits).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import math
 from typing import NamedTuple
 
 from minitfm import backend, fused, rows
-from minitfm.layers import dropout, linear, positional
+from minitfm.layers import dropout, linear, positional, softmax
 
 MASKED = -1e9
 
@@ -82,11 +85,8 @@ def sdpa_forward(q, k, v, mask=None, o_out=None, p_drop=0.0, rng=None):
         return _rows_forward(q, k, v, mask, o_out, blocks)
     scale = 1.0 / math.sqrt(q.shape[-1])
     s = q @ k.swapaxes(-1, -2)                      # (B, H, T, S)
-    # the kernel takes (B, H, T, S) scores, beam search's (B, H, K, T, S) the plain lines
-    if s.ndim == 4 and fused.active(s, *(() if mask is None else (mask,))):
-        p = _fused_softmax(s, scale, mask)
-    else:
-        p = _softmax(s, scale, mask)
+    # the fast paths take (B, H, T, S) scores, beam search's (B, H, K, T, S) the plain lines
+    p = _softmax_passes(s, mask)[0](s, scale, mask)
     p_dropped, c_drop = dropout.forward(p, p_drop, rng)     # a new array: P stays for backward
     o = backend.xp.matmul(p_dropped, v, out=o_out)  # (B, H, T, d_k)
     return o, SdpaCache(q, k, v, p, p_dropped, c_drop, scale)
@@ -102,35 +102,18 @@ def sdpa_backward(do, cache: SdpaCache, dq_out=None, dk_out=None, dv_out=None):
     dp = do @ v.swapaxes(-1, -2)                                # (B, H, T, S)
     if cache.dropout is not None:
         dp, _ = dropout.backward(dp, cache.dropout)
-    if fused.active(dp, p):
-        SOFTMAX_BACKWARD((p.size // p.shape[-1],), (dp, p, fused.i32(p.shape[-1]),
-                                                    fused.f32(cache.scale)))
-        ds = dp
-    else:
-        ds = _softmax_backward(dp, p, cache.scale)
+    ds = _softmax_passes(dp, p)[1](dp, p, cache.scale)
     dq = xp.matmul(ds, k, out=dq_out)                           # (B, H, T, d_k)
     dk = xp.matmul(ds.swapaxes(-1, -2), q, out=dk_out)          # (B, H, S, d_k)
     return dq, dk, dv, {}
 
 
-def _softmax(s, scale, mask):
-    """P = softmax(s * scale + mask) over the last axis, in place on the scores s."""
-    s *= scale
-    if mask is not None:
-        s += mask
-    s -= s.max(axis=-1, keepdims=True)
-    p = backend.xp.exp(s, out=s)
-    p /= p.sum(axis=-1, keepdims=True)
-    return p
-
-
-def _softmax_backward(dp, p, scale):
-    """dS = P * (dP - rowsum(dP * P)) * scale, in place on dP."""
-    dp -= backend.xp.einsum("...ts,...ts->...t", dp, p)[..., None]     # rowsum(dP * P), one pass
-    ds = dp
-    ds *= p                                         # dS = P * (dP - rowsum(dP * P))
-    ds *= scale                                     # fold 1/sqrt(d_k) in once for dQ and dK
-    return ds
+def _softmax_passes(s, *others):
+    """The softmax's ``(forward, backward)`` for scores s and ``others`` (the mask, P; None: no
+    array): a fast path for 4-D scores, the plain lines for beam search's 5-D ones."""
+    if s.ndim != 4:
+        return softmax.forward, softmax.backward
+    return softmax.passes_for(s, *(a for a in others if a is not None))
 
 
 # ---- row passes (CPU) ------------------------------------------------------------------------
@@ -153,10 +136,11 @@ def _rows_forward(q, k, v, mask, o_out, blocks):
     p = xp.empty(q.shape[:3] + k.shape[2:3], dtype=q.dtype)     # (B, H, T, S), a slice a block
     o = xp.empty(q.shape, dtype=q.dtype) if o_out is None else o_out     # (B, H, T, d_k)
     own_mask = mask is not None and mask.ndim == 4 and mask.shape[0] > 1     # one per element
+    soft = _softmax_passes(p, mask)[0]        # asked here: on a block the plain code is chosen
 
     def block(r):
         xp.matmul(q[r], k[r].swapaxes(-1, -2), out=p[r])                # the scores, in P
-        _softmax(p[r], scale, mask[r] if own_mask else mask)
+        soft(p[r], scale, mask[r] if own_mask else mask)
         xp.matmul(p[r], v[r], out=o[r])
     rows.run(block, blocks)
     return o, SdpaCache(q, k, v, p, p, None, scale)
@@ -167,87 +151,15 @@ def _rows_backward(do, cache: SdpaCache, dq_out, dk_out, dv_out, blocks):
     xp, q, k, v, p = backend.xp, cache.q, cache.k, cache.v, cache.p
     dq, dk, dv = (xp.empty(a.shape, dtype=a.dtype) if out is None else out
                   for a, out in ((q, dq_out), (k, dk_out), (v, dv_out)))
+    soft = _softmax_passes(p, p)[1]           # asked here: on a block the plain code is chosen
 
     def block(r):
         xp.matmul(p[r].swapaxes(-1, -2), do[r], out=dv[r])              # (b, H, S, d_k)
-        ds = _softmax_backward(do[r] @ v[r].swapaxes(-1, -2), p[r], cache.scale)  # (b, H, T, S)
+        ds = soft(do[r] @ v[r].swapaxes(-1, -2), p[r], cache.scale)      # (b, H, T, S)
         xp.matmul(ds, k[r], out=dq[r])                                  # (b, H, T, d_k)
         xp.matmul(ds.swapaxes(-1, -2), q[r], out=dk[r])                 # (b, H, S, d_k)
     rows.run(block, blocks)
     return dq, dk, dv, {}
-
-
-# ---- fused: the softmax with its mask, each way ----------------------------------------------
-
-SOFTMAX_SOURCE = fused.BLOCK_REDUCE + r"""
-// scores s (rows of `cols`; row r = (b, h, t) of (B, H, T)) -> softmax(s * scale + mask), in
-// place; the mask element of (b, h, t, j) is mask[b*mb + h*mh + t*mt + j*mj] (0 strides where
-// it broadcasts), no mask when has_mask is 0
-extern "C" __global__ void softmax_forward(float* s, const float* mask, int cols, int heads,
-        int steps, long long mb, long long mh, long long mt, long long mj, int has_mask,
-        float scale) {
-    __shared__ float scratch[32];
-    long long r = blockIdx.x, row = r * cols;
-    long long m0 = (r / ((long long)heads * steps)) * mb + ((r / steps) % heads) * mh
-                   + (r % steps) * mt;
-    float top = __int_as_float(0xff800000);
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-        float v = s[row + j] * scale;
-        if (has_mask) v = v + mask[m0 + j * mj];
-        s[row + j] = v;
-        top = fmaxf(top, v);
-    }
-    top = block_max(top, scratch);
-    float total = 0.0f;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-        float e = expf(s[row + j] - top);
-        s[row + j] = e;
-        total += e;
-    }
-    total = block_sum(total, scratch);
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) s[row + j] = s[row + j] / total;
-}
-"""
-
-
-def _softmax_twin(s, mask, cols, heads, steps, mb, mh, mt, mj, has_mask, scale):
-    _softmax(s, float(scale), mask if has_mask else None)    # the mask broadcasts as its strides
-
-
-SOFTMAX = fused.Kernel("softmax_forward", SOFTMAX_SOURCE, _softmax_twin)
-
-
-def _fused_softmax(s, scale, mask):
-    xp, (b, h, t, cols) = backend.xp, s.shape
-    strides = (0, 0, 0, 0)              # no mask (has_mask 0): s stands in, never read
-    if mask is not None:
-        mask = xp.ascontiguousarray(mask)
-        strides = tuple(st // mask.dtype.itemsize for st in xp.broadcast_to(mask, s.shape).strides)
-    SOFTMAX((b * h * t,), (s, s if mask is None else mask, fused.i32(cols), fused.i32(h),
-                           fused.i32(t), *map(fused.i64, strides), fused.i32(mask is not None),
-                           fused.f32(scale)))
-    return s
-
-
-SOFTMAX_BACKWARD_SOURCE = fused.BLOCK_REDUCE + r"""
-// dS = P * (dP - rowsum(dP * P)) * scale, in place over dP, a block per row
-extern "C" __global__ void softmax_backward(float* dp, const float* p, int cols, float scale) {
-    __shared__ float scratch[32];
-    long long row = (long long)blockIdx.x * cols;
-    float dot = 0.0f;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) dot += dp[row + j] * p[row + j];
-    dot = block_sum(dot, scratch);
-    for (int j = threadIdx.x; j < cols; j += blockDim.x)
-        dp[row + j] = (dp[row + j] - dot) * p[row + j] * scale;
-}
-"""
-
-
-def _softmax_backward_twin(dp, p, cols, scale):
-    _softmax_backward(dp, p, float(scale))
-
-
-SOFTMAX_BACKWARD = fused.Kernel("softmax_backward", SOFTMAX_BACKWARD_SOURCE, _softmax_backward_twin)
 
 
 # ---- head split / merge, projections ---------------------------------------------------------

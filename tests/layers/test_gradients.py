@@ -88,8 +88,8 @@ def test_stack_gradients(case, data, seed):
 def test_every_layer_file_has_a_case():
     names = " ".join(c.name for c in CASES)
     for layer in ["linear", "embedding", "positional", "dropout", "inputs", "layernorm",
-                  "feedforward", "attention", "self-attention", "cross-attention", "residual",
-                  "encoder", "decoder", "decoder-only", "cross-entropy", "output"]:
+                  "feedforward", "softmax", "attention", "self-attention", "cross-attention",
+                  "residual", "encoder", "decoder", "decoder-only", "cross-entropy", "output"]:
         assert layer in names
 
 
