@@ -182,6 +182,44 @@ def test_sorted_scatter_add_counts_negative_ids_from_the_end_as_add_at_does():
     np.testing.assert_array_equal(bits(got), bits(expected))
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("out_init", [False, True], ids=["fresh table", "into out"])
+@pytest.mark.parametrize("case", ["uniform", "one id", "skewed"])
+def test_embedding_compiled_loop_gives_the_plain_bits(monkeypatch, case, out_init, threads):
+    ids = id_cases(np.random.default_rng(0))[case]
+    rows.use(True, threads, compiled=True)
+    passes = calls(monkeypatch, embedding, "loops_scatter_add")
+    fast = embedding_backward(ids, 3, 1, out_init)          # any size: a table of 3 columns
+    assert len(passes) == 1
+    rows.use(False, 1)
+    plain = embedding_backward(ids, 3, 1, out_init)
+    np.testing.assert_array_equal(bits(fast), bits(plain))
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(0, 300), vocab=st.integers(1, 40), d=st.integers(1, 5),
+       threads=st.integers(1, 3), seed=st.integers(0, 2 ** 32 - 1))
+def test_compiled_scatter_add_is_add_at_bit_for_bit(n, vocab, d, threads, seed):
+    """Any ids, negative ones counted from the end, on any thread count: add.at's bits."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(-vocab, vocab, n)
+    values = (rng.standard_normal((n, d)) * 10.0 ** rng.integers(-4, 4, (n, 1))).astype(np.float32)
+    expected = rng.standard_normal((vocab, d)).astype(np.float32)
+    got = expected.copy()
+    np.add.at(expected, ids, values)
+    rows.use(True, threads, compiled=True)
+    embedding.loops_scatter_add(got, ids, values)
+    np.testing.assert_array_equal(bits(got), bits(expected))
+
+
+@pytest.mark.parametrize("bad", [5, -6])
+def test_compiled_scatter_add_refuses_an_id_outside_the_table_as_add_at_does(bad):
+    target, values = np.zeros((5, 2), np.float32), np.ones((3, 2), np.float32)
+    rows.use(True, 2, compiled=True)
+    with pytest.raises(IndexError):
+        embedding.loops_scatter_add(target, np.array([0, bad, 1]), values)
+
+
 PLAIN_CASES = {"few numbers": ((32, 24), 2, np.float32),       # the sort's cost outweighs add.at's
                "one column": ((128, 160), 1, np.float32),      # d = 1: sums would be pairwise
                "float64": ((32, 24), 64, np.float64)}         # the gradient checks' precision

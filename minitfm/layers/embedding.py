@@ -16,7 +16,9 @@ adds them.
 Row passes (``--kernels fused`` on NumPy, float32): the scatter-add sorts the ids and adds the
 first row of every id in one indexed add, then the second, ... (:func:`rows_scatter_add`),
 instead of one row after another: each row of the table still receives its id's rows in their
-order, from its own value: the plain backward's bits, some ten times faster.
+order, from its own value: the plain backward's bits, some ten times faster. Where Numba is
+installed, a compiled loop (:func:`add_rows_in_range`) does add.at's own work, a row after
+another, each of the worker's threads for the ids in its share of the table: the same bits.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from minitfm import backend, rows
+from minitfm import backend, compiled, rows
+
 
 
 class Cache(NamedTuple):
@@ -56,7 +59,9 @@ def backward(dy, cache: Cache, out=None):
     """
     dtable = backend.xp.zeros(cache.shape, dtype=cache.dtype) if out is None else out["table"]
     scaled = dy.reshape(-1, cache.shape[1]) * cache.scale   # (N, d_model), scaled before the sum
-    if rows.chosen(scaled, dtable) and scaled.size >= ROW_PASS_MIN and cache.shape[1] > 1:
+    if rows.compiled(scaled, dtable):
+        loops_scatter_add(dtable, cache.ids.reshape(-1), scaled)
+    elif rows.chosen(scaled, dtable) and scaled.size >= ROW_PASS_MIN and cache.shape[1] > 1:
         rows_scatter_add(dtable, cache.ids.reshape(-1), scaled)
     else:
         backend.scatter_add(dtable, cache.ids.reshape(-1), scaled)
@@ -107,3 +112,30 @@ def rows_scatter_add(target, indices, values) -> None:
         stack[0] = target[ids[first[k]]]
         xp.take(values, left, axis=0, out=stack[1:])        # (1 + c, d): the row, then its rows
         target[ids[first[k]]] = stack.sum(axis=0)      # row after row (add.reduce)
+
+
+def loops_scatter_add(target, indices, values) -> None:
+    """``numpy.add.at(target, indices, values)`` (indices 1-D, values (N, d)) by the compiled
+    loop below, the table's rows shared among the worker's threads: each thread adds, in the
+    order of the ids, the rows whose ids fall in its share. add.at's bits, on any thread count."""
+    vocab = target.shape[0]
+    if indices.size and (indices.min() < -vocab or indices.max() >= vocab):
+        backend.scatter_add(target, indices, values)        # add.at's IndexError
+        return
+    edges = [vocab * k // rows.threads() for k in range(rows.threads() + 1)]
+    rows.run(lambda k: add_rows_in_range(target, indices, values, edges[k], edges[k + 1]),
+             list(range(rows.threads())))
+
+
+@compiled.kernel
+def add_rows_in_range(target, indices, values, low, high):
+    """target[i] += values[n] for each n in order whose id i (counted from the end if negative)
+    is in [low, high)."""
+    vocab, d = target.shape
+    for n in range(indices.shape[0]):
+        i = indices[n]
+        if i < 0:
+            i += vocab
+        if low <= i < high:
+            for j in range(d):
+                target[i, j] += values[n, j]
