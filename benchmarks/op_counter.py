@@ -290,10 +290,11 @@ def counting_backend():
             TALLY.sync()
         return _plain(array)
 
-    def dropout_keep(generator, shape, p):
+    def dropout_keep(generator, shape, p, raw=None):
         TALLY.op(2)                                     # draw, compare (as on any backend)
         with TALLY.inside("dropout_keep"):
-            keep, scale = original_keep(getattr(generator, "_generator", generator), shape, p)
+            keep, scale = original_keep(getattr(generator, "_generator", generator), shape, p,
+                                        raw)
         return _counted(keep), scale
 
     backend.xp = _counting_module(numpy)

@@ -33,10 +33,11 @@ import numpy
 from minitfm import philox    # the CuPy backend's generator: computes with the xp it is given
 
 __all__ = [
-    "BackendError", "xp", "name", "use", "float_dtype", "set_float_dtype",
-    "to_device", "to_host", "to_host_together", "is_host_array", "host_copy", "scatter_add", "sorted_scatter_add", "dropout_keep", "rng",
-    "host_rng", "check_array", "is_gpu", "describe", "environment_choice", "available_memory",
-    "host_available_memory", "memory_in_words", "PRECISIONS", "set_precision", "precision",
+    "BackendError", "xp", "name", "use", "float_dtype", "set_float_dtype", "to_device", "to_host",
+    "to_host_together", "is_host_array", "host_copy", "scatter_add", "sorted_scatter_add",
+    "dropout_keep", "rng", "host_rng", "check_array", "is_gpu", "describe", "environment_choice",
+    "available_memory", "host_available_memory", "memory_in_words", "PRECISIONS",
+    "set_precision", "precision",
 ]
 
 
@@ -44,8 +45,8 @@ class BackendError(RuntimeError):
     """The requested array backend cannot be used on this machine."""
 
 
-# xp, the active array module (numpy or cupy), and name, its name, are set by use(); until then
-# the module's __getattr__ selects the backend of MINITFM_BACKEND on first access.
+# xp, the active array module, and name, its name, are set by use(); until then the module's
+# __getattr__ selects the backend of MINITFM_BACKEND on first access.
 _float_dtype = numpy.float32
 _auto_fallback: str | None = None   # why "auto" chose NumPy, if it did
 ENVIRONMENT_VARIABLE = "MINITFM_BACKEND"
@@ -286,9 +287,8 @@ def to_host_together(*arrays) -> list:
     parts, offset = [], 0
     for a in arrays:
         shape, dtype = tuple(getattr(a, "shape", ())), getattr(a, "dtype", numpy.float64)
-        size = int(numpy.prod(shape))
-        parts.append(host[offset:offset + size].reshape(shape).astype(dtype))
-        offset += size
+        parts.append(host[offset:offset + int(numpy.prod(shape))].reshape(shape).astype(dtype))
+        offset += int(numpy.prod(shape))
     return parts
 
 
@@ -318,26 +318,26 @@ def sorted_scatter_add(target, indices, values) -> None:
     place are all equal, so which lands last does not matter. (float64 prefix sums keep the
     difference exact to float32 precision.)
     """
-    n = indices.shape[0]
-    if n == 0:
+    if indices.shape[0] == 0:
         return
     xp = _active()
-    order = xp.argsort(indices)                                        # deterministic on each backend
-    ids = indices[order]                                               # (N,) sorted
-    prefix = xp.zeros((n + 1,) + values.shape[1:], dtype=xp.float64)   # (N + 1, ...)
+    order = xp.argsort(indices)                                    # deterministic on each backend
+    ids = indices[order]                                           # (N,) sorted
+    prefix = xp.zeros((ids.shape[0] + 1,) + values.shape[1:], dtype=xp.float64)     # (N + 1, ...)
     xp.cumsum(values[order], axis=0, dtype=xp.float64, out=prefix[1:])
-    start = xp.searchsorted(ids, ids, side="left")                     # (N,) first row of the segment
-    end = xp.searchsorted(ids, ids, side="right")                      # (N,) one past its last row
+    start = xp.searchsorted(ids, ids, side="left")                 # (N,) its segment's first row
+    end = xp.searchsorted(ids, ids, side="right")                  # (N,) one past its last row
     target[ids] += (prefix[end] - prefix[start]).astype(target.dtype, copy=False)
 
 
-def dropout_keep(generator, shape, p: float):
+def dropout_keep(generator, shape, p: float, raw=None):
     """A keep mask for inverted dropout: ``(keep, scale)``.
 
     ``keep``: bool, True with probability 1 - p', p' = round(p * 2^16) / 2^16 (0.1 -> 0.100006),
     and ``scale = 1 / (1 - p')`` keeps the expectation exact. The mask compares 16-bit random
     integers with ``round(p * 2^16)``: a NumPy generator (:func:`rng`'s) draws the bytes of
-    ``generator.bytes``, from its raw PCG64 outputs where they are whole (half the cost); a
+    ``generator.bytes``, from its raw PCG64 outputs where they are whole (half the cost: by
+    ``raw(bits, n)`` where given, the same numbers as ``bits.random_raw(n)``); a
     :class:`~minitfm.philox.Philox` generator (the CuPy backend's) takes two from each 32-bit word.
     """
     threshold, scale = philox.dropout_threshold(p)
@@ -346,7 +346,7 @@ def dropout_keep(generator, shape, p: float):
         if size % 4 or not isinstance(bits, numpy.random.PCG64) or bits.state["has_uint32"]:
             draws = numpy.frombuffer(generator.bytes(2 * size), dtype=numpy.uint16)
         else:   # bytes() takes each output's low, then high 32 bits: whole outputs, none left
-            draws = bits.random_raw(size // 4).view(numpy.uint16)
+            draws = (raw or type(bits).random_raw)(bits, size // 4).view(numpy.uint16)
         return draws.reshape(shape) >= threshold, scale
     if isinstance(generator, philox.Philox):
         return generator.keep(shape, threshold), scale

@@ -31,13 +31,15 @@ import threading
 
 import numpy
 
-__all__ = ["available", "kernel", "signals_held_back", "float32", "sqrt", "log", "inf"]
+__all__ = ["available", "kernel", "signals_held_back", "float32", "uint64", "sqrt", "log", "inf"]
 
 FASTMATH = frozenset({"reassoc", "contract"})
 # what the loops in the layers' files (which reach arrays through minitfm.backend alone) call for
-# a float32 number, its square root, its logarithm and infinity: compiled.float32(0.0),
-# compiled.sqrt(v), -compiled.inf
-float32, sqrt, log, inf = numpy.float32, numpy.sqrt, numpy.log, numpy.inf
+# a float32 number, a 64-bit word, a square root, a logarithm and infinity: compiled.float32(0.0),
+# compiled.uint64(32) (a loop's integer constants must be words too: a word and an int give a
+# float), compiled.sqrt(v), -compiled.inf
+float32, uint64 = numpy.float32, numpy.uint64
+sqrt, log, inf = numpy.sqrt, numpy.log, numpy.inf
 _compiling = threading.Lock()
 
 

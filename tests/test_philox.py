@@ -263,8 +263,8 @@ def test_training_updates_on_cupy_create_no_generator_and_replay_their_masks(cup
     drawn = []
     keep_of = backend.dropout_keep
 
-    def recording(generator, shape, p):
-        keep, scale = keep_of(generator, shape, p)
+    def recording(generator, shape, p, raw=None):
+        keep, scale = keep_of(generator, shape, p, raw)
         drawn.append((generator.key, keep))        # device arrays: copied after the updates
         return keep, scale
 

@@ -177,7 +177,7 @@ def _rows_adder(x, f, p_drop, rng, bias):
     x2, f2 = x.reshape(-1, d), f.reshape(-1, d)                     # (N, d)
     c_drop = None
     if rng is not None and p_drop > 0.0:
-        keep, scale = backend.dropout_keep(rng, f.shape, p_drop)
+        keep, scale = dropout.keep_mask(rng, f.shape, p_drop)
         c_drop, keep2 = dropout.Cache(keep, scale), keep.reshape(-1, d)
     if loop:                            # the loop's arguments; no bias, no mask: stand-ins
         xp = backend.xp
