@@ -8,6 +8,8 @@ import pytest
 from minitfm import rows
 from minitfm.layers import attention, softmax
 
+from tests.layers.test_compiled_rows import each_thread_count
+
 EPS32 = np.finfo(np.float32).eps
 
 
@@ -112,12 +114,7 @@ def test_attention_with_the_loops_on_one_to_three_threads(t, s):
         o, cache = attention.sdpa_forward(q, k, v, mask)
         return (o, cache.p) + attention.sdpa_backward(do, cache)[:3]
 
-    rows.use(False, 1)
-    plain = compute()
-    results = []
-    for threads in (1, 2, 3):
-        rows.use(True, threads, min_bytes=0, compiled=True)
-        results.append(compute())
+    plain, results = each_thread_count(compute)
     p = plain[1]
     scale = 1 / np.sqrt(d_k)
     for result in results:
