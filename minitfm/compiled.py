@@ -40,7 +40,7 @@ FASTMATH = frozenset({"reassoc", "contract"})
 # float), compiled.sqrt(v), -compiled.inf
 float32, uint64 = numpy.float32, numpy.uint64
 sqrt, log, inf = numpy.sqrt, numpy.log, numpy.inf
-_compiling = threading.Lock()
+_compiling = threading.RLock()
 
 
 @functools.cache
@@ -58,13 +58,12 @@ def kernel(fn):
     @functools.wraps(fn)
     def call(*args):
         nonlocal compiled
-        if compiled is not None:
-            return compiled(*args)
-        # the threads of a row pass may call it first together; the first call compiles
-        with _compiling, signals_held_back():
-            if compiled is None:
-                compiled = _compile(fn)
-            return compiled(*args)
+        if compiled is None:
+            # the threads of a row pass may call it first together: one imports Numba
+            with _compiling, signals_held_back():
+                if compiled is None:
+                    compiled = _compile(fn)
+        return compiled(*args)
 
     call.python = fn
     return call
@@ -77,9 +76,20 @@ def _compile(fn):
     import numba
     options = {"nogil": True, "fastmath": set(FASTMATH)}
     try:
-        return numba.njit(cache=True, **options)(fn)
+        dispatcher = numba.njit(cache=True, **options)(fn)
     except RuntimeError:                # "cannot cache function ...: no locator available"
-        return numba.njit(cache=False, **options)(fn)
+        dispatcher = numba.njit(cache=False, **options)(fn)
+    # Numba compiles (or loads from its cache) on a call with argument types it has no machine
+    # code for yet: the first call, and any later one with another layout or dtype. Each such
+    # call runs Python for a while, inside Numba: the stop signals are held back for all of it.
+    compile_for_args = dispatcher._compile_for_args
+
+    def held_back(*args, **kwargs):
+        with _compiling, signals_held_back():
+            return compile_for_args(*args, **kwargs)
+
+    dispatcher._compile_for_args = held_back
+    return dispatcher
 
 
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")

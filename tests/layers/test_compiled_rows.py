@@ -253,3 +253,35 @@ def test_a_ctrl_c_while_numba_compiles_is_held_back_then_raised():
         assert len(swallowed) == 1 and isinstance(swallowed[0], KeyboardInterrupt)
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_every_compilation_holds_the_signals_back(monkeypatch):
+    """Numba compiles on the first call and again on each call with argument types it has no
+    machine code for (another dtype, another layout): each inside ``signals_held_back``;
+    calls with known types run straight."""
+    import contextlib
+    held = []
+    real = compiled.signals_held_back
+
+    @contextlib.contextmanager
+    def counted():
+        held.append(True)
+        with real():
+            yield
+
+    monkeypatch.setattr(compiled, "signals_held_back", counted)
+
+    def triple(x, out):
+        for i in range(x.shape[0]):
+            out[i] = 3 * x[i]
+
+    loop = compiled.kernel(triple)
+    x = np.arange(6, dtype=np.float32)
+    counts = []
+    for a in (x, x, x.astype(np.float64), x[::2], x[::2]):
+        out = np.zeros_like(a)
+        loop(a, out)
+        np.testing.assert_array_equal(out, 3 * a)
+        counts.append(len(held))
+    first = counts[0]
+    assert first >= 1 and counts[1:] == [first, first + 1, first + 2, first + 2]
