@@ -287,8 +287,9 @@ def to_host_together(*arrays) -> list:
     parts, offset = [], 0
     for a in arrays:
         shape, dtype = tuple(getattr(a, "shape", ())), getattr(a, "dtype", numpy.float64)
-        parts.append(host[offset:offset + int(numpy.prod(shape))].reshape(shape).astype(dtype))
-        offset += int(numpy.prod(shape))
+        size = int(numpy.prod(shape))
+        parts.append(host[offset:offset + size].reshape(shape).astype(dtype))
+        offset += size
     return parts
 
 
@@ -336,10 +337,9 @@ def dropout_keep(generator, shape, p: float, raw=None):
     ``keep``: bool, True with probability 1 - p', p' = round(p * 2^16) / 2^16 (0.1 -> 0.100006),
     and ``scale = 1 / (1 - p')`` keeps the expectation exact. The mask compares 16-bit random
     integers with ``round(p * 2^16)``: a NumPy generator (:func:`rng`'s) draws the bytes of
-    ``generator.bytes``, from its raw PCG64 outputs where they are whole (half the cost: by
-    ``raw(bits, n)`` where given, the same numbers as ``bits.random_raw(n)``); a
-    :class:`~minitfm.philox.Philox` generator (the CuPy backend's) takes two from each 32-bit word.
-    """
+    ``generator.bytes``, from its raw PCG64 outputs where they are whole (half the cost; by
+    ``raw(bits, n)`` where given, the numbers of ``bits.random_raw(n)``); a Philox generator
+    (:mod:`minitfm.philox`, the CuPy backend's) takes two from each 32-bit word."""
     threshold, scale = philox.dropout_threshold(p)
     if isinstance(generator, numpy.random.Generator) and _active_name() == "numpy":
         size, bits = int(numpy.prod(shape)), generator.bit_generator

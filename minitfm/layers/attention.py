@@ -151,7 +151,7 @@ def _rows_backward(do, cache: SdpaCache, dq_out, dk_out, dv_out, blocks):
     xp, q, k, v, p = backend.xp, cache.q, cache.k, cache.v, cache.p
     dq, dk, dv = (xp.empty(a.shape, dtype=a.dtype) if out is None else out
                   for a, out in ((q, dq_out), (k, dk_out), (v, dv_out)))
-    soft = _softmax_passes(p, p)[1]           # asked here: on a block the plain code is chosen
+    soft = _softmax_passes(p)[1]              # asked here: on a block the plain code is chosen
 
     def block(r):
         xp.matmul(p[r].swapaxes(-1, -2), do[r], out=dv[r])              # (b, H, S, d_k)

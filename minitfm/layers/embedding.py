@@ -29,7 +29,6 @@ from typing import NamedTuple
 from minitfm import backend, compiled, rows
 
 
-
 class Cache(NamedTuple):
     ids: object             # (...) integer token ids
     shape: tuple            # (V, d_model) of the table
