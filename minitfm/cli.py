@@ -32,7 +32,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from minitfm import backend, compiled, distributed, exits, fused, gradscale, placement, rows
+from minitfm import backend, distributed, exits, fused, gradscale, placement, rows
 from minitfm.exits import UsageError
 from minitfm.models.translator import Config
 from minitfm.options import Words
@@ -125,7 +125,7 @@ def _fast_path(on_cpu: bool) -> str:
     """The run's first line's last words: what runs outside the products (on the CPU, on how
     many threads); nothing for a GPU's plain code, its default."""
     if rows.enabled():
-        loops = " with compiled loops" if compiled.available() else ""
+        loops = " with compiled loops" if rows.compiled() else ""
         return (f"; row passes on {placement.count(rows.threads(), 'thread')}{loops} "
                 "(--kernels fused)")
     if fused.choice() == "fused":

@@ -318,16 +318,19 @@ def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=No
     stats = {"loss": loss_sum, "nll": nll_sum, "tokens": n_tokens}
     if not grads:
         return stats, None
-
-    # backward, in reverse order of the forward pass (the output layer's is done already: its
-    # gradient is in out[tgt_name], to which the embeddings' scatter-adds add)
     dh = xp.zeros((b * t, d), dtype=h.dtype)
     dh[rows] = dh_sel
-    dy, dmemory, _ = decoder.stack_backward(dh.reshape(b, t, d), c_tgt.stack,
-                                            out_part(out, "dec."))
+    _backward(dh.reshape(b, t, d), c_src, c_tgt, out, src_name, tgt_name)
+    return stats, out
+
+
+def _backward(dh, c_src, c_tgt, out, src_name, tgt_name) -> None:
+    """The backward pass from dh (B, T, d), the gradient of the decoder's output, in reverse
+    order of the forward pass, into ``out``. The output layer's backward is done already: its
+    gradient is in out[tgt_name], to which the embeddings' scatter-adds add."""
+    dy, dmemory, _ = decoder.stack_backward(dh, c_tgt.stack, out_part(out, "dec."))
     inputs.backward(dy, c_tgt.embed, {"table": out[tgt_name]})   # output projection + target
     dx, _ = encoder.stack_backward(dmemory, c_src.stack, out_part(out, "enc."))
     if src_name != tgt_name:
         out[src_name][...] = 0.0
     inputs.backward(dx, c_src.embed, {"table": out[src_name]})   # (+ source, when shared)
-    return stats, out
