@@ -155,6 +155,15 @@ def test_embedding_row_pass_gives_the_plain_bits(row_passes, monkeypatch, case, 
     np.testing.assert_array_equal(bits(fast), bits(plain))
 
 
+def assert_add_at_bits(scatter_add, table, ids, values):
+    """``scatter_add(table, ids, values)`` leaves in a copy of ``table`` the bits that
+    numpy.add.at leaves in another."""
+    expected, got = table.copy(), table.copy()
+    np.add.at(expected, ids, values)
+    scatter_add(got, ids, values)
+    np.testing.assert_array_equal(bits(got), bits(expected))
+
+
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(0, 400), vocab=st.integers(1, 40), d=st.integers(2, 9),
        heavy=st.floats(0.0, 1.0), seed=st.integers(0, 2 ** 32 - 1))
@@ -164,22 +173,15 @@ def test_sorted_scatter_add_is_add_at_bit_for_bit(n, vocab, d, heavy, seed):
     ids = np.where(rng.random(n) < heavy, 0, rng.integers(0, vocab, n))
     values = (rng.standard_normal((n, d)) * 10.0 ** rng.integers(-4, 4, (n, 1))).astype(np.float32)
     table = (rng.standard_normal((vocab, d)) * 10.0 ** rng.integers(-4, 4, (vocab, 1)))
-    expected = table.astype(np.float32)
-    got = expected.copy()
-    np.add.at(expected, ids, values)
-    embedding.rows_scatter_add(got, ids, values)
-    np.testing.assert_array_equal(bits(got), bits(expected))
+    assert_add_at_bits(embedding.rows_scatter_add, table.astype(np.float32), ids, values)
 
 
 def test_sorted_scatter_add_counts_negative_ids_from_the_end_as_add_at_does():
     rng = np.random.default_rng(3)
     ids = np.array([-1, 4, 4, -1, 0, -5, 2] * 5)
     values = rng.standard_normal((ids.size, 3)).astype(np.float32)
-    expected = rng.standard_normal((5, 3)).astype(np.float32)
-    got = expected.copy()
-    np.add.at(expected, ids, values)
-    embedding.rows_scatter_add(got, ids, values)
-    np.testing.assert_array_equal(bits(got), bits(expected))
+    table = rng.standard_normal((5, 3)).astype(np.float32)
+    assert_add_at_bits(embedding.rows_scatter_add, table, ids, values)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -204,12 +206,9 @@ def test_compiled_scatter_add_is_add_at_bit_for_bit(n, vocab, d, threads, seed):
     rng = np.random.default_rng(seed)
     ids = rng.integers(-vocab, vocab, n)
     values = (rng.standard_normal((n, d)) * 10.0 ** rng.integers(-4, 4, (n, 1))).astype(np.float32)
-    expected = rng.standard_normal((vocab, d)).astype(np.float32)
-    got = expected.copy()
-    np.add.at(expected, ids, values)
+    table = rng.standard_normal((vocab, d)).astype(np.float32)
     rows.use(True, threads, compiled=True)
-    embedding.loops_scatter_add(got, ids, values)
-    np.testing.assert_array_equal(bits(got), bits(expected))
+    assert_add_at_bits(embedding.loops_scatter_add, table, ids, values)
 
 
 @pytest.mark.parametrize("bad", [5, -6])
