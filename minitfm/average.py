@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import numpy
 
 from minitfm import checkpoint, files, usable
-from minitfm.training import validation
+from minitfm.training import stops, validation
 from minitfm.checkpoint import Checkpoint, CheckpointError
 from minitfm.cli import report_errors
 from minitfm.exits import UsageError
@@ -78,6 +78,7 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> tuple[dict[str, n
     first = last = usable.load(paths[0], with_optimizer=False).ckpt
     sums = {name: a.astype(numpy.float64) for name, a in first.params.items()}
     for path in paths[1:]:
+        stops.raise_if_lost()
         last = usable.load(path, with_optimizer=False).ckpt    # one checkpoint in memory at a time
         _check_same_model(first, last)
         for name, total in sums.items():

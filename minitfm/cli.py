@@ -38,7 +38,7 @@ from minitfm.models.translator import Config
 from minitfm.options import Words
 from minitfm.training.rundir import RunDirectory
 from minitfm.training.state import TrainState, config_field
-from minitfm.training.stops import StopRequests, describe_signal
+from minitfm.training.stops import StopRequests, describe_signal, raise_if_lost
 
 __all__ = ["EXIT_INTERRUPTED", "reuse_freed_memory", "select_backend", "placement_defaults",
            "place", "run_defaults", "default_run_dir", "run_directory", "model_config",
@@ -220,6 +220,7 @@ def report_errors(run: Callable[[], int], sizes: str | None = None) -> int:
             status = run()
             sys.stdout.flush()                  # what is still buffered: its failure is ours
         except KeyboardInterrupt:
+            requests.stopping()
             signum = requests.signum or signal.SIGINT
             print(describe_signal(signum), file=sys.stderr, flush=True)
             return _failed(world, exits.for_signal(signum))
@@ -248,6 +249,7 @@ class _Guarded:
         self.stream = stream
 
     def write(self, text: str) -> int:
+        raise_if_lost()                 # a Ctrl-C lost on its way stops a command that prints
         try:
             return self.stream.write(text)
         except OSError as exc:

@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from minitfm import distributed
+from minitfm import cli, distributed
 from minitfm.training import stops
 
 
@@ -58,6 +58,43 @@ def test_stopping_ignores_every_later_signal():
         with requests.held():
             pass
     assert requests.signum == signal.SIGINT and requests.ignored == 1
+
+
+def swallowed(signum=signal.SIGINT):
+    """A signal whose KeyboardInterrupt is lost on its way, as in a library's code that clears
+    the errors of what it calls (NumPy's random module did so, imported on a first draw)."""
+    try:
+        send(signum)
+    except KeyboardInterrupt:
+        pass
+
+
+def test_a_stop_lost_on_its_way_is_raised_again_where_work_goes_on():
+    stops.raise_if_lost()                       # outside any run: nothing to raise
+    with stops.StopRequests() as requests:
+        stops.raise_if_lost()                   # no signal yet
+        swallowed(signal.SIGTERM)
+        with requests.held():
+            stops.raise_if_lost()               # never inside an update or a save
+        with pytest.raises(KeyboardInterrupt):
+            stops.raise_if_lost()
+        requests.stopping()
+        stops.raise_if_lost()                   # stopping: raised once is enough
+    assert requests.signum == signal.SIGTERM
+
+
+def test_a_command_whose_ctrl_c_was_lost_stops_at_its_next_line(capsys):
+    printed = []
+
+    def run():
+        swallowed()
+        for n in range(1000):
+            print(n)
+            printed.append(n)
+        return 0
+    assert cli.report_errors(run) == 130
+    out, err = capsys.readouterr()
+    assert printed == [] and out == "" and err == "interrupted\n"
 
 
 def test_the_previous_handlers_come_back():

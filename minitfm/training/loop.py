@@ -200,4 +200,5 @@ def _hooks(run: Run, stats: dict, window: LogWindow, watch: DivergenceWatch, bar
         watch.saved()
     if run.world.distributed:
         stop_if_any_worker_asks(run.world, stops)
+    stops.raise_if_lost()
     state.out_of_time = out_of_time

@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from minitfm import distributed
 
 __all__ = ["STOP_SIGNALS", "StopRequests", "AgreedStop", "interrupts_deferred",
-           "stop_if_any_worker_asks", "describe_signal", "HANGUP_VARIABLE", "hangup_signal"]
+           "stop_if_any_worker_asks", "describe_signal", "raise_if_lost", "HANGUP_VARIABLE",
+           "hangup_signal"]
 
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
                      if hasattr(signal, name))
@@ -59,6 +60,7 @@ class StopRequests:
         self.ignored = 0
         self._holding = 1 if always_held else 0
         self._raised = False
+        self._stopping = False
         self._previous: dict = {}
         self._outer: StopRequests | None = None
 
@@ -95,8 +97,18 @@ class StopRequests:
         while requests is not None:
             if requests.signum is None:
                 requests.signum = self.signum or signal.SIGINT
-            requests._raised = True
+            requests._raised = requests._stopping = True
             requests = requests._outer
+
+    def raise_if_lost(self) -> None:
+        """Raise the stop again if its KeyboardInterrupt was raised and lost. Raised where the
+        signal arrives, it can pass through code that swallows it: a library's compiled module,
+        run on its first import, that clears the errors of what it calls (NumPy's random
+        generators, imported on a first draw, did so about once in a hundred samplings under
+        load), and the command would run on to its end. So the places where work goes on
+        call this: each write to standard output, each update's end, each checkpoint averaged."""
+        if self._raised and not self._stopping and not self._holding:
+            raise KeyboardInterrupt
 
     @contextlib.contextmanager
     def held(self):
@@ -123,6 +135,12 @@ def interrupts_deferred():
         return
     with StopRequests() as stops, stops.held():
         yield
+
+
+def raise_if_lost() -> None:
+    """:meth:`StopRequests.raise_if_lost` of the innermost StopRequests entered, if any."""
+    if _active is not None:
+        _active.raise_if_lost()
 
 
 class AgreedStop(KeyboardInterrupt):
