@@ -28,6 +28,7 @@ from minitfm.beam import Finished, Hypothesis, beam_search, check_search, groups
     step_candidates
 from minitfm.decode import KVCache, first_groups, int_array, output_limits, prepare_source, \
     reorder, self_attention_buffers
+from minitfm.ensemble import Ensemble
 from minitfm.layers.attention import MASKED
 from minitfm.models import translator as model     # the model this module decodes
 
@@ -155,6 +156,8 @@ def empty_cache(params: dict, cfg: model.Config, groups: int, beam: int, capacit
     """A cache for ``groups`` sentences of ``beam`` rows with room for ``capacity`` positions,
     holding no sentence yet: cross-attention arrays of no width (:func:`admit` widens them).
     The self-attention buffers start empty: a run of rows reads only the slots it wrote."""
+    if isinstance(params, Ensemble):     # every member's layers in one cache
+        return params.joined([empty_cache(p, c, groups, beam, capacity) for p, c in params.members])
     xp = backend.xp
     projection = model.output_projection(params, cfg)
     d_k, dtype = cfg.d_model // cfg.n_heads, projection.dtype
@@ -171,6 +174,8 @@ def admit(params: dict, cfg: model.Config, full: KVCache, first: int, src) -> KV
     ``first`` + m - 1: their cross-attention keys, values and mask (masked beyond S, where an
     earlier sentence's keys and values stay: finite, so a masked score is still -1e9); the
     cross-attention arrays widened to S where they are narrower."""
+    if isinstance(params, Ensemble):
+        return params.joined(params.each(full, lambda p, c, part: admit(p, c, part, first, src)))
     memory, mask, _ = model.encoder_forward(params, cfg, src)          # (m, S, d), (m, 1, 1, S)
     cross_k, cross_v = model.cross_kv(params, cfg, memory)            # (m, H, S, d_k) per layer
     m, width = mask.shape[0], mask.shape[-1]

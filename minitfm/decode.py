@@ -39,6 +39,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from minitfm import backend
+from minitfm.ensemble import Ensemble, combine
 from minitfm.layers.positional import Positions
 from minitfm.models import translator as model     # the model this module decodes
 
@@ -93,6 +94,8 @@ def init_kv_cache(params: dict, cfg: model.Config, src, beam: int = 1,
     if not 1 <= capacity <= cfg.max_len:
         raise ValueError(f"cache capacity must be in [1, Config.max_len={cfg.max_len}], "
                          f"got {capacity}")
+    if isinstance(params, Ensemble):     # every member's layers in one cache
+        return params.joined([init_kv_cache(p, c, src, beam, capacity) for p, c in params.members])
     memory, src_mask, _ = model.encoder_forward(params, cfg, src)     # (B, S, d), (B, 1, 1, S)
     cross_k, cross_v = model.cross_kv(params, cfg, memory)            # (B, H, S, d_k) per layer
     self_k, self_v = self_attention_buffers(cfg, memory.shape[0] * beam, capacity, memory.dtype)
@@ -153,10 +156,13 @@ def first_groups(kv: KVCache, m: int) -> KVCache:
 def step(params: dict, cfg: model.Config, kv: KVCache, tokens, t):
     """Feed ``tokens`` (R,), the decoder inputs at position t, and return the logits (R, V) of
     the tokens at position t + 1. Writes slot t of the cache's self-attention buffers. ``t``: an
-    integer, or :func:`positions` for rows at different positions."""
+    integer, or :func:`positions` for rows at different positions. For an ensemble
+    (:mod:`minitfm.ensemble`), its log-probabilities (R, V) in place of logits."""
     last = t.end - 1 if isinstance(t, Positions) else t
     if last >= kv.capacity:
         raise ValueError(f"decoding step {last} is past the cache capacity {kv.capacity}")
+    if isinstance(params, Ensemble):     # log-probabilities: the mean of the members' softmax
+        return combine(params.each(kv, lambda p, c, part: step(p, c, part, tokens, t)))
     h = model.decoder_step(params, cfg, tokens, t, kv.self_k, kv.self_v,
                            kv.cross_k, kv.cross_v, kv.src_mask)                # (R, d)
     return model.logits(params, cfg, h, kv.projection)                          # (R, V)
@@ -192,8 +198,12 @@ def output_limits(src, cfg: model.Config, max_len: int | None = None) -> list[in
 
 def prepare_source(params: dict, cfg: model.Config, src):
     """``(src on the device, src on the host)``: the ids are checked, and the output limits are
-    counted, on the host (a host array costs no wait for the device; a device array one copy)."""
-    model.check_params(params, cfg)
+    counted, on the host (a host array costs no wait for the device; a device array one copy).
+    ``params`` may be an :class:`~minitfm.ensemble.Ensemble`, ``cfg`` its ``cfg``."""
+    if isinstance(params, Ensemble):
+        params.check()
+    else:
+        model.check_params(params, cfg)
     src = model.check_tokens(backend.host_copy(src, "src"), "src", cfg.src_vocab, cfg, host=True)
     return backend.to_device(src), src
 

@@ -219,6 +219,15 @@ def add_search_options(group) -> None:
     add(group, *SEARCH, defaults=SEARCH_DEFAULTS, values=True)
 
 
+def add_ensemble_option(group) -> None:
+    """``--ensemble CKPT ...``: more checkpoints decoded with ``--checkpoint`` as one ensemble
+    (``minitfm.translate``, ``train_wmt.py --eval-only``)."""
+    group.add_argument("--ensemble", nargs="+", default=[], metavar="CKPT",
+                       help="more checkpoints, trained with the same vocabulary, decoded "
+                            "together with --checkpoint: each step's next-token probabilities "
+                            "are the mean of the models'")
+
+
 class _Renamed(argparse.Action):
     """An old name of the option ``new``: stores its value as ``new`` does, and says so in
     one line."""

@@ -3,11 +3,14 @@
     python -m minitfm.translate --checkpoint model.npz < input.en > output.de
     python -m minitfm.translate --checkpoint model.npz --input test.en --beam 4 --lenpen 0.6
     python -m minitfm.translate --checkpoint model.npz --nbest 4 < input.en
+    python -m minitfm.translate --checkpoint a.npz --ensemble b.npz < input.en > output.de
 
 Reads one sentence per line (UTF-8, from standard input or ``--input``) and writes one
 translation per line, in the same order, detokenized with the sentencepiece model stored in the
 checkpoint. The search is beam search with the paper's settings by default (beam 4, length
-penalty 0.6, at most source length + 50 output tokens; see :mod:`minitfm.beam`).
+penalty 0.6, at most source length + 50 output tokens; see :mod:`minitfm.beam`). With
+``--ensemble``, more models trained with the same vocabulary decode together with the first, each
+step's next-token probabilities the mean of theirs (:mod:`minitfm.ensemble`).
 
 - An empty (or blank) line gives an empty line.
 - A line longer than the model accepts (``max_len`` tokens, EOS included) is truncated, with a
@@ -38,13 +41,14 @@ from minitfm import batched, checkpoint, limits, options, usable
 from minitfm.cli import placement_defaults, report_errors, select_backend
 from minitfm.data.reading import DataError, decompressed, raw_lines, stream_lines
 from minitfm.data.vocab import Vocab
+from minitfm.ensemble import Ensemble
 from minitfm.exits import UsageError
 from minitfm.models import translator as model
 from minitfm.argtypes import positive_int
 from minitfm.training.stops import interrupts_deferred
 
-__all__ = ["TranslateError", "load_translator", "encode_lines", "translate_lines",
-           "translate_texts", "main"]
+__all__ = ["TranslateError", "load_translator", "load_translators", "encode_lines",
+           "translate_lines", "translate_texts", "main"]
 
 Translation = tuple[str, float]   # (detokenized text, length-normalised log-probability)
 
@@ -79,6 +83,26 @@ def load_translator(path: str) -> tuple[dict, model.Config, Vocab]:
             f"{min(cfg.src_vocab, cfg.tgt_vocab)} embeddings: the vocabulary is not the one the "
             f"model was trained with")
     return checkpoint.params_to_device(ckpt.params), cfg, vocab
+
+
+def load_translators(paths: Sequence[str]) -> tuple[dict | Ensemble, model.Config, Vocab]:
+    """:func:`load_translator` of one checkpoint; of several, ``(their Ensemble, its cfg, the
+    vocabulary)``: they must have been trained with one vocabulary."""
+    loaded = [load_translator(path) for path in paths]
+    if len(loaded) == 1:
+        return loaded[0]
+    vocab = loaded[0][2]
+    for path, (_, _, other) in zip(paths[1:], loaded[1:]):
+        if other != vocab:
+            raise TranslateError(
+                f"checkpoint {path} was trained with another vocabulary ({other.identifier}) than "
+                f"{paths[0]} ({vocab.identifier}): the models of an ensemble must share one. "
+                f"Ensemble models trained on the same data with the same --vocab-size")
+    try:
+        ensemble = Ensemble([(params, cfg) for params, cfg, _ in loaded])
+    except ValueError as exc:
+        raise TranslateError(f"checkpoints {', '.join(paths)}: {exc}") from exc
+    return ensemble, ensemble.cfg, vocab
 
 
 def _warn(message: str) -> None:
@@ -191,6 +215,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m minitfm.translate",
         description="Translate sentences (one per line) with a trained minitfm checkpoint.")
     p.add_argument("--checkpoint", required=True, help="checkpoint file (.npz) with a vocabulary")
+    options.add_ensemble_option(p)
     p.add_argument("--input", help="input text file, plain or gzipped (default: standard input)")
     options.add_search_options(p)
     p.add_argument("--nbest", type=positive_int, default=None,
@@ -206,26 +231,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def check_sizes(args: argparse.Namespace, cfg: model.Config) -> None:
-    """``--beam`` x ``--batch-size`` rows of beam search fit in the memory left once the model is
-    loaded, before any input is read (minitfm.limits); ``--nbest`` is at most ``--beam`` and
-    costs nothing more."""
+def decoding_estimate(params: dict | Ensemble, cfg: model.Config, rows: int,
+                      out_len: int | None = None) -> limits.Estimate:
+    """The memory that decoding ``rows`` rows with the loaded model or ensemble takes: every
+    member has its own cache."""
+    cfgs = [c for _, c in params.members] if isinstance(params, Ensemble) else [cfg]
+    return sum((limits.decoding_estimate(c, rows=rows, out_len=out_len, params=False)
+                for c in cfgs), limits.Estimate())
+
+
+def check_sizes(args: argparse.Namespace, params: dict | Ensemble, cfg: model.Config) -> None:
+    """``--beam`` x ``--batch-size`` rows of beam search fit in the memory left once the model
+    (or ensemble) is loaded, before any input is read (minitfm.limits); ``--nbest`` is at most
+    ``--beam`` and costs nothing more."""
     limits.check_fits("beam search", {
         "--beam": (args.beam, range(1, args.beam + 1)),
         "--batch-size": (args.batch_size, range(1, args.batch_size + 1))},
-        lambda v: limits.decoding_estimate(cfg, rows=v["--beam"] * v["--batch-size"],
-                                           out_len=args.max_len, params=False))
+        lambda v: decoding_estimate(params, cfg, v["--beam"] * v["--batch-size"], args.max_len))
 
 
 def run(args: argparse.Namespace, stdin: BinaryIO, stdout: TextIO) -> int:
     """Translate the input to ``stdout`` as it goes, a block of lines at a time: a signal stops
     it between blocks' lines, and what was printed stays (whole lines, whole n-best groups)."""
     select_backend(args.backend, "numpy")
-    params, cfg, vocab = load_translator(args.checkpoint)
+    params, cfg, vocab = load_translators([args.checkpoint, *args.ensemble])
     if args.max_len is not None and not 1 <= args.max_len <= cfg.max_len:
         raise TranslateError(f"--max-len must be between 1 and the model's max_len "
                              f"({cfg.max_len}), got {args.max_len}")
-    check_sizes(args, cfg)
+    check_sizes(args, params, cfg)
     source = InputLines(args.input, stdin)
     done = 0
     for lines in chunks(source, 16 * args.batch_size):

@@ -65,13 +65,16 @@ def check_sizes(args: argparse.Namespace, cfg: Config) -> None:
                    config)
 
 
-def check_decoding(args: argparse.Namespace, sizes: dict, kept, config) -> None:
+def check_decoding(args: argparse.Namespace, sizes: dict, kept, config, decoding=None) -> None:
     """The test's beam search (``--beam`` x ``--eval-batch-size`` rows) fits, with ``kept(values)``
-    (the model state) in memory too."""
+    (the model state) in memory too; ``decoding(values, rows)``: its memory, where not one
+    model's of ``config(values)`` (an ensemble's)."""
     sizes = {**sizes, "--beam": (args.beam, range(1, args.beam + 1)),
              "--eval-batch-size": (args.eval_batch_size, range(1, args.eval_batch_size + 1))}
-    limits.check_fits("beam search", sizes, lambda v: kept(v) + limits.decoding_estimate(
-        config(v), rows=v["--beam"] * v["--eval-batch-size"], params=False))
+    decoding = decoding or (lambda v, rows: limits.decoding_estimate(config(v), rows=rows,
+                                                                     params=False))
+    limits.check_fits("beam search", sizes, lambda v: kept(v) + decoding(
+        v, v["--beam"] * v["--eval-batch-size"]))
 
 
 def say(text: str) -> None:
@@ -343,18 +346,26 @@ def score_checkpoint(args: argparse.Namespace) -> int:
     if test is None:
         raise UsageError("--eval-only needs a test set: --testpref PREFIX, --test-src FILE "
                          "--test-ref FILE, or --prepare DIR")
+    paths = [args.checkpoint, *args.ensemble]
     try:
-        params, cfg, vocab = translate.load_translator(args.checkpoint)
+        params, cfg, vocab = translate.load_translators(paths)
     except translate.TranslateError as exc:
         raise UsageError(str(exc)) from exc
-    check_decoding(args, {}, lambda v: limits.Estimate(), lambda v: cfg)
-    check_test_lengths(test, vocab, cfg, f"the model of {args.checkpoint}",
+    check_decoding(args, {}, lambda v: limits.Estimate(), lambda v: cfg, lambda v, rows:
+                   translate.decoding_estimate(params, cfg, rows))
+    model_words = f"the model of {args.checkpoint}" if len(paths) == 1 else \
+        f"the ensemble of {', '.join(paths)}"
+    check_test_lengths(test, vocab, cfg, model_words,
                        fix="Score a model trained with a larger --max-len, or a test set "
                            "without those lines")
-    step = checkpoint.load(args.checkpoint, with_optimizer=False).step
+    steps = [checkpoint.load(path, with_optimizer=False).step for path in paths]
     out_dir = args.out or os.path.dirname(os.path.abspath(args.checkpoint))
-    say(f"scoring {args.checkpoint} (step {step}) on {len(test)} test pairs; "
-        f"backend {backend.describe()}")
-    score_test(params, cfg, vocab, test, Path(args.checkpoint).stem, args, out_dir,
-               {"checkpoint": args.checkpoint, "step": step})
+    scored = " + ".join(f"{path} (step {step})" for path, step in zip(paths, steps))
+    say(f"scoring {scored} on {len(test)} test pairs; backend {backend.describe()}")
+    info = {"checkpoint": args.checkpoint, "step": steps[0]}
+    if args.ensemble:
+        info["ensemble"] = [{"checkpoint": path, "step": step}
+                            for path, step in zip(paths, steps)]
+    score_test(params, cfg, vocab, test, "+".join(Path(path).stem for path in paths), args,
+               out_dir, info)
     return 0

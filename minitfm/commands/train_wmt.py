@@ -158,6 +158,7 @@ def add_evaluation_options(ev) -> None:
     ev.add_argument("--eval-only", action="store_true",
                     help="only translate and score the test set with --checkpoint")
     TRAINER.add_options(ev, ["checkpoint"])
+    options.add_ensemble_option(ev)
     TRAINER.add_options(ev, options.SEARCH)
     ev.add_argument("--eval-batch-size", type=positive_int, default=64,
                     help="sentences per validation or decoding batch (default 64)")
@@ -182,6 +183,9 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--eval-only needs --checkpoint CKPT, the model to score")
     if args.checkpoint and not args.eval_only:
         p.error("--checkpoint is for --eval-only; to continue training use --out DIR --resume")
+    if args.ensemble and not args.eval_only:
+        p.error("--ensemble is for --eval-only (with --checkpoint): it decodes trained models "
+                "together")
     if not args.eval_only and not (args.trainpref or args.prepare):
         p.error("give the training data: --trainpref PREFIX, or --prepare DIR for WMT14")
     if args.average_best:
