@@ -2,7 +2,7 @@
 
 Models trained apart (another seed, another recipe) make different errors; decoding with all of
 them at once, each step's next-token distribution the mean of theirs, is more accurate than any
-one (Multi30k: two 60-minute ``small`` models, 41.40 and 41.56 BLEU on validation alone, 42.71
+one (Multi30k: two 60-minute ``small`` models, 41.40 and 41.56 BLEU on validation alone, 42.52
 together; docs: *Recipes and results*). Averaging checkpoints of one run
 (:mod:`minitfm.average`) costs nothing at decoding time but gains only within one run; an
 ensemble of N models costs N times the decoding work.
@@ -57,7 +57,7 @@ class Ensemble:
                 raise ValueError(f"model {i} of the ensemble does not share the first model's "
                                  f"vocabulary: {', '.join(differing)}. Ensemble models trained "
                                  f"with the same vocabulary")
-        self.members = [(params, cfg) for params, cfg in members]
+        self.members = list(members)
         self.cfg = first.replace(max_len=min(cfg.max_len for _, cfg in members))
         ends = [0]
         for _, cfg in members:

@@ -12,11 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minitfm import batched, beam as search
-from minitfm import checkpoint, decode, translate
+from minitfm import decode, translate
 from minitfm.commands import train_wmt
 from minitfm.data.vocab import train_vocab
 from minitfm.ensemble import Ensemble
-from minitfm.models import translator
 from tests.test_beam import plain_beam
 from tests.test_decode import full_logits, sources, tiny
 from tests.test_translate import TEXT, run, write_checkpoint
@@ -122,11 +121,7 @@ def test_models_of_another_vocabulary_are_refused_and_the_shortest_limit_holds()
 def test_translate_decodes_an_ensemble_and_refuses_another_vocabulary(tmp_path, capsys):
     vocab = train_vocab(TEXT * 4, 40, hard_vocab_limit=False, num_threads=1)
     a = write_checkpoint(tmp_path / "a.npz", vocab)
-    b = str(tmp_path / "b.npz")
-    cfg = translator.Config.preset("tiny", src_vocab=vocab.size, tgt_vocab=vocab.size, max_len=24)
-    checkpoint.save(b, translator.init_params(cfg, seed=7, dtype=np.float32), step=3,
-                    config=cfg.to_dict(), vocab_id=vocab.identifier,
-                    vocab_model=vocab.serialized_model())
+    b = write_checkpoint(tmp_path / "b.npz", vocab, seed=7)
     lines = TEXT[:3]
     code, out = run(["--checkpoint", a, "--ensemble", b, "--beam", "2"], "\n".join(lines) + "\n")
     assert code == 0

@@ -28,9 +28,9 @@ def vocab():
     return train_vocab(TEXT * 4, 40, hard_vocab_limit=False, num_threads=1)
 
 
-def write_checkpoint(path, vocab, with_vocab=True):
+def write_checkpoint(path, vocab, with_vocab=True, seed=0):
     cfg = translator.Config.preset("tiny", src_vocab=vocab.size, tgt_vocab=vocab.size, max_len=24)
-    params = translator.init_params(cfg, seed=0, dtype=np.float32)
+    params = translator.init_params(cfg, seed=seed, dtype=np.float32)
     checkpoint.save(path, params, step=1, config=cfg.to_dict(), vocab_id=vocab.identifier,
                     vocab_model=vocab.serialized_model() if with_vocab else None)
     return str(path)
