@@ -262,7 +262,7 @@ def describe_run(args: argparse.Namespace, corpora: dict, vocab: Vocab, cfg: Con
     lines += [
         f"vocab  {vocab.size} joint BPE pieces ({vocab.identifier})",
         f"model  {args.preset}: {cfg.n_layers} layers, d_model {cfg.d_model}, d_ff {cfg.d_ff}, "
-        f"{cfg.n_heads} heads, dropout {cfg.dropout}"
+        f"{cfg.n_heads} heads, {'pre' if cfg.pre_ln else 'post'}-LN, dropout {cfg.dropout}"
         + (f" (attention {cfg.attention_dropout}, ReLU {cfg.relu_dropout})"
            if cfg.attention_dropout or cfg.relu_dropout else "")
         + (f", BPE-dropout {args.subword_dropout}" if args.subword_dropout else "")

@@ -103,6 +103,27 @@ def test_attention_and_relu_dropout_reach_the_model(corpus, tmp_path, capsys):
     assert "--relu-dropout" in capsys.readouterr().err
 
 
+def test_pre_ln_reaches_the_model_and_defines_the_run(corpus, tmp_path, capsys):
+    """--pre-ln trains the pre-LN model (a LayerNorm after each stack, which post-LN lacks),
+    its checkpoint decodes in --eval-only, and a resume without it is refused."""
+    out = tmp_path / "run"
+    common = [*corpus_args(corpus), *TINY, "--out", out]
+    assert run(*common, "--max-steps", 2, "--pre-ln") == 0
+    assert "pre-LN, dropout" in capsys.readouterr().out
+    saved = checkpoint.load(checkpoint.latest(out), with_optimizer=False)
+    assert saved.config["pre_ln"] is True
+    assert run(*corpus_args(corpus), *TINY, "--max-steps", 2, "--out", tmp_path / "post") == 0
+    post = checkpoint.load(checkpoint.latest(tmp_path / "post"), with_optimizer=False)
+    assert post.config["pre_ln"] is False
+    assert set(saved.params) > set(post.params)          # the stacks' final LayerNorms
+    capsys.readouterr()
+    assert run(*common, "--max-steps", 4, "--resume") == exits.BAD_INPUT
+    assert "'pre_ln': checkpoint has True, current run has False" in capsys.readouterr().err
+    assert run(*common, "--max-steps", 4, "--resume", "--pre-ln") == 0
+    assert run("--eval-only", "--checkpoint", checkpoint.latest(out), "--testpref",
+               corpus / "test", "--beam", 2, "--backend", "numpy", "--quiet") == 0
+
+
 def test_subword_dropout_reaches_the_batches_and_the_run_record(corpus, tmp_path, capsys):
     """BPE-dropout from the start: every update reads other pieces than a run without it (same
     seed, so the same pairs), so every loss differs; the rate is part of the run."""

@@ -90,7 +90,7 @@ TRAINER = options.Trainer(
     # the options that define a run: --resume refuses to change them
     defining=("source_lang", "target_lang", "vocab_size", "no_clean", "preset", "layers",
               "d_model", "d_ff", "heads", "max_len", "dropout", "attention_dropout",
-              "relu_dropout", "label_smoothing", "max_tokens", "seed", "schedule", "lr",
+              "relu_dropout", "pre_ln", "label_smoothing", "max_tokens", "seed", "schedule", "lr",
               "min_lr", "cooldown", "dropout_start", "dropout_start_margin", "subword_dropout",
               "best_metric"))
 
@@ -126,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="dropout on the attention weights (default: the preset's, 0)")
     arch.add_argument("--relu-dropout", type=options.FRACTION,
                       help="dropout on the feed-forward hidden units (default: the preset's, 0)")
+    arch.add_argument("--pre-ln", action="store_true", default=None,
+                      help="LayerNorm before each sublayer, and once after each stack (default: "
+                           "the paper's post-LN, a LayerNorm after each residual sum)")
     arch.add_argument("--subword-dropout", type=options.FRACTION, default=0.0, metavar="RATE",
                       help="BPE-dropout: each training pair segmented anew every time it is "
                            "batched, each merge skipped with this probability (default 0; keeps "
