@@ -57,13 +57,14 @@ def test_model_gradients_many_batches(case, seed, batch, src_len, tgt_len):
 
 def test_a_draw_with_a_relu_input_at_its_kink_is_set_aside():
     """A draw whose ReLU input lay 1.5e-5 from 0 (enc.0.ff.w1's difference quotient then missed
-    by 8.7e-4) is recognised; a neighbouring seed of it is checked, and passes."""
+    by 8.7e-4) is recognised; at a neighbouring seed the same parameter is checked, and passes.
+    (The whole model at random seeds is the test above.)"""
     case = next(c for c in TRANSLATOR_CASES if c.name == "model (dropout, fixed mask)")
     sizes = dict(batch=2, src_len=2, tgt_len=2)
     assert not relu_inputs_clear_of_zero(case, 6330, sizes)
-    assert max(check_case(case, 6330, sizes).values()) > TOLERANCE
+    assert check_case(case, 6330, sizes, ["enc.0.ff.w1"])["enc.0.ff.w1"] > TOLERANCE
     assert relu_inputs_clear_of_zero(case, 6331, sizes)
-    assert max(check_case(case, 6331, sizes).values()) <= TOLERANCE
+    assert check_case(case, 6331, sizes, ["enc.0.ff.w1"])["enc.0.ff.w1"] <= TOLERANCE
 
 
 def test_a_gradient_a_millionth_of_the_loss_is_resolved_and_an_error_in_it_caught():
