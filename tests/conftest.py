@@ -174,10 +174,18 @@ def cupy_backend(request):
             backend.use(previous)
 
 
-@pytest.fixture(params=CUPY_RULES, ids=[f"cupy{r}" for r in CUPY_RULES])
+# A command started on the double once per CuPy release's rules: CuPy 14's (the release the gpu
+# extras install) in every run, CuPy 13's behind the slow marker (CI runs both).
+COMMAND_RULES = [pytest.param(r, id=f"cupy{r}",
+                              marks=() if r == CUPY_RULES[0] else pytest.mark.slow)
+                 for r in CUPY_RULES]
+
+
+@pytest.fixture(params=COMMAND_RULES)
 def cupy_env(request):
-    """The environment for a subprocess on the CuPy path, once per CuPy release's rules: the
-    double on PYTHONPATH; with ``-m gpu``, the real CuPy (only once: no extra path)."""
+    """The environment for a subprocess on the CuPy path, once per CuPy release's rules (see
+    COMMAND_RULES): the double on PYTHONPATH; with ``-m gpu``, the real CuPy (only once: no
+    extra path)."""
     if real_gpu_run(request.config):
         if request.param != CUPY_RULES[0]:
             pytest.skip("-m gpu runs the installed CuPy once")

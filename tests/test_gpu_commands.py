@@ -103,10 +103,11 @@ def test_train_toy_runs_start_to_end(cupy_env, tmp_path):
     assert_no_generators(tmp_path, env)
 
 
-@pytest.mark.parametrize("cases", ["layernorm", "attention (dropout)"])
+@pytest.mark.parametrize("cases", ["layernorm", "cross-attention (dropout)"])
 def test_gradient_check_in_float64(cupy_env, cases, tmp_path):
-    """The command on a few cases (every case: tests/test_gpu.py, under -m slow or -m gpu; the
-    double runs the finite differences' thousands of small operations ~9x slower than NumPy)."""
+    """The command on two cases, one with a dropout generator on the device (every case:
+    tests/test_gpu.py, under -m slow or -m gpu; the double runs the finite differences'
+    thousands of small operations ~9x slower than NumPy)."""
     env = with_report(cupy_env, tmp_path)
     done = command(["-m", "minitfm.gradcheck", "--backend", "cupy", cases], env)
     assert "backend cupy, float64" in done.stdout, done.stdout[-2000:]

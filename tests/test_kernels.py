@@ -298,6 +298,7 @@ def test_training_through_the_host_executed_kernels_keeps_the_plain_losses(preci
         out = tmp_path / kernels
         done = subprocess.run([sys.executable, "train_toy.py", "--backend", "cupy", "--kernels",
                                kernels, "--precision", precision, "--max-steps", "3",
+                               "--d-model", "16", "--d-ff", "32", "--length", "6",
                                "--batch-size", "8", "--log-every", "1", "--clip-norm", "1.0",
                                "--eval-size", "2", "--examples", "0", "--valid-every", "0",
                                "--quiet", "--out", str(out)], cwd=ROOT, env=env,

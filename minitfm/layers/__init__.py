@@ -85,7 +85,7 @@ backward pass) and are held equal to the forward pass by the tests.
 def subdict(params, prefix):
     """The entries of ``params`` whose names start with ``prefix``, with the prefix removed."""
     n = len(prefix)
-    return {k[n:]: v for k, v in params.items() if k.startswith(prefix)}
+    return {k[n:]: v for k, v in params.items() if k[:n] == prefix}   # (faster than startswith)
 
 
 def out_part(out, prefix):

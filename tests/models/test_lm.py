@@ -9,6 +9,7 @@ from minitfm import backend, flat, generation, sampling
 from minitfm.gradcheck.check import TOLERANCE, check_case, random_params
 from minitfm.gradcheck.cases import MODEL_CASES
 from minitfm.models import DROPOUTS, lm
+from tests.models import every_run_but_dropout
 
 TINY = lm.LMConfig.preset("tiny")
 VARIANTS = {"pre-LN": TINY, "post-LN": TINY.replace(pre_ln=False),
@@ -36,7 +37,7 @@ BLOCKS = dict(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 3), length=st
 
 
 RELU_MARGIN = 2e-3     # no ReLU unit this close to its kink: the difference quotient straddles it
-KINK_SEED = 1832       # a draw (1 block of 5) with a ReLU unit 1.2e-5 from its kink
+KINK_SEED = 709        # a draw (1 block of 5) with a ReLU unit of layer 0 4.5e-6 from its kink
 
 
 def relu_margin(case, seed, **sizes) -> float:
@@ -63,7 +64,7 @@ def check_lm(case, seed, batch, length):
     assert errors[worst] <= TOLERANCE, f"{case.name}: {worst} {errors[worst]:.2e}"
 
 
-@pytest.mark.parametrize("case", LM_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", every_run_but_dropout(LM_CASES))
 @settings(max_examples=1)
 @given(**BLOCKS)
 def test_lm_gradients_match_finite_differences(case, seed, batch, length):
@@ -80,11 +81,12 @@ def test_lm_gradients_many_batches(case, seed, batch, length):
 
 def test_the_kink_check_finds_the_draw_that_straddles_a_relu():
     """A draw with a ReLU unit next to its kink (found by searching the seeds): the difference
-    quotient misses the analytic gradient there, and the margin says so."""
+    quotient of that layer's w1 misses the analytic gradient there (by 1.4e-3), and the margin
+    says so. (The whole model at random seeds is the test above.)"""
     case = LM_CASES[0]
     assert relu_margin(case, KINK_SEED, batch=1, length=5) < RELU_MARGIN
-    errors = check_case(case, KINK_SEED, dict(batch=1, length=5))
-    assert max(errors.values()) > TOLERANCE
+    errors = check_case(case, KINK_SEED, dict(batch=1, length=5), ["layers.0.ff.w1"])
+    assert errors["layers.0.ff.w1"] > TOLERANCE
     assert relu_margin(case, 2, batch=2, length=4) > RELU_MARGIN          # an ordinary draw
 
 

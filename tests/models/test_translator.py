@@ -15,6 +15,7 @@ from minitfm.layers import loss as loss_layer
 from minitfm.layers import output
 from minitfm.models import DROPOUTS, translator
 from tests.layers.test_gradients import relu_inputs_clear_of_zero
+from tests.models import every_run_but_dropout
 
 TINY = translator.Config.preset("tiny")
 
@@ -40,7 +41,7 @@ def check_model(case, seed, batch, src_len, tgt_len):
     assert errors[worst] <= TOLERANCE, f"{case.name}: {worst} {errors[worst]:.2e}"
 
 
-@pytest.mark.parametrize("case", TRANSLATOR_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", every_run_but_dropout(TRANSLATOR_CASES))
 @settings(max_examples=1)
 @given(**BATCHES)
 def test_model_gradients_match_finite_differences(case, seed, batch, src_len, tgt_len):
@@ -56,15 +57,15 @@ def test_model_gradients_many_batches(case, seed, batch, src_len, tgt_len):
 
 
 def test_a_draw_with_a_relu_input_at_its_kink_is_set_aside():
-    """A draw whose ReLU input lay 1.5e-5 from 0 (enc.0.ff.w1's difference quotient then missed
-    by 8.7e-4) is recognised; at a neighbouring seed the same parameter is checked, and passes.
+    """A draw whose ReLU input lay 7.4e-6 from 0 (enc.0.ff.w1's difference quotient then missed
+    by 7.6e-4) is recognised; at a neighbouring seed the same parameter is checked, and passes.
     (The whole model at random seeds is the test above.)"""
     case = next(c for c in TRANSLATOR_CASES if c.name == "model (dropout, fixed mask)")
     sizes = dict(batch=2, src_len=2, tgt_len=2)
-    assert not relu_inputs_clear_of_zero(case, 6330, sizes)
-    assert check_case(case, 6330, sizes, ["enc.0.ff.w1"])["enc.0.ff.w1"] > TOLERANCE
-    assert relu_inputs_clear_of_zero(case, 6331, sizes)
-    assert check_case(case, 6331, sizes, ["enc.0.ff.w1"])["enc.0.ff.w1"] <= TOLERANCE
+    assert not relu_inputs_clear_of_zero(case, 2310, sizes)
+    assert check_case(case, 2310, sizes, ["enc.0.ff.w1"])["enc.0.ff.w1"] > TOLERANCE
+    assert relu_inputs_clear_of_zero(case, 2311, sizes)
+    assert check_case(case, 2311, sizes, ["enc.0.ff.w1"])["enc.0.ff.w1"] <= TOLERANCE
 
 
 def test_a_gradient_a_millionth_of_the_loss_is_resolved_and_an_error_in_it_caught():
