@@ -74,9 +74,21 @@ def test_layer_gradients(case, data, seed):
 
 
 @pytest.mark.parametrize("case", STACK_CASES, ids=lambda c: c.name)
-@settings(max_examples=4)
+@settings(max_examples=2)
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
 def test_stack_gradients(case, data, seed):
+    check_stack(case, data, seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", STACK_CASES, ids=lambda c: c.name)
+@settings(max_examples=10)
+@given(data=st.data(), seed=st.integers(0, 2**31 - 1))
+def test_stack_gradients_many_draws(case, data, seed):
+    check_stack(case, data, seed)
+
+
+def check_stack(case, data, seed):
     sizes = data.draw(sizes_for(case, STACK_RANGES))
     assume(sizes["h"] * sizes["dk"] >= 3)                      # d_model >= 3, as above
     sizes["p"] = data.draw(st.sampled_from([0.0, 0.25]))       # with fixed dropout masks too:
