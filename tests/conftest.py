@@ -41,11 +41,14 @@ PYCACHE, SESSION_PYCACHE = "PYTHONPYCACHEPREFIX", "MINITFM_TESTS_PYCACHE"
 
 
 def pytest_configure(config):
-    if not hasattr(config, "workerinput"):
+    worker = hasattr(config, "workerinput")
+    if not worker:
         if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get(PYCACHE):
             return
         config._pycache = os.environ[SESSION_PYCACHE] = tempfile.mkdtemp(prefix="pycache-")
-    if os.environ.get(SESSION_PYCACHE):          # in the commands this process starts
+    # for the commands this process starts (not for the workers it starts: each sets its own)
+    if os.environ.get(SESSION_PYCACHE) and (worker or not getattr(config.option, "numprocesses",
+                                                                   None)):
         os.environ[PYCACHE] = os.environ[SESSION_PYCACHE]
         os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
