@@ -45,7 +45,7 @@ def pytest_configure(config):
     if not worker:
         if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get(PYCACHE):
             return
-        config._pycache = os.environ[SESSION_PYCACHE] = tempfile.mkdtemp(prefix="pycache-")
+        config._pycache = os.environ[SESSION_PYCACHE] = tempfile.mkdtemp(prefix="minitfm-pycache-")
     # for the commands this process starts (not for the workers it starts: each sets its own)
     if os.environ.get(SESSION_PYCACHE) and (worker or not getattr(config.option, "numprocesses",
                                                                    None)):
