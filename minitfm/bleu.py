@@ -16,8 +16,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from sacrebleu.metrics import BLEU
-
 __all__ = ["BleuScore", "corpus_bleu"]
 
 
@@ -50,6 +48,9 @@ def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str], *,
                          f"references; every hypothesis needs the reference of its sentence")
     if not hypotheses:
         raise ValueError("corpus_bleu: no sentences to score")
+    # imported on the first score: a command that scores nothing (translating, averaging,
+    # training without validation) starts without sacreBLEU and what it imports
+    from sacrebleu.metrics import BLEU
     metric = BLEU(tokenize=tokenize)
     result = metric.corpus_score(list(hypotheses), [list(references)])
     return BleuScore(bleu=float(result.score), signature=str(metric.get_signature()),

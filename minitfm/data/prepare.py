@@ -37,14 +37,11 @@ import re
 import shutil
 import sys
 import tarfile
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 from urllib.parse import urlparse
-from urllib.request import url2pathname
 
 from tqdm import tqdm
 
@@ -246,6 +243,7 @@ def download(url: str, dest: str | Path, *, size: int | None = None, checksum: s
 
 def _fetch(url: str, part: Path, offset: int, progress: bool) -> int | None:
     """Append ``url``'s bytes from ``offset`` on to ``part``; return the full size if known."""
+    import urllib.error     # here, as in _open_url: only a download needs urllib's HTTP client
     try:
         stream, start, total = _open_url(url, offset)
     except (urllib.error.URLError, OSError) as exc:
@@ -268,8 +266,10 @@ def _fetch(url: str, part: Path, offset: int, progress: bool) -> int | None:
 
 def _open_url(url: str, offset: int) -> tuple[BinaryIO, int, int | None]:
     """Open ``url`` at byte ``offset``: (stream, offset actually used, total size or None)."""
+    import urllib.error
+    import urllib.request
     if urlparse(url).scheme == "file":
-        stream = open(url2pathname(urlparse(url).path), "rb")
+        stream = open(urllib.request.url2pathname(urlparse(url).path), "rb")
         total = os.fstat(stream.fileno()).st_size
         stream.seek(min(offset, total))
         return stream, min(offset, total), total
