@@ -31,7 +31,6 @@ row t of ``forward``, through the input layer at offset t and ``decoder_only.sta
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -131,12 +130,7 @@ def init_params(cfg: LMConfig, seed: int = 0, dtype=None) -> dict:
 
 def check_params(params: dict, cfg: LMConfig) -> None:
     """Raise a clear error if ``params`` does not fit ``cfg`` or lives on another device."""
-    check_param_shapes(params, _shapes_of(cfg))
-
-
-# the shapes a config's parameters must have, composed once per config (configs are frozen): the
-# check above runs on every forward pass, where composing them anew cost a tiny model a few %
-_shapes_of = functools.lru_cache(maxsize=16)(parameter_shapes)
+    check_param_shapes(params, parameter_shapes(cfg))
 
 
 def _inputs(tree: dict) -> dict:
