@@ -174,10 +174,10 @@ def run_directory(args: argparse.Namespace, kind: str):
 def model_config(preset: str, vocab_size: int, args: argparse.Namespace) -> Config:
     """The preset's config for a joint vocabulary of ``vocab_size``, with the model options given
     on the command line (``--layers``, ``--d-model``, ``--d-ff``, ``--heads``, ``--max-len``,
-    ``--dropout``, ``--attention-dropout``, ``--relu-dropout``, ``--label-smoothing``,
-    ``--pre-ln``; absent or None: the preset's value)."""
+    ``--dropout``, ``--attention-dropout``, ``--relu-dropout``, ``--word-dropout``,
+    ``--label-smoothing``, ``--pre-ln``; absent or None: the preset's value)."""
     options = ("layers", "d_model", "d_ff", "heads", "max_len", "dropout", "attention_dropout",
-               "relu_dropout", "label_smoothing", "pre_ln")
+               "relu_dropout", "word_dropout", "label_smoothing", "pre_ln")
     overrides = {config_field(option): getattr(args, option) for option in options
                  if getattr(args, option, None) is not None}
     try:

@@ -265,6 +265,7 @@ def describe_run(args: argparse.Namespace, corpora: dict, vocab: Vocab, cfg: Con
         f"{cfg.n_heads} heads, {'pre' if cfg.pre_ln else 'post'}-LN, dropout {cfg.dropout}"
         + (f" (attention {cfg.attention_dropout}, ReLU {cfg.relu_dropout})"
            if cfg.attention_dropout or cfg.relu_dropout else "")
+        + (f", word dropout {cfg.word_dropout}" if cfg.word_dropout else "")
         + (f", BPE-dropout {args.subword_dropout}" if args.subword_dropout else "")
         + (f" after the first {phases.describe(args.dropout_start)}"
            if args.dropout_start and args.dropout_start != phases.AUTO else "")

@@ -90,9 +90,9 @@ TRAINER = options.Trainer(
     # the options that define a run: --resume refuses to change them
     defining=("source_lang", "target_lang", "vocab_size", "no_clean", "preset", "layers",
               "d_model", "d_ff", "heads", "max_len", "dropout", "attention_dropout",
-              "relu_dropout", "pre_ln", "label_smoothing", "max_tokens", "seed", "schedule", "lr",
-              "min_lr", "cooldown", "dropout_start", "dropout_start_margin", "subword_dropout",
-              "best_metric"))
+              "relu_dropout", "word_dropout", "pre_ln", "label_smoothing", "max_tokens", "seed",
+              "schedule", "lr", "min_lr", "cooldown", "dropout_start", "dropout_start_margin",
+              "subword_dropout", "best_metric"))
 
 
 # ---- command line -----------------------------------------------------------------------------
@@ -126,6 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="dropout on the attention weights (default: the preset's, 0)")
     arch.add_argument("--relu-dropout", type=options.FRACTION,
                       help="dropout on the feed-forward hidden units (default: the preset's, 0)")
+    arch.add_argument("--word-dropout", type=options.FRACTION,
+                      help="word dropout: each source and target input token's embedding "
+                           "dropped whole with this probability, its position kept (default: "
+                           "the preset's, 0); starts with the other dropouts")
     arch.add_argument("--pre-ln", action="store_true", default=None,
                       help="LayerNorm before each sublayer, and once after each stack (default: "
                            "the paper's post-LN, a LayerNorm after each residual sum)")

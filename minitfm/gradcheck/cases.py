@@ -138,6 +138,10 @@ CASES = [
          {"ids": "ids v: b t"}, lambda s: inputs.param_shapes(s["v"], s["d"], s["t"] + 3),
          lambda a, s: inputs.forward(a["ids"], a, 0.3, _rng(), offset=1), inputs.backward,
          (None,)),
+    Case("inputs (word dropout, sinusoids, dropout)", dict(b=2, t=5, v=6, d=4),
+         {"ids": "ids v: b t"}, lambda s: inputs.param_shapes(s["v"], s["d"]),
+         lambda a, s: inputs.forward(a["ids"], a, 0.3, _rng(), offset=1, p_word=0.4),
+         inputs.backward, (None,)),
     Case("layernorm", dict(b=2, t=3, d=5), {"x": "b t d"},
          lambda s: layernorm.param_shapes(s["d"]),
          lambda a, s: layernorm.forward(a["x"], a), layernorm.backward),
@@ -200,7 +204,8 @@ def _model(name: str, model, cfg, draw_batch, **sizes) -> Case:
 
 _DROPOUTS = [("dropout, fixed mask", dict(dropout=0.3)),
              ("attention and ReLU dropout, fixed masks", dict(attention_dropout=0.3,
-                                                              relu_dropout=0.3))]
+                                                              relu_dropout=0.3)),
+             ("word dropout, fixed mask", dict(word_dropout=0.3))]
 # The "tiny" presets narrowed for the checks, every size still its own (d_model 6, two heads of
 # 3, d_ff 10, vocabularies of 11 and 9), so that a transposed or misshaped product still fails:
 # a whole-model check perturbs each parameter in turn, here 1,738 of them instead of 2,824.

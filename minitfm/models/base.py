@@ -17,7 +17,7 @@ from minitfm import backend, flat
 
 # The config fields that are dropout rates (in every config that has dropout): residual and
 # embedding, attention weights, feed-forward hidden units. Late dropout sets them all to 0.
-DROPOUTS = ("dropout", "attention_dropout", "relu_dropout")
+DROPOUTS = ("dropout", "attention_dropout", "relu_dropout", "word_dropout")
 
 
 class ModelConfig(Protocol):

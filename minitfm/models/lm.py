@@ -55,6 +55,7 @@ class LMConfig:
     dropout: float = 0.0            # P_drop on the embedding sum and every sub-layer output
     attention_dropout: float = 0.0  # on the attention weights
     relu_dropout: float = 0.0       # on the feed-forward hidden units
+    word_dropout: float = 0.0       # whole input tokens' embeddings
     pre_ln: bool = True             # LayerNorm before each sub-layer, and one after the stack
     learned_positions: bool = False  # a learned table instead of the sinusoids
     max_len: int = 256              # the context: the longest sequence the model reads
@@ -147,7 +148,7 @@ class ForwardCache(NamedTuple):
 
 def forward(params, cfg: LMConfig, x, rng=None):
     """x (B, T) ids -> ``(h (B, T, d), cache)``: the final states, before the output projection."""
-    x, c_emb = inputs.forward(x, _inputs(params), cfg.dropout, rng)
+    x, c_emb = inputs.forward(x, _inputs(params), cfg.dropout, rng, p_word=cfg.word_dropout)
     h, c_stack = decoder_only.stack_forward(x, subdict(params, "layers."), cfg, rng)
     return h, ForwardCache(c_emb, c_stack)
 

@@ -47,6 +47,7 @@ class Config:
     dropout: float = 0.1           # P_drop
     attention_dropout: float = 0.0  # on the attention weights (not in the paper)
     relu_dropout: float = 0.0      # on the feed-forward hidden units (not in the paper)
+    word_dropout: float = 0.0      # whole input tokens' embeddings (not in the paper)
     label_smoothing: float = 0.1   # eps_ls
     share_embeddings: bool = True  # one matrix for source, target and output projection
     pre_ln: bool = False           # the paper's post-LN by default
@@ -166,7 +167,8 @@ def encoder_forward(params, cfg, src, rng=None):
     src_name, _ = embedding_names(cfg)
     dtype = params[src_name].dtype
     src_mask = padding_mask(src, cfg.pad_id, dtype)
-    x, c_emb = inputs.forward(src, {"table": params[src_name]}, cfg.dropout, rng)
+    x, c_emb = inputs.forward(src, {"table": params[src_name]}, cfg.dropout, rng,
+                              p_word=cfg.word_dropout)
     memory, c_enc = encoder.stack_forward(x, subdict(params, "enc."), src_mask, cfg, rng)
     return memory, src_mask, ForwardCache(c_emb, c_enc)
 
@@ -177,7 +179,8 @@ def decoder_forward(params, cfg, tgt_in, memory, src_mask, rng=None):
     dtype = params[tgt_name].dtype
     t = tgt_in.shape[1]
     self_mask = causal_mask(t, dtype) + padding_mask(tgt_in, cfg.pad_id, dtype)   # (B, 1, T, T)
-    y, c_emb = inputs.forward(tgt_in, {"table": params[tgt_name]}, cfg.dropout, rng)
+    y, c_emb = inputs.forward(tgt_in, {"table": params[tgt_name]}, cfg.dropout, rng,
+                              p_word=cfg.word_dropout)
     h, c_dec = decoder.stack_forward(y, memory, subdict(params, "dec."), self_mask, src_mask,
                                      cfg, rng)
     return h, ForwardCache(c_emb, c_dec)
