@@ -31,6 +31,7 @@ files named ``checkpoint_{step:08d}.npz``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -225,10 +226,11 @@ def load(path: str | os.PathLike, *, with_optimizer: bool = True) -> Checkpoint:
                                    "v": _read_group(archive, "adam_v", names, path)}
             vocab_model = (archive["vocab_model"].tobytes()
                            if "vocab_model" in archive.files else None)
-            return Checkpoint(path=path, params=params, step=meta["step"], config=meta["config"],
+            kind = meta.get("kind", FIRST_KIND)
+            return Checkpoint(path=path, params=params, step=meta["step"],
+                              config=_with_later_fields(meta["config"], kind),
                               vocab_id=meta["vocab_id"], vocab_model=vocab_model,
-                              optimizer_state=optimizer_state, extra=meta["extra"],
-                              kind=meta.get("kind", FIRST_KIND))
+                              optimizer_state=optimizer_state, extra=meta["extra"], kind=kind)
     except (FileNotFoundError, CheckpointError):
         raise
     except ValueError as exc:
@@ -240,6 +242,18 @@ def load(path: str | os.PathLike, *, with_optimizer: bool = True) -> Checkpoint:
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, KeyError, TypeError) as exc:
         # BadZipFile: truncated archive or CRC mismatch; ValueError: bad .npy header or JSON
         raise _damaged(path, f"{type(exc).__name__}: {exc}") from exc
+
+
+def _with_later_fields(config: dict, kind: str) -> dict:
+    """A config saved before its model gained fields (the model's ``LATER_FIELDS``): with them,
+    each at the value that reproduces the model as it was saved. Only a config that has every
+    other field of the model's config is completed; any other is returned as it is."""
+    model = models.get(kind) if kind in models.kinds() else None
+    later = getattr(model, "LATER_FIELDS", {})
+    if not later or not dataclasses.is_dataclass(model.Config):
+        return config
+    fields = {f.name for f in dataclasses.fields(model.Config)}
+    return {**later, **config} if fields - set(config) <= set(later) else config
 
 
 def params_to_device(params: dict[str, numpy.ndarray]) -> dict:

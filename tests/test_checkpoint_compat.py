@@ -7,6 +7,7 @@ there; the translator must translate, and the language model sample, as they did
 """
 
 import io
+import json
 import shutil
 from pathlib import Path
 
@@ -37,6 +38,25 @@ def test_old_checkpoints_load_with_their_kinds_and_names():
         assert ckpt.config == config.to_dict()
         assert type(config) is models.get(ckpt.kind).Config
         assert list(ckpt.params) == list(models.get(ckpt.kind).parameter_shapes(config))
+
+
+@pytest.mark.parametrize("name", ["translator_step3.npz", "lm_step3.npz"])
+def test_old_checkpoints_get_the_fields_added_since_at_their_old_values(name):
+    """Saved before word dropout existed: their configs lack the field, and load with it off."""
+    with np.load(FIXTURES / name) as archive:
+        saved = json.loads(archive["meta"].tobytes().decode("utf-8"))["config"]
+    assert "word_dropout" not in saved
+    ckpt = checkpoint.load(FIXTURES / name)
+    assert ckpt.config == {**saved, "word_dropout": 0.0}
+    assert models.get(ckpt.kind).LATER_FIELDS == {"word_dropout": 0.0}
+
+
+def test_a_config_of_other_fields_is_not_completed(tmp_path):
+    """Only a config with every other field of its model's config gains the later ones."""
+    config = {"d_model": 4, "note": "not a translator's config"}
+    path = checkpoint.save(tmp_path / "c.npz", {"w": np.ones(2)}, step=1, config=config,
+                           vocab_id=None)
+    assert checkpoint.load(path).config == config
 
 
 @pytest.mark.parametrize("name, config, batches, recorded", [

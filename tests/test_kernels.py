@@ -127,6 +127,7 @@ def test_nvrtc_refuses_a_broken_kernel(nvrtc):
 # ---- the commands with --kernels fused, on the double ------------------------------------------
 
 DROPOUTS = ["--dropout", "0.1", "--attention-dropout", "0.1", "--relu-dropout", "0.1",
+            "--word-dropout", "0.1",
             "--clip-norm", "1.0", "--max-steps", "3", "--save-every", "3", "--valid-every", "0"]
 
 

@@ -91,13 +91,15 @@ def test_end_to_end_writes_checkpoints_log_average_and_bleu(corpus, tmp_path):
     assert list((out / "data").glob("spm.en-de.64.model"))
 
 
-def test_attention_and_relu_dropout_reach_the_model(corpus, tmp_path, capsys):
+def test_attention_relu_and_word_dropout_reach_the_model(corpus, tmp_path, capsys):
     out = tmp_path / "run"
     assert run(*corpus_args(corpus), *TINY, "--max-steps", 2, "--attention-dropout", 0.1,
-               "--relu-dropout", 0.2, "--dropout", 0.3, "--out", out) == 0
-    assert "dropout 0.3 (attention 0.1, ReLU 0.2)" in capsys.readouterr().out
+               "--relu-dropout", 0.2, "--dropout", 0.3, "--word-dropout", 0.15,
+               "--out", out) == 0
+    assert "dropout 0.3 (attention 0.1, ReLU 0.2), word dropout 0.15" in capsys.readouterr().out
     cfg = checkpoint.load(checkpoint.latest(out), with_optimizer=False).config
-    assert (cfg["dropout"], cfg["attention_dropout"], cfg["relu_dropout"]) == (0.3, 0.1, 0.2)
+    assert (cfg["dropout"], cfg["attention_dropout"], cfg["relu_dropout"],
+            cfg["word_dropout"]) == (0.3, 0.1, 0.2, 0.15)
     with pytest.raises(SystemExit):                                # a fraction in [0, 1)
         run(*corpus_args(corpus), *TINY, "--relu-dropout", 1.0, "--out", tmp_path / "other")
     assert "--relu-dropout" in capsys.readouterr().err

@@ -41,6 +41,7 @@ from minitfm.models.base import (check_dropouts, check_param_shapes, check_posit
 
 KIND = "lm"              # what a checkpoint of this model records as its kind
 DESCRIPTION = "a decoder-only language model (train_lm.py)"
+LATER_FIELDS = {"word_dropout": 0.0}    # a checkpoint saved before these fields: their values
 
 
 @dataclass(frozen=True)

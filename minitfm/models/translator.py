@@ -32,6 +32,7 @@ from minitfm.models.base import (check_dropouts, check_param_shapes, check_posit
 
 KIND = "transformer"      # what a checkpoint of this model records as its kind
 DESCRIPTION = "an encoder-decoder Transformer (translation, toy tasks)"
+LATER_FIELDS = {"word_dropout": 0.0}    # a checkpoint saved before these fields: their values
 
 
 @dataclass(frozen=True)

@@ -241,6 +241,7 @@ def test_parameter_names_and_shapes():
     (dict(dropout=1.0), "dropout"),
     (dict(attention_dropout=1.0), "attention_dropout"),
     (dict(relu_dropout=-0.5), "relu_dropout"),
+    (dict(word_dropout=-0.2), "word_dropout"),
 ])
 def test_bad_configs_are_refused(fields, message):
     with pytest.raises(ValueError, match=message):

@@ -265,6 +265,7 @@ def test_presets_hold_the_papers_values():
     (dict(dropout=-0.1), ["dropout"]),
     (dict(attention_dropout=1.0), ["attention_dropout", "[0, 1)"]),
     (dict(relu_dropout=-0.1), ["relu_dropout"]),
+    (dict(word_dropout=1.0), ["word_dropout", "[0, 1)"]),
     (dict(label_smoothing=1.5), ["label_smoothing"]),
     (dict(src_vocab=10, tgt_vocab=11), ["share_embeddings", "10", "11"]),
     (dict(n_heads=2.5), ["n_heads"]),
