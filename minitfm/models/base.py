@@ -16,7 +16,8 @@ from typing import Any, ClassVar, Protocol
 from minitfm import backend, flat
 
 # The config fields that are dropout rates (in every config that has dropout): residual and
-# embedding, attention weights, feed-forward hidden units. Late dropout sets them all to 0.
+# embedding, attention weights, feed-forward hidden units, whole input tokens. Late dropout sets
+# them all to 0.
 DROPOUTS = ("dropout", "attention_dropout", "relu_dropout", "word_dropout")
 
 
