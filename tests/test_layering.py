@@ -21,7 +21,7 @@ FLOORS = [      # top to bottom: (name, the modules and packages on it)
                     "minitfm.exits", "minitfm.translate", "minitfm.average", "minitfm.plot",
                     "minitfm.gradcheck", "minitfm.kernelcheck", "minitfm.wmt",
                     "minitfm.export.__main__", "minitfm.launch", "minitfm.limits", "minitfm.options",
-                    "minitfm.argtypes"]),
+                    "minitfm.argtypes", "minitfm.learn"]),
     ("training, decoding, sampling, export",
      ["minitfm.training", "minitfm.decode", "minitfm.ensemble", "minitfm.beam", "minitfm.batched",
       "minitfm.sampling", "minitfm.generation", "minitfm.export", "minitfm.checkpoint",

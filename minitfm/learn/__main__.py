@@ -1,0 +1,209 @@
+"""``python -m minitfm.learn COMMAND``: the workshop's command line (see minitfm/learn/__init__.py).
+
+    list                 every exercise in reading order, its state, and the progress
+    start [NAME]         write the exercise into the workshop folder (the next one by default)
+    check [NAME]         check it (the current exercise by default): 0 passed, 1 not yet
+    watch                check the current exercise at every save; on to the next when it passes
+    hint NAME            the next hint: the shapes, the chain-rule step, the derivation's start
+    solution NAME        the library's own code, once the exercise passes (or with --reveal)
+    train                the copy task on your passing layers, beside the library's run
+    reset NAME           start over, the old attempt kept in the folder's attempts/
+
+``--dir`` (default ``./workshop``) is the workshop folder, where the progress lives too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from minitfm import exits, placement
+from minitfm.cli import report_errors
+from minitfm.exits import UsageError
+from minitfm.learn import check as checking
+from minitfm.learn import report as reporting
+from minitfm.learn import kernels, source
+from minitfm.learn.exercises import EXERCISES, Exercise, by_name
+from minitfm.learn.workshop import Workshop
+
+MARKS = {"not started": " ", "started": "…", "written": "✗", "passing": "✓"}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    return report_errors(lambda: run(args))
+
+
+def parse_args(argv) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m minitfm.learn", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dir", default="workshop",
+                        help="the workshop folder (default ./workshop)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser("list", help="the exercises, their states and the progress")
+    start = commands.add_parser("start", help="write an exercise into the workshop folder")
+    start.add_argument("name", nargs="?", help="the exercise (default: the next not passing)")
+    start.add_argument("--hard", action="store_true",
+                       help="leave the derivation of the backward pass out of the file")
+    check = commands.add_parser("check", help="check an exercise")
+    check.add_argument("name", nargs="?", help="the exercise (default: the current one)")
+    check.add_argument("--seed", type=int, default=0, help="seeds the check's draw (default 0)")
+    watch = commands.add_parser("watch", help="check at every save, moving on as each passes")
+    watch.add_argument("--every", type=float, default=0.5,
+                       help="seconds between looks at the file (default 0.5)")
+    hint = commands.add_parser("hint", help="the next hint of an exercise")
+    hint.add_argument("name", nargs="?")
+    solution = commands.add_parser("solution", help="the library's own code of an exercise")
+    solution.add_argument("name", nargs="?")
+    solution.add_argument("--reveal", action="store_true",
+                          help="show it although the exercise does not pass yet")
+    train = commands.add_parser("train", help="the copy task on your passing layers")
+    train.add_argument("--steps", type=int, default=None,
+                       help="updates (default: the copy task's 300)")
+    train.add_argument("--seed", type=int, default=0)
+    reset = commands.add_parser("reset", help="start an exercise over")
+    reset.add_argument("name")
+    reset.add_argument("--hard", action="store_true", default=None,
+                       help="the new copy without the derivation")
+    return parser.parse_args(argv)
+
+
+def exercise(name: str | None, workshop: Workshop, default_next: bool = False) -> Exercise:
+    """The exercise a command names, or the current one (or the next not passing)."""
+    if name is None:
+        current = workshop.current()
+        if current is not None and not default_next:
+            return current
+        data = workshop.progress()
+        found = next((e for e in EXERCISES if workshop.state(e, data) != "passing"), None)
+        if found is None:
+            raise UsageError("every exercise passes: name one to go over it again")
+        if current is None and not default_next:
+            raise UsageError(f"no exercise started yet: python -m minitfm.learn start "
+                             f"{found.name}")
+        return found
+    try:
+        return by_name(name)
+    except KeyError:
+        names = ", ".join(e.name for e in EXERCISES)
+        raise UsageError(f"no exercise {name!r}: the exercises are {names} (or their numbers, "
+                         f"1 to {len(EXERCISES)})") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    workshop = Workshop(args.dir)
+    placement.limit_blas_threads(1)     # the checks' and the copy task's arrays are small
+    if args.command == "list":
+        return show_list(workshop)
+    if args.command == "start":
+        ex = exercise(args.name, workshop, default_next=True)
+        try:
+            path = workshop.start(ex, args.hard)
+        except FileExistsError as exc:
+            raise UsageError(str(exc)) from None
+        print(f"{path}: exercise {ex.number:02d}, {ex.title}.\nWrite the body of "
+              f"{', '.join(ex.write)} there, then `python -m minitfm.learn check {ex.name}` "
+              f"(or `watch`, which checks it at every save).")
+        return exits.DONE
+    if args.command == "check":
+        ex = exercise(args.name, workshop)
+        return check_one(workshop, ex, args.seed)
+    if args.command == "watch":
+        return watch(workshop, args.every)
+    if args.command == "hint":
+        ex = exercise(args.name, workshop)
+        k, text = workshop.next_hint(ex)
+        print(f"hint {k} of 3 for {ex.name}: {text}")
+        return exits.DONE
+    if args.command == "solution":
+        return show_solution(workshop, exercise(args.name, workshop), args.reveal)
+    if args.command == "train":
+        from minitfm.learn import train
+        return train.main(workshop, steps=args.steps, seed=args.seed)
+    if args.command == "reset":
+        ex = exercise(args.name, workshop)
+        path, kept = workshop.reset(ex, args.hard)
+        print(f"{path}: a fresh copy of {ex.name}" + (f"; your attempt is kept as {kept}"
+                                                       if kept else ""))
+        return exits.DONE
+    raise UsageError(f"unknown command {args.command!r}")
+
+
+def show_list(workshop: Workshop) -> int:
+    data = workshop.progress()
+    states = {e.name: workshop.state(e, data) for e in EXERCISES}
+    passing = sum(s == "passing" for s in states.values())
+    current = data["current"]
+    print(f"the workshop in {workshop.path}: {passing} of {len(EXERCISES)} exercises pass")
+    width = max(len(e.name) for e in EXERCISES)
+    for e in EXERCISES:
+        state = states[e.name]
+        here = ">" if e.name == current else " "
+        print(f" {here}{MARKS[state]} {e.number:02d} {e.name:<{width}}  {state:<11}  {e.title}")
+    bar = "#" * round(30 * passing / len(EXERCISES))
+    print(f"progress [{bar:<30}] {passing}/{len(EXERCISES)}")
+    return exits.DONE
+
+
+def check_one(workshop: Workshop, ex: Exercise, seed: int = 0) -> int:
+    report = checking.run_check(ex, workshop.file(ex), seed)
+    print(reporting.describe(report), flush=True)
+    workshop.set_current(ex)
+    if report.passed:
+        workshop.passed(ex)
+        after = workshop.next_after(ex)
+        print(f"{ex.name} passes." + (f" Next: python -m minitfm.learn start {after.name}"
+                                      if after else " Every exercise passes: "
+                                      "python -m minitfm.learn train"))
+        return exits.DONE
+    if report.status == "fail":
+        print(f"hint: python -m minitfm.learn hint {ex.name}")
+    return exits.FAILED
+
+
+def watch(workshop: Workshop, every: float = 0.5, stop=None) -> int:
+    """Check the current exercise (started if need be) whenever its file changes; when it
+    passes, start the next and watch that. ``stop()``: end the loop when it says so (tests);
+    else Ctrl-C ends it."""
+    ex = exercise(None, workshop, default_next=workshop.current() is None)
+    seen = None
+    print(f"watching {workshop.file(ex)}: save it to check it (Ctrl-C to stop)", flush=True)
+    while stop is None or not stop():
+        path = workshop.file(ex)
+        if not path.exists():
+            workshop.start(ex)
+            print(f"started {path}", flush=True)
+        stamp = (path.stat().st_mtime_ns, path.stat().st_size)
+        if stamp != seen:
+            seen = stamp
+            print(f"\n--- {time.strftime('%H:%M:%S')} {path.name}", flush=True)
+            if check_one(workshop, ex) == exits.DONE:
+                following = workshop.next_after(ex)
+                if following is None:
+                    return exits.DONE
+                ex, seen = following, None
+                workshop.set_current(ex)
+                print(f"watching {workshop.file(ex)}", flush=True)
+                continue
+        time.sleep(every)
+    return exits.DONE
+
+
+def show_solution(workshop: Workshop, ex: Exercise, reveal: bool) -> int:
+    if workshop.state(ex) != "passing" and not reveal:
+        raise UsageError(f"{ex.name} does not pass yet: pass its check first, or ask with "
+                         f"--reveal")
+    if ex.kind == "kernel":
+        kernel = kernels.kernel_of(ex)
+        print(f"// {ex.module}.{ex.kernel}.source, the kernel {kernel.name}:")
+        print(kernel.source.strip("\n"))
+        return exits.DONE
+    for name in ex.write:
+        print(f"# {ex.module}, {name}:")
+        print(source.plain_source(ex.module, name))
+    return exits.DONE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

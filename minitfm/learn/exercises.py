@@ -1,0 +1,368 @@
+"""The workshop's exercises, one row each, in reading order: every layer of ``minitfm/layers/``
+that has a backward pass, Adam with the paper's schedule, the whole encoder-decoder backward,
+then four CUDA kernels. Each row names the library's module, the functions the learner writes
+(their bodies blanked), the functions kept beside them (the forward pass), the gradient checks
+that judge it (``minitfm.gradcheck``'s cases, by name) and its named mistakes.
+
+A named mistake is a typical wrong line, given as an edit of the library's own code (the
+function, the text, its wrong replacement): the diagnosis runs the library's backward with that
+edit on the learner's inputs, and where the learner's gradient equals the result, it names the
+mistake. The tests plant these and other mistakes in the library's code and hold the diagnosis
+to naming each; an edit whose text the library no longer has fails a test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Mistake", "Exercise", "EXERCISES", "by_name", "ORDER"]
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """``label``: what the diagnosis says; in function ``function`` of the exercise's module the
+    text ``old`` (found exactly once) becomes ``new``."""
+    label: str
+    function: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise: ``kind`` "layer" (a gradient check of ``cases``), "optim" (Adam and the
+    schedule against the library's update), "model" (the whole backward) or "kernel" (CUDA C
+    run on the CPU, ``kernel`` the library's :class:`minitfm.fused.Kernel` by module and name).
+    ``step``: the chain-rule step, the second hint. ``borrow``: names the exercise imports from
+    the library instead of copying (not part of the exercise: a mask's random numbers).
+    ``quantities``: name -> value of the case's numbers beyond its sizes (a dropout's scale),
+    for the diagnosis of a constant factor."""
+    name: str
+    title: str
+    module: str
+    write: tuple[str, ...]
+    keep: tuple[str, ...] = ()
+    cases: tuple[str, ...] = ()
+    step: str = ""
+    kind: str = "layer"
+    mistakes: tuple[Mistake, ...] = ()
+    borrow: tuple[str, ...] = ()
+    quantities: dict = field(default_factory=dict)
+    kernel: str = ""
+    todo: dict = field(default_factory=dict)
+
+    @property
+    def number(self) -> int:
+        return ORDER.index(self.name) + 1
+
+    @property
+    def filename(self) -> str:
+        suffix = ".cu" if self.kind == "kernel" else ".py"
+        return f"{self.number:02d}_{self.name}{suffix}"
+
+
+KEEP_P = {"1/(1-p), the dropout's scale": 1 / 0.7}
+ATTENTION_CASES = ("attention (padding mask)", "attention (causal mask)", "attention (dropout)",
+                   "multi-head self-attention", "multi-head self-attention (dropout)",
+                   "multi-head cross-attention", "multi-head cross-attention (dropout)")
+
+
+def _stack(name: str, title: str, cases: tuple[str, ...], extra: tuple[Mistake, ...] = ()):
+    """An exercise of a stack of layers (encoder, decoder, decoder-only)."""
+    return Exercise(
+        name, title, f"minitfm.layers.{name}", ("layer_backward", "stack_backward"),
+        ("LayerCache", "StackCache", "layer_forward", "stack_forward", "param_shapes"), cases,
+        "Run the forward pass backwards: the final LayerNorm first (pre-LN), then the layers "
+        "from the last to the first, and in each layer its sub-layers from the last to the "
+        "first, each residual.backward taking the gradient the one after it gave.",
+        mistakes=(
+            Mistake("the final LayerNorm's backward is skipped (pre-LN): dy must go through "
+                    "layernorm.backward first", "stack_backward",
+                    "dy, g = layernorm.backward(dy, cache.ln", "_, g = layernorm.backward(dy, "
+                    "cache.ln"),
+            Mistake("the layers in the forward order: the backward pass visits them from the "
+                    "last to the first", "stack_backward",
+                    "for i in reversed(range(len(cache.layers))):",
+                    "for i in range(len(cache.layers)):"),
+            *extra))
+
+
+EXERCISES = [
+    Exercise(
+        "linear", "linear layer: y = x W + b", "minitfm.layers.linear", ("backward",),
+        ("Cache", "param_shapes", "forward"), ("linear",),
+        "Flatten x and dy to rows; each y_nj = sum_i x_ni W_ij + b_j, so dx takes dy back "
+        "through W, dW sums x_ni dy_nj over the rows n, and db sums dy over the rows.",
+        mistakes=(Mistake("db is not summed over the rows", "backward",
+                          "dy2.sum(axis=0, out=None if out is None else out[\"b\"])",
+                          "dy2.sum(axis=0)[None].repeat(dy2.shape[0], 0)"),)),
+    Exercise(
+        "embedding", "token embedding, scaled by sqrt(d_model)", "minitfm.layers.embedding",
+        ("backward",), ("Cache", "param_shapes", "forward"), ("embedding",),
+        "Row n of y is row ids[n] of the table times the scale: each table row gets the sum of "
+        "the scaled dy rows of the tokens that chose it (a token may occur several times).",
+        mistakes=(Mistake("the rows are assigned, not added: a token that occurs several times "
+                          "must get the sum of its rows' gradients (a scatter-add)", "backward",
+                          "backend.scatter_add(dtable, cache.ids.reshape(-1), scaled)",
+                          "dtable[cache.ids.reshape(-1)] = scaled"),)),
+    Exercise(
+        "positional", "positions: the sinusoids, and a learned table", "minitfm.layers.positional",
+        ("backward", "learned_backward"),
+        ("forward", "learned_forward", "LearnedCache", "learned_param_shapes"),
+        ("positional", "positional (learned)"),
+        "y = x + P: the sum passes dy through to x unchanged; the learned table's row offset+t "
+        "gets dy[:, t] summed over the batch, and every other row 0.",
+        mistakes=(Mistake("the learned table's rows are not summed over the batch (one "
+                          "sequence's gradient only)", "learned_backward",
+                          "dy.reshape(-1, length, dy.shape[-1]).sum(axis=0)",
+                          "dy.reshape(-1, length, dy.shape[-1])[0]"),
+                  Mistake("the gradient lands on the wrong rows of the table: row offset + t "
+                          "was used by position t", "learned_backward",
+                          "dtable[cache.offset:cache.offset + length]", "dtable[:length]"))),
+    Exercise(
+        "dropout", "inverted dropout", "minitfm.layers.dropout", ("backward",),
+        ("Cache", "forward", "apply"), ("dropout",),
+        "y = x * m / (1 - p) element by element, m and 1/(1-p) constants: dx = dy * m / (1 - p), "
+        "the same mask and scale as the forward pass.",
+        mistakes=(Mistake("the mask is not applied: only the scale 1/(1-p)", "backward",
+                          "apply(dy, cache.keep, cache.scale)", "dy * cache.scale"),),
+        borrow=("keep_mask",), quantities=KEEP_P),
+    Exercise(
+        "inputs", "the input layer: embedding, positions, dropout", "minitfm.layers.inputs",
+        ("backward",), ("Cache", "param_shapes", "forward"),
+        ("inputs (embedding, learned positions, dropout)",
+         "inputs (word dropout, sinusoids, dropout)"),
+        "Undo the forward pass's steps in reverse order: dropout's backward, then the "
+        "positions' (the learned table's gradient), then word dropout's mask on the "
+        "embedding's share only, then the embedding's scatter-add.",
+        mistakes=(Mistake("dropout's backward is skipped: dy must go through the dropout's "
+                          "mask and scale first", "backward",
+                          "dx, _ = dropout.backward(dy, cache.dropout)", "dx = dy"),
+                  Mistake("word dropout's mask is not applied to the embedding's gradient",
+                          "backward",
+                          "dx = dropout.apply(dx, cache.words.keep, cache.words.scale)",
+                          "pass"),
+                  Mistake("word dropout's mask is applied to the positions' gradient too: the "
+                          "positions were added after the words were dropped", "backward",
+                          "dx, _ = dropout.backward(dy, cache.dropout)\n",
+                          "dx, _ = dropout.backward(dy, cache.dropout)\n    if cache.words is "
+                          "not None:\n        dx = dropout.apply(dx, cache.words.keep, "
+                          "cache.words.scale)\n        cache = cache._replace(words=None)\n")),
+        quantities={**KEEP_P, "1/(1-p_w), word dropout's scale": 1 / 0.6}),
+    Exercise(
+        "layernorm", "layer normalization", "minitfm.layers.layernorm", ("backward",),
+        ("Cache", "param_shapes", "forward"), ("layernorm",),
+        "With g = dy * gamma the gradient of xhat, dx follows xhat = (x - mu) * rstd through "
+        "three paths: xhat itself, the mean mu, and the variance inside rstd.",
+        mistakes=(
+            Mistake("term 2 of dx is missing: -mean(g), the path through the mean mu", "backward",
+                    "g -= mean_g ", "g -= 0.0 * mean_g "),
+            Mistake("term 3 of dx is missing: -xhat * mean(g * xhat), the path through the "
+                    "variance", "backward", "g -= xhat * mean_gx", "g -= 0.0 * xhat * mean_gx"),
+            Mistake("term 2 of dx has the wrong sign: -mean(g), the path through the mean",
+                    "backward", "g -= mean_g ", "g += mean_g "),
+            Mistake("term 3 of dx has the wrong sign: -xhat * mean(g * xhat), the path through "
+                    "the variance", "backward", "g -= xhat * mean_gx", "g += xhat * mean_gx"),
+            Mistake("the final scale rstd of dx is missing", "backward", "g *= rstd ",
+                    "g *= 1.0 "),
+            Mistake("gamma is missing from term 1: g = dy * gamma is the gradient of xhat",
+                    "backward", "g = dy * gamma ", "g = dy * 1.0 "),
+            Mistake("dgamma sums dy alone: it is sum_rows dy * xhat", "backward",
+                    "dy.reshape(-1, d), xhat.reshape(-1, d))",
+                    "dy.reshape(-1, d), 0 * xhat.reshape(-1, d) + 1)"))),
+    Exercise(
+        "feedforward", "position-wise feed-forward network", "minitfm.layers.feedforward",
+        ("backward",), ("Cache", "param_shapes", "forward"),
+        ("feedforward", "feedforward (ReLU dropout)"),
+        "Back through the second linear layer, the ReLU dropout's mask, the ReLU (the gradient "
+        "passes where h > 0), then the first linear layer.",
+        mistakes=(Mistake("the ReLU's backward is missing: the gradient passes only where "
+                          "h > 0 (a > 0)", "backward", "da *= cache.a > 0 ", "da *= 1.0 "),
+                  Mistake("the ReLU dropout's backward is skipped: its mask and scale",
+                          "backward", "da, _ = dropout.backward(da, cache.dropout)",
+                          "pass")),
+        quantities=KEEP_P),
+    Exercise(
+        "softmax", "the scaled, masked softmax of attention's scores", "minitfm.layers.softmax",
+        ("backward",), ("forward",),
+        ("softmax (scaled, padding mask)", "softmax (scaled, no mask)"),
+        "dP_j/dz_i = P_j (1[i = j] - P_i): contract it with dP over j, then the chain rule "
+        "through z = s * c + m gives the factor c.",
+        mistakes=(
+            Mistake("the softmax Jacobian's second term is missing: -P * rowsum(dP * P)",
+                    "backward", "dp -= backend.xp.einsum", "dp -= 0.0 * backend.xp.einsum"),
+            Mistake("the second term has the wrong sign: dS = P * (dP - rowsum(dP * P))",
+                    "backward", "dp -= backend.xp.einsum", "dp += backend.xp.einsum"),
+            Mistake("the rowsum is over the wrong axis: each row sums over its keys (the last "
+                    "axis)", "backward", '"...ts,...ts->...t", dp, p)[..., None]',
+                    '"...ts,...ts->...s", dp, p)[..., None, :]')),
+        quantities={"the scale c = 0.7": 0.7}),
+    Exercise(
+        "attention", "scaled dot-product and multi-head attention", "minitfm.layers.attention",
+        ("sdpa_backward", "self_backward", "cross_backward"),
+        ("SdpaCache", "SelfCache", "CrossCache", "sdpa_forward", "self_forward", "cross_forward",
+         "self_param_shapes", "cross_param_shapes"), ATTENTION_CASES,
+        "Back through O = P' V (dV and dP'), the attention dropout, the softmax "
+        "(softmax.backward folds in 1/sqrt(d_k)), then S = Q K^T: dQ = dS K, dK = dS^T Q; the "
+        "multi-head layers wrap this between their projections' linear backward passes.",
+        mistakes=(
+            Mistake("dV uses P, the weights before dropout: O = P' V with P' = dropout(P) "
+                    "(cache.p_dropped)", "sdpa_backward", "cache.p_dropped.swapaxes(-1, -2)",
+                    "cache.p.swapaxes(-1, -2)"),
+            Mistake("the attention dropout's backward is skipped on dP", "sdpa_backward",
+                    "dp, _ = dropout.backward(dp, cache.dropout)", "pass")),
+        quantities={**KEEP_P, "1/sqrt(d_k) applied twice": 1 / 3}),
+    Exercise(
+        "residual", "the residual connection with LayerNorm", "minitfm.layers.residual",
+        ("backward",), ("Cache", "forward", "_add_dropped"),
+        ("residual + LN (post-LN)", "residual + LN (pre-LN)"),
+        "The \"+\" of the forward pass is a fan-out backwards: x reaches the output along the "
+        "identity and through the sub-layer, so dx is the sum of both paths' gradients.",
+        mistakes=(
+            Mistake("the identity path is missing (pre-LN): dx = dy + the sub-layer path's",
+                    "backward", "dx += dy ", "dx += 0.0 * dy "),
+            Mistake("the identity path is missing (post-LN): dx = ds + the sub-layer path's",
+                    "backward", "dx += ds ", "dx += 0.0 * ds "),
+            Mistake("the identity path adds dy (post-LN): the sum s = x + F(x) is below the "
+                    "LayerNorm, so it adds ds = LN'(dy)", "backward", "dx += ds ", "dx += dy "),
+            Mistake("the dropout's backward is skipped on the sub-layer's path", "backward",
+                    "df, _ = dropout.backward(ds, cache.dropout)", "df = ds")),
+        quantities={"1/(1-p), the dropout's scale": 1 / 0.8}),
+    _stack("encoder", "the encoder layer and stack",
+           ("encoder stack (post-LN)", "encoder stack (pre-LN)")),
+    _stack("decoder", "the decoder layer and stack",
+           ("decoder stack (post-LN)", "decoder stack (pre-LN)"),
+           (Mistake("dmemory is not summed over the layers: every layer's cross-attention "
+                    "reads the encoder output", "stack_backward",
+                    "dmemory += dm", "dmemory = dm"),)),
+    Exercise(
+        "decoder_only", "the decoder-only stack (the language model)",
+        "minitfm.layers.decoder_only", ("stack_backward",), ("stack_forward", "param_shapes"),
+        ("decoder-only stack (post-LN)", "decoder-only stack (pre-LN)"),
+        "The forward pass is the encoder stack's under a causal mask, and a mask is a constant "
+        "of the forward pass: what does the backward pass of that stack need to know of it?"),
+    Exercise(
+        "loss", "label-smoothed cross-entropy with its log-softmax", "minitfm.layers.loss",
+        ("backward",), ("Cache", "forward"),
+        ("label-smoothed cross-entropy", "label-smoothed cross-entropy (no smoothing)"),
+        "Since the smoothed target q sums to 1, dloss/dz_j = sum_k q_k (p_j - [j = k]) = "
+        "p_j - q_j: the softmax minus the target, times dloss, and 0 on padding rows.",
+        mistakes=(
+            Mistake("label smoothing is ignored: the target q puts 1 - eps on y and eps/(V-1) "
+                    "on each other class", "backward", "off = smoothing / (v - 1)",
+                    "off, smoothing = 0.0, 0.0"),
+            Mistake("padding rows are not zeroed: a row whose target is padding has no loss "
+                    "and no gradient", "backward",
+                    "weight = dloss if keep is None else dloss * keep", "weight = dloss + 0 * "
+                    "keep"),
+            Mistake("p is not normalised: the cache holds exp(z - max), which inv_total turns "
+                    "into the softmax", "backward", "inv_total[:, None] * weight_col",
+                    "weight_col"))),
+    Exercise(
+        "output", "the output layer: tied projection and loss, in chunks",
+        "minitfm.layers.output", ("forward_backward",), ("logits", "project"),
+        ("output (tied projection, label-smoothed loss)",),
+        "z = h E^T, then the loss: its backward gives dz; as for a linear layer with W = E^T, "
+        "dh = dz E and dE = dz^T h (the transpose of dW = h^T dz).",
+        mistakes=(Mistake("dtable is not accumulated over the chunks", "forward_backward",
+                          "dtable += g[\"w\"].T", "dtable[...] = g[\"w\"].T"),)),
+    Exercise(
+        "adam", "Adam and the paper's learning-rate schedule", "minitfm.optim",
+        ("LRSchedule.__call__", "coefficients", "adam_step"), ("LRSchedule",), kind="optim",
+        todo={"LRSchedule.__call__": [
+                  "TODO: return the learning rate of equation (3) at update `step` (counted "
+                  "from 1), times self.factor: self.d_model and self.warmup are the "
+                  "equation's; time_fraction is for other schedules: leave it."],
+              "coefficients": [
+                  "TODO: return (b1, b2, step_size, v_scale, keep) for update `step`: b1, b2 "
+                  "and keep as given, step_size and v_scale such that the equation above holds "
+                  "(the bias corrections of m and v). state: None in the check and in train "
+                  "(a loss scaler's, under mixed precision): leave it."],
+              "adam_step": [
+                  "TODO: one Adam step, in place: m and v updated, then p; p, g, m and v are "
+                  "arrays of one shape (in the check (3, 4) and (5,), float64), b1, b2, eps, "
+                  "step_size and v_scale numbers from coefficients. Returns nothing."]},
+        step="lrate = d_model^-0.5 min(step^-0.5, step warmup^-1.5); Adam's m and v are "
+             "running averages of g and g^2, divided by 1 - beta^t (their start at 0) before "
+             "p moves by lr m_hat / (sqrt(v_hat) + eps).",
+        mistakes=(
+            Mistake("no bias correction of m: divide lr by 1 - beta1^t", "coefficients",
+                    "float(lr) / (1.0 - beta1 ** step)", "float(lr)"),
+            Mistake("no bias correction of v: v_hat = v / (1 - beta2^t)", "coefficients",
+                    "1.0 / math.sqrt(1.0 - beta2 ** step)", "1.0"),
+            Mistake("v averages g, not g^2", "adam_step", "xp.multiply(g, g, out=buf)",
+                    "xp.multiply(g, 1.0, out=buf)"),
+            Mistake("the warm-up is wrong: step * warmup^-1.5 rises linearly to the peak",
+                    "LRSchedule.__call__", "step * self.warmup ** -1.5",
+                    "step * self.warmup ** -0.5"))),
+    Exercise(
+        "model", "the whole encoder-decoder backward", "minitfm.models.translator",
+        ("_backward",), ("ForwardCache", "encoder_forward", "decoder_forward", "loss_and_grads"),
+        ("model (post-LN)", "model (pre-LN)", "model (separate embeddings)"), kind="model",
+        step="From dh, the decoder stack's backward gives dy and dmemory; the target inputs' "
+             "backward adds into the target table; dmemory goes back through the encoder "
+             "stack, then the source inputs.",
+        mistakes=(
+            Mistake("the encoder gets no gradient: dmemory must go back through the encoder "
+                    "stack", "_backward", "encoder.stack_backward(dmemory,",
+                    "encoder.stack_backward(0 * dmemory,"),
+            Mistake("the source table is zeroed over the target's uses: with a shared table "
+                    "(share_embeddings) the uses add up", "_backward",
+                    "if src_name != tgt_name:", "if True:"))),
+    Exercise(
+        "kernel_dropout", "CUDA: dropout's backward, an element a thread",
+        "minitfm.layers.dropout", ("dropout_backward",), ("apply",), kind="kernel",
+        kernel="BACKWARD", quantities=KEEP_P,
+        step="One thread per element: i from the block and thread index; the threads past the "
+             "end (the last block's) must do nothing."),
+    Exercise(
+        "kernel_softmax", "CUDA: the softmax's backward, a block per row",
+        "minitfm.layers.softmax", ("softmax_backward",), ("backward",), kind="kernel",
+        kernel="BACKWARD",
+        quantities={"the scale c": 0.5},
+        mistakes=(Mistake("the row's sum of dP * P is not reduced over the block: each thread "
+                          "used its own share (block_sum adds the threads' shares)",
+                          "softmax_backward", "dot = block_sum(dot, scratch);", ""),),
+        step="A block per row: each thread adds dP * P over its share of the row, block_sum "
+             "adds the shares (it ends with a barrier), then each thread writes its share of "
+             "dS = (dP - dot) * P * scale."),
+    Exercise(
+        "kernel_layernorm", "CUDA: LayerNorm's forward, a block per row",
+        "minitfm.layers.layernorm", ("layernorm_forward",), ("forward",), kind="kernel",
+        kernel="FORWARD",
+        mistakes=(Mistake("the mean is not reduced over the block: each thread used its own "
+                          "share of the row's sum (block_sum adds the threads' shares)",
+                          "layernorm_forward", "float mu = block_sum(s, scratch) / d;",
+                          "float mu = s / d;"),
+                  Mistake("the variance is not reduced over the block: each thread used its "
+                          "own share of the squares", "layernorm_forward",
+                          "sqrtf((float)d / (block_sum(ss, scratch) + d_eps))",
+                          "sqrtf((float)d / (ss + d_eps))")),
+        step="A block per row: sum the row (block_sum) for the mean, then the squares of "
+             "x - mu for the variance, then write xhat, y and (thread 0) rstd."),
+    Exercise(
+        "kernel_loss", "CUDA: the label-smoothed loss and its gradient, a block per row",
+        "minitfm.layers.loss", ("smoothed_loss",), ("_row_losses", "backward"), kind="kernel",
+        kernel="KERNEL",
+        mistakes=(Mistake("the target's own term of the gradient is missing: dz_y also gets "
+                          "-(1 - eps - eps/(V-1)) * weight", "smoothed_loss",
+                          "if (j == y) d -= (1.0f - smoothing - off) * weight;", ""),
+                  Mistake("padding rows are not zeroed: keep is 0 on a row whose target is "
+                          "pad_id", "smoothed_loss",
+                          "float keep = (pad_id >= 0 && y == pad_id) ? 0.0f : 1.0f;",
+                          "float keep = 1.0f;")),
+        step="A block per row: the row's max (block_max), the sums of exp(z - max) and of "
+             "z - max (block_sum), the loss from them, then dz = weight * (p - q) over the row."),
+]
+ORDER = [e.name for e in EXERCISES]
+
+
+def by_name(name: str) -> Exercise:
+    """The exercise ``name`` (a unique prefix, or its number, will do)."""
+    if name.isdigit() and 1 <= int(name) <= len(EXERCISES):
+        return EXERCISES[int(name) - 1]
+    exact = [e for e in EXERCISES if e.name == name]
+    found = exact or [e for e in EXERCISES if e.name.startswith(name)]
+    if len(found) != 1:
+        raise KeyError(name)
+    return found[0]

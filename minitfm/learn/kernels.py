@@ -1,0 +1,302 @@
+"""The workshop's CUDA exercises: a fused kernel of the library written by the learner in CUDA C,
+executed on the CPU by :mod:`minitfm.cudahost` and held to the kernel's plain twin. Host-only
+code.
+
+The exercise file (``.cu``) is the kernel's whole translation unit as the library has it (the
+helpers it calls, such as ``block_sum``), the kernel's body replaced by a TODO, and a comment
+with its twin (the plain code it must equal) and the check's launch. The check compiles the file
+as it is, so every line a message names is a line of the learner's file: a compiler error, an
+element read or written outside its array, a race (the results depend on the order the threads
+run in: the launch runs in several orders), a barrier that never releases (a deadlock). Then it
+compares each output with the twin's on the same inputs, within float32 rounding of sums taken
+in another order (1e-5 of the largest value; masks and integers equal), and diagnoses a wrong
+one as a layer's gradient is (:mod:`minitfm.learn.diagnose`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import textwrap
+from pathlib import Path
+
+import numpy
+
+from minitfm import backend, cudahost, fused
+from minitfm.learn import diagnose, source
+from minitfm.learn.exercises import Exercise
+from minitfm.learn.report import ArrayResult, CaseResult, Report
+
+__all__ = ["make", "check", "unwritten", "launch", "TODO", "kernel_of", "shapes_hint",
+           "third_hint"]
+
+TODO = "// TODO: write the kernel's body"
+TOLERANCE = 1e-5
+SEEDS = (0, 1, 2)                   # the orders a launch runs in: natural, then two drawn
+
+
+def kernel_of(ex: Exercise) -> fused.Kernel:
+    return getattr(importlib.import_module(ex.module), ex.kernel)
+
+
+def _signature_span(text: str, name: str) -> tuple[int, int, int]:
+    """Where the kernel ``name`` is in ``text``: (start of its ``extern`` line, the index after
+    its opening brace, the index of its closing brace)."""
+    match = re.search(r'extern\s+"C"\s+__global__\s+void\s+' + re.escape(name) + r"\s*\(", text)
+    if match is None:
+        raise LookupError(f"no kernel {name} in the source")
+    start = text.rfind("\n", 0, match.start()) + 1
+    brace = text.index("{", match.end())
+    depth, i = 0, brace
+    while True:
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return start, brace + 1, i
+        i += 1
+
+
+def body_of(text: str, name: str) -> str:
+    _, open_, close = _signature_span(text, name)
+    return text[open_:close]
+
+
+def launch(ex: Exercise, seed: int = 0) -> tuple[tuple, tuple, str]:
+    """The check's launch of the exercise's kernel: ``(grid, args, words)``, NumPy arrays and
+    scalars typed as the kernel's parameters, and the launch in words."""
+    rng = numpy.random.default_rng(seed)
+    f32 = numpy.float32
+    if ex.name == "kernel_dropout":
+        n = 300                                 # two blocks, the second part-full
+        dy = rng.standard_normal(n).astype(f32)
+        keep = rng.random(n) >= 0.3
+        args = (dy, keep, numpy.empty(n, f32), fused.i64(n), fused.f32(1 / 0.7))
+        return fused.grid_for(n), args, f"n = {n}: two blocks of {fused.THREADS} threads"
+    if ex.name == "kernel_softmax":
+        rows, cols = 5, 300                     # a row longer than a block
+        p = rng.random((rows, cols)).astype(f32)
+        p /= p.sum(axis=1, keepdims=True)
+        dp = rng.standard_normal((rows, cols)).astype(f32)
+        return (rows,), (dp, p, fused.i32(cols), fused.f32(0.5)), \
+            f"{rows} rows of {cols}: a block of {fused.THREADS} threads per row"
+    if ex.name == "kernel_layernorm":
+        rows, d = 4, 300
+        x = (rng.standard_normal((rows, d)) * 2 + 1).astype(f32)
+        gamma, beta = (rng.standard_normal(d).astype(f32) for _ in range(2))
+        y, xhat = numpy.empty((rows, d), f32), numpy.empty((rows, d), f32)
+        rstd = numpy.empty((rows, 1), f32)
+        y16 = numpy.empty((rows, d), numpy.float16)
+        args = (x, gamma, beta, y, xhat, rstd, fused.i32(d), fused.f32(d * 1e-5), y16,
+                fused.i32(0))
+        return (rows,), args, (f"{rows} rows of {d}: a block of {fused.THREADS} threads per row "
+                               f"(half_out 0: y16 is not written)")
+    if ex.name == "kernel_loss":
+        n, v = 4, 300
+        z = (rng.standard_normal((n, v)) * 3).astype(f32)
+        targets = rng.integers(1, v, size=n).astype(numpy.int64)
+        targets[1] = 0                          # a padding row (pad_id 0)
+        sums = numpy.empty(2 * n, f32)
+        args = (z, targets, sums, fused.i64(n), fused.i32(v), fused.f32(0.1),
+                fused.f32(0.1 / (v - 1)), fused.i64(0), fused.f32(0.25), fused.i32(1), sums,
+                fused.i32(0))
+        return (n,), args, (f"{n} rows of {v} logits, row 1 padding: a block of "
+                            f"{fused.THREADS} threads per row, the gradient over z (grad 1)")
+    raise LookupError(f"{ex.name} is not a kernel exercise")
+
+
+def _comment(lines: list[str]) -> str:
+    return "\n".join(("// " + line).rstrip() for line in lines)
+
+
+def make(ex: Exercise, hard: bool = False) -> str:
+    """The exercise's ``.cu`` file."""
+    kernel = kernel_of(ex)
+    text = kernel.source.strip("\n")
+    start, open_, close = _signature_span(text, kernel.name)
+    before, signature = text[:start], text[start:open_]
+    lines = before.rstrip("\n").splitlines()
+    notes = []                                  # the library's comment above the kernel
+    while lines and lines[-1].lstrip().startswith("//"):
+        notes.insert(0, lines.pop())
+    twin = textwrap.dedent(inspect.getsource(kernel.twin)).rstrip().splitlines()
+    grid, args, words = launch(ex)
+    params = [p.name for p in kernel.host.params]
+    described = ", ".join(f"{name} {_describe(a)}" for name, a in zip(params, args))
+    head = [f"Exercise {ex.number:02d}, {ex.name}: {ex.title}.",
+            f"Write the body of {kernel.name} where it says TODO. The check runs it on the CPU",
+            "(minitfm.cudahost: each thread a fiber, blocks one after another, in several "
+            "orders),",
+            "holds each output to the kernel's twin, and names the line of this file of a fault.",
+            f"  check it:  python -m minitfm.learn check {ex.name}",
+            f"  a hint:    python -m minitfm.learn hint {ex.name}",
+            "", "Its twin, the plain code it must equal "
+            f"({ex.module.replace('.', '/')}.py):", *["    " + t for t in twin],
+            *[line for name in ex.keep for line in
+              ["", f"and {name}, which it calls:",
+               *["    " + t for t in source.plain_source(ex.module, name).splitlines()]]],
+            "", f"The check's launch: grid {grid}, block ({fused.THREADS},); {words};",
+            *textwrap.wrap(described, 94)]
+    body = "\n    " + TODO + "\n"
+    before = "\n".join(lines).strip("\n")
+    parts = [_comment(head), "", before] if before else [_comment(head), ""]
+    if not hard:
+        parts.append("\n".join(notes))
+    parts.append(signature + body + "}")
+    return "\n".join(p for p in parts if p is not None) + "\n"
+
+
+def _describe(value) -> str:
+    if isinstance(value, numpy.ndarray):
+        return f"{value.dtype} {tuple(value.shape)}"
+    return f"= {value!r}" if not isinstance(value, numpy.generic) else f"= {value.item()!r}"
+
+
+def unwritten(path: Path) -> bool:
+    """Whether the kernel's body holds nothing but comments and blanks."""
+    text = Path(path).read_text(encoding="utf-8")
+    match = re.search(r'extern\s+"C"\s+__global__\s+void\s+(\w+)', text)
+    if match is None:
+        return False
+    try:
+        body = body_of(text, match.group(1))
+    except (LookupError, IndexError):
+        return False
+    code = re.sub(r"//[^\n]*|/\*.*?\*/", "", body, flags=re.S)
+    return not code.strip()
+
+
+def _learner_lines(message: str, path: Path) -> str:
+    """A compiler's or the host execution's message with the kernel's source named as the
+    learner's file."""
+    message = message.replace("kernel.cu:", f"{path.name}:")
+    return message.replace("line ", "line ", 1)
+
+
+def check(ex: Exercise, path: Path, seed: int = 0):
+    """Compile and run the learner's kernel (see the module's docstring): a Report."""
+    path = Path(path)
+    if unwritten(path):
+        return Report(ex, path, "not written", message=f"not written yet: the body of the kernel "
+                      f"in {path.name} holds only the TODO")
+    kernel = kernel_of(ex)
+    text = path.read_text(encoding="utf-8")
+    mine = cudahost.HostKernel(text, kernel.name)
+    previous = backend.name
+    backend.use("numpy")
+    try:
+        try:
+            mine.library                        # compiled on first use
+        except (cudahost.BuildError, cudahost.Unsupported) as exc:
+            return Report(ex, path, "error", message=_learner_lines(str(exc), path))
+        grid, args, words = launch(ex, seed)
+        result = CaseResult(f"the check's launch: grid {grid}, block ({fused.THREADS},); "
+                            f"{words}", {})
+        reference = tuple(a.copy() if isinstance(a, numpy.ndarray) else a for a in args)
+        kernel.run_twin(*reference)
+        try:
+            cudahost.checked_launch(mine, grid, (fused.THREADS,), args, seeds=SEEDS)
+        except cudahost.KernelFault as exc:
+            result.problem = _fault_words(exc, path, text)
+            return Report(ex, path, "fail", [result])
+        except (TypeError, ValueError) as exc:
+            result.problem = str(exc)
+            return Report(ex, path, "fail", [result])
+        outputs = _outputs(kernel, args, reference)
+        alternatives = None
+        for name, a, r in outputs:
+            error = cudahost.compare_outputs(a, r)
+            allowed = TOLERANCE if a.dtype.kind == "f" else 0.0
+            item = ArrayResult(name, error, error <= allowed)
+            result.arrays.append(item)
+            if not item.ok:
+                item.first = diagnose.first_wrong(a, r, max(allowed, 1e-12)) \
+                    if a.dtype.kind == "f" else _first_unequal(a, r)
+                if alternatives is None:
+                    alternatives = _mistakes(ex, kernel, grid, seed)
+                if a.dtype.kind == "f":
+                    item.diagnosis = diagnose.diagnose(
+                        name, a, r, known=diagnose.quantities({}, ex.quantities),
+                        mistakes={label: made.get(name) for label, made in alternatives.items()})
+                    if item.diagnosis and "elements are wrong" in item.diagnosis:
+                        item.diagnosis += _rows_words(a, r)
+    finally:
+        backend.use(previous)
+    return Report(ex, path, "pass" if result.ok else "fail", [result])
+
+
+def _outputs(kernel, args, reference) -> list:
+    """The arrays the kernel writes: (name, the learner's, the twin's)."""
+    written, seen, found = _written(kernel), set(), []
+    for param, a, r in zip(kernel.host.params, args, reference):
+        if isinstance(a, numpy.ndarray) and param.name in written and id(a) not in seen:
+            seen.add(id(a))
+            found.append((param.name, a, r))
+    return found
+
+
+def _mistakes(ex: Exercise, kernel, grid, seed) -> dict:
+    """label -> the outputs of the library's kernel with that named mistake made."""
+    found = {}
+    for mistake in ex.mistakes:
+        text = kernel.source
+        if text.count(mistake.old) != 1:
+            continue
+        edited = cudahost.HostKernel(text.replace(mistake.old, mistake.new), kernel.name)
+        _, args, _ = launch(ex, seed)
+        try:
+            edited(grid, (fused.THREADS,), args)
+        except (cudahost.KernelFault, cudahost.BuildError):
+            continue
+        found[mistake.label] = {name: a for name, a, _ in _outputs(kernel, args, args)}
+    return found
+
+
+def _written(kernel) -> set[str]:
+    """The parameters a kernel writes: its non-const pointers."""
+    return {p.name for p in kernel.host.params if p.pointer and not p.const}
+
+
+def _first_unequal(a, r):
+    off = numpy.argwhere(a != r)
+    if not off.size:
+        return None
+    index = tuple(int(i) for i in off[0])
+    return index, float(a[index]), float(r[index])
+
+
+def _rows_words(a, r) -> str:
+    """Which rows (first axis) of a 2-D output are wrong, when only some are."""
+    if a.ndim != 2:
+        return ""
+    wrong = [i for i in range(a.shape[0]) if cudahost.compare_outputs(a[i], r[i]) > TOLERANCE]
+    return f"; wrong rows: {wrong}" if 0 < len(wrong) < a.shape[0] else ""
+
+
+def _fault_words(exc: cudahost.KernelFault, path: Path, text: str) -> str:
+    where = []
+    if exc.block is not None:
+        where.append(f"block {tuple(exc.block)}")
+    if exc.thread is not None:
+        where.append(f"thread {tuple(exc.thread)}")
+    lines = text.splitlines()
+    out = f"{exc.what}" + (f" ({', '.join(where)})" if where else "")
+    if 0 < exc.line <= len(lines):
+        out = f"{path.name}, line {exc.line}: " + out + f"\n    {lines[exc.line - 1].strip()}"
+    return out
+
+
+def shapes_hint(ex: Exercise) -> str:
+    kernel = kernel_of(ex)
+    grid, args, words = launch(ex)
+    return (f"{words}; blockIdx.x runs over grid {grid}, threadIdx.x over 0..{fused.THREADS - 1}; "
+            + ", ".join(f"{p.name} {_describe(a)}" for p, a in zip(kernel.host.params, args)))
+
+
+def third_hint(ex: Exercise) -> str:
+    """The first line of the library's kernel body: how it starts."""
+    body = body_of(kernel_of(ex).source, kernel_of(ex).name)
+    first = next((line.strip() for line in body.splitlines() if line.strip()), "")
+    return f"the library's kernel starts: {first}"

@@ -1,0 +1,90 @@
+"""The result of checking an exercise, and its words: what ``check`` prints. Host-only code."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from minitfm.learn.exercises import Exercise
+
+__all__ = ["ArrayResult", "CaseResult", "Report", "describe"]
+
+
+@dataclass
+class ArrayResult:
+    """One gradient (or output) of a case: its relative error, whether it passes, the first
+    wrong element ``(index, yours, numerical)`` and the diagnosis."""
+    name: str
+    error: float
+    ok: bool
+    first: tuple | None = None
+    diagnosis: str | None = None
+
+
+@dataclass
+class CaseResult:
+    name: str
+    sizes: dict
+    arrays: list[ArrayResult] = field(default_factory=list)
+    problem: str | None = None          # an exception, a result of the wrong form
+    note: str | None = None             # a remark that does not fail the case
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None and all(a.ok for a in self.arrays)
+
+
+@dataclass
+class Report:
+    """The check of an exercise: ``status`` "pass", "fail", "not written" or "error" (the file
+    does not load); ``message`` says why where there are no cases to show."""
+    exercise: Exercise
+    path: Path
+    status: str
+    cases: list[CaseResult] = field(default_factory=list)
+    message: str = ""
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
+
+
+def describe(report: Report) -> str:
+    """The report as the learner reads it."""
+    ex = report.exercise
+    lines = [f"{ex.number:02d} {ex.name}: {ex.title} ({report.path})"]
+    if report.message:
+        lines += ["", textwrap.indent(report.message, "  ")]
+    for case in report.cases:
+        sizes = ", ".join(f"{k}={v}" for k, v in case.sizes.items() if not isinstance(v, bool))
+        lines.append(f"  {case.name}" + (f" ({sizes})" if sizes else ""))
+        if case.problem:
+            lines.append(textwrap.indent(case.problem, "    "))
+            continue
+        width = max((len(a.name) for a in case.arrays), default=0)
+        shown = case.arrays if len(case.arrays) <= 8 else [a for a in case.arrays if not a.ok]
+        if len(shown) < len(case.arrays):
+            right = sum(a.ok for a in case.arrays)
+            lines.append(f"    {right} of {len(case.arrays)} right" +
+                         (f", the worst relative error {max(a.error for a in case.arrays):.1e}"
+                          if right == len(case.arrays) else "; the wrong ones:"))
+        for a in shown:
+            mark = "ok" if a.ok else "WRONG"
+            error = "missing" if a.error == math.inf else f"relative error {a.error:.1e}"
+            lines.append(f"    {a.name:<{width}}  {error:<24}{mark}")
+            if a.first is not None:
+                index, yours, numeric = a.first
+                lines.append(f"    {'':<{width}}  first wrong element {list(index)}: yours "
+                             f"{yours:.6g}, the right one {numeric:.6g}")
+            if a.diagnosis:
+                lines.append(textwrap.indent(textwrap.fill(
+                    "diagnosis: " + a.diagnosis, 96 - width), " " * (width + 6)))
+        if case.note:
+            lines.append(textwrap.indent(textwrap.fill(case.note, 92), "    "))
+    verdict = {"pass": "passed", "fail": "failed", "not written": "not written yet",
+               "error": "could not run"}[report.status]
+    lines.append(f"{ex.name}: {verdict} ({report.seconds:.1f} s)")
+    return "\n".join(lines)

@@ -1,0 +1,328 @@
+"""An exercise made from the library's own source: a module's text with some function bodies
+blanked, and the pieces the workshop shows (a function's plain source, a docstring's
+derivation). Host-only code: it reads and writes text.
+
+What an exercise file keeps of its module, in the module's order: the docstring (without its
+paragraphs on the fast paths, and with ``hard`` without the derivation of the backward pass),
+the imports the kept code uses, and the top-level definitions that the functions to write and
+the forward passes beside them need, found by following the names they use (never a fast
+path's: a decorator line, which picks a fast path, is dropped, and what only it names is not
+kept). A function to write keeps its signature (and, unless ``hard``, its docstring); its body
+becomes a TODO that names every input, cache field and output with its shape, then
+``raise NotImplementedError(TODO)``, so an untouched exercise says that it is not written.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import re
+import textwrap
+from pathlib import Path
+
+__all__ = ["TODO", "module_source", "blanked", "plain_source", "derivation", "unwritten",
+           "FAST_PATH_PARAGRAPHS"]
+
+TODO = "not written yet: replace this line with your code"
+# docstring paragraphs about the fast paths: an exercise has the plain code alone
+FAST_PATH_PARAGRAPHS = ("Fused", "Row passes", "Compiled", "Mixed precision", "Numba",
+                        "On NumPy", "Where Numba")
+DERIVATION_HEADS = ("Backward", "Backward:")
+
+
+def module_source(module: str) -> str:
+    """The text of a module of the library (``minitfm.layers.layernorm``)."""
+    return Path(importlib.import_module(module).__file__).read_text(encoding="utf-8")
+
+
+def _paragraphs(text: str) -> list[str]:
+    return re.split(r"\n[ \t]*\n", text.strip("\n"))
+
+
+def _drop(paragraphs: list[str], heads: tuple[str, ...]) -> list[str]:
+    """The paragraphs but those that start with one of ``heads`` at the margin, each with the
+    indented paragraphs that follow it (its formulas)."""
+    kept, dropping = [], False
+    for paragraph in paragraphs:
+        starts = paragraph.lstrip("\n")
+        at_margin = not starts[:1].isspace()
+        if at_margin:
+            dropping = starts.startswith(heads)
+        if not dropping:
+            kept.append(paragraph)
+    return kept
+
+
+def docstring_for_exercise(doc: str, hard: bool) -> str:
+    """A module docstring without its fast-path paragraphs, and with ``hard`` without the
+    derivation of the backward pass."""
+    paragraphs = _drop(_paragraphs(doc), FAST_PATH_PARAGRAPHS)
+    if hard:
+        paragraphs = _drop(paragraphs, DERIVATION_HEADS)
+        paragraphs = [_without_backward_lines(p) for p in paragraphs]
+    return "\n\n".join(p for p in paragraphs if p.strip())
+
+
+def _without_backward_lines(paragraph: str) -> str:
+    """A paragraph that mixes the forward and backward formulas (``Backward:`` on a line of its
+    own inside it), cut before the backward ones."""
+    lines = paragraph.splitlines()
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith(DERIVATION_HEADS) and i:
+            return "\n".join(lines[:i]).rstrip()
+    return paragraph
+
+
+def derivation(module: str) -> list[str]:
+    """The derivation's lines in a module's docstring: the paragraph that starts with
+    "Backward" and the indented lines under it ([] when there is none)."""
+    doc = ast.get_docstring(ast.parse(module_source(module))) or ""
+    found, inside = [], False
+    for paragraph in _paragraphs(doc):
+        at_margin = not paragraph[:1].isspace()
+        if at_margin:
+            inside = paragraph.startswith(DERIVATION_HEADS)
+            if not inside:
+                for k, line in enumerate(paragraph.splitlines()):   # "Backward:" inside one
+                    if line.lstrip().startswith(DERIVATION_HEADS) and k:
+                        found += paragraph.splitlines()[k:]
+                        break
+        if inside:
+            found += paragraph.splitlines()
+    return found
+
+
+# ---- following names --------------------------------------------------------------------------
+
+def _defined(node: ast.stmt) -> set[str]:
+    """The top-level names a statement binds."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in node.names}
+    names = set()
+    targets = node.targets if isinstance(node, ast.Assign) else \
+        [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+    for target in targets:
+        names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return names
+
+
+def fast_path_decorator(decorator: ast.expr) -> bool:
+    """Whether a decorator belongs to the fast paths (``@paths.fast``, ``@forward.chooser``, a
+    compiled loop's ``@compiled.kernel``): an exercise leaves it out."""
+    text = ast.unparse(decorator)
+    return text.startswith(("paths.", "compiled.")) or text.endswith(".chooser")
+
+
+def _used(node: ast.AST) -> set[str]:
+    """The names a definition reads, outside its fast-path decorators and its annotations."""
+    skip: set[int] = set()
+    for n in ast.walk(node):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            for d in n.decorator_list:
+                if fast_path_decorator(d):
+                    skip |= {id(x) for x in ast.walk(d)}
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for a in [*n.args.args, *n.args.kwonlyargs, *n.args.posonlyargs,
+                      n.args.vararg, n.args.kwarg]:
+                if a is not None and a.annotation is not None:
+                    skip |= {id(x) for x in ast.walk(a.annotation)}
+            if n.returns is not None:
+                skip |= {id(x) for x in ast.walk(n.returns)}
+        if isinstance(n, ast.AnnAssign) and not isinstance(node, ast.ClassDef):
+            skip |= {id(x) for x in ast.walk(n.annotation)}
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and id(n) not in skip}
+
+
+def _kept(tree: ast.Module, roots: set[str]) -> list[ast.stmt]:
+    """The module's top-level statements that the definitions ``roots`` need, in order."""
+    body = [n for n in tree.body if not _is_docstring(n) and not _is_future(n)]
+    by_name: dict[str, list[ast.stmt]] = {}
+    for node in body:
+        for name in _defined(node):
+            by_name.setdefault(name, []).append(node)
+    keep: set[int] = set()
+    todo = [node for name in roots for node in by_name.get(name, [])]
+    if len(todo) < len(roots):
+        missing = sorted(r for r in roots if r not in by_name)
+        raise LookupError(f"no top-level definition of {', '.join(missing)}")
+    while todo:
+        node = todo.pop()
+        if id(node) in keep:
+            continue
+        keep.add(id(node))
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        for name in _used(node):
+            todo += [n for n in by_name.get(name, []) if id(n) not in keep]
+    kept = [n for n in body if id(n) in keep]
+    used = set().union(*(_used(n) for n in kept if not isinstance(n, (ast.Import,
+                                                                       ast.ImportFrom))))
+    return [_pruned_import(n, used) if isinstance(n, (ast.Import, ast.ImportFrom)) else n
+            for n in kept if not isinstance(n, (ast.Import, ast.ImportFrom))
+            or _pruned_import(n, used) is not None]
+
+
+def _pruned_import(node, used: set[str]):
+    names = [a for a in node.names if (a.asname or a.name).split(".")[0] in used]
+    if not names:
+        return None
+    copy = ast.ImportFrom(node.module, names, node.level) if isinstance(node, ast.ImportFrom) \
+        else ast.Import(names)
+    return ast.copy_location(copy, node)
+
+
+def _is_docstring(node) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
+        and isinstance(node.value.value, str)
+
+
+def _is_future(node) -> bool:
+    return isinstance(node, ast.ImportFrom) and node.module == "__future__"
+
+
+# ---- the text -------------------------------------------------------------------------------
+
+def _segment(lines: list[str], node: ast.AST) -> str:
+    """A definition's source lines, with its decorators but those of the fast paths."""
+    kept = [d for d in getattr(node, "decorator_list", []) if not fast_path_decorator(d)]
+    head = ["@" + ast.unparse(d) for d in kept]
+    return "\n".join(head + lines[node.lineno - 1:node.end_lineno])
+
+
+def _find(tree: ast.Module, dotted: str):
+    """The definition ``name`` or ``Class.method`` of a module's tree."""
+    scope: list = tree.body
+    node = None
+    for part in dotted.split("."):
+        node = next((n for n in scope if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+                     and n.name == part), None)
+        if node is None:
+            raise LookupError(f"no definition {dotted!r}")
+        scope = node.body
+    return node
+
+
+def _blank_body(lines: list[str], fn: ast.FunctionDef, todo_lines: list[str],
+                keep_doc: bool) -> str:
+    """A function's source with its body replaced by ``todo_lines`` and a raise."""
+    first = fn.body[0]
+    has_doc = _is_docstring(first)
+    head_end = (first.end_lineno if has_doc and keep_doc else first.lineno - 1)
+    head = lines[fn.lineno - 1:head_end]
+    if has_doc and not keep_doc:
+        head = lines[fn.lineno - 1:first.lineno - 1]
+    indent = " " * (first.col_offset)
+    body = [indent + "# " + t if t else indent + "#" for t in todo_lines]
+    body.append(f"{indent}raise NotImplementedError({TODO!r})")
+    return "\n".join(head + body)
+
+
+def blanked(module: str, write: tuple[str, ...], keep: tuple[str, ...] = (), *,
+            hard: bool = False, todos: dict | None = None, header: str = "") -> str:
+    """The exercise file of ``module``: ``write`` (function names, or ``Class.method``) blanked,
+    ``keep`` (the forward passes and what goes with them) kept whole, with what both need
+    (see the module's docstring). ``todos``: for each of ``write``, the TODO's lines."""
+    text = module_source(module)
+    tree, lines = ast.parse(text), text.splitlines()
+    roots = {w.split(".")[0] for w in (*write, *keep)}
+    out = [header.rstrip("\n")] if header else []
+    doc = ast.get_docstring(tree, clean=False)
+    if doc:
+        out.append('"""' + docstring_for_exercise(doc, hard) + '\n"""\n')
+    out.append("from __future__ import annotations")
+    blank = {w: _find(tree, w) for w in write}
+    for node in _kept(tree, roots):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.append(ast.unparse(node))
+            continue
+        piece = _segment(lines, node)
+        for name, fn in blank.items():
+            if node.lineno <= fn.lineno and fn.end_lineno <= node.end_lineno:
+                head = ["@" + ast.unparse(d) for d in getattr(node, "decorator_list", [])
+                        if not fast_path_decorator(d)] if node is not fn else []
+                before = "\n".join(lines[node.lineno - 1:_decorator_start(fn) - 1])
+                new = _blank_body(lines, fn, (todos or {}).get(name, []), keep_doc=not hard)
+                after = "\n".join(lines[fn.end_lineno:node.end_lineno])
+                piece = "\n".join(p for p in (*head, before, new, after) if p)
+        out.append(piece)
+    text = _join(out)
+    ast.parse(text)                 # what is written compiles
+    return text
+
+
+def _decorator_start(fn) -> int:
+    """The first line of a definition's decorators, or of the definition."""
+    return min([d.lineno for d in fn.decorator_list] + [fn.lineno])
+
+
+def _join(pieces: list[str]) -> str:
+    """Top-level pieces, two blank lines before a definition, one between imports."""
+    out = []
+    for piece in pieces:
+        definition = piece.lstrip().startswith(("def ", "class ", "@"))
+        if out:
+            out.append("\n\n\n" if definition or out[-1].lstrip().startswith(("def ", "class "))
+                       else "\n\n" if not piece.startswith(("import ", "from ")) else "\n")
+        out.append(piece)
+    return "".join(out) + "\n"
+
+
+def plain_source(module: str, name: str) -> str:
+    """The library's own code of a function (``name`` or ``Class.method``), decorators left
+    out: what ``solution`` shows."""
+    text = module_source(module)
+    fn = _find(ast.parse(text), name)
+    return textwrap.dedent(_segment(text.splitlines(), fn))
+
+
+def unwritten(path: Path, names: tuple[str, ...]) -> list[str]:
+    """Which of the functions ``names`` in the exercise file ``path`` still hold the TODO's
+    raise (read, not run: a file that does not parse raises SyntaxError)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    left = []
+    for name in names:
+        try:
+            fn = _find(tree, name)
+        except LookupError:
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) \
+                    and getattr(node.exc.func, "id", "") == "NotImplementedError" \
+                    and any(isinstance(a, ast.Constant) and a.value == TODO
+                            for a in node.exc.args):
+                left.append(name)
+                break
+    return left
+
+
+def function_lines(path: Path, name: str) -> tuple[int, int]:
+    """The first and last line of a definition (``name`` or ``Class.method``) in a file."""
+    fn = _find(ast.parse(path.read_text(encoding="utf-8")), name)
+    return fn.lineno, fn.end_lineno
+
+
+def signature_names(fn) -> list[str]:
+    """A function's parameter names, in order."""
+    return list(inspect.signature(fn).parameters)
+
+
+def filled(text: str, module: str, write: tuple[str, ...], edits: dict | None = None) -> str:
+    """An exercise file's ``text`` with the functions ``write`` written as the library writes
+    them (``edits``: function -> (old, new) pairs applied to its code first): what a learner
+    who wrote the library's code would have."""
+    for name in write:
+        tree, lines = ast.parse(text), text.splitlines()
+        fn = _find(tree, name)
+        indent = " " * fn.col_offset
+        code = plain_source(module, name)
+        for old, new in (edits or {}).get(name, []):
+            if code.count(old) != 1:
+                raise LookupError(f"{module}.{name} has {code.count(old)} copies of {old!r}")
+            code = code.replace(old, new)
+        code = textwrap.indent(code, indent)
+        lines[_decorator_start(fn) - 1:fn.end_lineno] = code.splitlines()
+        text = "\n".join(lines) + "\n"
+    return text

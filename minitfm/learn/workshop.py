@@ -1,0 +1,350 @@
+"""The learner's workshop folder: the exercise files, the old attempts, and the progress.
+Host-only code (files and text).
+
+    workshop/
+        01_linear.py ... 17_model.py, 18_kernel_dropout.cu ...   the exercises, as started
+        attempts/06_layernorm.1.py                               an attempt kept by ``reset``
+        progress.json                                            what passed, hints, the current
+
+An exercise's state: "not started" (no file), "started" (its functions still hold the TODO),
+"written" (written, not passing as it stands) or "passing" (it passed its check as the file is
+now: the file's hash is the one that passed). Nothing here writes outside the folder, and each
+file is written whole or not at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import json
+import textwrap
+from pathlib import Path
+
+import numpy
+
+from minitfm import backend, files
+from minitfm.learn import kernels, source
+from minitfm.learn.check import ALL_CASES, case_rng, run_case, substituted
+from minitfm.learn.exercises import EXERCISES, Exercise
+
+__all__ = ["Workshop", "STATES", "todo_lines", "header"]
+
+STATES = ("not started", "started", "written", "passing")
+PROGRESS = "progress.json"
+
+
+class Workshop:
+    """The folder ``path`` and its progress."""
+
+    def __init__(self, path: str | Path = "workshop"):
+        self.path = Path(path)
+
+    # ---- progress ------------------------------------------------------------------------
+    def progress(self) -> dict:
+        file = self.path / PROGRESS
+        if not file.exists():
+            return {"passed": {}, "hints": {}, "current": None, "hard": {}}
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{file} cannot be read ({exc}): move it aside and the workshop "
+                             f"starts a new one (the exercise files stay)") from None
+        for key, empty in (("passed", {}), ("hints", {}), ("current", None), ("hard", {})):
+            data.setdefault(key, empty)
+        return data
+
+    def save(self, data: dict) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        with files.replacing(self.path / PROGRESS) as tmp:
+            Path(tmp).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n",
+                                 encoding="utf-8")
+
+    def file(self, ex: Exercise) -> Path:
+        return self.path / ex.filename
+
+    def state(self, ex: Exercise, data: dict | None = None) -> str:
+        path = self.file(ex)
+        if not path.exists():
+            return "not started"
+        data = self.progress() if data is None else data
+        if data["passed"].get(ex.name) == digest(path):
+            return "passing"
+        if ex.kind == "kernel":
+            return "started" if kernels.unwritten(path) else "written"
+        try:
+            left = source.unwritten(path, ex.write)
+        except SyntaxError:
+            return "written"
+        return "started" if len(left) == len(ex.write) else "written"
+
+    def passed(self, ex: Exercise) -> None:
+        data = self.progress()
+        data["passed"][ex.name] = digest(self.file(ex))
+        self.save(data)
+
+    def set_current(self, ex: Exercise) -> None:
+        data = self.progress()
+        data["current"] = ex.name
+        self.save(data)
+
+    def current(self) -> Exercise | None:
+        name = self.progress()["current"]
+        return next((e for e in EXERCISES if e.name == name), None)
+
+    def next_after(self, ex: Exercise) -> Exercise | None:
+        """The first exercise after ``ex`` that is not passing."""
+        data = self.progress()
+        later = EXERCISES[EXERCISES.index(ex) + 1:] + EXERCISES[:EXERCISES.index(ex)]
+        return next((e for e in later if self.state(e, data) != "passing"), None)
+
+    # ---- files -----------------------------------------------------------------------------
+    def start(self, ex: Exercise, hard: bool = False) -> Path:
+        """Write the exercise's file (refused where it exists: ``reset`` starts over)."""
+        path = self.file(ex)
+        if path.exists():
+            raise FileExistsError(f"{path} exists already: edit it, or start over with "
+                                  f"`python -m minitfm.learn reset {ex.name}` (your attempt is "
+                                  f"kept in {self.path / 'attempts'})")
+        text = make(ex, hard)
+        self.path.mkdir(parents=True, exist_ok=True)
+        with files.replacing(path) as tmp:
+            Path(tmp).write_text(text, encoding="utf-8")
+        data = self.progress()
+        data["current"], data["hard"][ex.name] = ex.name, hard
+        data["passed"].pop(ex.name, None)
+        self.save(data)
+        return path
+
+    def reset(self, ex: Exercise, hard: bool | None = None) -> tuple[Path, Path | None]:
+        """Start ``ex`` over, its old file kept as ``attempts/NN_name.K.py``: (new, kept)."""
+        path, kept = self.file(ex), None
+        data = self.progress()
+        if hard is None:
+            hard = bool(data["hard"].get(ex.name, False))
+        if path.exists():
+            attempts = self.path / "attempts"
+            attempts.mkdir(parents=True, exist_ok=True)
+            k = 1
+            while (attempts / f"{path.stem}.{k}{path.suffix}").exists():
+                k += 1
+            kept = attempts / f"{path.stem}.{k}{path.suffix}"
+            path.replace(kept)
+        data["hints"].pop(ex.name, None)
+        self.save(data)
+        return self.start(ex, hard), kept
+
+    def next_hint(self, ex: Exercise) -> tuple[int, str]:
+        """The next of the exercise's hints (1: the shapes, 2: the chain-rule step, 3: the
+        derivation's first line), counted in the progress; the last one again after that."""
+        data = self.progress()
+        k = min(int(data["hints"].get(ex.name, 0)) + 1, 3)
+        data["hints"][ex.name] = k
+        self.save(data)
+        return k, hint(ex, k)
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# ---- the text of an exercise ------------------------------------------------------------
+
+def header(ex: Exercise, hard: bool) -> str:
+    write = ", ".join(ex.write)
+    return textwrap.dedent(f"""\
+        # Exercise {ex.number:02d}, {ex.name}: {ex.title}.
+        # Write the body of {write} where it says TODO; the rest is the library's own code
+        # ({ex.module}){', its derivation left out (--hard)' if hard else ''}.
+        #   check it:  python -m minitfm.learn check {ex.name}
+        #   a hint:    python -m minitfm.learn hint {ex.name}
+        """)
+
+
+def make(ex: Exercise, hard: bool = False) -> str:
+    """The exercise's file, from the library's source as it is now."""
+    if ex.kind == "kernel":
+        return kernels.make(ex, hard)
+    todos = {name: todo_lines(ex, name, call) for name, call in calls(ex).items()}
+    for name, words in ex.todo.items():
+        todos[name] = [line for w in words for line in textwrap.wrap(w, 90)] + \
+            [f"Check it: python -m minitfm.learn check {ex.name}"]
+    text = source.blanked(ex.module, ex.write, ex.keep, hard=hard, todos=todos,
+                          header=header(ex, hard))
+    if ex.borrow:
+        line = (f"from {ex.module} import {', '.join(ex.borrow)}  # the library's: not part of "
+                f"the exercise")
+        text = text.replace("from __future__ import annotations\n",
+                            "from __future__ import annotations\n" + line + "\n", 1)
+    return text
+
+
+def calls(ex: Exercise) -> dict:
+    """For each function to write, one call the library makes of it in the exercise's check:
+    ``(case name, bound arguments, result)``."""
+    if ex.kind == "optim":
+        return {}
+    library = importlib.import_module(ex.module)
+    seen: dict = {}
+
+    def recorder(name, fn):
+        def run(*args, **kwargs):
+            result = fn(*args, **kwargs)
+            if name not in seen:
+                bound = inspect.signature(fn).bind(*args, **kwargs)
+                bound.apply_defaults()
+                seen[name] = (case_name, dict(bound.arguments), result)
+            return result
+        return run
+    functions = {n: recorder(n, getattr(library, n)) for n in ex.write}
+    previous = backend.name
+    backend.use("numpy")
+    try:
+        for case_name in ex.cases:
+            case = ALL_CASES[case_name]
+            if ex.kind == "model":
+                arrays = case.draw(backend.host_rng(0), dict(case.sizes))
+                params = {k: v for k, v in arrays.items() if k not in ("a", "b")}
+                with substituted(library, functions):
+                    library.loss_and_grads(params, case.cfg, arrays["a"], arrays["b"],
+                                           case_rng(case))
+            else:
+                run_case(case, dict(case.sizes), 0, library, functions)
+    finally:
+        backend.use(previous)
+    return seen
+
+
+PARAMETERS = {
+    "out": "None in the check; in a model, arrays to write the gradients into (you may leave "
+           "it: the workshop's train writes what you return there)",
+    "dq_out": "None in the check: return new arrays (a model passes views to write into; the "
+              "workshop's train writes what you return there)",
+    "dk_out": "as dq_out", "dv_out": "as dq_out",
+    "sublayer_backward": "the sub-layer's backward: sublayer_backward(df, cache.sublayer) -> "
+                         "(dh, *rest), rest its other gradients",
+    "dloss": "the gradient of the loss with respect to loss_sum",
+}
+OUTPUT_WORDS = "the gradient of the loss with respect to the forward pass's output"
+
+
+def _shape(value) -> str:
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value).__name__
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return str(tuple(int(s) for s in value.shape)) if value.ndim else "a number (0-d)"
+    if value is None:
+        return "None"
+    if isinstance(value, (bool, int, float, str)):
+        return repr(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f'"{k}": {_shape(v)}' for k, v in list(value.items())[:8]) + \
+            (", ..." if len(value) > 8 else "") + "}"
+    if isinstance(value, (list, tuple)):
+        kinds = sorted({type(v).__name__ for v in value})
+        return f"a {type(value).__name__} of {len(value)} {'/'.join(kinds)}"
+    if callable(value):
+        return "a function"
+    return type(value).__name__
+
+
+def _field_comments(ex: Exercise, class_name: str) -> dict:
+    """The comments beside a cache class's fields in the library's source: field -> words."""
+    import ast
+    text = source.module_source(ex.module)
+    lines = text.splitlines()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            found = {}
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    line = lines[item.lineno - 1]
+                    found[item.target.id] = line.split("#", 1)[1].strip() if "#" in line else ""
+            return found
+    return {}
+
+
+def _cache_lines(ex: Exercise, cache, indent: str, depth: int = 0) -> list[str]:
+    comments = _field_comments(ex, type(cache).__name__)
+    out = []
+    for name in cache._fields:
+        value = getattr(cache, name)
+        words = comments.get(name, "")
+        if isinstance(value, tuple) and hasattr(value, "_fields"):
+            words = f"{type(value).__module__.rsplit('.', 1)[-1]}.{type(value).__name__}" + \
+                (f": {words}" if words else "")
+        out += _row(f"{indent}.{name}", _shape(value), words)
+        if depth == 0 and isinstance(value, tuple) and hasattr(value, "_fields") and \
+                type(value).__module__ == ex.module:
+            out += _cache_lines(ex, value, indent + "  ", depth + 1)
+    return out
+
+
+def _row(name: str, shape: str, words: str, width: int = 86) -> list[str]:
+    """A TODO's row: the name, its shape, the words wrapped under each other."""
+    lead = f"{name:<16} {shape:<15} "
+    if len(lead) > 33:
+        lead = f"{name} {shape}  "
+    wrapped = textwrap.wrap(words, max(30, width - len(lead))) or [""]
+    return [(lead + wrapped[0]).rstrip()] + [" " * len(lead) + w for w in wrapped[1:]]
+
+
+def todo_lines(ex: Exercise, name: str, call) -> list[str]:
+    """The TODO of function ``name``: every input, cache field and output with its shape in
+    one call of the check, and how to check it."""
+    case_name, arguments, result = call
+    lines = [f"TODO: write {name}. In the check's case \"{case_name}\" it gets:"]
+    first = True
+    for param, value in arguments.items():
+        if isinstance(value, tuple) and hasattr(value, "_fields"):
+            lines.append(f"  {param:<14} {type(value).__name__}, from the forward pass:")
+            lines += _cache_lines(ex, value, "    ")
+        else:
+            words = PARAMETERS.get(param, OUTPUT_WORDS if first else "")
+            lines += _row(f"  {param}", _shape(value), words)
+        first = False
+    lines.append("and returns:")
+    if isinstance(result, tuple) and not hasattr(result, "_fields"):
+        lines += [f"  {_shape(v)}" for v in result]
+    else:
+        lines.append(f"  {_shape(result)}")
+    lines.append(f"Check it: python -m minitfm.learn check {ex.name}")
+    return lines
+
+
+def hint(ex: Exercise, k: int) -> str:
+    """Hint ``k`` of an exercise (see :meth:`Workshop.next_hint`)."""
+    if k == 1:
+        return shapes_hint(ex)
+    if k == 2:
+        return ex.step
+    lines = source.derivation(ex.module) if ex.kind in ("layer", "model", "optim") else []
+    first = next((line.strip() for line in lines[1:] if line.strip()), "")
+    if ex.kind == "kernel":
+        return kernels.third_hint(ex)
+    if not first:
+        doc = importlib.import_module(ex.module).__doc__ or ""
+        first = next((line.strip() for line in doc.splitlines()
+                      if "=" in line and not line.startswith(" " * 8)), ex.step)
+    return f"the derivation starts: {first}"
+
+
+def shapes_hint(ex: Exercise) -> str:
+    """Each gradient has the shape of what it differentiates: the shapes of one call."""
+    if ex.kind == "optim":
+        return ("m, v and p keep their shapes; the step size and v's scale are numbers: "
+                "coefficients returns (b1, b2, step_size, v_scale, keep), with lr m_hat / "
+                "(sqrt(v_hat) + eps) == step_size * m / (sqrt(v) * v_scale + eps)")
+    if ex.kind == "kernel":
+        return kernels.shapes_hint(ex)
+    words = []
+    for name, (_, arguments, result) in calls(ex).items():
+        shapes = ", ".join(_shape(v) for v in result) if isinstance(result, tuple) \
+            else _shape(result)
+        words.append(f"{name} returns {shapes}")
+    return ("; ".join(words) + ": each gradient has the shape of the array it is the gradient "
+            "of (dx of x, dW of W)")
+
+
+def host_array(value):
+    return numpy.asarray(value)
