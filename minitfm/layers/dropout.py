@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend, compiled, fused, philox, rows
+from minitfm import backend, compiled, fused, paths, philox, rows
 
 
 class Cache(NamedTuple):
@@ -40,6 +40,7 @@ class Cache(NamedTuple):
     scale: float            # 1 / (1 - p)
 
 
+@paths.fast
 def forward(x, p, rng=None, inplace=False):
     """Return ``(y, cache)``; identity (cache None) when ``p == 0`` or ``rng`` is None (evaluation).
 
@@ -47,21 +48,15 @@ def forward(x, p, rng=None, inplace=False):
     """
     if rng is None or p == 0.0:
         return x, None
-    if fused.active(x) and isinstance(rng, philox.Philox):
-        return _fused_forward(x, p, rng, inplace)
     keep, scale = keep_mask(rng, x.shape, p)                # bool, same shape as x
     return apply(x, keep, scale, out=x if inplace else None), Cache(keep, scale)
 
 
+@paths.fast
 def backward(dy, cache: Cache | None):
     """Return ``(dx, {})``."""
     if cache is None:
         return dy, {}
-    if fused.active(dy):
-        dx = backend.xp.empty_like(dy)
-        BACKWARD(fused.grid_for(dy.size), (dy, cache.keep, dx, fused.i64(dy.size),
-                                          fused.f32(cache.scale)))
-        return dx, {}
     return apply(dy, cache.keep, cache.scale), {}
 
 
@@ -83,6 +78,17 @@ def apply_rows(x, keep, scale, out):
 
 
 # ---- fused: one kernel each way ----------------------------------------------------------
+
+@forward.chooser
+def _forward_path(x, p, rng=None, inplace=False):
+    dropping = rng is not None and p != 0.0 and isinstance(rng, philox.Philox)
+    return _fused_forward if dropping and fused.active(x) else None
+
+
+@backward.chooser
+def _backward_path(dy, cache: Cache | None):
+    return _fused_backward if cache is not None and fused.active(dy) else None
+
 
 def draw(rng: philox.Philox, size: int, p: float) -> tuple:
     """The arguments a kernel needs to draw a keep mask of ``size`` elements at drop probability
@@ -159,13 +165,20 @@ def _backward_twin(dy, keep, dx, n, scale):
 BACKWARD = fused.Kernel("dropout_backward", BACKWARD_SOURCE, _backward_twin)
 
 
-def _fused_forward(x, p, rng, inplace):
+def _fused_forward(x, p, rng=None, inplace=False):
     x = backend.xp.ascontiguousarray(x)
     y = x if inplace else backend.xp.empty_like(x)
     keep = backend.xp.empty(x.shape, dtype=bool)
     args = draw(rng, x.size, p)
     FORWARD(fused.grid_for(x.size, philox.KEEP_PER_BLOCK), (x, y, keep, fused.i64(x.size), *args))
     return y, Cache(keep, float(args[1]))
+
+
+def _fused_backward(dy, cache: Cache):
+    dx = backend.xp.empty_like(dy)
+    BACKWARD(fused.grid_for(dy.size), (dy, cache.keep, dx, fused.i64(dy.size),
+                                      fused.f32(cache.scale)))
+    return dx, {}
 
 
 # ---- compiled: NumPy's PCG64 numbers on the worker's threads (CPU) ---------------------------

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from minitfm import backend, compiled, rows
+from minitfm import backend, compiled, paths, rows
 
 
 class Cache(NamedTuple):
@@ -50,6 +50,7 @@ def forward(ids, p, scale=None):
     return y, Cache(ids, table.shape, table.dtype, scale)
 
 
+@paths.fast
 def backward(dy, cache: Cache, out=None):
     """Return ``(None, {"table": dtable})``: integer ids have no gradient.
 
@@ -58,12 +59,7 @@ def backward(dy, cache: Cache, out=None):
     """
     dtable = backend.xp.zeros(cache.shape, dtype=cache.dtype) if out is None else out["table"]
     scaled = dy.reshape(-1, cache.shape[1]) * cache.scale   # (N, d_model), scaled before the sum
-    if rows.compiled(scaled, dtable):
-        loops_scatter_add(dtable, cache.ids.reshape(-1), scaled)
-    elif rows.chosen(scaled, dtable) and scaled.size >= ROW_PASS_MIN and cache.shape[1] > 1:
-        rows_scatter_add(dtable, cache.ids.reshape(-1), scaled)
-    else:
-        backend.scatter_add(dtable, cache.ids.reshape(-1), scaled)
+    backend.scatter_add(dtable, cache.ids.reshape(-1), scaled)
     return None, {"table": dtable}
 
 
@@ -71,6 +67,27 @@ def backward(dy, cache: Cache, out=None):
 
 ROW_PASS_MIN = 1 << 14      # numbers in dy below which add.at is as fast (the sort's fixed cost)
 WIDE_PASS = 16              # ids a pass serves at least; fewer ids left: they go one by one
+
+
+@backward.chooser
+def _backward_path(dy, cache: Cache, out=None):
+    # the scatter-add's arrays: dy times the scale (dy's type) and the table's gradient
+    table = cache.dtype if out is None else out["table"].dtype
+    if table != backend.xp.float32 or not rows.chosen(dy):
+        return None
+    if rows.compiled(dy) or (dy.size >= ROW_PASS_MIN and cache.shape[1] > 1):
+        return rows_backward
+    return None
+
+
+def rows_backward(dy, cache: Cache, out=None):
+    """``backward`` with the scatter-add by the compiled loops where they run
+    (:func:`loops_scatter_add`), else by :func:`rows_scatter_add`: add.at's bits, either way."""
+    dtable = backend.xp.zeros(cache.shape, dtype=cache.dtype) if out is None else out["table"]
+    scaled = dy.reshape(-1, cache.shape[1]) * cache.scale   # (N, d_model), scaled before the sum
+    scatter_add = loops_scatter_add if rows.compiled(scaled, dtable) else rows_scatter_add
+    scatter_add(dtable, cache.ids.reshape(-1), scaled)
+    return None, {"table": dtable}
 
 
 def rows_scatter_add(target, indices, values) -> None:

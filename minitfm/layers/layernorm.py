@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend, compiled, fused, mixed, rows
+from minitfm import backend, compiled, fused, mixed, paths, rows
 
 EPS = 1e-5
 
@@ -49,13 +49,9 @@ def param_shapes(d: int) -> dict[str, tuple[int, ...]]:
     return {"gamma": (d,), "beta": (d,)}
 
 
+@paths.fast
 def forward(x, p, eps=EPS):
     """Return ``(y, cache)`` with the statistics needed by the backward pass."""
-    if fused.active(x, p["gamma"], p["beta"]):
-        return _fused_forward(x, p, eps)
-    if rows.compiled(x, p["gamma"], p["beta"]) or (
-            rows.active(x) and p["gamma"].dtype == p["beta"].dtype == x.dtype):
-        return rows_forward(x, p, eps)
     xp = backend.xp
     d = x.shape[-1]
     mu = x.mean(axis=-1, keepdims=True)                             # (..., 1)
@@ -70,12 +66,9 @@ def forward(x, p, eps=EPS):
     return y, Cache(xhat, rstd, p["gamma"])
 
 
+@paths.fast
 def backward(dy, cache: Cache, out=None):
     """Return ``(dx, {"gamma": dgamma, "beta": dbeta})``."""
-    if fused.active(dy, cache.xhat):
-        return _fused_backward(dy, cache, out)
-    if rows.compiled(dy, cache.xhat, cache.gamma) or rows.active(dy):
-        return rows_backward(dy, cache, out)
     xhat, rstd, gamma = cache.xhat, cache.rstd, cache.gamma
     xp = backend.xp
     d = xhat.shape[-1]
@@ -91,6 +84,27 @@ def backward(dy, cache: Cache, out=None):
     g -= xhat * mean_gx                                                         # term 3
     g *= rstd                                                                   # final scale
     return g, {"gamma": dgamma, "beta": dbeta}
+
+
+# ---- the fast paths' choice -------------------------------------------------------------------
+
+@forward.chooser
+def _forward_path(x, p, eps=EPS):
+    if fused.active(x, p["gamma"], p["beta"]):
+        return _fused_forward
+    if rows.compiled(x, p["gamma"], p["beta"]) or (
+            rows.active(x) and p["gamma"].dtype == p["beta"].dtype == x.dtype):
+        return rows_forward
+    return None
+
+
+@backward.chooser
+def _backward_path(dy, cache: Cache, out=None):
+    if fused.active(dy, cache.xhat):
+        return _fused_backward
+    if rows.compiled(dy, cache.xhat, cache.gamma) or rows.active(dy):
+        return rows_backward
+    return None
 
 
 # ---- fused ------------------------------------------------------------------------------------
@@ -133,7 +147,7 @@ def _forward_twin(x, gamma, beta, y, xhat, rstd, d, d_eps, y16, half_out):
 FORWARD = fused.Kernel("layernorm_forward", FORWARD_SOURCE, _forward_twin)
 
 
-def _fused_forward(x, p, eps):
+def _fused_forward(x, p, eps=EPS):
     xp = backend.xp
     x = xp.ascontiguousarray(x)
     d = x.shape[-1]
@@ -211,7 +225,7 @@ def _param_grads_twin(dy, xhat, dgamma, dbeta, rows, d):
 PARAM_GRADS = fused.Kernel("layernorm_param_grads", PARAM_GRADS_SOURCE, _param_grads_twin)
 
 
-def _fused_backward(dy, cache, out):
+def _fused_backward(dy, cache, out=None):
     xp = backend.xp
     dy = xp.ascontiguousarray(dy)
     d = dy.shape[-1]

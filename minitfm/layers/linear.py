@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend, fused, mixed
+from minitfm import backend, fused, mixed, paths
 
 
 class Cache(NamedTuple):
@@ -38,6 +38,7 @@ def param_shapes(d_in: int, d_out: int) -> dict[str, tuple[int, ...]]:
     return {"w": (d_in, d_out), "b": (d_out,)}
 
 
+@paths.fast
 def forward(x, p, add_bias=True):
     """Return ``(x @ p["w"] + p["b"], cache)``; with ``add_bias=False``, ``x @ p["w"]``: the caller
     adds b with its own work (the residual connection's kernel), b's gradient is still this
@@ -45,24 +46,18 @@ def forward(x, p, add_bias=True):
     w, b = p["w"], p.get("b")
     d_in, d_out = w.shape
     # one (N, d_in) @ (d_in, d_out) product: a stacked (B, T, d_in) @ w would run B small ones
-    if mixed.enabled(x, w):
-        x = mixed.half(x)                   # kept for the backward pass in float16
-        y = mixed.matmul(x.reshape(-1, d_in), mixed.half_of(w))
-    else:
-        y = x.reshape(-1, d_in) @ w
-    y = y.reshape(*x.shape[:-1], d_out)
+    y = (x.reshape(-1, d_in) @ w).reshape(*x.shape[:-1], d_out)
     if b is not None and add_bias:
         y += b
     return y, Cache(x, w, b is not None)
 
 
+@paths.fast
 def backward(dy, cache: Cache, out=None):
     """Return ``(dx, {"w": dw, "b": db})`` (no ``"b"`` when the forward had no bias)."""
     xp = backend.xp
     d_in, d_out = cache.w.shape
     dy2 = dy.reshape(-1, d_out)                             # (N, d_out)
-    if cache.x.dtype == mixed.HALF:
-        return _half_backward(dy2, cache, out)
     dx = (dy2 @ cache.w.T).reshape(cache.x.shape)           # (..., d_in)
     grads = {"w": xp.matmul(cache.x.reshape(-1, d_in).T, dy2,                  # (d_in, d_out)
                             out=None if out is None else out["w"])}
@@ -71,10 +66,35 @@ def backward(dy, cache: Cache, out=None):
     return dx, grads
 
 
-def _half_backward(dy2, cache: Cache, out):
-    """``backward`` under mixed precision: the products of float16 dY, W and x."""
+# ---- mixed precision: the products in float16 --------------------------------------------------
+
+@forward.chooser
+def _forward_path(x, p, add_bias=True):
+    return _half_forward if mixed.enabled(x, p["w"]) else None
+
+
+@backward.chooser
+def _backward_path(dy, cache: Cache, out=None):
+    return _half_backward if cache.x.dtype == mixed.HALF else None
+
+
+def _half_forward(x, p, add_bias=True):
+    """``forward`` under mixed precision: x and W in float16, x kept so for the backward pass."""
+    w, b = p["w"], p.get("b")
+    d_in, d_out = w.shape
+    x = mixed.half(x)
+    y = mixed.matmul(x.reshape(-1, d_in), mixed.half_of(w)).reshape(*x.shape[:-1], d_out)
+    if b is not None and add_bias:
+        y += b
+    return y, Cache(x, w, b is not None)
+
+
+def _half_backward(dy, cache: Cache, out=None):
+    """``backward`` under mixed precision: the products of float16 dY, W and x; dY's float16
+    copy and db one kernel (``--kernels fused``)."""
     d_in, d_out = cache.w.shape
     xp = backend.xp
+    dy2 = dy.reshape(-1, d_out)                             # (N, d_out)
     grads = {}
     if cache.has_bias and fused.active(dy2):
         dy2 = xp.ascontiguousarray(dy2)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend, compiled, fused, rows
+from minitfm import backend, compiled, fused, paths, rows
 
 
 class Cache(NamedTuple):
@@ -97,18 +97,24 @@ def backward(dloss, cache: Cache):
     return dz, {}
 
 
+@paths.fast
 def forward_backward(logits, targets, smoothing, dloss=None, pad_id=None, loss_scale=None):
     """``forward``, then with ``dloss`` ``backward``: ``((loss_sum, nll_sum), dlogits)`` (dlogits
     None without ``dloss``), the gradient over the logits buffer. ``loss_scale``: a 0-d device
     array multiplying ``dloss`` (mixed precision's loss scale)."""
-    if fused.active(logits):
-        return _fused(logits, targets, smoothing, dloss, pad_id, loss_scale)
-    if rows.active(logits) or rows.compiled(logits):
-        return _rows_forward_backward(logits, targets, smoothing, dloss, pad_id, loss_scale)
     sums, cache = forward(logits, targets, smoothing, pad_id)
     if dloss is None:
         return sums, None
     return sums, backward(dloss if loss_scale is None else dloss * loss_scale, cache)[0]
+
+
+@forward_backward.chooser
+def _forward_backward_path(logits, targets, smoothing, dloss=None, pad_id=None, loss_scale=None):
+    if fused.active(logits):
+        return _fused_forward_backward
+    if rows.active(logits) or rows.compiled(logits):
+        return _rows_forward_backward
+    return None
 
 
 # ---- fused: forward and backward in one kernel ------------------------------------------------
@@ -168,7 +174,8 @@ def _twin(z, targets, sums, n, v, smoothing, off, pad_id, dloss, grad, loss_scal
 KERNEL = fused.Kernel("smoothed_loss", SOURCE, _twin)
 
 
-def _fused(logits, targets, smoothing, dloss, pad_id, loss_scale):
+def _fused_forward_backward(logits, targets, smoothing, dloss=None, pad_id=None,
+                            loss_scale=None):
     xp = backend.xp
     n, v = logits.shape
     sums = xp.empty(2 * n, dtype=logits.dtype)
@@ -184,7 +191,7 @@ def _fused(logits, targets, smoothing, dloss, pad_id, loss_scale):
 
 # ---- row passes (CPU) -------------------------------------------------------------------------
 
-def _rows_forward_backward(logits, targets, smoothing, dloss, pad_id, loss_scale):
+def _rows_forward_backward(logits, targets, smoothing, dloss=None, pad_id=None, loss_scale=None):
     """``forward_backward`` on blocks of rows, on the worker's threads: the plain per-row
     losses and gradients of each block, then the sums of the per-row losses over all rows, as
     ``forward`` sums them."""
