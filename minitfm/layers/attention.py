@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from minitfm import backend, fused, rows
+from minitfm import backend, fused, paths, rows
 from minitfm.layers import dropout, linear, positional, softmax
 
 MASKED = -1e9
@@ -77,88 +77,96 @@ class SdpaCache(NamedTuple):
     scale: float            # 1 / sqrt(d_k)
 
 
+@paths.fast
 def sdpa_forward(q, k, v, mask=None, o_out=None, p_drop=0.0, rng=None):
     """q (B, H, T, d_k), k and v (B, H, S, d_k), mask broadcastable to (B, H, T, S); ``o_out``:
     where to write O (B, H, T, d_k), e.g. a view of merged heads (``heads_buffer``); ``p_drop``:
     attention dropout, drawn from ``rng`` (none when ``rng`` is None: evaluation)."""
-    if blocks := _row_blocks(q, k, dropping=p_drop != 0.0 and rng is not None):
-        return _rows_forward(q, k, v, mask, o_out, blocks)
     scale = 1.0 / math.sqrt(q.shape[-1])
     s = q @ k.swapaxes(-1, -2)                      # (B, H, T, S)
-    # the fast paths take (B, H, T, S) scores, beam search's (B, H, K, T, S) the plain lines
-    p = _softmax_passes(s, mask)[0](s, scale, mask)
+    p = softmax.forward(s, scale, mask)             # in place: s becomes P
     p_dropped, c_drop = dropout.forward(p, p_drop, rng)     # a new array: P stays for backward
     o = backend.xp.matmul(p_dropped, v, out=o_out)  # (B, H, T, d_k)
     return o, SdpaCache(q, k, v, p, p_dropped, c_drop, scale)
 
 
+@paths.fast
 def sdpa_backward(do, cache: SdpaCache, dq_out=None, dk_out=None, dv_out=None):
     """Return ``(dq, dk, dv, {})`` (no parameters: the mask is a constant), written into
     ``dq_out``, ``dk_out``, ``dv_out`` when given, e.g. views of merged heads (``heads_buffer``)."""
-    if blocks := _row_blocks(cache.q, cache.k, dropping=cache.dropout is not None):
-        return _rows_backward(do, cache, dq_out, dk_out, dv_out, blocks)
     xp, q, k, v, p = backend.xp, cache.q, cache.k, cache.v, cache.p
     dv = xp.matmul(cache.p_dropped.swapaxes(-1, -2), do, out=dv_out)   # (B, H, S, d_k)
     dp = do @ v.swapaxes(-1, -2)                                # (B, H, T, S)
     if cache.dropout is not None:
         dp, _ = dropout.backward(dp, cache.dropout)
-    ds = _softmax_passes(dp, p)[1](dp, p, cache.scale)
+    ds = softmax.backward(dp, p, cache.scale)                   # (B, H, T, S)
     dq = xp.matmul(ds, k, out=dq_out)                           # (B, H, T, d_k)
     dk = xp.matmul(ds.swapaxes(-1, -2), q, out=dk_out)          # (B, H, S, d_k)
     return dq, dk, dv, {}
 
 
-def _softmax_passes(s, *others):
-    """The softmax's ``(forward, backward)`` for scores s and ``others`` (the mask, P; None: no
-    array): a fast path for 4-D scores, the plain lines for beam search's 5-D ones."""
-    if s.ndim != 4:
-        return softmax.forward, softmax.backward
-    return softmax.passes_for(s, *(a for a in others if a is not None))
-
-
 # ---- row passes (CPU) ------------------------------------------------------------------------
 
+@sdpa_forward.chooser
+def _forward_path(q, k, v, mask=None, o_out=None, p_drop=0.0, rng=None):
+    dropping = p_drop != 0.0 and rng is not None
+    return _rows_forward if _row_blocks(q, k, dropping) else None
+
+
+@sdpa_backward.chooser
+def _backward_path(do, cache: SdpaCache, dq_out=None, dk_out=None, dv_out=None):
+    dropping = cache.dropout is not None
+    return _rows_backward if _row_blocks(cache.q, cache.k, dropping) else None
+
+
 def _row_blocks(q, k, dropping: bool) -> list[slice] | None:
-    """The blocks of the batch the row passes below run on, sized by an element's arrays in the
-    backward pass (the larger), or None: the plain code for beam search's 5-D scores, a decoding
-    step's one query (too little to share) and attention dropout (one stream draws its mask)."""
+    """The blocks of the batch the row passes below run on, or None (none at all: an empty
+    batch): the plain code for beam search's 5-D scores, a decoding step's one query (too little
+    to share) and attention dropout (one stream draws its mask)."""
     if dropping or q.ndim != 4 or q.shape[2] == 1 or not rows.active(q, k) or fused.active(q):
         return None
+    return _blocks(q, k)
+
+
+def _blocks(q, k) -> list[slice]:
+    """The blocks of the batch, sized by an element's arrays in the backward pass (the larger)."""
     (b, h, t, d_k), s = q.shape, k.shape[2]     # P, dP (T, S); q, dO, dQ; k, v, dK, dV (S, d_k)
     return rows.blocks(b, h * (2 * t * s + (3 * t + 4 * s) * d_k) * q.itemsize)
 
 
-def _rows_forward(q, k, v, mask, o_out, blocks):
-    """``sdpa_forward`` without dropout on blocks of the batch shared among the worker's threads
-    (``minitfm.rows``), a block's scores in a core's cache from Q K^T to P V (NumPy alone runs on
-    one core, sweeping all (B, H, T, S) scores): the same operations per element, the same bits."""
+def _rows_forward(q, k, v, mask=None, o_out=None, p_drop=0.0, rng=None):
+    """``sdpa_forward`` without dropout (``p_drop``, ``rng``: chosen only where none is drawn)
+    on blocks of the batch shared among the worker's threads (``minitfm.rows``), a block's scores
+    in a core's cache from Q K^T to P V (NumPy alone runs on one core, sweeping all (B, H, T, S)
+    scores): the same operations per element, the same bits."""
     xp, scale = backend.xp, 1.0 / math.sqrt(q.shape[-1])
     p = xp.empty(q.shape[:3] + k.shape[2:3], dtype=q.dtype)     # (B, H, T, S), a slice a block
     o = xp.empty(q.shape, dtype=q.dtype) if o_out is None else o_out     # (B, H, T, d_k)
     own_mask = mask is not None and mask.ndim == 4 and mask.shape[0] > 1     # one per element
-    soft = _softmax_passes(p, mask)[0]        # asked here: on a block the plain code is chosen
+    soft = softmax.forward.path(p, scale, mask)   # asked here: on a block the plain code is chosen
 
     def block(r):
         xp.matmul(q[r], k[r].swapaxes(-1, -2), out=p[r])                # the scores, in P
         soft(p[r], scale, mask[r] if own_mask else mask)
         xp.matmul(p[r], v[r], out=o[r])
-    rows.run(block, blocks)
+    rows.run(block, _blocks(q, k))
     return o, SdpaCache(q, k, v, p, p, None, scale)
 
 
-def _rows_backward(do, cache: SdpaCache, dq_out, dk_out, dv_out, blocks):
+def _rows_backward(do, cache: SdpaCache, dq_out=None, dk_out=None, dv_out=None):
     """``sdpa_backward`` without dropout on blocks of the batch, as ``_rows_forward``."""
     xp, q, k, v, p = backend.xp, cache.q, cache.k, cache.v, cache.p
     dq, dk, dv = (xp.empty(a.shape, dtype=a.dtype) if out is None else out
                   for a, out in ((q, dq_out), (k, dk_out), (v, dv_out)))
-    soft = _softmax_passes(p)[1]              # asked here: on a block the plain code is chosen
+    # asked here (on a block the plain code is chosen); dP is made of P's shape and type
+    soft = softmax.backward.path(p, p, cache.scale)
 
     def block(r):
         xp.matmul(p[r].swapaxes(-1, -2), do[r], out=dv[r])              # (b, H, S, d_k)
         ds = soft(do[r] @ v[r].swapaxes(-1, -2), p[r], cache.scale)      # (b, H, T, S)
         xp.matmul(ds, k[r], out=dq[r])                                  # (b, H, T, d_k)
         xp.matmul(ds.swapaxes(-1, -2), q[r], out=dk[r])                 # (b, H, S, d_k)
-    rows.run(block, blocks)
+    rows.run(block, _blocks(q, k))
     return dq, dk, dv, {}
 
 

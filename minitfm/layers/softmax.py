@@ -22,9 +22,10 @@ NumPy's, so they equal the plain code up to float32 rounding (the tolerance its 
 
 from __future__ import annotations
 
-from minitfm import backend, compiled, fused, rows
+from minitfm import backend, compiled, fused, paths, rows
 
 
+@paths.fast
 def forward(s, scale, mask=None):
     """P = softmax(s * scale + mask) over the last axis, in place on the scores s; ``mask``
     broadcasts to s."""
@@ -37,6 +38,7 @@ def forward(s, scale, mask=None):
     return p
 
 
+@paths.fast
 def backward(dp, p, scale):
     """dS = P * (dP - rowsum(dP * P)) * scale, in place on dP."""
     dp -= backend.xp.einsum("...ts,...ts->...t", dp, p)[..., None]     # rowsum(dP * P), one pass
@@ -46,15 +48,31 @@ def backward(dp, p, scale):
     return ds
 
 
-def passes_for(*arrays):
-    """``(forward, backward)`` of the path that runs on ``arrays`` (4-D scores and what goes
-    with them): the CUDA kernels, the compiled loops, or the plain lines. A row pass asks before
-    it splits the work: on its blocks the layers run their plain code."""
+# ---- the fast paths' choice -------------------------------------------------------------------
+
+def _path(fused_pass, loops_pass, s, *others):
+    """The fast pass for scores s (and ``others``, the mask or P; None: no array): the CUDA
+    kernel, the compiled loops (4-D arrays), or None, the plain lines (beam search's 5-D scores
+    among them). A row pass asks before it splits the work (``forward.path``): on its blocks the
+    layers run their plain code."""
+    arrays = (s, *(a for a in others if a is not None))
+    if s.ndim != 4:
+        return None
     if fused.active(*arrays):
-        return fused_forward, fused_backward
+        return fused_pass
     if rows.compiled(*arrays) and all(a.ndim == 4 for a in arrays):
-        return loops_forward, loops_backward
-    return forward, backward
+        return loops_pass
+    return None
+
+
+@forward.chooser
+def _forward_path(s, scale, mask=None):
+    return _path(fused_forward, loops_forward, s, mask)
+
+
+@backward.chooser
+def _backward_path(dp, p, scale):
+    return _path(fused_backward, loops_backward, dp, p)
 
 
 # ---- compiled loops (CPU, Numba: minitfm.compiled) ---------------------------------------------

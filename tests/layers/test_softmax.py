@@ -78,26 +78,26 @@ def test_compiled_loops_equal_the_plain_code(shape, masked):
     mask = {"padding": padding(b, ns, 7), "causal": attention.causal_mask(t, np.float32),
             None: None}[masked]
     rows.use(True, 1, min_bytes=0, compiled=True)
-    forward, backward = softmax.passes_for(s, *([] if mask is None else [mask]))
-    assert (forward, backward) == (softmax.loops_forward, softmax.loops_backward)
-    p = forward(s.copy(), 0.125, mask)
-    plain = softmax.forward(s.copy(), 0.125, mask)
+    assert softmax.forward.path(s, 0.125, mask) == softmax.loops_forward
+    assert softmax.backward.path(dp, s, 0.125) == softmax.loops_backward
+    p = softmax.forward(s.copy(), 0.125, mask)
+    plain = softmax.forward.plain(s.copy(), 0.125, mask)
     assert np.all(np.abs(p - plain) <= forward_bound(s, 0.125, mask, plain))
     if mask is not None:
         assert np.all(p[np.broadcast_to(mask, p.shape) < 0] == 0.0)
-    ds = backward(dp.copy(), plain, 0.125)
-    assert np.all(np.abs(ds - softmax.backward(dp.copy(), plain, 0.125))
+    ds = softmax.backward(dp.copy(), plain, 0.125)
+    assert np.all(np.abs(ds - softmax.backward.plain(dp.copy(), plain, 0.125))
                   <= backward_bound(dp, plain, 0.125))
 
 
 def test_the_bounds_catch_a_wrong_loop():
     s, dp = random((4, 2, 6, 6), 8), random((4, 2, 6, 6), 9)
     rows.use(True, 1, min_bytes=0, compiled=True)
-    plain = softmax.forward(s.copy(), 0.5)
+    plain = softmax.forward.plain(s.copy(), 0.5)
     p = softmax.loops_forward(s.copy(), 0.5)
     assert not np.all(np.abs(p * (1 + 40 * EPS32) - plain) <= forward_bound(s, 0.5, None, plain))
     ds = softmax.loops_backward(dp.copy(), plain, 0.5)
-    off = softmax.backward(dp.copy(), plain, 0.5 * (1 + 40 * EPS32))
+    off = softmax.backward.plain(dp.copy(), plain, 0.5 * (1 + 40 * EPS32))
     assert not np.all(np.abs(ds - off) <= backward_bound(dp, plain, 0.5))
 
 
@@ -144,11 +144,16 @@ def test_loops_in_the_interpreter_equal_the_plain_float64_code():
 
 
 def test_float64_beam_scores_and_plain_runs_take_the_plain_lines():
+    def paths(s, mask=None):
+        return softmax.forward.path(s, 1.0, mask), softmax.backward.path(s, s, 1.0)
+
+    plain = (softmax.forward.plain, softmax.backward.plain)
     rows.use(True, 2, min_bytes=0, compiled=True)
-    assert softmax.passes_for(random((2, 2, 3, 3), 1, np.float64)) == (softmax.forward,
-                                                                      softmax.backward)
-    assert softmax.passes_for(random((2, 2, 2, 3, 3), 1)) == (softmax.forward, softmax.backward)
+    assert paths(random((2, 2, 3, 3), 1, np.float64)) == plain
+    assert paths(random((2, 2, 2, 3, 3), 1)) == plain
+    assert paths(random((2, 2, 3, 3), 1), random((2, 1, 1, 1, 3), 2)) == (plain[0],
+                                                                        softmax.loops_backward)
     rows.use(True, 2, min_bytes=0, compiled=False)
-    assert softmax.passes_for(random((2, 2, 3, 3), 1)) == (softmax.forward, softmax.backward)
+    assert paths(random((2, 2, 3, 3), 1)) == plain
     rows.use(False, 1)
-    assert softmax.passes_for(random((2, 2, 3, 3), 1)) == (softmax.forward, softmax.backward)
+    assert paths(random((2, 2, 3, 3), 1)) == plain
