@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend, compiled, fused, mixed, philox, rows
+from minitfm import backend, compiled, fused, mixed, paths, philox, rows
 from minitfm.layers import dropout, linear
 
 
@@ -50,16 +50,13 @@ def param_shapes(d_model: int, d_ff: int) -> dict[str, tuple[int, ...]]:
     return {"w1": first["w"], "b1": first["b"], "w2": second["w"], "b2": second["b"]}
 
 
+@paths.fast
 def forward(x, p, p_drop=0.0, rng=None, add_bias=True):
     """Return ``(y, cache)``; the ReLU (and its dropout) is applied in place on h.
 
     ``p_drop``: ReLU dropout, drawn from ``rng`` (none when ``rng`` is None: evaluation).
     ``add_bias=False``: b2 is left to the caller (``linear.forward``).
     """
-    if fused.active(x, p["w1"]) and (rng is None or isinstance(rng, philox.Philox)):
-        return _fused_forward(x, p, p_drop, rng, add_bias)
-    if rows.active(x, p["w1"], p["b1"]) or rows.compiled(x, p["w1"], p["b1"]):
-        return _rows_forward(x, p, p_drop, rng, add_bias)
     h, c_first = linear.forward(x, {"w": p["w1"], "b": p["b1"]})        # (..., d_ff)
     a = backend.xp.maximum(h, 0, out=h)                                # in place: a = max(0, h)
     a, c_drop = dropout.forward(a, p_drop, rng, inplace=True)          # a is ours
@@ -67,33 +64,53 @@ def forward(x, p, p_drop=0.0, rng=None, add_bias=True):
     return y, Cache(c_first, a, c_drop, c_second)
 
 
+@paths.fast
 def backward(dy, cache: Cache, out=None):
     """Return ``(dx, {"w1", "b1", "w2", "b2"})``."""
     out1 = None if out is None else {"w": out["w1"], "b": out["b1"]}
     out2 = None if out is None else {"w": out["w2"], "b": out["b2"]}
-    da, g2 = linear.backward(dy, cache.second, out2)
-    if fused.active(da, cache.a):
-        scale = 1.0 if cache.dropout is None else cache.dropout.scale
-        BACKWARD(fused.grid_for(da.size), (da, cache.a, da, fused.i64(da.size),
-                                           fused.f32(scale)))
-    else:
-        da = _relu_dropout_backward(da, cache)
+    da, g2 = linear.backward(dy, cache.second, out2)                   # (..., d_ff)
+    if cache.dropout is not None:
+        da, _ = dropout.backward(da, cache.dropout)
+    da *= cache.a > 0                               # dh = da * [h > 0], in place
     dx, g1 = linear.backward(da, cache.first, out1)
     return dx, {"w1": g1["w"], "b1": g1["b"], "w2": g2["w"], "b2": g2["b"]}
 
 
-def _relu_dropout_backward(da, cache: Cache):
-    if rows.active(da, cache.a) or rows.compiled(da, cache.a):
-        return relu_dropout_backward_rows(da, cache)
-    if cache.dropout is not None:
-        da, _ = dropout.backward(da, cache.dropout)
-    da *= cache.a > 0                               # dh = da * [h > 0], in place
-    return da
+# ---- the fast paths' choice -------------------------------------------------------------------
+
+@forward.chooser
+def _forward_path(x, p, p_drop=0.0, rng=None, add_bias=True):
+    if fused.active(x, p["w1"]) and (rng is None or isinstance(rng, philox.Philox)):
+        return _fused_forward
+    if rows.active(x, p["w1"], p["b1"]) or rows.compiled(x, p["w1"], p["b1"]):
+        return _rows_forward
+    return None
+
+
+@backward.chooser
+def _backward_path(dy, cache: Cache, out=None):
+    # the ReLU's backward runs on da = dy W2^T, of a's shape and dy's type, and on a
+    if fused.active(dy, cache.a):
+        return _fused_backward
+    if rows.chosen(dy) and (rows.active(cache.a, cache.a) or rows.compiled(cache.a)):
+        return _rows_backward
+    return None
+
+
+def _backward_through(relu_dropout_backward, dy, cache: Cache, out):
+    """``backward`` with ``relu_dropout_backward(da, cache) -> dh`` for its dropout and ReLU
+    lines: the fast paths' backward."""
+    out1 = None if out is None else {"w": out["w1"], "b": out["b1"]}
+    out2 = None if out is None else {"w": out["w2"], "b": out["b2"]}
+    da, g2 = linear.backward(dy, cache.second, out2)                   # (..., d_ff)
+    dx, g1 = linear.backward(relu_dropout_backward(da, cache), cache.first, out1)
+    return dx, {"w1": g1["w"], "b1": g1["b"], "w2": g2["w"], "b2": g2["b"]}
 
 
 # ---- row passes (CPU) -----------------------------------------------------------------------
 
-def _rows_forward(x, p, p_drop, rng, add_bias):
+def _rows_forward(x, p, p_drop=0.0, rng=None, add_bias=True):
     """``forward`` with b1 and the ReLU one pass over blocks of rows of x W1."""
     # b1 is the pass's to add; its gradient stays linear's row sum, as without the pass
     h, c_first = linear.forward(x, {"w": p["w1"], "b": p["b1"]}, add_bias=False)  # (..., d_ff)
@@ -102,6 +119,12 @@ def _rows_forward(x, p, p_drop, rng, add_bias):
     a, c_drop = dropout.forward(a, p_drop, rng, inplace=True)
     y, c_second = linear.forward(a, {"w": p["w2"], "b": p["b2"]}, add_bias)   # (..., d_model)
     return y, Cache(c_first, a, c_drop, c_second)
+
+
+def _rows_backward(dy, cache: Cache, out=None):
+    """``backward`` with the dropout's and the ReLU's lines one pass over blocks of rows of da
+    (``relu_dropout_backward_rows``)."""
+    return _backward_through(relu_dropout_backward_rows, dy, cache, out)
 
 
 def bias_relu_rows(h, b):
@@ -128,7 +151,7 @@ def bias_relu_rows(h, b):
 
 
 def relu_dropout_backward_rows(da, cache: Cache):
-    """``_relu_dropout_backward`` on blocks of rows of da (..., d_ff) on the threads
+    """``backward``'s dropout and ReLU lines on blocks of rows of da (..., d_ff) on the threads
     (minitfm.rows): the dropout's ``da * keep * scale``, then ``* [a > 0]``, the same operations
     in the same order on each block, so the plain code's bits. Each block's [a > 0] is made and
     used while the block is in the core's cache. In place over da (linear.backward's new array,
@@ -238,7 +261,7 @@ def _backward_twin(da, a, dh, n, scale):
 BACKWARD = fused.Kernel("relu_dropout_backward", BACKWARD_SOURCE, _backward_twin)
 
 
-def _fused_forward(x, p, p_drop, rng, add_bias):
+def _fused_forward(x, p, p_drop=0.0, rng=None, add_bias=True):
     xp = backend.xp
     # b1 is the kernel's to add; its gradient stays linear's row sum, as without fusion
     h, c_first = linear.forward(x, {"w": p["w1"], "b": p["b1"]}, add_bias=False)  # (..., d_ff)
@@ -252,3 +275,15 @@ def _fused_forward(x, p, p_drop, rng, add_bias):
         mixed.remember(h, a16)
     y, c_second = linear.forward(h, {"w": p["w2"], "b": p["b2"]}, add_bias)
     return y, Cache(c_first, h, c_drop, c_second)
+
+
+def _fused_backward(dy, cache: Cache, out=None):
+    """``backward`` with the dropout's and the ReLU's lines one kernel, in place over da."""
+    return _backward_through(_relu_dropout_kernel, dy, cache, out)
+
+
+def _relu_dropout_kernel(da, cache: Cache):
+    """dh = da * [a > 0] (times the dropout's scale: a is 0 where it dropped), in place."""
+    scale = 1.0 if cache.dropout is None else cache.dropout.scale
+    BACKWARD(fused.grid_for(da.size), (da, cache.a, da, fused.i64(da.size), fused.f32(scale)))
+    return da
