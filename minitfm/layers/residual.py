@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend, compiled, fused, philox, rows
+from minitfm import backend, compiled, fused, paths, philox, rows
 from minitfm.layers import dropout, layernorm
 
 
@@ -50,6 +50,7 @@ class Cache(NamedTuple):
     pre_ln: bool
 
 
+@paths.fast
 def forward(x, sublayer, ln, p_drop, rng, pre_ln, bias=None):
     """``sublayer(h) -> (out, cache)``; ``ln`` has "gamma" and "beta"; ``bias``: the sub-layer's
     last bias, when it leaves it to the residual connection."""
@@ -59,8 +60,6 @@ def forward(x, sublayer, ln, p_drop, rng, pre_ln, bias=None):
         f, c_drop = _add_dropped(x, f, p_drop, rng, bias)
         return f, Cache(c_ln, c_sub, c_drop, pre_ln)
     f, c_sub = sublayer(x)
-    if _rows_apply(x, f):
-        return _rows_post_ln(x, f, c_sub, ln, p_drop, rng, bias)
     f, c_drop = _add_dropped(x, f, p_drop, rng, bias)
     y, c_ln = layernorm.forward(f, ln)
     return y, Cache(c_ln, c_sub, c_drop, pre_ln)
@@ -78,6 +77,7 @@ def step(x, sublayer_step, ln, pre_ln):
     return layernorm.forward(f, ln)[0]
 
 
+@paths.fast
 def backward(dy, cache: Cache, sublayer_backward, out=None):
     """Return ``(dx, *rest, {"gamma", "beta"})``; ``sublayer_backward(df, c) -> (dh, *rest)``.
 
@@ -88,31 +88,46 @@ def backward(dy, cache: Cache, sublayer_backward, out=None):
         dx, g_ln = layernorm.backward(dh, cache.ln, out)
         dx += dy                                    # the identity path
         return (dx, *rest, g_ln)
-    if (rows.active(dy) or rows.compiled(dy)) and cache.ln.xhat.dtype == dy.dtype:
-        ds, df, g_ln = _rows_ln_dropout_backward(dy, cache, out)
-    else:
-        ds, g_ln = layernorm.backward(dy, cache.ln, out)
-        df, _ = dropout.backward(ds, cache.dropout)
+    ds, g_ln = layernorm.backward(dy, cache.ln, out)
+    df, _ = dropout.backward(ds, cache.dropout)
     dx, *rest = sublayer_backward(df, cache.sublayer)
     dx += ds                                        # the identity path
     return (dx, *rest, g_ln)
 
 
+@paths.fast
 def _add_dropped(x, f, p_drop, rng, bias=None):
     """``x + Dropout(f + bias)``, in place on f (which is ours); ``(sum, dropout cache)``."""
-    drop = rng is not None and p_drop > 0.0
-    if fused.active(x, f) and (bias is not None or drop) and (
-            not drop or isinstance(rng, philox.Philox)):
-        return _fused_add_dropped(x, f, p_drop if drop else 0.0, rng, bias)
-    if _rows_apply(x, f):
-        add, c_drop = _rows_adder(x, f, p_drop, rng, bias)
-        rows.map_rows(add, f.size // f.shape[-1], 3 * f.shape[-1] * f.itemsize)
-        return f, c_drop
     if bias is not None:
         f += bias
     f, c_drop = dropout.forward(f, p_drop, rng, inplace=True)
     f += x
     return f, c_drop
+
+
+# ---- the fast paths' choice -------------------------------------------------------------------
+
+@_add_dropped.chooser
+def _add_dropped_path(x, f, p_drop, rng, bias=None):
+    drop = rng is not None and p_drop > 0.0
+    if fused.active(x, f) and (bias is not None or drop) and (
+            not drop or isinstance(rng, philox.Philox)):
+        return _fused_add_dropped
+    return _rows_add_dropped if _rows_apply(x, f) else None
+
+
+@forward.chooser
+def _forward_path(x, sublayer, ln, p_drop, rng, pre_ln, bias=None):
+    # post-LN's add and LayerNorm on the same blocks: chosen on x, as the sub-layer's output
+    # is not made yet (the pass then asks _rows_apply of both)
+    return None if pre_ln or not (rows.active(x) or rows.compiled(x)) else _rows_forward
+
+
+@backward.chooser
+def _backward_path(dy, cache: Cache, sublayer_backward, out=None):
+    if cache.pre_ln or not (rows.active(dy) or rows.compiled(dy)):
+        return None
+    return _rows_backward if cache.ln.xhat.dtype == dy.dtype else None
 
 
 # ---- fused: bias + dropout + residual add ------------------------------------------------------
@@ -150,10 +165,11 @@ def _twin(f, x, b, keep, n, d, has_bias, drop, threshold, scale, k0, k1, first):
 KERNEL = fused.Kernel("bias_dropout_residual", SOURCE, _twin)
 
 
-def _fused_add_dropped(x, f, p_drop, rng, bias):
+def _fused_add_dropped(x, f, p_drop, rng, bias=None):
     xp = backend.xp
     x, f = xp.ascontiguousarray(x), xp.ascontiguousarray(f)
-    keep, args, cache = dropout.kernel_mask(rng, f, p_drop)
+    drop = rng is not None and p_drop > 0.0
+    keep, args, cache = dropout.kernel_mask(rng, f, p_drop if drop else 0.0)
     KERNEL(fused.grid_for(f.size, philox.KEEP_PER_BLOCK),
            (f, x, f if bias is None else bias, keep, fused.i64(f.size), fused.i32(f.shape[-1]),
             fused.i32(bias is not None), fused.i32(cache is not None), *args))
@@ -201,36 +217,51 @@ def _rows_adder(x, f, p_drop, rng, bias):
     return add, c_drop
 
 
-def _rows_post_ln(x, f, c_sub, ln, p_drop, rng, bias):
-    """Post-LN's ``LN(x + Dropout(f + b))``, the add and the LayerNorm on the same blocks."""
+def _rows_add_dropped(x, f, p_drop, rng, bias=None):
+    """``_add_dropped`` on blocks of rows of f, in place."""
     add, c_drop = _rows_adder(x, f, p_drop, rng, bias)
-    y, c_ln = layernorm.rows_forward(f, ln, before=add)
+    rows.map_rows(add, f.size // f.shape[-1], 3 * f.shape[-1] * f.itemsize)
+    return f, c_drop
+
+
+def _rows_forward(x, sublayer, ln, p_drop, rng, pre_ln, bias=None):
+    """Post-LN's ``forward`` with ``LN(x + Dropout(f + b))``, the add and the LayerNorm, on the
+    same blocks (where f's rows allow it: ``_rows_apply``; else the plain lines)."""
+    f, c_sub = sublayer(x)
+    if _rows_apply(x, f):
+        add, c_drop = _rows_adder(x, f, p_drop, rng, bias)
+        y, c_ln = layernorm.rows_forward(f, ln, before=add)
+    else:
+        f, c_drop = _add_dropped(x, f, p_drop, rng, bias)
+        y, c_ln = layernorm.forward(f, ln)
     return y, Cache(c_ln, c_sub, c_drop, False)
 
 
-def _rows_ln_dropout_backward(dy, cache: Cache, out):
-    """Post-LN's ``ds = LN'(dy)`` and ``df = Dropout'(ds)`` on the same blocks:
-    ``(ds, df, LayerNorm grads)``."""
+def _rows_backward(dy, cache: Cache, sublayer_backward, out=None):
+    """Post-LN's ``backward`` with ``ds = LN'(dy)`` and ``df = Dropout'(ds)`` on the same
+    blocks."""
     c_drop = cache.dropout
     if c_drop is None:
         ds, g_ln = layernorm.rows_backward(dy, cache.ln, out)
-        return ds, ds, g_ln
-    d = dy.shape[-1]
-    keep2 = c_drop.keep.reshape(-1, d)
-    df = backend.xp.empty(dy.shape, dtype=dy.dtype)
-    df2 = df.reshape(-1, d)
+        df = ds
+    else:
+        d = dy.shape[-1]
+        keep2 = c_drop.keep.reshape(-1, d)
+        df = backend.xp.empty(dy.shape, dtype=dy.dtype)
+        df2 = df.reshape(-1, d)
+        loop = rows.compiled(dy)
+        scale32 = compiled.float32(c_drop.scale)
 
-    loop = rows.compiled(dy)
-    scale32 = compiled.float32(c_drop.scale)
+        def drop(part, ds):              # dropout.backward on these rows
+            if loop:
+                dropout.apply_rows(ds, keep2[part], scale32, df2[part])
+            else:
+                dropout.apply(ds, keep2[part], c_drop.scale, out=df2[part])
 
-    def drop(part, ds):                  # dropout.backward on these rows
-        if loop:
-            dropout.apply_rows(ds, keep2[part], scale32, df2[part])
-        else:
-            dropout.apply(ds, keep2[part], c_drop.scale, out=df2[part])
-
-    ds, g_ln = layernorm.rows_backward(dy, cache.ln, out, after=drop)
-    return ds, df, g_ln
+        ds, g_ln = layernorm.rows_backward(dy, cache.ln, out, after=drop)
+    dx, *rest = sublayer_backward(df, cache.sublayer)
+    dx += ds                                        # the identity path
+    return (dx, *rest, g_ln)
 
 
 @compiled.kernel
