@@ -71,6 +71,19 @@ the softmax in place. So no layer may keep its own output in its cache (nor a vi
 array it returns belongs to the caller, who may overwrite it. A layer may keep its inputs and
 its intermediate arrays (linear keeps x; layernorm keeps xhat, not y).
 
+Fast paths
+----------
+A layer's plain ``forward`` and ``backward`` hold the textbook's code alone. Where a fused GPU
+kernel, a row pass on the CPU's cores or a float16 product replaces some of it, that fast path
+sits below the plain code in the same file, under the same derivation, takes the same arguments
+and gives the same results; which one runs is chosen per call, outside the plain function:
+``@paths.fast`` marks it, and a chooser registered beside the fast paths (``@forward.chooser``)
+reads ``--kernels``, ``--precision`` and the arrays' types (:mod:`minitfm.paths`). float64, the
+gradient checks' type, runs the plain code of every layer, and so does float32 under ``--kernels
+plain`` (at ``--precision fp32``). A composite's plain code calls the other layers' functions,
+each choosing its own path; a pass that fuses several layers (post-LN's residual add and
+LayerNorm on the same rows) is the composite's own fast path.
+
 Incremental decoding
 --------------------
 Generating one position at a time reuses the keys and values of the earlier positions. The

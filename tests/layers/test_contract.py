@@ -1,7 +1,12 @@
 """The layer contract of minitfm/layers/__init__.py, held against the code: caches are named
-tuples read by field name only, and every layer's gradients carry the names its param_shapes
-declares."""
+tuples read by field name only, every layer's gradients carry the names its param_shapes
+declares, and a layer's plain forward and backward hold the textbook's code alone (the choice
+of a fast path made beside them, by minitfm.paths), which is what float64 and ``--kernels
+plain`` run."""
 
+import ast
+import importlib
+import inspect
 import re
 import typing
 from pathlib import Path
@@ -9,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from minitfm import fused, rows
 from minitfm.gradcheck.cases import CASES
 from minitfm.layers import (attention, decoder, dropout, embedding, encoder,
                             feedforward, inputs, layernorm, linear, loss, positional, residual)
@@ -185,3 +191,153 @@ def test_sub_layers_do_not_cache_their_output():
 
     for y, cache in outputs:
         assert not any(np.shares_memory(y, a) for a in arrays(cache))
+
+
+# ---- the plain code: the textbook's alone, its fast paths chosen beside it -------------------
+
+LAYER_MODULES = sorted(p.stem for p in (ROOT / "minitfm" / "layers").glob("*.py")
+                       if p.stem != "__init__")
+# what a plain pass must not read: the modules of the fast paths and of their choice (the choice
+# is its chooser's: minitfm.paths), a fast path itself, named for its kind ("_" aside), or the
+# helpers that chose one inside the passes before
+FAST_MODULES = ("fused", "rows", "mixed", "compiled")
+FAST = re.compile(r"_?(fused|rows|loops|compiled|half)_")
+CHOICES = ("_row_blocks", "_softmax_passes", "passes_for")
+PASS = re.compile(r"(forward|backward|\w+_forward|\w+_backward)")
+
+
+def choices_in(source: str) -> dict[str, list[str]]:
+    """What chooses or runs a fast path in the body of each module-level function of ``source``
+    named as a forward or backward pass and not as a fast path, its decorators aside:
+    {function name: those names, in order}."""
+    found = {}
+    for node in ast.parse(source).body:
+        if not (isinstance(node, ast.FunctionDef) and PASS.fullmatch(node.name)
+                and not FAST.match(node.name)):
+            continue
+        names = []
+        for sub in (n for statement in node.body for n in ast.walk(statement)):
+            if (isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name)
+                    and sub.value.id in FAST_MODULES):
+                names.append(f"{sub.value.id}.{sub.attr}")
+            name = sub.attr if isinstance(sub, ast.Attribute) else getattr(sub, "id", None)
+            if isinstance(name, str) and (name in CHOICES or FAST.match(name)):
+                names.append(name)
+        found[node.name] = names
+    return found
+
+
+def fast_functions(module) -> dict:
+    """The functions of a layer module that have fast paths beside them (``@paths.fast``)."""
+    return {name: f for name, f in vars(module).items()
+            if callable(f) and hasattr(f, "plain") and hasattr(f, "chooser")
+            and f.__module__ == module.__name__}
+
+
+@pytest.mark.parametrize("name", LAYER_MODULES)
+def test_plain_passes_hold_no_choice_of_path(name):
+    source = (ROOT / "minitfm" / "layers" / f"{name}.py").read_text(encoding="utf-8")
+    passes = choices_in(source)
+    assert passes, f"layers/{name}.py has no forward or backward pass"
+    chosen = {f: c for f, c in passes.items() if c}
+    assert not chosen, (f"layers/{name}.py: {', '.join(chosen)} choose a path in their body "
+                        f"({', '.join(sorted({c for cs in chosen.values() for c in cs}))}): move "
+                        "the choice to a chooser (minitfm.paths) beside the fast paths")
+    module = importlib.import_module(f"minitfm.layers.{name}")
+    for function in passes:             # the same function, read from the object: its body
+        plain = getattr(module, function)
+        plain = getattr(plain, "plain", plain)
+        assert choices_in(inspect.getsource(plain).strip()) == {function: []}
+
+
+def test_the_scan_reads_the_passes_and_skips_the_fast_paths():
+    found = {name: choices_in((ROOT / "minitfm" / "layers" / f"{name}.py").read_text())
+             for name in LAYER_MODULES}
+    for name, function in [("layernorm", "forward"), ("attention", "sdpa_backward"),
+                           ("loss", "forward_backward"), ("embedding", "backward"),
+                           ("residual", "backward"), ("feedforward", "backward"),
+                           ("linear", "forward"), ("dropout", "backward")]:
+        assert function in found[name]
+    assert "rows_forward" not in found["layernorm"] and "_fused_forward" not in found["dropout"]
+
+
+@pytest.mark.parametrize("source, choices", [
+    ("def forward(x):\n    if fused.active(x):\n        return x\n    return x",
+     {"forward": ["fused.active"]}),
+    ("def sdpa_backward(q):\n    if blocks := _row_blocks(q):\n        pass",
+     {"sdpa_backward": ["_row_blocks"]}),
+    ("def backward(s):\n    return softmax.passes_for(s)[1](s)", {"backward": ["passes_for"]}),
+    ("def backward(dy, c):\n    if c.x.dtype == mixed.HALF:\n        return _half_backward(dy)",
+     {"backward": ["mixed.HALF", "_half_backward"]}),
+    ("def forward(x, f):\n    return layernorm.rows_forward(f) if _rows_apply(x, f) else f",
+     {"forward": ["_rows_apply", "rows_forward"]}),
+    ("@paths.fast\ndef forward(x):\n    return x\n\ndef _forward_path(x):\n"
+     "    return f if rows.active(x) else None", {"forward": []}),
+    ("def rows_forward(x):\n    return rows.compiled(x)", {}),
+    ("def _half_backward(x):\n    return mixed.enabled(x)", {}),
+], ids=["fused.active", "_row_blocks", "passes_for", "mixed.HALF", "a row pass", "a chooser",
+        "a row pass's own", "a float16 variant's own"])
+def test_the_scan_finds_choices_in_plain_passes_alone(source, choices):
+    assert choices_in(source) == choices
+
+
+@pytest.mark.parametrize("name", LAYER_MODULES)
+def test_every_fast_path_has_a_chooser_of_the_plain_arguments(name):
+    module = importlib.import_module(f"minitfm.layers.{name}")
+    for function, wrapper in fast_functions(module).items():
+        assert wrapper.choose is not None, f"{name}.{function}: no chooser registered"
+        assert (inspect.signature(wrapper.choose).parameters.keys()
+                == inspect.signature(wrapper.plain).parameters.keys()), f"{name}.{function}"
+
+
+@pytest.fixture
+def choices_seen():
+    """Every path the layers' choosers pick from now on: (module.function, the fast function or
+    None), in call order; the choosers put back afterwards."""
+    seen, real = [], {}
+    for name in LAYER_MODULES:
+        for function, wrapper in fast_functions(importlib.import_module(
+                f"minitfm.layers.{name}")).items():
+            real[wrapper] = choose = wrapper.choose
+
+            def spy(*args, _choose=choose, _name=f"{name}.{function}", **kwargs):
+                seen.append((_name, _choose(*args, **kwargs)))
+                return seen[-1][1]
+            wrapper.chooser(spy)
+    yield seen
+    for wrapper, choose in real.items():
+        wrapper.chooser(choose)
+
+
+@pytest.mark.parametrize("dtype, kernels", [(np.float64, "fused"), (np.float32, "plain")],
+                         ids=["float64 with the row passes on", "float32, --kernels plain"])
+def test_float64_and_plain_kernels_run_the_plain_code(numpy_backend, choices_seen, dtype,
+                                                      kernels):
+    """Every layer case of the gradient checks, forward and backward: each layer call runs its
+    plain code, in float64 whatever ``--kernels`` says (the row passes on for every size, their
+    compiled loops too), and in float32 under ``--kernels plain``."""
+    fused.use("plain")
+    rows.use(kernels == "fused", 2, min_bytes=0, compiled=True)
+    for case in CASES:
+        arrays = {k: a.astype(dtype) if a.dtype.kind == "f" else a
+                  for k, a in case.draw(np.random.default_rng(4), case.sizes).items()}
+        out, cache = case.forward(arrays, case.sizes)
+        case.backward(np.ones_like(out), cache)
+    assert {name for name, _ in choices_seen} >= {
+        "layernorm.forward", "layernorm.backward", "linear.forward", "linear.backward",
+        "attention.sdpa_forward", "softmax.backward", "residual.backward", "dropout.forward",
+        "loss.forward_backward", "embedding.backward", "feedforward.backward"}
+    fast = sorted({name for name, path in choices_seen if path is not None})
+    assert not fast, f"fast paths chosen: {fast}"
+
+
+def test_the_spy_sees_fast_paths_where_they_run(numpy_backend, choices_seen):
+    rows.use(True, 1, min_bytes=0, compiled=False)
+    x = np.random.default_rng(5).standard_normal((4, 8, 16)).astype(np.float32)
+    p = {"gamma": np.ones(16, np.float32), "beta": np.zeros(16, np.float32)}
+    y, cache = layernorm.forward(x, p)
+    layernorm.backward(y, cache)
+    assert choices_seen == [("layernorm.forward", layernorm.rows_forward),     # its one block:
+                            ("layernorm.forward", None),                        # the plain code
+                            ("layernorm.backward", layernorm.rows_backward),
+                            ("layernorm.backward", None)]
