@@ -47,7 +47,7 @@ def test_reused_memory_costs_no_page_faults():
 
 COMMANDS = {"minitfm-train-toy", "minitfm-train-wmt", "minitfm-train-lm", "minitfm-translate",
             "minitfm-average", "minitfm-plot", "minitfm-gradcheck", "minitfm-kernelcheck",
-            "minitfm-export", "minitfm-launch"}
+            "minitfm-export", "minitfm-launch", "minitfm-learn"}
 
 
 def project_scripts() -> dict[str, str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 import time
 
 from minitfm import exits, placement
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "hint":
         ex = exercise(args.name, workshop)
         k, text = workshop.next_hint(ex)
-        print(f"hint {k} of 3 for {ex.name}: {text}")
+        print(textwrap.fill(f"hint {k} of 3 for {ex.name}: {text}", 96))
         return exits.DONE
     if args.command == "solution":
         return show_solution(workshop, exercise(args.name, workshop), args.reveal)

@@ -55,6 +55,7 @@ SIZE_NAMES = {"b": "the batch size b", "t": "the length t", "s": "the source len
               "n": "the number of rows n", "v": "the vocabulary size V"}
 
 
+
 def quantities(sizes: dict, extra: dict | None = None) -> list[Quantity]:
     """The case's named quantities: its sizes, a few products and roots of them, and
     ``extra`` (name -> value: a dropout's 1 / (1 - p), a softmax's scale)."""
@@ -62,7 +63,7 @@ def quantities(sizes: dict, extra: dict | None = None) -> list[Quantity]:
     for key, name in SIZE_NAMES.items():
         value = sizes.get(key)
         if isinstance(value, int) and value > 1:
-            found.append(Quantity(float(value), f"{name} = {value}"))
+            found.append(Quantity(float(value), name))
     if sizes.get("dk", 0) > 1:
         found.append(Quantity(math.sqrt(sizes["dk"]), "sqrt(d_k)"))
     if sizes.get("d", 0) > 1:
@@ -80,23 +81,28 @@ def _factor(c: float, known: list[Quantity]) -> str:
     """Words for A = c R."""
     def near(x, y):
         return abs(x - y) <= 1e-6 * max(abs(x), abs(y))
+
+    def named(names, number):
+        names = list(dict.fromkeys(names))
+        lead = names[0] if names[0] == f"{number:g}" or len(names) == 1 else f"{number:.6g}"
+        rest = [n for n in names if n != lead]
+        return lead + (f" (= {' = '.join(rest)})" if rest else "")
+
+    times = f"a constant factor: yours is {c:.6g} times the right gradient"
     if near(c, -1.0):
         return "the wrong sign: yours is -1 times the right gradient"
-    for sign, signed in ((1.0, ""), (-1.0, " and the wrong sign")):
+    for sign, signed in ((1.0, ""), (-1.0, ", and the wrong sign")):
         missing = [q.name for q in known if near(c, sign / q.value)]
         if missing:
-            return (f"a constant factor: yours is {c:.6g} times the right gradient, a factor "
-                    f"{' = '.join(dict.fromkeys(missing))} missing (or divided where it should "
-                    f"multiply){signed}")
+            return (f"{times}: a factor {named(missing, sign / c)} missing, or divided where it "
+                    f"should multiply{signed}")
         too_many = [q.name for q in known if near(c, sign * q.value)]
         if too_many:
-            return (f"a constant factor: yours is {c:.6g} times the right gradient, a factor "
-                    f"{' = '.join(dict.fromkeys(too_many))} too many{signed}")
+            return f"{times}: a factor {named(too_many, sign * c)} too many{signed}"
         squared = [q.name for q in known if near(c, sign * q.value ** 2) and q.value ** 2 != 4]
         if squared:
-            return (f"a constant factor: yours is {c:.6g} times the right gradient, "
-                    f"{squared[0]} squared: applied twice{signed}")
-    return f"a constant factor: yours is {c:.6g} times the right gradient"
+            return f"{times}: {squared[0]} squared, applied twice{signed}"
+    return times
 
 
 def _axes_words(axes: tuple[int, ...], names: tuple[str, ...] | None) -> str:

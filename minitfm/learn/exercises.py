@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from minitfm import philox
+
 __all__ = ["Mistake", "Exercise", "EXERCISES", "by_name", "ORDER"]
 
 
@@ -50,6 +52,7 @@ class Exercise:
     quantities: dict = field(default_factory=dict)
     kernel: str = ""
     todo: dict = field(default_factory=dict)
+    derivation: str = ""        # the third hint, where the docstring has no "Backward" section
 
     @property
     def number(self) -> int:
@@ -61,7 +64,13 @@ class Exercise:
         return f"{self.number:02d}_{self.name}{suffix}"
 
 
-KEEP_P = {"1/(1-p), the dropout's scale": 1 / 0.7}
+def dropout_scale(p: float) -> float:
+    """The scale 1 / (1 - p') of a dropout of probability p, as the masks draw it (p rounded to
+    a multiple of 2^-16: backend.dropout_keep)."""
+    return float(philox.dropout_threshold(p)[1])
+
+
+KEEP_P = {"1/(1-p), the dropout's scale": dropout_scale(0.3)}
 ATTENTION_CASES = ("attention (padding mask)", "attention (causal mask)", "attention (dropout)",
                    "multi-head self-attention", "multi-head self-attention (dropout)",
                    "multi-head cross-attention", "multi-head cross-attention (dropout)")
@@ -93,9 +102,7 @@ EXERCISES = [
         ("Cache", "param_shapes", "forward"), ("linear",),
         "Flatten x and dy to rows; each y_nj = sum_i x_ni W_ij + b_j, so dx takes dy back "
         "through W, dW sums x_ni dy_nj over the rows n, and db sums dy over the rows.",
-        mistakes=(Mistake("db is not summed over the rows", "backward",
-                          "dy2.sum(axis=0, out=None if out is None else out[\"b\"])",
-                          "dy2.sum(axis=0)[None].repeat(dy2.shape[0], 0)"),)),
+        quantities={}),
     Exercise(
         "embedding", "token embedding, scaled by sqrt(d_model)", "minitfm.layers.embedding",
         ("backward",), ("Cache", "param_shapes", "forward"), ("embedding",),
@@ -141,14 +148,8 @@ EXERCISES = [
                   Mistake("word dropout's mask is not applied to the embedding's gradient",
                           "backward",
                           "dx = dropout.apply(dx, cache.words.keep, cache.words.scale)",
-                          "pass"),
-                  Mistake("word dropout's mask is applied to the positions' gradient too: the "
-                          "positions were added after the words were dropped", "backward",
-                          "dx, _ = dropout.backward(dy, cache.dropout)\n",
-                          "dx, _ = dropout.backward(dy, cache.dropout)\n    if cache.words is "
-                          "not None:\n        dx = dropout.apply(dx, cache.words.keep, "
-                          "cache.words.scale)\n        cache = cache._replace(words=None)\n")),
-        quantities={**KEEP_P, "1/(1-p_w), word dropout's scale": 1 / 0.6}),
+                          "pass")),
+        quantities={**KEEP_P, "1/(1-p_w), word dropout's scale": dropout_scale(0.4)}),
     Exercise(
         "layernorm", "layer normalization", "minitfm.layers.layernorm", ("backward",),
         ("Cache", "param_shapes", "forward"), ("layernorm",),
@@ -211,7 +212,7 @@ EXERCISES = [
                     "cache.p.swapaxes(-1, -2)"),
             Mistake("the attention dropout's backward is skipped on dP", "sdpa_backward",
                     "dp, _ = dropout.backward(dp, cache.dropout)", "pass")),
-        quantities={**KEEP_P, "1/sqrt(d_k) applied twice": 1 / 3}),
+        quantities=KEEP_P),
     Exercise(
         "residual", "the residual connection with LayerNorm", "minitfm.layers.residual",
         ("backward",), ("Cache", "forward", "_add_dropped"),
@@ -227,7 +228,9 @@ EXERCISES = [
                     "LayerNorm, so it adds ds = LN'(dy)", "backward", "dx += ds ", "dx += dy "),
             Mistake("the dropout's backward is skipped on the sub-layer's path", "backward",
                     "df, _ = dropout.backward(ds, cache.dropout)", "df = ds")),
-        quantities={"1/(1-p), the dropout's scale": 1 / 0.8}),
+        quantities={"1/(1-p), the dropout's scale": dropout_scale(0.2)},
+        derivation="post-LN: ds = LN'(dy); dx = ds + F'(Dropout'(ds)); pre-LN: dx = dy + "
+                   "LN'(F'(Dropout'(dy)))"),
     _stack("encoder", "the encoder layer and stack",
            ("encoder stack (post-LN)", "encoder stack (pre-LN)")),
     _stack("decoder", "the decoder layer and stack",
@@ -240,7 +243,9 @@ EXERCISES = [
         "minitfm.layers.decoder_only", ("stack_backward",), ("stack_forward", "param_shapes"),
         ("decoder-only stack (post-LN)", "decoder-only stack (pre-LN)"),
         "The forward pass is the encoder stack's under a causal mask, and a mask is a constant "
-        "of the forward pass: what does the backward pass of that stack need to know of it?"),
+        "of the forward pass: what does the backward pass of that stack need to know of it?",
+        derivation="the forward pass is encoder.stack_forward under a causal mask, a constant: "
+                   "the backward pass is encoder.stack_backward's"),
     Exercise(
         "loss", "label-smoothed cross-entropy with its log-softmax", "minitfm.layers.loss",
         ("backward",), ("Cache", "forward"),
@@ -263,12 +268,13 @@ EXERCISES = [
         "minitfm.layers.output", ("forward_backward",), ("logits", "project"),
         ("output (tied projection, label-smoothed loss)",),
         "z = h E^T, then the loss: its backward gives dz; as for a linear layer with W = E^T, "
-        "dh = dz E and dE = dz^T h (the transpose of dW = h^T dz).",
-        mistakes=(Mistake("dtable is not accumulated over the chunks", "forward_backward",
-                          "dtable += g[\"w\"].T", "dtable[...] = g[\"w\"].T"),)),
+        "dh = dz E and dE = dz^T h (the transpose of dW = h^T dz)."),
     Exercise(
         "adam", "Adam and the paper's learning-rate schedule", "minitfm.optim",
         ("LRSchedule.__call__", "coefficients", "adam_step"), ("LRSchedule",), kind="optim",
+        derivation="m_hat = m / (1 - beta1^t), v_hat = v / (1 - beta2^t): lr m_hat / "
+                   "(sqrt(v_hat) + eps) = [lr / (1 - beta1^t)] m / (sqrt(v) / sqrt(1 - "
+                   "beta2^t) + eps)",
         todo={"LRSchedule.__call__": [
                   "TODO: return the learning rate of equation (3) at update `step` (counted "
                   "from 1), times self.factor: self.d_model and self.warmup are the "
@@ -299,6 +305,9 @@ EXERCISES = [
         "model", "the whole encoder-decoder backward", "minitfm.models.translator",
         ("_backward",), ("ForwardCache", "encoder_forward", "decoder_forward", "loss_and_grads"),
         ("model (post-LN)", "model (pre-LN)", "model (separate embeddings)"), kind="model",
+        derivation="dy, dmemory = the decoder stack's backward of dh; the target inputs' "
+                   "backward of dy; dx = the encoder stack's backward of dmemory; the source "
+                   "inputs' backward of dx (docs: the whole encoder-decoder backward pass)",
         step="From dh, the decoder stack's backward gives dy and dmemory; the target inputs' "
              "backward adds into the target table; dmemory goes back through the encoder "
              "stack, then the source inputs.",

@@ -25,11 +25,11 @@ import numpy
 
 from minitfm import backend, cudahost, fused
 from minitfm.learn import diagnose, source
-from minitfm.learn.exercises import Exercise
+from minitfm.learn.exercises import Exercise, dropout_scale
 from minitfm.learn.report import ArrayResult, CaseResult, Report
 
 __all__ = ["make", "check", "unwritten", "launch", "TODO", "kernel_of", "shapes_hint",
-           "third_hint"]
+           "third_hint", "body_of", "with_body"]
 
 TODO = "// TODO: write the kernel's body"
 TOLERANCE = 1e-5
@@ -59,6 +59,12 @@ def _signature_span(text: str, name: str) -> tuple[int, int, int]:
         i += 1
 
 
+def with_body(text: str, name: str, body: str) -> str:
+    """``text`` with the body of kernel ``name`` replaced by ``body`` (between its braces)."""
+    _, open_, close = _signature_span(text, name)
+    return text[:open_] + body + text[close:]
+
+
 def body_of(text: str, name: str) -> str:
     _, open_, close = _signature_span(text, name)
     return text[open_:close]
@@ -73,7 +79,7 @@ def launch(ex: Exercise, seed: int = 0) -> tuple[tuple, tuple, str]:
         n = 300                                 # two blocks, the second part-full
         dy = rng.standard_normal(n).astype(f32)
         keep = rng.random(n) >= 0.3
-        args = (dy, keep, numpy.empty(n, f32), fused.i64(n), fused.f32(1 / 0.7))
+        args = (dy, keep, numpy.empty(n, f32), fused.i64(n), fused.f32(dropout_scale(0.3)))
         return fused.grid_for(n), args, f"n = {n}: two blocks of {fused.THREADS} threads"
     if ex.name == "kernel_softmax":
         rows, cols = 5, 300                     # a row longer than a block
@@ -156,7 +162,11 @@ def _describe(value) -> str:
 
 def unwritten(path: Path) -> bool:
     """Whether the kernel's body holds nothing but comments and blanks."""
-    text = Path(path).read_text(encoding="utf-8")
+    return unwritten_text(Path(path).read_text(encoding="utf-8"))
+
+
+def unwritten_text(text: str) -> bool:
+    """:func:`unwritten` of a ``.cu`` file's text."""
     match = re.search(r'extern\s+"C"\s+__global__\s+void\s+(\w+)', text)
     if match is None:
         return False

@@ -52,6 +52,15 @@ class Report:
         return self.status == "pass"
 
 
+REFERENCE = {"layer": "numerical", "model": "the library's", "optim": "the library's",
+             "kernel": "the twin's"}
+
+
+def _gradient_label(name: str) -> str:
+    """How a gradient is named: dx, dgamma, d(enc.0.ln1.gamma)."""
+    return f"d{name}" if name.isidentifier() else f"d({name})"
+
+
 def describe(report: Report) -> str:
     """The report as the learner reads it."""
     ex = report.exercise
@@ -64,7 +73,8 @@ def describe(report: Report) -> str:
         if case.problem:
             lines.append(textwrap.indent(case.problem, "    "))
             continue
-        width = max((len(a.name) for a in case.arrays), default=0)
+        label = _gradient_label if ex.kind in ("layer", "model") else str
+        width = max((len(label(a.name)) for a in case.arrays), default=0)
         shown = case.arrays if len(case.arrays) <= 8 else [a for a in case.arrays if not a.ok]
         if len(shown) < len(case.arrays):
             right = sum(a.ok for a in case.arrays)
@@ -74,11 +84,11 @@ def describe(report: Report) -> str:
         for a in shown:
             mark = "ok" if a.ok else "WRONG"
             error = "missing" if a.error == math.inf else f"relative error {a.error:.1e}"
-            lines.append(f"    {a.name:<{width}}  {error:<24}{mark}")
+            lines.append(f"    {label(a.name):<{width}}  {error:<24}{mark}")
             if a.first is not None:
                 index, yours, numeric = a.first
                 lines.append(f"    {'':<{width}}  first wrong element {list(index)}: yours "
-                             f"{yours:.6g}, the right one {numeric:.6g}")
+                             f"{yours:.6g}, {REFERENCE[ex.kind]} {numeric:.6g}")
             if a.diagnosis:
                 lines.append(textwrap.indent(textwrap.fill(
                     "diagnosis: " + a.diagnosis, 96 - width), " " * (width + 6)))

@@ -22,7 +22,7 @@ import textwrap
 from pathlib import Path
 
 __all__ = ["TODO", "module_source", "blanked", "plain_source", "derivation", "unwritten",
-           "FAST_PATH_PARAGRAPHS"]
+           "unwritten_text", "filled", "FAST_PATH_PARAGRAPHS", "is_docstring"]
 
 TODO = "not written yet: replace this line with your code"
 # docstring paragraphs about the fast paths: an exercise has the plain code alone
@@ -136,12 +136,13 @@ def _used(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and id(n) not in skip}
 
 
-def _kept(tree: ast.Module, roots: set[str]) -> list[ast.stmt]:
-    """The module's top-level statements that the definitions ``roots`` need, in order."""
-    body = [n for n in tree.body if not _is_docstring(n) and not _is_future(n)]
+def _kept(tree: ast.Module, roots: set[str], borrow: tuple[str, ...] = ()) -> list[ast.stmt]:
+    """The module's top-level statements that the definitions ``roots`` need, in order
+    (``borrow``: names not followed, imported from the library instead)."""
+    body = [n for n in tree.body if not is_docstring(n) and not _is_future(n)]
     by_name: dict[str, list[ast.stmt]] = {}
     for node in body:
-        for name in _defined(node):
+        for name in _defined(node) - set(borrow):
             by_name.setdefault(name, []).append(node)
     keep: set[int] = set()
     todo = [node for name in roots for node in by_name.get(name, [])]
@@ -174,7 +175,7 @@ def _pruned_import(node, used: set[str]):
     return ast.copy_location(copy, node)
 
 
-def _is_docstring(node) -> bool:
+def is_docstring(node) -> bool:
     return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
         and isinstance(node.value.value, str)
 
@@ -209,7 +210,7 @@ def _blank_body(lines: list[str], fn: ast.FunctionDef, todo_lines: list[str],
                 keep_doc: bool) -> str:
     """A function's source with its body replaced by ``todo_lines`` and a raise."""
     first = fn.body[0]
-    has_doc = _is_docstring(first)
+    has_doc = is_docstring(first)
     head_end = (first.end_lineno if has_doc and keep_doc else first.lineno - 1)
     head = lines[fn.lineno - 1:head_end]
     if has_doc and not keep_doc:
@@ -221,10 +222,12 @@ def _blank_body(lines: list[str], fn: ast.FunctionDef, todo_lines: list[str],
 
 
 def blanked(module: str, write: tuple[str, ...], keep: tuple[str, ...] = (), *,
-            hard: bool = False, todos: dict | None = None, header: str = "") -> str:
+            hard: bool = False, todos: dict | None = None, header: str = "",
+            borrow: tuple[str, ...] = ()) -> str:
     """The exercise file of ``module``: ``write`` (function names, or ``Class.method``) blanked,
     ``keep`` (the forward passes and what goes with them) kept whole, with what both need
-    (see the module's docstring). ``todos``: for each of ``write``, the TODO's lines."""
+    (see the module's docstring). ``todos``: for each of ``write``, the TODO's lines;
+    ``borrow``: names imported from the library, not copied."""
     text = module_source(module)
     tree, lines = ast.parse(text), text.splitlines()
     roots = {w.split(".")[0] for w in (*write, *keep)}
@@ -233,8 +236,11 @@ def blanked(module: str, write: tuple[str, ...], keep: tuple[str, ...] = (), *,
     if doc:
         out.append('"""' + docstring_for_exercise(doc, hard) + '\n"""\n')
     out.append("from __future__ import annotations")
+    if borrow:
+        out.append(f"from {module} import {', '.join(borrow)}  # the library's: not part of "
+                   f"the exercise")
     blank = {w: _find(tree, w) for w in write}
-    for node in _kept(tree, roots):
+    for node in _kept(tree, roots, borrow):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             out.append(ast.unparse(node))
             continue
@@ -281,7 +287,12 @@ def plain_source(module: str, name: str) -> str:
 def unwritten(path: Path, names: tuple[str, ...]) -> list[str]:
     """Which of the functions ``names`` in the exercise file ``path`` still hold the TODO's
     raise (read, not run: a file that does not parse raises SyntaxError)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return unwritten_text(path.read_text(encoding="utf-8"), names, str(path))
+
+
+def unwritten_text(text: str, names: tuple[str, ...], filename: str = "<exercise>") -> list[str]:
+    """:func:`unwritten` of an exercise file's text."""
+    tree = ast.parse(text, filename=filename)
     left = []
     for name in names:
         try:

@@ -14,6 +14,7 @@ within float32 rounding, and both decode the held-out sequences to the same exac
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
 import math
@@ -43,6 +44,7 @@ def adapted(ex: Exercise, library_fn, fn):
         return fn
     accumulate = ACCUMULATES.get(ex.name, ())
 
+    @functools.wraps(fn)
     def run(*args, **kwargs):
         given = signature.bind(*args, **kwargs).arguments
         result = fn(*args, **kwargs)

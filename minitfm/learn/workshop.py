@@ -25,7 +25,7 @@ import numpy
 
 from minitfm import backend, files
 from minitfm.learn import kernels, source
-from minitfm.learn.check import ALL_CASES, case_rng, run_case, substituted
+from minitfm.learn.check import ALL_CASES, case_rng, gradients, run_case, substituted
 from minitfm.learn.exercises import EXERCISES, Exercise
 
 __all__ = ["Workshop", "STATES", "todo_lines", "header"]
@@ -169,14 +169,8 @@ def make(ex: Exercise, hard: bool = False) -> str:
     for name, words in ex.todo.items():
         todos[name] = [line for w in words for line in textwrap.wrap(w, 90)] + \
             [f"Check it: python -m minitfm.learn check {ex.name}"]
-    text = source.blanked(ex.module, ex.write, ex.keep, hard=hard, todos=todos,
-                          header=header(ex, hard))
-    if ex.borrow:
-        line = (f"from {ex.module} import {', '.join(ex.borrow)}  # the library's: not part of "
-                f"the exercise")
-        text = text.replace("from __future__ import annotations\n",
-                            "from __future__ import annotations\n" + line + "\n", 1)
-    return text
+    return source.blanked(ex.module, ex.write, ex.keep, hard=hard, todos=todos,
+                          header=header(ex, hard), borrow=ex.borrow)
 
 
 def calls(ex: Exercise) -> dict:
@@ -304,8 +298,15 @@ def todo_lines(ex: Exercise, name: str, call) -> list[str]:
             lines += _row(f"  {param}", _shape(value), words)
         first = False
     lines.append("and returns:")
+    case = ALL_CASES[case_name]
     if isinstance(result, tuple) and not hasattr(result, "_fields"):
-        lines += [f"  {_shape(v)}" for v in result]
+        names = [""] * len(result)
+        if ex.kind == "layer" and len(result) == len(case.d_inputs) + 1 \
+                and isinstance(result[-1], dict):
+            names = [f"d{n}" if n else "None" for n in case.d_inputs] + [
+                "the parameters' gradients" if result[-1] else "no parameters"]
+        lines += [f"  {_shape(v)}" + (f"   {n}" if n and n != "None" else "")
+                  for v, n in zip(result, names)]
     else:
         lines.append(f"  {_shape(result)}")
     lines.append(f"Check it: python -m minitfm.learn check {ex.name}")
@@ -318,33 +319,36 @@ def hint(ex: Exercise, k: int) -> str:
         return shapes_hint(ex)
     if k == 2:
         return ex.step
-    lines = source.derivation(ex.module) if ex.kind in ("layer", "model", "optim") else []
-    first = next((line.strip() for line in lines[1:] if line.strip()), "")
     if ex.kind == "kernel":
         return kernels.third_hint(ex)
-    if not first:
-        doc = importlib.import_module(ex.module).__doc__ or ""
-        first = next((line.strip() for line in doc.splitlines()
-                      if "=" in line and not line.startswith(" " * 8)), ex.step)
+    lines = [" ".join(line.split()) for line in source.derivation(ex.module) if line.strip()]
+    first = ex.derivation or "; ".join(lines[:2])
     return f"the derivation starts: {first}"
 
 
 def shapes_hint(ex: Exercise) -> str:
-    """Each gradient has the shape of what it differentiates: the shapes of one call."""
+    """Each gradient has the shape of what it differentiates: the shapes of the first case."""
     if ex.kind == "optim":
         return ("m, v and p keep their shapes; the step size and v's scale are numbers: "
                 "coefficients returns (b1, b2, step_size, v_scale, keep), with lr m_hat / "
                 "(sqrt(v_hat) + eps) == step_size * m / (sqrt(v) * v_scale + eps)")
     if ex.kind == "kernel":
         return kernels.shapes_hint(ex)
-    words = []
-    for name, (_, arguments, result) in calls(ex).items():
-        shapes = ", ".join(_shape(v) for v in result) if isinstance(result, tuple) \
-            else _shape(result)
-        words.append(f"{name} returns {shapes}")
-    return ("; ".join(words) + ": each gradient has the shape of the array it is the gradient "
-            "of (dx of x, dW of W)")
-
-
-def host_array(value):
-    return numpy.asarray(value)
+    if ex.kind == "model":
+        return ("out holds one array per parameter, of the parameter's shape: write each "
+                "gradient there (out[tgt_name] holds the output projection's already, and the "
+                "embeddings' backward passes add to it)")
+    library = importlib.import_module(ex.module)
+    case = ALL_CASES[ex.cases[0]]
+    previous = backend.name
+    backend.use("numpy")
+    try:
+        arrays, _, _, result = run_case(case, dict(case.sizes), 0, library, {})
+    finally:
+        backend.use(previous)
+    grads = gradients(case, result)
+    pairs = "; ".join(f"{name} {_shape(arrays[name])} -> d{name} {_shape(g)}"
+                      for name, g in grads.items())
+    return (f"in the case \"{case.name}\": {pairs}. A gradient has the shape of what it "
+            f"differentiates; where a parameter meets every row, its gradient sums over the "
+            f"rows")

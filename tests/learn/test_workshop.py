@@ -1,0 +1,141 @@
+"""The workshop's folder and command line: start, list, check, hint, solution, reset and watch,
+progress kept in the folder, and nothing written outside it."""
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minitfm import exits
+from minitfm.learn import __main__ as learn
+from minitfm.learn.exercises import EXERCISES, by_name
+from minitfm.learn.workshop import Workshop
+from tests.learn.conftest import write_exercise
+
+PACKAGE = Path(learn.__file__).resolve().parents[1]
+
+
+def run(folder, *argv, capsys):
+    status = learn.main(["--dir", str(folder), *argv])
+    return status, capsys.readouterr()
+
+
+def test_start_check_and_list(folder, capsys):
+    status, out = run(folder, "start", capsys=capsys)
+    assert status == exits.DONE and "01_linear.py" in out.out
+    status, out = run(folder, "check", capsys=capsys)
+    assert status == exits.FAILED and "not written yet" in out.out
+    write_exercise(folder, by_name("linear"))
+    status, out = run(folder, "check", capsys=capsys)
+    assert status == exits.DONE and "linear passes" in out.out and "start embedding" in out.out
+    status, out = run(folder, "list", capsys=capsys)
+    lines = out.out.splitlines()
+    assert "1 of 21 exercises pass" in lines[0]
+    assert ">✓ 01 linear" in lines[1] and "passing" in lines[1]
+    assert "02 embedding" in lines[2] and "not started" in lines[2]
+    assert lines[-1].startswith("progress [#")
+    progress = json.loads((folder / "progress.json").read_text())
+    assert progress["current"] == "linear" and "linear" in progress["passed"]
+
+
+def test_a_passing_exercise_edited_is_written_again(folder, capsys):
+    ex = by_name("softmax")
+    path = write_exercise(folder, ex)
+    assert run(folder, "check", "softmax", capsys=capsys)[0] == exits.DONE
+    assert Workshop(folder).state(ex) == "passing"
+    path.write_text(path.read_text() + "\n# a note\n")
+    assert Workshop(folder).state(ex) == "written"
+
+
+def test_start_refuses_to_overwrite_and_reset_keeps_the_attempt(folder, capsys):
+    run(folder, "start", "layernorm", capsys=capsys)
+    path = Workshop(folder).file(by_name("layernorm"))
+    path.write_text(path.read_text() + "# my attempt\n")
+    status, out = run(folder, "start", "layernorm", capsys=capsys)
+    assert status == exits.BAD_INPUT and "exists already" in out.err and "reset" in out.err
+    status, out = run(folder, "reset", "layernorm", capsys=capsys)
+    kept = folder / "attempts" / "06_layernorm.1.py"
+    assert status == exits.DONE and kept.read_text().endswith("# my attempt\n")
+    assert "# my attempt" not in path.read_text()
+    run(folder, "reset", "layernorm", capsys=capsys)
+    assert (folder / "attempts" / "06_layernorm.2.py").exists()
+
+
+def test_hints_come_in_order(folder, capsys):
+    run(folder, "start", "layernorm", capsys=capsys)
+    hints = [run(folder, "hint", "layernorm", capsys=capsys)[1].out for _ in range(4)]
+    assert hints[0].startswith("hint 1 of 3") and "(2, 3, 5)" in hints[0]
+    assert hints[1].startswith("hint 2 of 3") and "three paths" in hints[1]
+    assert hints[2].startswith("hint 3 of 3") and "dL/dgamma = sum_rows dy * xhat" in hints[2]
+    assert hints[3] == hints[2]
+    kernel = run(folder, "hint", "kernel_softmax", capsys=capsys)[1].out
+    assert "blockIdx.x" in kernel
+
+
+def test_the_solution_only_once_it_passes(folder, capsys):
+    run(folder, "start", "softmax", capsys=capsys)
+    status, out = run(folder, "solution", "softmax", capsys=capsys)
+    assert status == exits.BAD_INPUT and "--reveal" in out.err
+    status, out = run(folder, "solution", "softmax", "--reveal", capsys=capsys)
+    assert status == exits.DONE and "def backward(dp, p, scale):" in out.out
+    status, out = run(folder, "solution", "kernel_softmax", "--reveal", capsys=capsys)
+    assert "softmax_backward" in out.out and "block_sum" in out.out
+
+
+def test_an_unknown_exercise_is_a_usage_error(folder, capsys):
+    status, out = run(folder, "check", "layernrom", capsys=capsys)
+    assert status == exits.BAD_INPUT and "no exercise 'layernrom'" in out.err
+    assert "layernorm" in out.err
+
+
+def test_watch_moves_on_when_an_exercise_passes(folder, capsys):
+    workshop = Workshop(folder)
+    workshop.start(by_name("linear"))
+    looks = []
+
+    def stop():
+        looks.append(1)
+        if len(looks) == 2:                     # after the first check: the learner saves
+            write_exercise(folder, by_name("linear"))
+        return workshop.current() is not None and workshop.current().name == "embedding" \
+            and len(looks) > 4
+    assert learn.watch(workshop, every=0.01, stop=stop) == exits.DONE
+    out = capsys.readouterr().out
+    assert out.index("not written yet") < out.index("linear passes")
+    assert "watching" in out and "02_embedding.py" in out
+    assert workshop.file(by_name("embedding")).exists()
+
+
+def _tree_digest(root: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(root)).encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def test_nothing_is_written_outside_the_workshop_folder(tmp_path):
+    """The commands as a learner runs them, in a folder of their own: the package is unchanged
+    and the folder holds only the workshop."""
+    before = _tree_digest(PACKAGE)
+    folder = tmp_path / "learner"
+    folder.mkdir()
+    for argv in (["start"], ["check"], ["hint", "linear"], ["list"], ["reset", "linear"]):
+        subprocess.run([sys.executable, "-m", "minitfm.learn", *argv], cwd=folder,
+                       capture_output=True, check=False, timeout=120)
+    assert _tree_digest(PACKAGE) == before
+    assert sorted(p.name for p in folder.iterdir()) == ["workshop"]
+    names = sorted(p.name for p in (folder / "workshop").iterdir())
+    assert names == ["01_linear.py", "attempts", "progress.json"]
+
+
+def test_the_command_reports_through_its_exit_status(tmp_path):
+    """A real process: the module's entry point, its statuses and one error line."""
+    done = subprocess.run([sys.executable, "-m", "minitfm.learn", "--dir", str(tmp_path / "w"),
+                           "check", "nonsense"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == exits.BAD_INPUT
+    assert done.stderr.startswith("error: no exercise 'nonsense'")
+    assert len(EXERCISES) == 21
