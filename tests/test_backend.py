@@ -25,8 +25,9 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "minitfm"
 
 # Host-side modules that may import NumPy directly (file I/O, data preparation, synthetic
 # tasks, plotting), the workers' devices and NCCL (CuPy) and their placement (NumPy's BLAS
-# threads), and the fused kernels' execution on the CPU (cudahost/: C++ run over NumPy's
-# memory): they never do the model's array math.
+# threads), the fused kernels' execution on the CPU (cudahost/: C++ run over NumPy's
+# memory), and the workshop (learn/: its checks run on NumPy, in float64): they never do the
+# model's array math.
 HOST_SIDE = {"backend.py", "checkpoint.py", "usable.py", "average.py", "plot.py", "tasks.py",
              "devices.py", "compiled.py",
              "placement.py"}
@@ -38,7 +39,7 @@ def library_files():
 
 def is_host_side(path):
     rel = path.relative_to(PACKAGE)
-    return rel.parts[0] in ("data", "export", "cudahost") or rel.name in HOST_SIDE
+    return rel.parts[0] in ("data", "export", "cudahost", "learn") or rel.name in HOST_SIDE
 
 
 def xp_attribute_chains(tree):

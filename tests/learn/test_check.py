@@ -49,8 +49,8 @@ PLANTED = {
     "attention": [
         ("sdpa_backward", "softmax.backward(dp, p, cache.scale)", "softmax.backward(dp, p, 1.0)",
          ("sqrt(d_k)", "too many")),
-        ("sdpa_backward", "cache.q, cache.k, cache.v, cache.p", "cache.q, cache.k, cache.k, cache.p",
-         "reads cache.k where cache.v belongs")],
+        ("sdpa_backward", "cache.q, cache.k, cache.v, cache.p",
+         "cache.q, cache.k, cache.k, cache.p", "reads cache.k where cache.v belongs")],
     "residual": [
         ("backward", "return (dx, *rest, g_ln)\n    ds", "return (-dx, *rest, g_ln)\n    ds",
          "the wrong sign")],
@@ -85,7 +85,9 @@ PLANTED = {
     "kernel_softmax": [
         ("softmax_backward", "* p[row + j] * scale", "* p[row + j]", ("the scale c", "missing")),
         ("softmax_backward", "j < cols; j += blockDim.x) dot", "j <= cols; j += blockDim.x) dot",
-         "a race between blocks")],
+         "a race between blocks"),
+        ("softmax_backward", "dot = block_sum(dot, scratch);",
+         "if (threadIdx.x < 32) dot = block_sum(dot, scratch);", ("deadlock", ".cu, line "))],
     "kernel_layernorm": [
         ("layernorm_forward", "if (threadIdx.x == 0) rstd", "rstd", "a race"),
         ("layernorm_forward", "c < d; c += blockDim.x) s +=", "c <= d; c += blockDim.x) s +=",
