@@ -310,6 +310,8 @@ def check_layer(ex: Exercise, learner, path: Path, seed: int = 0,
             error, numeric = _numeric(case, sizes, seed, name, a, tolerance)
             ok = name not in missing and error <= tolerance
             item = ArrayResult(name, error, ok)
+            if hasattr(a, "shape") and numpy.shape(a) != numpy.shape(right[name]):
+                item.shape = tuple(numpy.shape(a))
             result.arrays.append(item)
             if ok:
                 continue

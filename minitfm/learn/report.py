@@ -21,6 +21,7 @@ class ArrayResult:
     ok: bool
     first: tuple | None = None
     diagnosis: str | None = None
+    shape: tuple | None = None          # the learner's array's, where it is not the right one
 
 
 @dataclass
@@ -83,7 +84,8 @@ def describe(report: Report) -> str:
                           if right == len(case.arrays) else "; the wrong ones:"))
         for a in shown:
             mark = "ok" if a.ok else "WRONG"
-            error = "missing" if a.error == math.inf else f"relative error {a.error:.1e}"
+            error = (f"relative error {a.error:.1e}" if a.error != math.inf else
+                     f"shape {a.shape}" if a.shape is not None else "missing")
             lines.append(f"    {label(a.name):<{width}}  {error:<24}{mark}")
             if a.first is not None:
                 index, yours, numeric = a.first
