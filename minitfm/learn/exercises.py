@@ -156,6 +156,10 @@ EXERCISES = [
         "With g = dy * gamma the gradient of xhat, dx follows xhat = (x - mu) * rstd through "
         "three paths: xhat itself, the mean mu, and the variance inside rstd.",
         mistakes=(
+            Mistake("term 1 of dx is missing: g, the direct path through xhat", "backward",
+                    "g *= rstd ", "g = (g - dy * gamma) * rstd "),
+            Mistake("term 1 of dx has the wrong sign: g, the direct path through xhat",
+                    "backward", "g *= rstd ", "g = (g - 2 * dy * gamma) * rstd "),
             Mistake("term 2 of dx is missing: -mean(g), the path through the mean mu", "backward",
                     "g -= mean_g ", "g -= 0.0 * mean_g "),
             Mistake("term 3 of dx is missing: -xhat * mean(g * xhat), the path through the "
@@ -190,6 +194,8 @@ EXERCISES = [
         "dP_j/dz_i = P_j (1[i = j] - P_i): contract it with dP over j, then the chain rule "
         "through z = s * c + m gives the factor c.",
         mistakes=(
+            Mistake("the softmax Jacobian's first term is missing: P * dP", "backward",
+                    "dp -= backend.xp.einsum", "dp = 0 * dp - backend.xp.einsum"),
             Mistake("the softmax Jacobian's second term is missing: -P * rowsum(dP * P)",
                     "backward", "dp -= backend.xp.einsum", "dp -= 0.0 * backend.xp.einsum"),
             Mistake("the second term has the wrong sign: dS = P * (dP - rowsum(dP * P))",
