@@ -26,6 +26,7 @@ dtype, and a check that catches host arrays handed to a GPU model (and the rever
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy
@@ -33,7 +34,7 @@ import numpy
 from minitfm import philox    # the CuPy backend's generator: computes with the xp it is given
 
 __all__ = [
-    "BackendError", "xp", "name", "use", "float_dtype", "set_float_dtype", "to_device", "to_host",
+    "BackendError", "xp", "name", "use", "using", "float_dtype", "set_float_dtype", "to_device", "to_host",
     "to_host_together", "is_host_array", "host_copy", "scatter_add", "sorted_scatter_add",
     "dropout_keep", "rng", "host_rng", "check_array", "is_gpu", "describe", "environment_choice",
     "available_memory", "host_available_memory", "memory_in_words", "PRECISIONS",
@@ -91,6 +92,17 @@ def use(backend_name: str) -> None:
     else:
         module, chosen = numpy, "numpy"
     xp, name, _auto_fallback = module, chosen, fallback
+
+
+@contextlib.contextmanager
+def using(backend_name: str):
+    """``use(backend_name)`` for a block; the backend active before it is put back after."""
+    previous = _active_name()
+    use(backend_name)
+    try:
+        yield
+    finally:
+        use(previous)
 
 
 def environment_choice(default: str = "numpy") -> str:

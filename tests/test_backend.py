@@ -158,6 +158,17 @@ def test_no_module_binds_xp_at_import_time():
 
 # ---- selection --------------------------------------------------------------------------
 
+def test_using_a_backend_for_a_block_puts_the_last_one_back(numpy_backend):
+    with backend.using("numpy"):
+        assert backend.name == "numpy"
+    with pytest.raises(RuntimeError), backend.using("numpy"):
+        raise RuntimeError("inside the block")
+    assert backend.name == "numpy"
+    with pytest.raises(backend.BackendError, match="unknown backend"), backend.using("torch"):
+        pass
+    assert backend.name == "numpy"
+
+
 def test_use_numpy_and_unknown_names(numpy_backend):
     backend.use("numpy")
     assert backend.xp is np and backend.name == "numpy" and not backend.is_gpu()

@@ -18,9 +18,10 @@ by a TODO naming every input, cache field and output with its shape. Twenty-one 
 (``exercises.py``): every layer of ``minitfm/layers/`` with a backward pass, Adam with the
 paper's schedule, the whole encoder-decoder backward, and four CUDA kernels, which run on the
 CPU (``kernels.py``, :mod:`minitfm.cudahost`). A check (``check.py``) runs the gradient checks of
-:mod:`minitfm.gradcheck` with the learner's code in place of the library's and diagnoses each
-wrong gradient from the two arrays (``diagnose.py``): a constant factor and which, a transpose,
-a sum missing over an axis, a term of the derivation missing or with the wrong sign, the wrong
-cache field. The folder and its progress: ``workshop.py``; training on the learner's code:
+:mod:`minitfm.gradcheck` with the learner's code in place of the library's (``learner.py``: the
+learner's file loaded and put in place; the whole model's and Adam's checks in
+``modelcheck.py`` and ``adamcheck.py``) and diagnoses each wrong gradient from the two arrays
+(``diagnose.py``): a constant factor and which, a transpose, a sum missing over an axis, a term
+of the derivation missing or with the wrong sign, the wrong cache field. The folder and its progress: ``workshop.py``; training on the learner's code:
 ``train.py``. Host-only code: the workshop runs on NumPy.
 """

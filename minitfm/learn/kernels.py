@@ -179,10 +179,8 @@ def unwritten_text(text: str) -> bool:
 
 
 def _learner_lines(message: str, path: Path) -> str:
-    """A compiler's or the host execution's message with the kernel's source named as the
-    learner's file."""
-    message = message.replace("kernel.cu:", f"{path.name}:")
-    return message.replace("line ", "line ", 1)
+    """A compiler's message with the kernel's source named as the learner's file."""
+    return message.replace("kernel.cu:", f"{path.name}:")
 
 
 def check(ex: Exercise, path: Path, seed: int = 0):
@@ -194,9 +192,7 @@ def check(ex: Exercise, path: Path, seed: int = 0):
     kernel = kernel_of(ex)
     text = path.read_text(encoding="utf-8")
     mine = cudahost.HostKernel(text, kernel.name)
-    previous = backend.name
-    backend.use("numpy")
-    try:
+    with backend.using("numpy"):
         try:
             mine.library                        # compiled on first use
         except (cudahost.BuildError, cudahost.Unsupported) as exc:
@@ -232,8 +228,6 @@ def check(ex: Exercise, path: Path, seed: int = 0):
                         mistakes={label: made.get(name) for label, made in alternatives.items()})
                     if item.diagnosis and "elements are wrong" in item.diagnosis:
                         item.diagnosis += _rows_words(a, r)
-    finally:
-        backend.use(previous)
     return Report(ex, path, "pass" if result.ok else "fail", [result])
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ast
 import importlib
-import inspect
 import re
 import textwrap
 from pathlib import Path
@@ -307,17 +306,6 @@ def unwritten_text(text: str, names: tuple[str, ...], filename: str = "<exercise
                 left.append(name)
                 break
     return left
-
-
-def function_lines(path: Path, name: str) -> tuple[int, int]:
-    """The first and last line of a definition (``name`` or ``Class.method``) in a file."""
-    fn = _find(ast.parse(path.read_text(encoding="utf-8")), name)
-    return fn.lineno, fn.end_lineno
-
-
-def signature_names(fn) -> list[str]:
-    """A function's parameter names, in order."""
-    return list(inspect.signature(fn).parameters)
 
 
 def filled(text: str, module: str, write: tuple[str, ...], edits: dict | None = None) -> str:

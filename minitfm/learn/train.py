@@ -19,12 +19,17 @@ import importlib
 import inspect
 import math
 import time
+import traceback
+from pathlib import Path
+
+import numpy
 
 from minitfm import backend, exits, fused, optim, placement, rows, tasks
 from minitfm.commands.train_toy import TASK_DEFAULTS
 from minitfm.decode import greedy
-from minitfm.learn import check as checking
+from minitfm.learn import diagnose
 from minitfm.learn.exercises import EXERCISES, Exercise
+from minitfm.learn.learner import load, substituted, where_in
 from minitfm.models import translator
 
 __all__ = ["main", "train", "LearnerCode", "OUT_PARAMETERS", "copy_config"]
@@ -78,7 +83,7 @@ class LearnerCode:
     def __init__(self, workshop, exercises: list[Exercise]):
         self.swaps, self.schedule = [], optim.LRSchedule
         for ex in exercises:
-            module = checking.load(workshop.file(ex), ex.name)
+            module = load(workshop.file(ex), ex.name)
             library = importlib.import_module(ex.module)
             if ex.kind == "optim":
                 self.swaps.append((library, {"coefficients": module.coefficients,
@@ -108,7 +113,7 @@ class LearnerCode:
     def _put(swaps):
         with contextlib.ExitStack() as stack:
             for library, functions in swaps:
-                stack.enter_context(checking.substituted(library, functions))
+                stack.enter_context(substituted(library, functions))
             yield
 
 
@@ -147,17 +152,16 @@ def copy_config() -> translator.Config:
 @contextlib.contextmanager
 def plain_numpy():
     """NumPy's plain code for the block: the code the exercises are made of."""
-    previous, kernels, passes = backend.name, fused.choice(), rows.state()
-    backend.use("numpy")
+    kernels, passes = fused.choice(), rows.state()
     placement.limit_blas_threads(1)         # the toy model's products: one thread is fastest
-    fused.use("plain")
-    rows.use(False)
-    try:
-        yield
-    finally:
-        rows.use(*passes)
-        fused.use(kernels)
-        backend.use(previous)
+    with backend.using("numpy"):
+        fused.use("plain")
+        rows.use(False)
+        try:
+            yield
+        finally:
+            rows.use(*passes)
+            fused.use(kernels)
 
 
 def main(workshop, steps: int | None = None, seed: int = 0) -> int:
@@ -186,7 +190,7 @@ def main(workshop, steps: int | None = None, seed: int = 0) -> int:
             with code.library():
                 same, right = translator.loss_and_grads(params, copy_config(), *batch)
             apart = (_difference(loss, float(same["loss"])),
-                     checking.diagnose.distance(_flat(grads), _flat(right)))
+                     diagnose.distance(_flat(grads), _flat(right)))
             worst.append(max(apart))
             print(f"{step:>6}  {library['losses'][step - 1]:>10.6f}  {loss:>10.6f}  "
                   f"{float(same['loss']):>20.6f}  {apart[1]:.1e}", flush=True)
@@ -194,7 +198,7 @@ def main(workshop, steps: int | None = None, seed: int = 0) -> int:
             try:
                 yours = train(steps, seed, code.schedule, report)
             except Exception as exc:
-                print(checking.where_in(exc, _file_of(exc, workshop, passing)))
+                print(where_in(exc, _file_of(exc, workshop, passing)))
                 return exits.FAILED
     print(f"exact match on 500 held-out sequences: the library's {100 * library['exact_match']:.1f}"
           f" %, yours {100 * yours['exact_match']:.1f} %")
@@ -218,7 +222,6 @@ SAME = 1e-4         # float32 rounding of a loss or of a gradient, relative
 
 
 def _flat(grads: dict):
-    import numpy
     return numpy.concatenate([numpy.ravel(backend.to_host(g)) for g in grads.values()])
 
 
@@ -230,8 +233,6 @@ def _difference(a: float, b: float) -> float:
 
 def _file_of(exc, workshop, exercises):
     """The learner's file an exception came from (the last of theirs in its frames)."""
-    import traceback
-    from pathlib import Path
     files = {workshop.file(e).resolve(): workshop.file(e) for e in exercises}
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
         if Path(frame.filename).resolve() in files:

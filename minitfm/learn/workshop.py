@@ -14,19 +14,19 @@ file is written whole or not at all.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
-import inspect
 import json
 import textwrap
 from pathlib import Path
 
-import numpy
-
 from minitfm import backend, files
 from minitfm.learn import kernels, source
-from minitfm.learn.check import ALL_CASES, case_rng, gradients, run_case, substituted
+from minitfm.learn.check import ALL_CASES, gradients, run_case
 from minitfm.learn.exercises import EXERCISES, Exercise
+from minitfm.learn.learner import recorders, substituted
+from minitfm.learn.modelcheck import model_batch, model_loss
 
 __all__ = ["Workshop", "STATES", "todo_lines", "header"]
 
@@ -179,34 +179,19 @@ def calls(ex: Exercise) -> dict:
     if ex.kind == "optim":
         return {}
     library = importlib.import_module(ex.module)
-    seen: dict = {}
-
-    def recorder(name, fn):
-        def run(*args, **kwargs):
-            result = fn(*args, **kwargs)
-            if name not in seen:
-                bound = inspect.signature(fn).bind(*args, **kwargs)
-                bound.apply_defaults()
-                seen[name] = (case_name, dict(bound.arguments), result)
-            return result
-        return run
-    functions = {n: recorder(n, getattr(library, n)) for n in ex.write}
-    previous = backend.name
-    backend.use("numpy")
-    try:
+    found: dict = {}
+    with backend.using("numpy"):
         for case_name in ex.cases:
+            functions, seen = recorders(library, ex.write)
             case = ALL_CASES[case_name]
             if ex.kind == "model":
-                arrays = case.draw(backend.host_rng(0), dict(case.sizes))
-                params = {k: v for k, v in arrays.items() if k not in ("a", "b")}
                 with substituted(library, functions):
-                    library.loss_and_grads(params, case.cfg, arrays["a"], arrays["b"],
-                                           case_rng(case))
+                    model_loss(library, case, *model_batch(case, 0))
             else:
                 run_case(case, dict(case.sizes), 0, library, functions)
-    finally:
-        backend.use(previous)
-    return seen
+            for name, (arguments, result) in seen.items():
+                found.setdefault(name, (case_name, arguments, result))
+    return found
 
 
 PARAMETERS = {
@@ -244,7 +229,6 @@ def _shape(value) -> str:
 
 def _field_comments(ex: Exercise, class_name: str) -> dict:
     """The comments beside a cache class's fields in the library's source: field -> words."""
-    import ast
     text = source.module_source(ex.module)
     lines = text.splitlines()
     for node in ast.walk(ast.parse(text)):
@@ -340,12 +324,8 @@ def shapes_hint(ex: Exercise) -> str:
                 "embeddings' backward passes add to it)")
     library = importlib.import_module(ex.module)
     case = ALL_CASES[ex.cases[0]]
-    previous = backend.name
-    backend.use("numpy")
-    try:
+    with backend.using("numpy"):
         arrays, _, _, result = run_case(case, dict(case.sizes), 0, library, {})
-    finally:
-        backend.use(previous)
     grads = gradients(case, result)
     pairs = "; ".join(f"{name} {_shape(arrays[name])} -> d{name} {_shape(g)}"
                       for name, g in grads.items())

@@ -7,8 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from minitfm import exits
 from minitfm.learn import __main__ as learn
 from minitfm.learn.exercises import EXERCISES, by_name

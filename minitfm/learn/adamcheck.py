@@ -1,0 +1,105 @@
+"""Adam's exercise checked: the learner's schedule at the steps that show its shape, and three
+Adam updates of two arrays, against the library's, number for number. Host-only code (NumPy,
+float64)."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from pathlib import Path
+
+import numpy
+
+from minitfm.learn import diagnose
+from minitfm.learn.exercises import Exercise
+from minitfm.learn.learner import edited_function, not_written, unwritten_name, where_in
+from minitfm.learn.report import ArrayResult, CaseResult
+
+__all__ = ["check_optim", "SCHEDULE_STEPS"]
+
+SCHEDULE_STEPS = (1, 2, 10, 1000, 3999, 4000, 4001, 8000, 100000)
+
+
+def check_optim(ex: Exercise, learner, path: Path, seed: int = 0,
+                tolerance: float = 1e-12) -> list[CaseResult]:
+    """The schedule and the updates, as the module's docstring says."""
+    optim = importlib.import_module(ex.module)
+    results = []
+
+    def schedule_values(schedule_cls, call=None):
+        schedule = schedule_cls(d_model=512, warmup=4000)
+        fn = call or type(schedule).__call__
+        return numpy.array([fn(schedule, s) for s in SCHEDULE_STEPS], dtype=numpy.float64)
+
+    result = CaseResult("the paper's schedule, d_model 512, warmup 4000", {"d": 512})
+    results.append(result)
+    right = schedule_values(optim.LRSchedule)
+    try:
+        mine = schedule_values(learner.LRSchedule)
+    except Exception as exc:
+        result.problem = ("not written yet: LRSchedule.__call__" if not_written(exc)
+                          else where_in(exc, path))
+        mine = None
+    if mine is not None:
+        alternatives = {m.label: schedule_values(optim.LRSchedule, edited_function(
+            optim, m.function, m.old, m.new)) for m in ex.mistakes
+            if m.function == "LRSchedule.__call__"}
+        _compare(result, "lr", mine, right, tolerance, alternatives,
+                 {"sqrt(d_model)": math.sqrt(512), "sqrt(warmup)": math.sqrt(4000)})
+        if result.arrays and not result.arrays[0].ok:
+            result.arrays[0].diagnosis = (result.arrays[0].diagnosis or "") + \
+                f" (at steps {', '.join(map(str, SCHEDULE_STEPS))})"
+
+    result = CaseResult("Adam, three updates of two arrays (beta1 0.9, beta2 0.98, eps 1e-9)",
+                        {})
+    results.append(result)
+    right = _adam_run(optim.coefficients, optim.adam_step, seed)
+    try:
+        mine = _adam_run(learner.coefficients, learner.adam_step, seed)
+    except Exception as exc:
+        result.problem = (f"not written yet: {unwritten_name(exc, ex)}"
+                          if not_written(exc) else where_in(exc, path))
+        return results
+    alternatives = {}
+    for m in ex.mistakes:
+        if m.function in ("coefficients", "adam_step"):
+            parts = {"coefficients": optim.coefficients, "adam_step": optim.adam_step}
+            parts[m.function] = edited_function(optim, m.function, m.old, m.new)
+            with numpy.errstate(all="ignore"):
+                alternatives[m.label] = _adam_run(parts["coefficients"], parts["adam_step"],
+                                                  seed)
+    for name in right:
+        _compare(result, name, mine[name], right[name], 1e-10,
+                 {k: v[name] for k, v in alternatives.items()}, {"1 - beta1": 0.1})
+    return results
+
+
+def _compare(result: CaseResult, name, mine, right, tolerance, alternatives, extra) -> None:
+    mine = numpy.asarray(mine, dtype=numpy.float64) if mine is not None else None
+    error = diagnose.distance(mine, right) if mine is not None else math.inf
+    item = ArrayResult(name, error, error <= tolerance)
+    result.arrays.append(item)
+    if not item.ok:
+        item.first = diagnose.first_wrong(mine, right, tolerance) if mine is not None else None
+        item.diagnosis = diagnose.diagnose(name, mine, right, mistakes=alternatives,
+                                           known=diagnose.quantities({}, extra))
+
+
+def _adam_run(coefficients, adam_step, seed) -> dict:
+    """Three Adam updates of two float64 arrays with ``coefficients`` and ``adam_step``: the
+    arrays and their moments after each update."""
+    rng = numpy.random.default_rng(seed)
+    params = [rng.standard_normal((3, 4)), rng.standard_normal(5)]
+    m = [numpy.zeros_like(p) for p in params]
+    v = [numpy.zeros_like(p) for p in params]
+    seen = {}
+    for step in (1, 2, 3):
+        lr = 1e-3 * step
+        b1, b2, step_size, v_scale, keep = coefficients(0.9, 0.98, step, lr, 1.0)
+        for i, p in enumerate(params):
+            g = rng.standard_normal(p.shape)
+            adam_step(p, g, m[i], v[i], b1, b2, 1e-9, step_size, v_scale)
+            seen[f"update {step}: p{i}"] = p.copy()
+            seen[f"update {step}: m{i}"] = m[i].copy()
+            seen[f"update {step}: v{i}"] = v[i].copy()
+    return seen

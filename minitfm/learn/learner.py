@@ -1,0 +1,123 @@
+"""The learner's file, run in place of the library's code: loading it, its errors at its own
+lines, its functions put in the library's modules for a while (in memory only), and a library
+function with a typical mistake made. Host-only code."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import inspect
+import sys
+import traceback
+from pathlib import Path
+
+from minitfm.learn import source
+from minitfm.learn.exercises import Exercise
+
+__all__ = ["LearnerError", "where_in", "load", "edited_function", "substituted", "functions_of",
+           "not_written", "unwritten_name", "recorders"]
+
+
+class LearnerError(Exception):
+    """The learner's file could not be run: the message says where (its line) and what."""
+
+
+def where_in(exc: BaseException, path: Path) -> str:
+    """An exception as the learner should see it: the line of their file it came from (the
+    last frame there), then the error; no frames of the library."""
+    path = Path(path).resolve()
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if Path(f.filename).resolve() == path]
+    what = f"{type(exc).__name__}: {exc}"
+    if not frames:
+        return what
+    f = frames[-1]
+    return f"{path.name}, line {f.lineno}, in {f.name}:\n    {(f.line or '').strip()}\n{what}"
+
+
+def load(path: Path, name: str):
+    """The learner's file as a fresh module (``LearnerError`` with its line if it does not
+    compile or its top level fails)."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    try:
+        code = compile(text, str(path.resolve()), "exec")
+    except SyntaxError as exc:
+        line = (exc.text or "").rstrip("\n")
+        raise LearnerError(f"{path.name}, line {exc.lineno}: {exc.msg}\n    {line.strip()}") \
+            from None
+    module_name = f"minitfm_workshop_{name}"
+    spec = importlib.util.spec_from_loader(module_name, loader=None, origin=str(path))
+    module = importlib.util.module_from_spec(spec)
+    module.__file__ = str(path.resolve())
+    sys.modules[module_name] = module          # NamedTuple and dataclasses look it up
+    try:
+        exec(code, module.__dict__)
+    except Exception as exc:
+        raise LearnerError(where_in(exc, path)) from None
+    return module
+
+
+def edited_function(module, name: str, old: str, new: str):
+    """The library's plain function ``name`` of ``module`` with ``old`` replaced by ``new``
+    (found exactly once), compiled in a copy of the module's namespace."""
+    text = source.plain_source(module.__name__, name)
+    if text.count(old) != 1:
+        raise LookupError(f"{module.__name__}.{name} has {text.count(old)} copies of {old!r}")
+    namespace = dict(vars(module))
+    exec(compile(text.replace(old, new), f"<{module.__name__}.{name}, edited>", "exec"),
+         namespace)
+    return namespace[name.split(".")[-1]]
+
+
+@contextlib.contextmanager
+def substituted(module, functions: dict):
+    """``module``'s attributes ``functions`` (name -> function) set for the block, then put
+    back: in memory only."""
+    old = {name: getattr(module, name) for name in functions}
+    try:
+        for name, fn in functions.items():
+            setattr(module, name, fn)
+        yield
+    finally:
+        for name, fn in old.items():
+            setattr(module, name, fn)
+
+
+def functions_of(ex: Exercise, learner) -> dict:
+    """The learner's functions that stand in for the library's: those to write and the kept
+    functions (the forward passes); not classes, not methods."""
+    names = [n for n in (*ex.write, *ex.keep) if "." not in n]
+    return {n: getattr(learner, n) for n in names
+            if callable(getattr(learner, n, None)) and not isinstance(getattr(learner, n), type)}
+
+
+def not_written(exc: BaseException) -> bool:
+    """Whether an exception is the TODO's raise of a function not written yet."""
+    return isinstance(exc, NotImplementedError) and source.TODO in str(exc)
+
+
+def unwritten_name(exc: BaseException, ex: Exercise) -> str:
+    """Which of the exercise's functions raised the TODO (all of them, if no frame says)."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if frame.name in {w.split(".")[-1] for w in ex.write}:
+            return frame.name
+    return ", ".join(ex.write)
+
+
+def recorders(library, names) -> tuple[dict, dict]:
+    """The library's functions ``names`` wrapped to keep their first call: ``(functions,
+    seen)``, ``functions`` to put in the library's module (:func:`substituted`), ``seen``
+    filled with name -> (the call's arguments by name, defaults too; its result)."""
+    seen: dict = {}
+
+    def recorder(name, fn):
+        def run(*args, **kwargs):
+            result = fn(*args, **kwargs)
+            if name not in seen:
+                bound = inspect.signature(fn).bind(*args, **kwargs)
+                bound.apply_defaults()
+                seen[name] = (dict(bound.arguments), result)
+            return result
+        return run
+    return {n: recorder(n, getattr(library, n)) for n in names}, seen
