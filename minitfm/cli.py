@@ -44,6 +44,8 @@ __all__ = ["EXIT_INTERRUPTED", "reuse_freed_memory", "select_backend", "placemen
            "place", "run_defaults", "default_run_dir", "run_directory", "model_config",
            "stopped", "report_errors", "OutputFailed", "describe_stdout"]
 
+# the default of --kernels where it is set (plain or fused), as MINITFM_BACKEND is --backend's
+KERNELS_VARIABLE = "MINITFM_KERNELS"
 EXIT_INTERRUPTED = exits.for_signal(signal.SIGINT)   # 130, the shell's code for Ctrl-C
 
 
@@ -110,27 +112,36 @@ def place(threads: int | None, cap: int | None, precision: str | None = None,
     except backend.BackendError as exc:
         raise UsageError(f"--precision {precision}: {exc}") from exc
     on_cpu = backend.name == "numpy"
+    from_environment = None             # "MINITFM_KERNELS=plain" where the variable chose them
+    if kernels is None and os.environ.get(KERNELS_VARIABLE, "").strip():
+        kernels = os.environ[KERNELS_VARIABLE].strip()
+        from_environment = f"{KERNELS_VARIABLE}={kernels}"
+        if kernels not in fused.CHOICES:
+            raise UsageError(f"{KERNELS_VARIABLE}={kernels!r}: unknown kernels {kernels!r}: set "
+                             f"it to {' or '.join(fused.CHOICES)}, or unset it")
     try:
         fused.use(kernels or ("fused" if on_cpu else "plain"))
     except backend.BackendError as exc:
-        raise UsageError(f"--kernels {kernels}: {exc}") from exc
+        raise UsageError(f"{from_environment or f'--kernels {kernels}'}: {exc}") from exc
     rows.use(on_cpu and fused.choice() == "fused", decided.threads or 1)
     if announce and world.is_root:
         print(f"{decided.describe()}; precision {chosen} "
-              f"({'--precision' if precision else why}){_fast_path(on_cpu)}", flush=True)
+              f"({'--precision' if precision else why}){_fast_path(on_cpu, from_environment)}",
+              flush=True)
     return decided
 
 
-def _fast_path(on_cpu: bool) -> str:
+def _fast_path(on_cpu: bool, source: str | None = None) -> str:
     """The run's first line's last words: what runs outside the products (on the CPU, on how
-    many threads); nothing for a GPU's plain code, its default."""
+    many threads), and what chose it (``source``: the environment variable, else the option);
+    nothing for a GPU's plain code, its default."""
     if rows.enabled():
         loops = " with compiled loops" if rows.compiled() else ""
         return (f"; row passes on {placement.count(rows.threads(), 'thread')}{loops} "
-                "(--kernels fused)")
+                f"({source or '--kernels fused'})")
     if fused.choice() == "fused":
         return "; fused kernels"
-    return "; plain array code (--kernels plain)" if on_cpu else ""
+    return f"; plain array code ({source or '--kernels plain'})" if on_cpu else ""
 
 
 # ---- the run directory -----------------------------------------------------------------------

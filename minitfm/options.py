@@ -163,8 +163,9 @@ VOCABULARY = {option.dest: option for option in [
                         "Adam ... each in one launch); on the CPU, the row passes (the same "
                         "layers, block by block on every thread of the worker); plain: the "
                         "plain array code alone",
-           choices=fused.CHOICES, absent="fused on the CPU; plain on a GPU until a GPU run has "
-                                         "shown every kernel equal to its plain twin"),
+           choices=fused.CHOICES, absent="$MINITFM_KERNELS, else fused on the CPU; plain on a "
+                                         "GPU until a GPU run has shown every kernel equal to "
+                                         "its plain twin"),
     # beam search (beam.py's module docstring says what each does)
     Option("--beam", "beam size", positive_int),
     Option("--lenpen", "length penalty alpha: a finished translation Y scores "

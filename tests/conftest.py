@@ -40,7 +40,24 @@ def pytest_runtest_setup(item):
 PYCACHE, SESSION_PYCACHE = "PYTHONPYCACHEPREFIX", "MINITFM_TESTS_PYCACHE"
 
 
+# The commands the tests start, and those they run in this process, take the plain kernels
+# (MINITFM_KERNELS, the default of --kernels) unless a test chooses them: on the CPU the default,
+# the row passes' compiled loops, costs each process about a second of CPU before its first
+# update (importing Numba and loading its machine code), more than a test's few tiny updates
+# take, and some 150 processes train. The compiled loops and the row passes are the subject of
+# their own tests (tests/layers/test_compiled_rows.py, tests/test_rows.py, ...), and the tests
+# of the default choice start their commands without the variable (see ``default_kernels``).
+KERNELS = "MINITFM_KERNELS"
+
+
+def default_kernels(env=None) -> dict:
+    """``env`` (default: this process's environment) without MINITFM_KERNELS: a command started
+    with it chooses its kernels as a user's does."""
+    return {k: v for k, v in (os.environ if env is None else env).items() if k != KERNELS}
+
+
 def pytest_configure(config):
+    os.environ.setdefault(KERNELS, "plain")
     worker = hasattr(config, "workerinput")
     if not worker:
         if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get(PYCACHE):

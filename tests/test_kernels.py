@@ -26,7 +26,7 @@ from minitfm import backend, checkpoint, cudahost, fused, kernelcheck
 from minitfm.cudahost import build
 from minitfm.layers import layernorm
 
-from tests.conftest import cupy_double_env
+from tests.conftest import cupy_double_env, default_kernels
 from tests.test_gpu_commands import WMT_TINY
 from tests.test_train_wmt import corpus, corpus_args  # noqa: F401  (corpus: a fixture)
 
@@ -173,10 +173,27 @@ def test_on_numpy_the_first_line_says_which_code_runs(tmp_path, kernels, words):
     done = subprocess.run([sys.executable, "train_toy.py", "--backend", "numpy", "--threads", "2",
                            "--max-steps", "1", "--out", str(tmp_path / "run"), "--quiet"]
                           + (["--kernels", kernels] if kernels else []), cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+                          env=default_kernels(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     first = done.stdout.splitlines()[0]
     assert first.startswith("placement: 2 BLAS threads (--threads") and first.endswith(words)
+
+
+def test_minitfm_kernels_chooses_where_the_option_is_absent(tmp_path):
+    """MINITFM_KERNELS is --kernels' default (as MINITFM_BACKEND is --backend's), named in the
+    first line; a value that is not a choice is bad usage, refused before any work."""
+    def toy(value, *more):
+        return subprocess.run([sys.executable, "train_toy.py", "--backend", "numpy", "--max-steps",
+                               "1", "--out", str(tmp_path / value), "--quiet", *more], cwd=ROOT,
+                              env={**default_kernels(), "MINITFM_KERNELS": value},
+                              capture_output=True, text=True, timeout=120)
+    done = toy("plain")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].endswith("; plain array code (MINITFM_KERNELS=plain)")
+    done = toy("gpu")
+    assert done.returncode == 2 and done.stdout == "" and not (tmp_path / "gpu").exists()
+    assert done.stderr == "error: MINITFM_KERNELS='gpu': unknown kernels 'gpu': set it to plain " \
+                          "or fused, or unset it\n"
 
 
 def test_the_kernel_check_command(cupy_env, tmp_path):

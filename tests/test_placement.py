@@ -18,9 +18,11 @@ from minitfm import devices, placement
 from minitfm.distributed import World
 from minitfm.placement import THREAD_VARIABLES, Placement, PlacementError, blas_threads
 
+from .conftest import default_kernels
 from .test_distributed import ENV, ROOT, _mpiexec, json_records, mpi   # noqa: F401 (mpi: a fixture)
 
-CLEAN_ENV = {k: v for k, v in ENV.items() if k not in THREAD_VARIABLES}   # nobody's choice
+CLEAN_ENV = {k: v for k, v in default_kernels(ENV).items()      # nobody's choice
+             if k not in THREAD_VARIABLES}
 TIMEOUT = 120
 
 
