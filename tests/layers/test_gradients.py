@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from minitfm import backend, layers
 from minitfm.layers import feedforward
-from minitfm.gradcheck.check import STEP, TOLERANCE, check_case, check_gradients
+from minitfm.gradcheck.check import (STEP, TOLERANCE, check_case, check_directions,
+                                     check_gradients)
 from minitfm.gradcheck.cases import CASES
 from minitfm.gradcheck.__main__ import main as gradcheck_main
 
@@ -158,6 +159,32 @@ def test_the_second_step_does_not_hide_a_small_error():
         <= TOLERANCE                                   # ... not at h = 1e-4
     wrong = {name: grads[name] * 1.0001}
     assert check_gradients(objective, wrong, arrays)[name] > TOLERANCE
+
+
+def test_the_directional_check_fails_what_the_element_wise_one_fails():
+    """Along three random directions a right gradient passes, and one wrong in one element of
+    1,024 (by a thousandth of the array's norm), scaled by 1.0001, or transposed fails, as
+    element by element."""
+    case = next(c for c in CASES if c.name == "linear")
+    sizes = {**case.sizes, "b": 4, "t": 8, "d": 32, "f": 32}
+    rng = backend.host_rng(7)
+    arrays = case.draw(rng, sizes)
+    out, cache = case.forward(arrays, sizes)
+    g = backend.to_device(rng.standard_normal(out.shape))
+    grads = case.gradients(case.backward(g, cache))
+
+    def objective():
+        return float((case.forward(arrays, sizes)[0] * g).sum())
+
+    w = grads["w"]
+    assert w.size == 1024
+    one = w.copy()
+    one[3, 5] += 1e-3 * float(backend.xp.linalg.norm(w))
+    wrongs = {"one element": one, "scaled": w * 1.0001, "transposed": w.T.copy()}
+    assert check_directions(objective, {"w": w}, arrays, 3)["w"] <= TOLERANCE
+    for what, wrong in wrongs.items():
+        assert check_directions(objective, {"w": wrong}, arrays, 3)["w"] > TOLERANCE, what
+        assert check_gradients(objective, {"w": wrong}, arrays)["w"] > TOLERANCE, what
 
 
 def test_cli_reports_a_table_and_exit_status(capsys):
