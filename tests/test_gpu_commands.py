@@ -4,7 +4,10 @@ By default every command runs on the strict CuPy double (once under CuPy 14's ru
 13's: the ``cupy_env`` fixture), which refuses what CuPy refuses and counts what makes the host
 wait; with ``pytest -m gpu`` the same tests run on the real CuPy and device. Each run writes the
 double's counts at exit (``CUPY_DOUBLE_REPORT``): no command creates a random generator of the
-array library (dropout and sampling draw from Philox).
+array library (dropout and sampling draw from Philox). The default run starts one short
+``train_toy`` and the LayerNorm gradient check on the double; the other commands, whole runs on
+an array library some nine times slower than NumPy, are behind the slow marker (CI runs them):
+they change with the GPU path alone, which NumPy's runs of the same commands do not reach.
 """
 
 from __future__ import annotations
@@ -103,7 +106,8 @@ def test_train_toy_runs_start_to_end(cupy_env, tmp_path):
     assert_no_generators(tmp_path, env)
 
 
-@pytest.mark.parametrize("cases", ["layernorm", "cross-attention (dropout)"])
+@pytest.mark.parametrize("cases", ["layernorm", pytest.param("cross-attention (dropout)",
+                                                              marks=pytest.mark.slow)])
 def test_gradient_check_in_float64(cupy_env, cases, tmp_path):
     """The command on two cases, one with a dropout generator on the device (every case:
     tests/test_gpu.py, under -m slow or -m gpu; the double runs the finite differences'
@@ -115,6 +119,7 @@ def test_gradient_check_in_float64(cupy_env, cases, tmp_path):
     assert_no_generators(tmp_path, env)
 
 
+@pytest.mark.slow
 def test_train_wmt_trains_resumes_and_translates(cupy_env, corpus, tmp_path):  # noqa: F811
     env = with_report(cupy_env, tmp_path)
     out = tmp_path / "run"
@@ -136,6 +141,7 @@ def final_params(out: Path) -> dict:
     return checkpoint.load(checkpoint.latest(out), with_optimizer=False).params
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_two_workers_on_two_devices_equal_one_with_doubled_update_freq(cupy_env, corpus,  # noqa: F811
                                                                         tmp_path):
@@ -156,6 +162,7 @@ def test_two_workers_on_two_devices_equal_one_with_doubled_update_freq(cupy_env,
     assert_no_generators(tmp_path / "r2", cupy_env, processes=2)
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.parametrize("script", ["train_toy.py", "train_lm.py"])
 def test_two_workers_take_one_device_each(cupy_env, script, tmp_path):
@@ -176,6 +183,7 @@ def test_two_workers_take_one_device_each(cupy_env, script, tmp_path):
     assert_no_generators(tmp_path, env, processes=2)
 
 
+@pytest.mark.slow
 def test_train_lm_trains_and_samples(cupy_env, tmp_path):
     text = tmp_path / "text.txt"
     text.write_text("anna sees the ball. bob has a hat. the cat likes the sun.\n" * 80,

@@ -60,6 +60,11 @@ def test_fp16_follows_the_fp32_loss_curve(tmp_path):
     assert all("loss_scale" not in r for r in fp32)
 
 
+# NumPy on every run; the CuPy path on the double, a whole command each, under the slow marker
+# (CI runs it; ``-m gpu`` on a device)
+WHERE = ["numpy", pytest.param("cupy", marks=pytest.mark.slow)]
+
+
 def backend_and_env(where: str, cupy_env: dict) -> tuple[list, dict | None]:
     """``--backend`` and the environment of a run on NumPy (once) or on the double (14, 13)."""
     if where == "numpy" and cupy_env.get("CUPY_DOUBLE_RULES") == "13":
@@ -67,7 +72,7 @@ def backend_and_env(where: str, cupy_env: dict) -> tuple[list, dict | None]:
     return ["--backend", where], (cupy_env if where == "cupy" else None)
 
 
-@pytest.mark.parametrize("where", ["numpy", "cupy"])
+@pytest.mark.parametrize("where", WHERE)
 def test_an_overflow_skips_the_update_and_halves_the_scale(where, cupy_env, tmp_path):
     out = tmp_path / "run"
     chosen, env = backend_and_env(where, cupy_env)
@@ -88,7 +93,7 @@ def test_an_overflow_skips_the_update_and_halves_the_scale(where, cupy_env, tmp_
     assert "grad_norm" not in logged                  # the skipped update's norm is not finite
 
 
-@pytest.mark.parametrize("where", ["numpy", "cupy"])
+@pytest.mark.parametrize("where", WHERE)
 def test_a_resumed_fp16_run_continues_bit_for_bit(where, cupy_env, tmp_path):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     chosen, env = backend_and_env(where, cupy_env)
@@ -106,6 +111,7 @@ def test_a_resumed_fp16_run_continues_bit_for_bit(where, cupy_env, tmp_path):
                                           a.optimizer_state[moment][name])
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_fp16_on_the_cupy_path_runs_every_2d_product_in_float16(cupy_env, tmp_path):
     """Under the double (CuPy 14 and 13): the same run as on NumPy, its 2-D products float16
@@ -195,7 +201,7 @@ def lm_args(tmp_path: Path) -> list:
             "--cache-dir", tmp_path / "cache"]
 
 
-@pytest.mark.parametrize("where", ["numpy", "cupy"])
+@pytest.mark.parametrize("where", WHERE)
 def test_train_lm_trains_in_fp16(where, cupy_env, tmp_path):
     """The language model's trainer in fp16, on NumPy and under the double (14 and 13)."""
     out = tmp_path / "run"
