@@ -74,10 +74,19 @@ def test_lm_gradients_match_finite_differences(case, seed, batch, length):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", LM_CASES, ids=lambda c: c.name)
-@settings(max_examples=10)
+@settings(max_examples=3)
 @given(**BLOCKS)
 def test_lm_gradients_many_batches(case, seed, batch, length):
+    """Element by element on three batches a case; ten more along random directions below."""
     check_lm(case, seed, batch, length)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", LM_CASES, ids=lambda c: c.name)
+@settings(max_examples=10)
+@given(**BLOCKS)
+def test_lm_gradients_many_batches_along_directions(case, seed, batch, length):
+    check_lm(case, seed, batch, length, directions=3)
 
 
 def test_the_kink_check_finds_the_draw_that_straddles_a_relu():

@@ -52,10 +52,20 @@ def test_model_gradients_match_finite_differences(case, seed, batch, src_len, tg
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", TRANSLATOR_CASES, ids=lambda c: c.name)
-@settings(max_examples=10)
+@settings(max_examples=3)
 @given(**BATCHES)
 def test_model_gradients_many_batches(case, seed, batch, src_len, tgt_len):
+    """Element by element (about 5 s a batch) on three batches a case; ten more along random
+    directions below."""
     check_model(case, seed, batch, src_len, tgt_len)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", TRANSLATOR_CASES, ids=lambda c: c.name)
+@settings(max_examples=10)
+@given(**BATCHES)
+def test_model_gradients_many_batches_along_directions(case, seed, batch, src_len, tgt_len):
+    check_model(case, seed, batch, src_len, tgt_len, directions=3)
 
 
 def test_a_draw_with_a_relu_input_at_its_kink_is_set_aside():
