@@ -7,7 +7,7 @@ chosen from the command line, run by the CuPy double as one launch of its twin.
 - ``nvrtc`` (CI's CuPy environment: ``cupy-cuda12x`` and ``nvidia-cuda-nvrtc-cu12``, no GPU):
   every kernel's source compiles for compute_80 and compute_90, and a broken one is refused;
 - the commands train with ``--kernels fused`` on the double (CuPy 14 and 13 rules) and reach
-  the parameters a plain run reaches.
+  the parameters a plain run reaches (``slow``: whole commands on the double).
 """
 
 from __future__ import annotations
@@ -131,6 +131,9 @@ DROPOUTS = ["--dropout", "0.1", "--attention-dropout", "0.1", "--relu-dropout", 
             "--clip-norm", "1.0", "--max-steps", "3", "--save-every", "3", "--valid-every", "0"]
 
 
+# whole commands on the double, behind the slow marker (CI runs them): every fused layer is held
+# to its plain code in this process on every run (above), every kernel's source by the host check
+@pytest.mark.slow
 @pytest.mark.parametrize("precision, tolerance", [("fp32", 1e-4), ("fp16", 1e-3)])
 def test_train_wmt_with_fused_kernels_reaches_the_plain_parameters(cupy_env, corpus,  # noqa: F811
                                                                    precision, tolerance,
@@ -302,10 +305,11 @@ def test_a_removed_barrier_is_caught_as_a_race_on_shared_memory(numpy_backend, m
         "race"), out
 
 
-# fp16 (the loss scaler's kernels in the loop too) behind the slow marker: every kernel, the
-# scaler's among them, is held to its twin on every run by the host check above
-@pytest.mark.parametrize("precision, tolerance", [
-    ("fp32", 1e-5), pytest.param("fp16", 1e-3, marks=pytest.mark.slow)])
+# a whole command on the double, compiling every kernel anew, behind the slow marker (CI runs
+# it): every kernel, the loss scaler's among them, is held to its twin on every run by the host
+# check above
+@pytest.mark.slow
+@pytest.mark.parametrize("precision, tolerance", [("fp32", 1e-5), ("fp16", 1e-3)])
 def test_training_through_the_host_executed_kernels_keeps_the_plain_losses(precision, tolerance,
                                                                            tmp_path):
     """train_toy.py on the CuPy double with every fused kernel's own source executed on the CPU
