@@ -95,6 +95,16 @@ def pytest_cmdline_main(config):
         option.numprocesses, option.dist = workers, "loadfile"
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """Every test that starts MPI workers is slow too: out of the default run (mpiexec's start and
+    its workers' waits, some 40 s in all, for code a commit rarely touches), in ``-m slow`` and
+    ``-m mpi``, which CI runs. Before the marker expression selects (tryfirst)."""
+    for item in items:
+        if item.get_closest_marker("mpi") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+
+
 def cupy_device_available() -> bool:
     try:
         import cupy
