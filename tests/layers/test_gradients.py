@@ -119,20 +119,26 @@ def test_cases_follow_the_order_of_the_layer_files():
     assert first == sorted(first)
 
 
-def test_checker_catches_a_wrong_backward():
-    """The checker itself must fail a gradient that is off by a little."""
-    case = CASES[0]                       # linear
-    sizes = case.sizes
-    rng = backend.host_rng(0)
+def drawn(case, sizes: dict, seed: int):
+    """A case's arrays at ``sizes`` as the checks draw them, its backward pass's gradients of
+    L = sum(G * y), and L as a function of the arrays (perturbed in place)."""
+    rng = backend.host_rng(seed)
     arrays = case.draw(rng, sizes)
     out, cache = case.forward(arrays, sizes)
     g = backend.to_device(rng.standard_normal(out.shape))
     grads = case.gradients(case.backward(g, cache))
-    grads["w"] = grads["w"] * 1.001
 
     def objective():
         return float((case.forward(arrays, sizes)[0] * g).sum())
 
+    return arrays, grads, objective
+
+
+def test_checker_catches_a_wrong_backward():
+    """The checker itself must fail a gradient that is off by a little."""
+    case = CASES[0]                       # linear
+    arrays, grads, objective = drawn(case, case.sizes, 0)
+    grads["w"] = grads["w"] * 1.001
     errors = check_gradients(objective, grads, arrays)
     assert errors["w"] > TOLERANCE
     assert errors["x"] <= TOLERANCE
@@ -143,15 +149,7 @@ def test_the_second_step_does_not_hide_a_small_error():
     first step loses ~1e-6 to rounding) passes as computed, and fails once off by 1e-4."""
     case = next(c for c in CASES if c.name == "encoder stack (pre-LN)")
     sizes = {**case.sizes, "b": 1, "h": 2, "t": 1, "s": 3, "dk": 2, "f": 3, "n": 2, "p": 0.25}
-    rng = backend.host_rng(365345190)
-    arrays = case.draw(rng, sizes)
-    out, cache = case.forward(arrays, sizes)
-    g = backend.to_device(rng.standard_normal(out.shape))
-    grads = case.gradients(case.backward(g, cache))
-
-    def objective():
-        return float((case.forward(arrays, sizes)[0] * g).sum())
-
+    arrays, grads, objective = drawn(case, sizes, 365345190)
     name = "1.ln2.beta"
     narrow = check_gradients(objective, {name: grads[name]}, arrays, STEP)
     assert narrow[name] > TOLERANCE                    # rounding at h = 2e-5 ...
@@ -166,16 +164,7 @@ def test_the_directional_check_fails_what_the_element_wise_one_fails():
     1,024 (by a thousandth of the array's norm), scaled by 1.0001, or transposed fails, as
     element by element."""
     case = next(c for c in CASES if c.name == "linear")
-    sizes = {**case.sizes, "b": 4, "t": 8, "d": 32, "f": 32}
-    rng = backend.host_rng(7)
-    arrays = case.draw(rng, sizes)
-    out, cache = case.forward(arrays, sizes)
-    g = backend.to_device(rng.standard_normal(out.shape))
-    grads = case.gradients(case.backward(g, cache))
-
-    def objective():
-        return float((case.forward(arrays, sizes)[0] * g).sum())
-
+    arrays, grads, objective = drawn(case, {**case.sizes, "b": 4, "t": 8, "d": 32, "f": 32}, 7)
     w = grads["w"]
     assert w.size == 1024
     one = w.copy()
