@@ -28,6 +28,10 @@ def parse_args(argv) -> argparse.Namespace:
     parser.add_argument("--seed", type=integer(0), default=0, help="seeds the inputs (default 0)")
     parser.add_argument("--tolerance", type=number(0, low_open=True), default=TOLERANCE,
                         help=f"the largest relative error that passes (default {TOLERANCE:g})")
+    parser.add_argument("--directions", type=integer(1), metavar="N",
+                        help="check each array along N random directions, four evaluations a "
+                             "direction, instead of element by element (a fraction of the cost: "
+                             "a quick check on a slow device)")
     options.add(parser, "backend", defaults=placement_defaults("numpy", None))
     return parser.parse_args(argv)
 
@@ -40,12 +44,14 @@ def run(args: argparse.Namespace) -> int:
     if not rows:
         raise UsageError(f"no check matches {args.only!r}")
     width = max(len(c.name) for c in rows)
-    print(f"backend {backend.name}, float64 five-point central differences (h={STEP:g}), "
+    along = (f" along {args.directions} random direction{'s' if args.directions > 1 else ''} "
+             f"of each array" if args.directions else "")
+    print(f"backend {backend.name}, float64 five-point central differences (h={STEP:g}){along}, "
           f"tolerance {args.tolerance:g}\n")
     print(f"{'layer':<{width}}  {'worst relative error':>20}  {'worst input':<14} result")
     failed = 0
     for case in rows:
-        errors = check_case(case, args.seed)
+        errors = check_case(case, args.seed, directions=args.directions)
         worst = max(errors, key=errors.get)
         ok = errors[worst] <= args.tolerance and all(math.isfinite(e) for e in errors.values())
         failed += not ok

@@ -181,6 +181,10 @@ def test_cli_reports_a_table_and_exit_status(capsys):
     out = capsys.readouterr().out
     assert "layernorm" in out and "pass" in out and "1 passed, 0 failed" in out
     assert gradcheck_main(["no such layer"]) == 2
+    assert gradcheck_main(["layernorm", "--directions", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "along 2 random directions of each array" in out and "1 passed, 0 failed" in out
+    assert gradcheck_main(["layernorm", "--directions", "2", "--tolerance", "1e-30"]) == 1
 
 
 def test_a_relu_input_at_its_kink_is_recognised():
