@@ -162,8 +162,9 @@ def test_train_toy_prints_its_placement_first(tmp_path):
     done = run_command(TOY + ["--out", str(tmp_path / "a")], CLEAN_ENV)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == expected_line(1, cap=1)
-    done = run_command(TOY + ["--out", str(tmp_path / "b"), "--threads", "2"],   # (threads alone:
-                       {**CLEAN_ENV, "OPENBLAS_NUM_THREADS": "1", "MINITFM_KERNELS": "plain"})  # plain)
+    # the threads alone are checked here: the plain kernels, no compiled loops to load
+    done = run_command(TOY + ["--out", str(tmp_path / "b"), "--threads", "2"],
+                       {**CLEAN_ENV, "OPENBLAS_NUM_THREADS": "1", "MINITFM_KERNELS": "plain"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0].startswith("placement: 2 BLAS threads (--threads")
     done = run_command(TOY + ["--out", str(tmp_path / "c")],
