@@ -28,10 +28,10 @@ with d_model >= 2: a saturated softmax has gradients so small next to L that no 
     python -m minitfm.gradcheck layernorm    # the cases whose name contains "layernorm"
     python -m minitfm.gradcheck --directions 3   # each array along 3 random directions instead
 
-``--directions N`` (``check_directions``) compares <analytic, u> with the same five-point
-quotient along each of N random directions u of an array: four evaluations a direction, not an
-element, so a whole model is checked in a tenth of the time; a gradient wrong in one element is
-off along every direction by about as much as that element is wrong.
+``--directions N`` (``check_directions``) compares the analytic gradient projected on each of N
+random directions u of an array with the same five-point quotient along u: four evaluations a
+direction, not an element, so a whole model is checked in a tenth of the time; a gradient wrong
+in one element is off along every direction by about as much as that element is wrong.
 
 The package: ``check.py`` the checker (:class:`~minitfm.gradcheck.check.Case`: sizes, inputs,
 forward, backward, tolerance; :func:`~minitfm.gradcheck.check.check_case`), ``cases.py`` the
