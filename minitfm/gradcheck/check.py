@@ -28,9 +28,19 @@ def relative_error(analytic, numeric) -> float:
     return 0.0 if scale == 0.0 else float(xp.linalg.norm(a - n)) / scale
 
 
+def five_point(objective: Callable[[], float], move: Callable[[int], None], step: float) -> float:
+    """Five-point central differences (module docstring): ``objective()`` after ``move(k)`` has
+    put its input k steps from the point, k = 2, 1, -1, -2, in that order."""
+    f = {}
+    for k in (2, 1, -1, -2):
+        move(k)
+        f[k] = objective()
+    return (8.0 * (f[1] - f[-1]) - (f[2] - f[-2])) / (12.0 * step)
+
+
 def numerical_gradient(objective: Callable[[], float], x, step: float = STEP):
-    """Five-point central differences (module docstring) of ``objective()`` with respect to
-    every element of ``x``, perturbed in place."""
+    """Five-point central differences of ``objective()`` with respect to every element of ``x``,
+    perturbed in place."""
     xp = backend.xp
     if not x.flags.c_contiguous:
         raise ValueError("numerical_gradient needs a contiguous array")
@@ -38,13 +48,36 @@ def numerical_gradient(objective: Callable[[], float], x, step: float = STEP):
     grad = xp.zeros(x.size, dtype=xp.float64)
     for i in range(x.size):
         old = float(flat[i])
-        f = {}
-        for k in (2, 1, -1, -2):
+
+        def move(k):                         # called at once, at this i
             flat[i] = old + k * step
-            f[k] = objective()
+        grad[i] = five_point(objective, move, step)
         flat[i] = old
-        grad[i] = (8.0 * (f[1] - f[-1]) - (f[2] - f[-2])) / (12.0 * step)
     return grad.reshape(x.shape)
+
+
+def directional_derivative(objective: Callable[[], float], x, direction, step: float = STEP):
+    """Five-point central differences of ``objective()`` along ``direction`` (an array of
+    ``x``'s shape): all of ``x`` moved at once, in place, and put back."""
+    start = x.copy()
+
+    def move(k):
+        x[...] = start + k * step * direction
+    derivative = five_point(objective, move, step)
+    x[...] = start
+    return derivative
+
+
+def smallest_error(error: Callable[[float], float], steps, tolerance: float) -> float:
+    """``error(step)`` at each of ``steps`` (a number: that one) until one is within
+    ``tolerance`` (see the module docstring); the smallest counts."""
+    smallest = None
+    for step in (steps,) if isinstance(steps, float) else tuple(steps):
+        measured = error(step)
+        smallest = measured if smallest is None else min(smallest, measured)
+        if smallest <= tolerance:
+            break
+    return smallest
 
 
 def check_gradients(objective, analytic: dict, arrays: dict, steps=STEPS,
@@ -52,27 +85,12 @@ def check_gradients(objective, analytic: dict, arrays: dict, steps=STEPS,
     """Relative error of each of ``analytic`` against finite differences of ``objective()``,
     which reads ``arrays`` (perturbed in place), at each of ``steps`` until one is within
     ``tolerance`` (see the module docstring); the smallest counts."""
-    steps = (steps,) if isinstance(steps, float) else tuple(steps)
     errors = {}
     for name, grad in analytic.items():
-        for step in steps:
-            error = relative_error(grad, numerical_gradient(objective, arrays[name], step))
-            errors[name] = min(errors.get(name, error), error)
-            if errors[name] <= tolerance:
-                break
+        def error(step):                     # called at once, for this array
+            return relative_error(grad, numerical_gradient(objective, arrays[name], step))
+        errors[name] = smallest_error(error, steps, tolerance)
     return errors
-
-
-def directional_derivative(objective: Callable[[], float], x, direction, step: float = STEP):
-    """Five-point central differences of ``objective()`` along ``direction`` (an array of
-    ``x``'s shape): all of ``x`` moved at once, in place, and put back."""
-    start = x.copy()
-    f = {}
-    for k in (2, 1, -1, -2):
-        x[...] = start + k * step * direction
-        f[k] = objective()
-    x[...] = start
-    return (8.0 * (f[1] - f[-1]) - (f[2] - f[-2])) / (12.0 * step)
 
 
 def check_directions(objective, analytic: dict, arrays: dict, directions: int, seed: int = 0,
@@ -90,20 +108,20 @@ def check_directions(objective, analytic: dict, arrays: dict, directions: int, s
     rng = backend.host_rng(seed)
     errors = {}
     for name, grad in analytic.items():
-        x = arrays[name]
+        x, grad = arrays[name], grad.astype(xp.float64)
         units = [backend.to_device(rng.standard_normal(x.shape), dtype="float64")
                  for _ in range(directions)]
-        size = float(xp.linalg.norm(grad.astype(xp.float64)))
-        for step in (steps,) if isinstance(steps, float) else tuple(steps):
+        projections = [float((grad * u).sum()) for u in units]
+        size = float(xp.linalg.norm(grad))
+
+        def error(step):                     # the worst direction; called at once
             worst = 0.0
-            for u in units:
-                a = float((grad.astype(xp.float64) * u).sum())
+            for u, a in zip(units, projections):
                 n = directional_derivative(objective, x, u, step)
                 scale = max(abs(a), abs(n), size)
                 worst = max(worst, 0.0 if scale == 0.0 else abs(a - n) / scale)
-            errors[name] = min(errors.get(name, worst), worst)
-            if errors[name] <= tolerance:
-                break
+            return worst
+        errors[name] = smallest_error(error, steps, tolerance)
     return errors
 
 
