@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from threadpoolctl import ThreadpoolController
 
-from minitfm import backend
+from minitfm import backend, cli
 
 settings.register_profile("default", deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
@@ -47,7 +47,7 @@ PYCACHE, SESSION_PYCACHE = "PYTHONPYCACHEPREFIX", "MINITFM_TESTS_PYCACHE"
 # take, and some 150 processes train. The compiled loops and the row passes are the subject of
 # their own tests (tests/layers/test_compiled_rows.py, tests/test_rows.py, ...), and the tests
 # of the default choice start their commands without the variable (see ``default_kernels``).
-KERNELS = "MINITFM_KERNELS"
+KERNELS = cli.KERNELS_VARIABLE
 
 
 def default_kernels(env=None) -> dict:
