@@ -203,8 +203,8 @@ def run(args: argparse.Namespace) -> int:
         paths = _collect_inputs(args.inputs)[-wanted:]
     try:
         save_average(paths, args.output)
-    except (FileNotFoundError, CheckpointError):
-        raise
+    except (FileNotFoundError, CheckpointError, files.ReadError):
+        raise                       # an input that cannot be used, or whose read failed
     except OSError as exc:          # disk full, file too large, read-only, a directory
         trouble = files.link_trouble(args.output)
         if trouble is not None:     # the output, or a folder on its way, a link to nowhere

@@ -30,7 +30,7 @@ import stat
 import uuid
 from collections.abc import Iterator
 
-__all__ = ["WriteError", "write_error", "temporary_beside", "remove_stale_temporaries",
+__all__ = ["WriteError", "write_error", "ReadError", "read_error", "temporary_beside", "remove_stale_temporaries",
            "replacing", "replacing_directory", "fsync_directory", "kind_of", "link_trouble"]
 
 # the errors that say the destination has no room or cannot be written, whichever file raised them
@@ -40,6 +40,29 @@ _NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
 class WriteError(OSError):
     """A whole file could not be written: ``filename`` the destination, ``strerror`` the reason
     with the folder and the space free there."""
+
+
+class ReadError(OSError):
+    """A file could not be read for a reason of the system, not of its contents (an I/O error: a
+    failing disk, a network file system whose server is gone): ``filename`` the file,
+    ``strerror`` the reason, that the file was not judged, and what to check."""
+
+
+def read_error(path: str | os.PathLike, exc: OSError) -> ReadError | None:
+    """``exc``, raised while reading ``path``, as a :class:`ReadError` when the system failed the
+    read (an ``OSError`` with an error number: EIO, ESTALE, ...); None when ``exc`` says nothing
+    of the system (a library's complaint about the contents, with no error number) or says that
+    the file is missing or may not be read, which the callers report as they are."""
+    if isinstance(exc, ReadError):
+        return exc
+    if exc.errno is None or isinstance(exc, (FileNotFoundError, PermissionError,
+                                             IsADirectoryError, NotADirectoryError)):
+        return None
+    reason = exc.strerror or str(exc)
+    return ReadError(exc.errno, f"reading it failed: {reason}. The file itself was not judged "
+                                f"and may be sound: check the disk or the mount it is on (the "
+                                f"kernel's log, dmesg; a network file system's server), then "
+                                f"run the command again", os.fspath(path))
 
 
 def _size(n: int) -> str:
@@ -224,9 +247,10 @@ def replacing_directory(path: str | os.PathLike) -> Iterator[str]:
     """:func:`replacing` for a folder: yield a new empty folder beside ``path`` for the caller to
     fill; when the block ends its files are fsync'ed and it takes the place of ``path`` (an
     existing ``path`` is moved aside, then removed); on any error or interrupt it is removed and
-    ``path`` is untouched. A failed write raises :class:`WriteError` naming ``path``."""
+    ``path`` is untouched (moved back, when the error or the signal came between the two
+    renames). A failed write raises :class:`WriteError` naming ``path``."""
     directory = os.path.dirname(os.path.abspath(path))
-    tmp = temporary_beside(path)
+    tmp, old = temporary_beside(path), None
     try:
         try:
             os.makedirs(directory, exist_ok=True)
@@ -236,20 +260,19 @@ def replacing_directory(path: str | os.PathLike) -> Iterator[str]:
                 for name in names:
                     with open(os.path.join(root, name), "rb+") as f:
                         os.fsync(f.fileno())
-            old = temporary_beside(path) if os.path.lexists(path) else None
-            if old:
+            if os.path.lexists(path):
+                old = temporary_beside(path)
                 os.rename(path, old)
-            try:
-                os.rename(tmp, path)
-            except OSError:
-                if old:
-                    os.rename(old, path)
-                raise
+            os.rename(tmp, path)
         except OSError as exc:
             if _of_this_write(exc, tmp, path):
                 raise write_error(path, exc) from exc
             raise
     except BaseException:
+        # an error or a signal between the two renames: the old folder goes back to its name
+        if old is not None and os.path.lexists(old) and not os.path.lexists(path):
+            with contextlib.suppress(OSError):
+                os.rename(old, path)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     fsync_directory(directory)
