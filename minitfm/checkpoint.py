@@ -80,6 +80,7 @@ class Checkpoint:
     optimizer_state: dict | None = None   # {"step": int, "m": {name: array}, "v": {...}}
     extra: dict = field(default_factory=dict)
     kind: str = FIRST_KIND                # which model: a kind of the registry (models.get)
+    unknown: tuple[str, ...] = ()         # arrays of the file that no part of the format is
 
 
 def _json_bytes(meta: dict) -> numpy.ndarray:
@@ -195,7 +196,8 @@ def load(path: str | os.PathLike, *, with_optimizer: bool = True) -> Checkpoint:
     """Read a checkpoint written by :func:`save`; all arrays come back as NumPy host arrays.
 
     ``with_optimizer=False`` skips the optimizer moments (two thirds of a training checkpoint),
-    for decoding or averaging. Raises :class:`CheckpointError` if the file is damaged, is not a
+    for decoding or averaging. Arrays of the file that no part of the layout above is (added by
+    another program) are not read: their names are in ``unknown``. Raises :class:`CheckpointError` if the file is damaged, is not a
     checkpoint, or has an unknown format version, or if ``path`` is not a file (a directory, a
     pipe, a symbolic link that leads nowhere: a loop, a missing target); ``FileNotFoundError``
     if there is nothing at all.
@@ -227,10 +229,13 @@ def load(path: str | os.PathLike, *, with_optimizer: bool = True) -> Checkpoint:
             vocab_model = (archive["vocab_model"].tobytes()
                            if "vocab_model" in archive.files else None)
             kind = meta.get("kind", FIRST_KIND)
+            known = {"meta", "vocab_model", *(f"{group}/{name}" for name in names
+                                              for group in ("param", "adam_m", "adam_v"))}
             return Checkpoint(path=path, params=params, step=meta["step"],
                               config=_with_later_fields(meta["config"], kind),
                               vocab_id=meta["vocab_id"], vocab_model=vocab_model,
-                              optimizer_state=optimizer_state, extra=meta["extra"], kind=kind)
+                              optimizer_state=optimizer_state, extra=meta["extra"], kind=kind,
+                              unknown=tuple(n for n in archive.files if n not in known))
     except (FileNotFoundError, CheckpointError):
         raise
     except ValueError as exc:

@@ -10,6 +10,10 @@ each reads them through :func:`load`, which refuses a file unless:
 - every value is finite;
 - where the optimizer state is read (resuming), Adam's two moments pass the same checks.
 
+Arrays a file holds beyond its model and the checkpoint's layout (written by another program)
+do not fail the check, but are named in one warning line on stderr: they are never read, so
+nothing written from the checkpoint holds them, and that is said rather than done in silence.
+
 float16 is refused even where every value is finite: minitfm trains and decodes only in float32
 or float64 (``backend.set_float_dtype``), and a float16 file was not written by it (its values
 may well have overflowed to Inf on the way).
@@ -27,6 +31,7 @@ is copied to a device.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 import numpy
@@ -188,4 +193,21 @@ def load(path: str | os.PathLike, kind: str | None = None, *,
         # its message says already how to move it aside
         raise _refuse(path, None, str(exc).rstrip("."), kind, with_optimizer,
                       advise=False) from exc
-    return check(ckpt, kind)
+    checked = check(ckpt, kind)
+    if ckpt.unknown:
+        _warn_unknown(ckpt)
+    return checked
+
+
+def _warn_unknown(ckpt: Checkpoint) -> None:
+    """One warning line naming the arrays of ``ckpt`` that no part of a minitfm checkpoint is:
+    they are never read, so nothing written from the checkpoint (a resumed run's checkpoints, an
+    average, an export) holds them; the file itself is left as it is."""
+    shown = ", ".join(map(repr, ckpt.unknown[:5])) + (
+        f" and {len(ckpt.unknown) - 5} more" if len(ckpt.unknown) > 5 else "")
+    print(f"warning: checkpoint {ckpt.path} holds {len(ckpt.unknown)} "
+          f"array{'s' if len(ckpt.unknown) > 1 else ''} that no parameter of its model and no "
+          f"part of a minitfm checkpoint is ({shown}): not read, so nothing this command writes "
+          f"holds {'them' if len(ckpt.unknown) > 1 else 'it'}. The file is not changed; keep a "
+          f"copy of it if they matter (a training run removes its older checkpoints in time)",
+          file=sys.stderr, flush=True)

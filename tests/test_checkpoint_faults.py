@@ -107,3 +107,41 @@ def test_ctrl_c_during_export_force_keeps_the_old_export(ckpt, tmp_path):  # noq
     assert "Traceback" not in done.stderr
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert set(os.listdir(tmp_path)) == {"ct2", "interrupt.py"}     # no temporary left
+
+
+def with_foreign_arrays(source, destination, **arrays) -> Path:
+    """A copy of the checkpoint ``source`` with ``arrays`` added, as another program would."""
+    with np.load(source) as archive:
+        np.savez(destination, **{name: archive[name] for name in archive.files}, **arrays)
+    return Path(destination)
+
+
+def test_arrays_beyond_the_model_are_named_never_dropped_in_silence(toy_run, ckpt, tmp_path):  # noqa: F811
+    """A checkpoint holding arrays that no parameter of its model has: translate, a resume and
+    average each name them in one warning (they write nothing that holds them), and run; the
+    file itself is not changed."""
+    foreign = {"notes/ema": np.zeros(3, np.float32), "param/extra.weight": np.ones(2)}
+    model = with_foreign_arrays(ckpt, tmp_path / "model.npz", **foreign)
+    done = command("-m", "minitfm.translate", "--checkpoint", model, "--input", os.devnull)
+    assert done.returncode == 0, done.stderr
+    resumed = tmp_path / "run"
+    resumed.mkdir()
+    for path in toy_run.iterdir():
+        if path.name != "run.lock":
+            (resumed / path.name).write_bytes(path.read_bytes())
+    newest = with_foreign_arrays(checkpoint.latest(toy_run), checkpoint.latest(resumed),
+                                 **foreign)
+    kept = newest.read_bytes()
+    resume = command(*TOY, "--max-steps", 6, "--save-every", 2, "--out", resumed, "--resume")
+    assert resume.returncode == 0, resume.stderr
+    average = command("-m", "minitfm.average", "--inputs", newest, "--output",
+                      tmp_path / "avg.npz")
+    assert average.returncode == 0, average.stderr
+    for done, path in ((done, model), (resume, newest), (average, newest)):
+        warning = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
+        assert len(warning) == 1 and str(path) in warning[0], done.stderr
+        assert "2 arrays" in warning[0] and "'notes/ema'" in warning[0] \
+            and "'param/extra.weight'" in warning[0], warning
+        assert "nothing this command writes holds them" in warning[0], warning
+    assert newest.read_bytes() == kept
+    assert checkpoint.load(checkpoint.latest(resumed)).step == 6
