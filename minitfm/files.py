@@ -30,7 +30,7 @@ import stat
 import uuid
 from collections.abc import Iterator
 
-__all__ = ["WriteError", "write_error", "ReadError", "read_error", "temporary_beside", "remove_stale_temporaries",
+__all__ = ["WriteError", "write_error", "ReadError", "read_error", "bad_path", "temporary_beside", "remove_stale_temporaries",
            "replacing", "replacing_directory", "fsync_directory", "kind_of", "link_trouble"]
 
 # the errors that say the destination has no room or cannot be written, whichever file raised them
@@ -63,6 +63,18 @@ def read_error(path: str | os.PathLike, exc: OSError) -> ReadError | None:
                                 f"and may be sound: check the disk or the mount it is on (the "
                                 f"kernel's log, dmesg; a network file system's server), then "
                                 f"run the command again", os.fspath(path))
+
+
+# the errors that say a path cannot be used as it was named, whatever the disk's state
+_BAD_PATH = {errno.ENOTDIR, errno.EISDIR, errno.ENOENT, errno.EACCES, errno.EPERM, errno.ELOOP,
+             errno.ENAMETOOLONG}
+
+
+def bad_path(exc: OSError) -> bool:
+    """Whether ``exc`` says that its path cannot be used as named (a file where a folder
+    should be, a folder where a file should be, no rights, a link that leads nowhere): bad
+    input, not a failure of the disk (no room, read-only, an I/O error)."""
+    return exc.errno in _BAD_PATH
 
 
 def _size(n: int) -> str:

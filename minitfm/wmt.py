@@ -8,11 +8,14 @@ here that calls back into it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 from tqdm import tqdm
 
@@ -27,6 +30,7 @@ from minitfm.models import translator as model
 from minitfm.models.translator import Config
 from minitfm.training import phases, validation
 from minitfm.training.plan import Plan
+from minitfm.training.rundir import WriteFailed
 from minitfm.training.state import TrainState
 
 VOCAB_SEED = 0          # the vocabulary does not depend on --seed, so runs can share it
@@ -83,12 +87,23 @@ def say(text: str) -> None:
         tqdm.write(text)
 
 
-def write_text(path: str, text: str, what: str, advice: str) -> None:
+@contextlib.contextmanager
+def writing(path: str, what: str, advice: str) -> Iterator[TextIO]:
+    """``path`` (``what`` it holds, in words), opened to be written whole (``files.replacing``)
+    before the work that fills it: a folder that cannot be written is found before that work
+    is done. A failure is a run-time failure (``WriteFailed``: a full disk, a read-only mount,
+    an I/O error), or bad input where the path cannot be used as named (a file on the way, no
+    rights: ``UsageError``); its message says which file and ``advice``."""
+    opened = False
     try:
         with files.replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+            opened = True
+            yield f
     except OSError as exc:
-        raise UsageError(f"cannot write {what} {path}: {exc.strerror or exc}; {advice}") from exc
+        if opened and not isinstance(exc, files.WriteError):
+            raise                       # the work's own error, not this file's
+        text = f"cannot write {what} {path}: {exc.strerror or exc}; {advice}"
+        raise (UsageError if files.bad_path(exc) else WriteFailed)(text) from exc
 
 
 def resolve_corpora(args: argparse.Namespace) -> None:
@@ -183,23 +198,28 @@ def bleu_metric(vocab: Vocab, valid: ParallelText, args: argparse.Namespace):
 def score_test(params: dict, cfg: Config, vocab: Vocab, test: ParallelText, stem: str,
                args: argparse.Namespace, out_dir: str, info: dict) -> BleuScore:
     """Translate the test set with beam search, score it, write hypotheses and scores."""
-    started = time.perf_counter()
-    hypotheses = translate.translate_texts(params, cfg, vocab, test.src, beam=args.beam,
-                                           alpha=args.lenpen, batch_size=args.eval_batch_size,
-                                           progress=not args.quiet,
-                                           lenpen_form=args.lenpen_form, stopping=args.stopping)
-    seconds = time.perf_counter() - started
-    score = corpus_bleu(hypotheses, test.tgt, tokenize=args.bleu_tokenize)
     hyp_path = os.path.join(out_dir, f"{stem}.test.hyp.{args.target_lang}")
-    record = {**score.to_dict(), **info, "test_src": str(test.src_path),
-              "test_ref": str(test.tgt_path), "hypotheses": hyp_path, "beam": args.beam,
-              "lenpen": args.lenpen, "lenpen_form": args.lenpen_form,
-              "stopping": beam.stopping_rule(args.stopping, args.lenpen),
-              "decode_seconds": round(seconds, 1)}
-    advice = f"BLEU {score.bleu:.2f}; free space or pass another --out, and score again"
-    write_text(hyp_path, "".join(line + "\n" for line in hypotheses), "hypotheses", advice)
-    write_text(os.path.join(out_dir, f"{stem}.test.bleu.json"),
-               json.dumps(record, indent=1) + "\n", "scores", advice)
+    score_path = os.path.join(out_dir, f"{stem}.test.bleu.json")
+    advice = ("nothing was saved: pass an --out where files can be written (free space, or a "
+              "writable folder), and score again")
+    with writing(hyp_path, "hypotheses", advice) as hyp_file, \
+            writing(score_path, "scores", advice) as score_file:
+        started = time.perf_counter()
+        hypotheses = translate.translate_texts(params, cfg, vocab, test.src, beam=args.beam,
+                                               alpha=args.lenpen,
+                                               batch_size=args.eval_batch_size,
+                                               progress=not args.quiet,
+                                               lenpen_form=args.lenpen_form,
+                                               stopping=args.stopping)
+        seconds = time.perf_counter() - started
+        score = corpus_bleu(hypotheses, test.tgt, tokenize=args.bleu_tokenize)
+        record = {**score.to_dict(), **info, "test_src": str(test.src_path),
+                  "test_ref": str(test.tgt_path), "hypotheses": hyp_path, "beam": args.beam,
+                  "lenpen": args.lenpen, "lenpen_form": args.lenpen_form,
+                  "stopping": beam.stopping_rule(args.stopping, args.lenpen),
+                  "decode_seconds": round(seconds, 1)}
+        hyp_file.write("".join(line + "\n" for line in hypotheses))
+        score_file.write(json.dumps(record, indent=1) + "\n")
     say(f"test: {score}\n  {len(hypotheses)} sentences decoded in {seconds:.1f} s; "
         f"hypotheses in {hyp_path}")
     return score
@@ -228,10 +248,13 @@ def model_to_test(args: argparse.Namespace, state: TrainState) -> tuple[dict, st
     path = os.path.join(args.out, "averaged.npz")
     try:
         params, last = average.save_average(paths, path)
+    except files.ReadError:
+        raise                           # a checkpoint the disk did not give back: said as such
     except OSError as exc:
-        raise UsageError(f"cannot write the averaged model {path}: {exc.strerror or exc}; the "
-                         f"checkpoints are intact: free space and average them with python -m "
-                         f"minitfm.average --inputs {args.out} {chosen} --output {path}") from exc
+        raise (UsageError if files.bad_path(exc) else WriteFailed)(
+            f"cannot write the averaged model {path}: {exc.strerror or exc}; the checkpoints are "
+            f"intact: free space and average them with python -m minitfm.average --inputs "
+            f"{args.out} {chosen} --output {path}") from exc
     names = [os.path.basename(p) for p in paths]
     say(f"averaged {len(paths)} checkpoints ({', '.join(names)}) into {path}")
     return (checkpoint.params_to_device(params), "averaged",
@@ -260,7 +283,7 @@ def describe_run(args: argparse.Namespace, corpora: dict, vocab: Vocab, cfg: Con
     lines.append(f"test   {test.src_path} / {test.tgt_path}: {len(test)} pairs"
                  if test is not None else "test   none (no --testpref / --test-src)")
     lines += [
-        f"vocab  {vocab.size} joint BPE pieces ({vocab.identifier})",
+        f"vocab  {vocab.size} joint {vocab.kind} pieces ({vocab.identifier})",
         f"model  {args.preset}: {cfg.n_layers} layers, d_model {cfg.d_model}, d_ff {cfg.d_ff}, "
         f"{cfg.n_heads} heads, {'pre' if cfg.pre_ln else 'post'}-LN, dropout {cfg.dropout}"
         + (f" (attention {cfg.attention_dropout}, ReLU {cfg.relu_dropout})"

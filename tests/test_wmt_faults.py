@@ -1,0 +1,77 @@
+"""train_wmt.py through its real command line where what it prints could say more than was
+done: scoring into a folder that cannot be written fails before the decoding (status 1, no
+score printed), and the vocabulary is announced as the kind it is.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import sentencepiece as spm
+
+from minitfm.ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from tests.test_train_wmt import TINY, corpus, corpus_args  # noqa: F401  (fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "MINITFM_BACKEND": "numpy"}
+
+
+def train_wmt(*args, wrapper: list[str] = ()) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *wrapper, str(ROOT / "train_wmt.py"),
+                           *map(str, args)], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_eval_only_into_a_read_only_folder_fails_before_decoding(corpus, tmp_path):  # noqa: F811
+    """Scoring a checkpoint whose folder is on a read-only mount: one error naming the
+    hypotheses' file and the fix, status 1 (a write failure, not bad input), found before the
+    test set is decoded, and no BLEU printed; nothing in the folder changes."""
+    out = tmp_path / "run"
+    done = train_wmt(*corpus_args(corpus), *TINY, "--max-steps", 2, "--out", out)
+    assert done.returncode == 0, done.stderr
+    before = sorted(os.listdir(out))
+    model = out / "checkpoint_00000002.npz"
+    done = train_wmt("--eval-only", "--checkpoint", model, "--testpref", corpus / "test",
+                     "--source-lang", "en", "--target-lang", "de", "--beam", 1, "--backend",
+                     "numpy", wrapper=[str(ROOT / "tests" / "failing_disk.py"), "--read-only",
+                                       str(out), "--"])
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.count("error:") == 1, done.stderr
+    assert f"cannot write hypotheses {out / 'checkpoint_00000002.test.hyp.de'}: Read-only " \
+           f"file system" in done.stderr and "pass an --out where files can be written" \
+           in done.stderr, done.stderr
+    assert "BLEU" not in done.stdout + done.stderr and "sent/s" not in done.stderr
+    assert sorted(os.listdir(out)) == before
+
+
+def sentencepiece_model(lines: list[str], model_type: str, size: int) -> bytes:
+    """A sentencepiece model of ``model_type`` with minitfm's special ids, as another program
+    would train it."""
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, model_type=model_type,
+        vocab_size=size, hard_vocab_limit=False, pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID,
+        eos_id=EOS_ID, minloglevel=2)
+    return model.getvalue()
+
+
+def test_the_vocabulary_is_announced_as_the_kind_it_is(corpus, tmp_path):  # noqa: F811
+    """A unigram model in the data folder, where the cache of the BPE one was: the run uses
+    it and says "unigram", not "BPE"; the run that trained the BPE one says "BPE"."""
+    data = tmp_path / "data"
+    first = train_wmt(*corpus_args(corpus), *TINY, "--max-steps", 1, "--data-dir", data,
+                      "--out", tmp_path / "first")
+    assert first.returncode == 0, first.stderr
+    assert "joint BPE pieces" in first.stdout, first.stdout
+    [model] = data.glob("spm.*.model")
+    lines = (corpus / "train.en").read_text(encoding="utf-8").splitlines()
+    model.write_bytes(sentencepiece_model(lines, "unigram", 64))
+    second = train_wmt(*corpus_args(corpus), *TINY, "--max-steps", 1, "--data-dir", data,
+                       "--out", tmp_path / "second")
+    assert second.returncode == 0, second.stderr
+    assert "joint unigram pieces" in second.stdout and "BPE pieces" not in second.stdout, \
+        second.stdout
