@@ -30,7 +30,8 @@ import stat
 import uuid
 from collections.abc import Iterator
 
-__all__ = ["WriteError", "write_error", "ReadError", "read_error", "bad_path", "temporary_beside", "remove_stale_temporaries",
+__all__ = ["WriteError", "write_error", "ReadError", "read_error", "bad_path",
+           "temporary_beside", "remove_stale_temporaries",
            "replacing", "replacing_directory", "fsync_directory", "kind_of", "link_trouble"]
 
 # the errors that say the destination has no room or cannot be written, whichever file raised them

@@ -116,7 +116,8 @@ def with_foreign_arrays(source, destination, **arrays) -> Path:
     return Path(destination)
 
 
-def test_arrays_beyond_the_model_are_named_never_dropped_in_silence(toy_run, ckpt, tmp_path):  # noqa: F811
+def test_arrays_beyond_the_model_are_named_never_dropped_in_silence(toy_run, ckpt,  # noqa: F811
+                                                                   tmp_path):
     """A checkpoint holding arrays that no parameter of its model has: translate, a resume and
     average each name them in one warning (they write nothing that holds them), and run; the
     file itself is not changed."""

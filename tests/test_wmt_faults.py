@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +76,30 @@ def test_the_vocabulary_is_announced_as_the_kind_it_is(corpus, tmp_path):  # noq
     assert second.returncode == 0, second.stderr
     assert "joint unigram pieces" in second.stdout and "BPE pieces" not in second.stdout, \
         second.stdout
+
+
+def test_a_cache_the_disk_fails_to_read_is_not_rebuilt_over(corpus, tmp_path):  # noqa: F811
+    """EIO reading the vocabulary's cached model, its metadata, or a cached token array on a
+    resume: status 1 naming the file and the I/O error, never "incomplete" or "damaged", and
+    nothing trained or encoded again over the file the disk would not give back."""
+    first = tmp_path / "first"
+    done = train_wmt(*corpus_args(corpus), *TINY, "--max-steps", 2, "--out", first)
+    assert done.returncode == 0, done.stderr
+    [tokens] = (first / "data").glob("encoded-*/train/train.en-de.en.tokens.npy")
+    for unreadable in (first / "data" / "spm.en-de.64.model", first / "data" / "spm.en-de.64.json",
+                       tokens):
+        run = tmp_path / "run"
+        shutil.rmtree(run, ignore_errors=True)
+        shutil.copytree(first, run)
+        path = run / unreadable.relative_to(first)
+        before = path.read_bytes()
+        done = train_wmt(*corpus_args(corpus), *TINY, "--max-steps", 3, "--out", run, "--resume",
+                         wrapper=[str(ROOT / "tests" / "failing_disk.py"), "--eio", str(path),
+                                  "--"])
+        assert done.returncode == 1, done.stderr
+        assert "Traceback" not in done.stderr and done.stderr.count("error:") == 1, done.stderr
+        assert f"{path}: reading it failed: Input/output error" in done.stderr, done.stderr
+        said = done.stdout + done.stderr
+        assert not any(word in said for word in ("incomplete", "damaged", "training a",
+                                                 "encoding it")), said
+        assert path.read_bytes() == before

@@ -123,10 +123,14 @@ def _flatten(ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def load_array(path: Path, mmap: bool) -> np.ndarray:
-    """A cached ``.npy`` array (memory-mapped with ``mmap``); a damaged file is a DataError."""
+    """A cached ``.npy`` array (memory-mapped with ``mmap``); a damaged file is a DataError, a
+    read the disk fails a ``minitfm.files.ReadError``."""
     try:
         return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (OSError, ValueError) as exc:
+        failed = whole_files.read_error(path, exc) if isinstance(exc, OSError) else None
+        if failed is not None:                  # the disk failed the read: the file not judged
+            raise failed from exc
         raise DataError(f"{path}: cannot load cached array ({exc}); delete the cache to "
                         "rebuild it") from exc
 

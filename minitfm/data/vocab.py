@@ -78,6 +78,9 @@ class Vocab:
         try:
             return cls(Path(path).read_bytes())
         except OSError as exc:
+            failed = files.read_error(path, exc)    # the disk failed the read: not judged
+            if failed is not None:
+                raise failed from exc
             raise DataError(f"{path}: cannot read the vocabulary model "
                             f"({exc.strerror or exc})") from exc
 
@@ -395,14 +398,20 @@ def cached_joint_vocab(prefix: str | Path, src_lang: str, tgt_lang: str, vocab_s
 def read_metadata(path: Path, data_files: Sequence[Path] = ()) -> tuple[dict | None, str | None]:
     """The JSON object a cache keeps at ``path`` (written last: the cache is complete), or None
     with the reason the cache is broken, in words: the metadata is empty, cut short or unreadable,
-    or missing beside the cache's ``data_files``. ``(None, None)``: there is no cache at all."""
+    or missing beside the cache's ``data_files``. ``(None, None)``: there is no cache at all. A
+    read the disk fails (an I/O error) is no judgement of the cache: ``files.ReadError``."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         left = [p for p in data_files if p.exists()]
         return None, (f"{left[0]} has no metadata {path.name} beside it (its writing was cut "
                       f"short)" if left else None)
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        failed = files.read_error(path, exc)    # the disk failed the read: the cache not judged
+        if failed is not None:
+            raise failed from exc
+        return None, f"its metadata {path} cannot be read ({exc})"
+    except UnicodeDecodeError as exc:
         return None, f"its metadata {path} cannot be read ({exc})"
     try:
         document = json.loads(text)
