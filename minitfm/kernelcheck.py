@@ -20,6 +20,9 @@ each launch is also checked by itself: out-of-bounds reads and writes, races, ba
 cannot release (each a fault naming the kernel, block, thread and line), the same bits in two
 orders of its threads, and its outputs against its twin's on the same arguments (float32 within
 1e-5 of the largest value, float16 within 2e-3, masks and integers equal).
+
+``--case NAME`` (repeated: several) runs those cases alone, and reports the kernels they
+launched; on the host only those kernels are compiled.
 """
 
 from __future__ import annotations
@@ -196,10 +199,11 @@ def prepare_host() -> None:
             pass
 
 
-def compare(on_host: bool = False) -> list[dict]:
-    """Every case on the active backend (CuPy; NumPy with ``on_host``): ``{"case", "output",
-    "error", "tolerance", "ok"}`` for the worst output of each case, and ``{"kernel",
-    "launches", "ok"}`` for each kernel (ok: it ran; on the host also ``"output"``, ``"error"``,
+def compare(on_host: bool = False, cases=None) -> list[dict]:
+    """Every case (of ``cases``, names, where given) on the active backend (CuPy; NumPy with
+    ``on_host``): ``{"case", "output", "error", "tolerance", "ok"}`` for the worst output of each
+    case, and ``{"kernel", "launches", "ok"}`` for each kernel (of those they launched, with
+    ``cases``; ok: it ran; on the host also ``"output"``, ``"error"``,
     ``"tolerance"``: its launches' worst output against its twin's). On the host a kernel's
     fault (:class:`minitfm.cudahost.KernelFault`) stops its case, whose row has ``"fault"``,
     the fault in words, as has the kernel's row (the case's name)."""
@@ -208,6 +212,8 @@ def compare(on_host: bool = False) -> list[dict]:
         kernel.host_errors.clear()
     rows, faults = [], {}
     for name, (case, tolerance) in CASES.items():
+        if cases is not None and name not in cases:
+            continue
         try:
             fused_out = _run(case, "fused", on_host)
         except cudahost.KernelFault as fault:       # on the host: the case stops, others go on
@@ -230,6 +236,8 @@ def compare(on_host: bool = False) -> list[dict]:
                      "tolerance": tolerance, "ok": bool(error <= tolerance)})
     for name, kernel in fused.KERNELS.items():
         ran = kernel.launches - before[name]
+        if cases is not None and not ran:
+            continue
         row = {"kernel": name, "launches": ran, "ok": ran > 0}
         if on_host:
             worst, error, tolerance = "", 0.0, 0.0
@@ -252,6 +260,9 @@ def main(argv=None) -> int:
                         help="no GPU: run the kernels' CUDA source on the CPU (compiled by the "
                              "machine's C++ compiler), each launch checked for faults and held "
                              "to its twin")
+    parser.add_argument("--case", action="append", choices=list(CASES), metavar="NAME",
+                        help="run this case alone, and check the kernels it launches (repeat "
+                             f"it for several; default: all): {', '.join(CASES)}")
     args = parser.parse_args(argv)
     return report_errors(lambda: run(args))
 
@@ -262,9 +273,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         backend.use("numpy" if args.host else "cupy")
         if args.host:
-            prepare_host()
-            print(f"the kernels' source on the CPU, compiled by {' '.join(cudahost.compiler())}")
-        rows = compare(on_host=args.host)
+            if args.case is None:
+                prepare_host()      # else each kernel a case launches, at its first launch
+            print(f"the kernels' source on the CPU, compiled by "
+                  f"{cudahost.build.named(*cudahost.build.chosen_compiler())}")
+        rows = compare(on_host=args.host, cases=args.case)
     except (backend.BackendError, cudahost.BuildError, cudahost.Unsupported) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

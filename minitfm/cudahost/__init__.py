@@ -6,7 +6,8 @@ arrays (a device array's data pointer, here a NumPy array's, C-contiguous) and N
 the kernel's parameter types (as CuPy passes them: ``numpy.int32`` for an ``int``; a Python int
 would reach a device as 64 bits, and is refused). The source is rewritten a little
 (:mod:`minitfm.cudahost.rewrite`), compiled by the machine's C++ compiler with the header
-``cuda_host.h`` (:mod:`minitfm.cudahost.build`), and run by the header's model of CUDA:
+``cuda_host.h`` (:mod:`minitfm.cudahost.build`; kept in a cache that heals itself, a cache that
+cannot be written a :class:`CacheError`), and run by the header's model of CUDA:
 
 - the grid's blocks run one after another; each thread of a block is a fiber with a stack of its
   own, ``threadIdx`` / ``blockIdx`` / ``blockDim`` / ``gridDim`` as CUDA defines them;
@@ -46,11 +47,11 @@ import warnings
 import numpy
 
 from minitfm.cudahost import build as _build
-from minitfm.cudahost.build import BuildError, compiler
+from minitfm.cudahost.build import BuildError, CacheError, compiler
 from minitfm.cudahost.rewrite import Unsupported
 
-__all__ = ["HostKernel", "KernelFault", "BuildError", "Unsupported", "checked_launch",
-           "compiler", "compare_outputs"]
+__all__ = ["HostKernel", "KernelFault", "BuildError", "CacheError", "Unsupported",
+           "checked_launch", "compiler", "compare_outputs"]
 
 MAX_THREADS, MAX_BLOCK_Z, MAX_GRID_YZ = 1024, 64, 65535
 
@@ -171,7 +172,8 @@ class HostKernel:
                             f"{param.ctype}").encode()
             shadow = None
             if races:
-                shadow = numpy.zeros(max(arg.size, 1) * self.library.shadow_bytes, dtype=numpy.uint8)
+                shadow = numpy.zeros(max(arg.size, 1) * self.library.shadow_bytes,
+                                     dtype=numpy.uint8)
                 keep.append(shadow)
             name = param.name.encode()
             region = _Region(arg.ctypes.data, arg.size, arg.itemsize, name, 0,

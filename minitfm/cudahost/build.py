@@ -4,15 +4,25 @@ Host-only code. The compiler is the first of: ``$MINITFM_CXX`` (a command line, 
 ``clang++`` or ``python -m ziglang c++``), ``$CXX``, ``c++``, ``g++``, ``clang++`` on the path,
 and the clang that the ``ziglang`` package carries (installed with the ``test`` extra, for a
 machine with no compiler of its own). ``-ffp-contract=off`` keeps ``a * b + c`` two roundings, as
-the kernels' ``--fmad=false`` does on a device.
+the kernels' ``--fmad=false`` does on a device. A compiler that fails naming no line of the
+source is named with the variable that chose it, and how to choose another.
 
 A compiled library is kept under ``$MINITFM_CACHE`` (default ``~/.cache/minitfm``), in
 ``cudahost/``, named by a hash of everything that went into it: the next run loads it at once.
+An entry is compiled in a folder of its own beside the others (the compiler's temporaries too)
+and renamed into place once whole (:func:`minitfm.files.replacing`), under a lock of its own:
+two processes that need it at once compile it once, and a process killed meanwhile leaves only
+temporaries that the next compilation removes. Each library is followed by a seal, the hash
+it is named by and the hash of its bytes: an entry that is not whole (truncated, damaged,
+another entry's library) or does not load is compiled again, with one ``warning:`` line. A
+cache that cannot be written (a full disk, a read-only one) is a :class:`CacheError`, naming
+the folder and how to move the cache.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import os
 import shlex
@@ -25,31 +35,43 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from minitfm import files
 from minitfm.cudahost import rewrite
 
-__all__ = ["BuildError", "compiler", "FLAGS", "HEADER", "Library", "build"]
+__all__ = ["BuildError", "CacheError", "compiler", "chosen_compiler", "FLAGS", "HEADER",
+           "Library", "build"]
 
 HEADER = Path(__file__).with_name("cuda_host.h")
 FLAGS = ("-std=c++14", "-O1", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math",
          "-fno-strict-aliasing", "-fno-threadsafe-statics", "-w")
+MARK = "minitfm cache entry "   # a library's seal: this, its entry's hash, the hash of its bytes
+LAYOUT = "2"                    # the entries' layout, in their hash: older entries are left unused
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class BuildError(RuntimeError):
-    """No compiler, or the kernel's host C++ did not compile (the message has the errors)."""
+    """No compiler, a compiler that fails, or a kernel's host C++ that did not compile (the
+    message has the errors)."""
 
 
-def compiler() -> list[str]:
-    """The compiler's command line (see the module's docstring); :class:`BuildError` if none."""
+class CacheError(OSError):
+    """The cache could not be written (no room, no rights): ``filename`` the cache's folder,
+    ``strerror`` the reason, the space free there and how to move the cache."""
+
+
+def chosen_compiler() -> tuple[list[str], str]:
+    """The compiler's command line (see the module's docstring) and what chose it:
+    ``"MINITFM_CXX"``, ``"CXX"`` or ``"default"``; :class:`BuildError` if there is none."""
     for variable in ("MINITFM_CXX", "CXX"):
         if os.environ.get(variable, "").strip():
-            return shlex.split(os.environ[variable])
+            return shlex.split(os.environ[variable]), variable
     for name in ("c++", "g++", "clang++"):
         found = shutil.which(name)
         if found:
-            return [found]
+            return [found], "default"
     try:
         import ziglang  # noqa: F401  (only whether it is there)
-        return [sys.executable, "-m", "ziglang", "c++"]
+        return [sys.executable, "-m", "ziglang", "c++"], "default"
     except ImportError:
         pass
     raise BuildError("no C++ compiler to run the kernels on the host: install one (g++ or "
@@ -57,20 +79,59 @@ def compiler() -> list[str]:
                      "MINITFM_CXX")
 
 
+def compiler() -> list[str]:
+    """The compiler's command line (see the module's docstring); :class:`BuildError` if none."""
+    return chosen_compiler()[0]
+
+
+def named(command: list[str], chosen_by: str) -> str:
+    """The compiler in words: its command line and what chose it."""
+    how = ("the first C++ compiler found on this machine" if chosen_by == "default"
+           else f"named by {chosen_by}")
+    return f"{shlex.join(command)} ({how})"
+
+
+def _another(chosen_by: str) -> str:
+    """How to choose a compiler other than the one ``chosen_by`` chose."""
+    working = "a C++ compiler that works (g++, clang++, or `python -m ziglang c++`)"
+    if chosen_by == "MINITFM_CXX":
+        return f"set MINITFM_CXX to {working}, or unset it to use CXX or the machine's"
+    if chosen_by == "CXX":
+        return f"set CXX, or MINITFM_CXX (which comes first), to {working}"
+    return f"name {working} in MINITFM_CXX"
+
+
 def cache_dir() -> Path:
+    """The folder of the compiled libraries, made if missing: ``$MINITFM_CACHE/cudahost``, or
+    where it cannot be written (a read-only home) one in the system's temporary folder;
+    :class:`CacheError` where there is no room to make it."""
     root = os.environ.get("MINITFM_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
         "minitfm")
     path = Path(root) / "cudahost"
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        if not path.is_dir():
+            path.mkdir(parents=True, exist_ok=True)
         if os.access(path, os.W_OK | os.X_OK):
             return path
-    except OSError:
-        pass
+    except OSError as exc:
+        if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise _unwritable(path, exc) from exc
     path = Path(tempfile.gettempdir()) / f"minitfm-cudahost-{os.getuid()}"   # a read-only home
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _unwritable(path, exc) from exc
     return path
+
+
+def _unwritable(folder: Path, exc: OSError) -> CacheError:
+    """``exc``, raised while writing in the cache ``folder``, as a :class:`CacheError`."""
+    reason = files.write_error(exc.filename or folder / "entry", exc).strerror
+    fix = ("make room there, or move the cache elsewhere" if exc.errno in NO_ROOM
+           else "move the cache to a folder that can be written")
+    return CacheError(exc.errno, f"the compiled kernels cannot be kept there: {reason}; {fix} "
+                                 f"with MINITFM_CACHE=DIR", str(folder))
 
 
 class Library:
@@ -78,9 +139,21 @@ class Library:
     ``shadow_bytes`` the size of one element's race record; ``lock``, held by a launch (the
     library's state is its own: one launch at a time in it)."""
 
-    def __init__(self, path: Path, host: rewrite.HostSource, unit: str):
+    def __init__(self, path: Path, host: rewrite.HostSource, unit: str, key: str):
+        """Load the library at ``path``, the entry ``key``; :class:`_Unloadable` (with the
+        reason in words) where it is missing, damaged or another entry's."""
         self.path, self.host, self.unit = path, host, unit
-        self._dll = ctypes.CDLL(str(path))
+        try:
+            self._dll = ctypes.CDLL(str(path)) if _sealed(path.read_bytes(), key) else None
+        except OSError as exc:
+            raise _Unloadable(exc.strerror or str(exc)) from exc
+        if self._dll is None:
+            raise _Unloadable("it is not this kernel's library whole: truncated, damaged, or "
+                              "another kernel's")
+        missing = [name for name in host.kernels if not hasattr(self._dll,
+                                                                 f"minitfm_launch_{name}")]
+        if missing or not hasattr(self._dll, "minitfm_shadow_bytes"):
+            raise _Unloadable(f"it lacks the launch of {', '.join(missing) or 'any kernel'}")
         self.shadow_bytes = self._dll.minitfm_shadow_bytes()
         self.lock = threading.Lock()
 
@@ -89,6 +162,22 @@ class Library:
         function.restype = ctypes.c_int
         function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         return function
+
+
+class _Unloadable(Exception):
+    """A cache entry that does not load; the message says why."""
+
+
+def _seal(content: bytes, key: str) -> bytes:
+    """What follows a compiled library in its cache entry: the entry's hash and the library's
+    own (the loader ignores what follows the parts it maps)."""
+    return f"\n{MARK}{key} {hashlib.sha256(content).hexdigest()}\n".encode()
+
+
+def _sealed(content: bytes, key: str) -> bool:
+    """Whether ``content`` is a whole cache entry ``key``: a library and its seal."""
+    size = len(_seal(b"", key))
+    return content[-size:] == _seal(content[:-size], key)
 
 
 _loaded: dict[str, Library] = {}
@@ -103,37 +192,92 @@ def unit_of(source: str) -> tuple[rewrite.HostSource, str]:
 
 
 def build(source: str) -> Library:
-    """``source`` compiled for the host and loaded (from the cache where it was built before)."""
+    """``source`` compiled for the host and loaded (from the cache where it was built before;
+    an entry there that does not load is compiled again, and said)."""
     if source in _loaded:
         return _loaded[source]
     host, unit = unit_of(source)
-    command = compiler()
-    key = hashlib.sha256("\0".join([HEADER.read_text(), unit, *command, *FLAGS,
+    command, chosen_by = chosen_compiler()
+    key = hashlib.sha256("\0".join([LAYOUT, HEADER.read_text(), unit, *command, *FLAGS,
                                     sys.platform]).encode()).hexdigest()[:32]
     folder = cache_dir()
     target = folder / f"{key}.so"
-    with FileLock(str(folder / f"{key}.lock")):
-        if not target.exists():
-            _compile(command, unit, target)
-    library = _loaded[source] = Library(target, host, unit)
+    try:
+        library = Library(target, host, unit, key)          # the usual case: no lock, no write
+    except _Unloadable:
+        try:
+            with FileLock(str(folder / f"{key}.lock")):
+                library = _load_or_compile(command, chosen_by, host, unit, key, target)
+        except CacheError:
+            raise
+        except OSError as exc:                              # the lock, or the compilation's files
+            raise _unwritable(folder, exc) from exc
+    _loaded[source] = library
     return library
 
 
-def _compile(command: list[str], unit: str, target: Path) -> None:
-    with tempfile.TemporaryDirectory(prefix="minitfm-cudahost-") as work:
+def _load_or_compile(command: list[str], chosen_by: str, host: rewrite.HostSource, unit: str,
+                     key: str, target: Path) -> Library:
+    """Under the entry's lock: the entry as another process may just have compiled it, else
+    compiled now (an entry there that does not load is said, once)."""
+    try:
+        return Library(target, host, unit, key)
+    except _Unloadable as exc:
+        if target.exists():
+            print(f"warning: the compiled kernel {target} does not load ({exc}): compiling it "
+                  f"again", file=sys.stderr, flush=True)
+    _compile(command, chosen_by, unit, key, target)
+    try:
+        return Library(target, host, unit, key)
+    except _Unloadable as exc:
+        raise BuildError(f"the kernel compiled by {named(command, chosen_by)} into {target} "
+                         f"does not load ({exc}): {_another(chosen_by)}") from exc
+
+
+def _compile(command: list[str], chosen_by: str, unit: str, key: str, target: Path) -> None:
+    """Compile ``unit`` into ``target`` in a folder beside it (the compiler's temporaries
+    too), renamed into place once whole."""
+    files.remove_stale_temporaries(target.parent)      # of compilations killed on the way
+    work = files.temporary_beside(target.with_suffix(".build"))
+    try:
+        os.mkdir(work)
         cpp = Path(work) / "kernel.cpp"
         cpp.write_text(unit)
-        partial = target.with_name(f".{target.name}.{os.getpid()}")
-        line = [*command, *FLAGS, "-I", str(HEADER.parent), str(cpp), "-o", str(partial)]
-        try:
-            done = subprocess.run(line, capture_output=True, text=True, timeout=600)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise BuildError(f"the C++ compiler could not run ({shlex.join(command)}): {exc}; "
-                             f"name another in MINITFM_CXX") from exc
-        if done.returncode != 0:
-            partial.unlink(missing_ok=True)
-            raise BuildError(_explain(done.stderr, shlex.join(command)))
-        os.replace(partial, target)
+        with files.replacing(target) as partial:
+            line = [*command, *FLAGS, "-I", str(HEADER.parent), str(cpp), "-o", partial]
+            environment = dict(os.environ, TMPDIR=work, LC_ALL="C")
+            try:
+                done = subprocess.run(line, capture_output=True, text=True, timeout=600,
+                                      env=environment)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise BuildError(f"the C++ compiler {named(command, chosen_by)} could not run: "
+                                 f"{exc}; {_another(chosen_by)}") from exc
+            if done.returncode != 0:
+                raise _failure(done, command, chosen_by)
+            if not os.path.exists(partial):
+                raise BuildError(f"the C++ compiler {named(command, chosen_by)} wrote no "
+                                 f"library (it exited with status 0); {_another(chosen_by)}")
+            with open(partial, "rb+") as library:
+                library.write(_seal(library.read(), key))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _failure(done: subprocess.CompletedProcess, command: list[str], chosen_by: str) -> Exception:
+    """The error for a compilation that failed: no room in the cache (an ``OSError``), the
+    errors in the source's lines where the compiler names any, or else the compiler itself at
+    fault."""
+    errors = done.stderr + done.stdout
+    for number in NO_ROOM:
+        if os.strerror(number) in errors:       # the library, or the compiler's temporaries
+            return OSError(number, os.strerror(number))
+    if any(f"{name}:" in errors for name in ("kernel.cu", "launch.cpp", HEADER.name)):
+        return BuildError(_explain(errors, shlex.join(command)))
+    said = next((e.strip() for e in errors.splitlines() if e.strip()), "")   # the first
+    said = f" ({said[:300]})" if said else " and printed nothing"
+    return BuildError(f"the C++ compiler {named(command, chosen_by)} does not work: it failed "
+                      f"with status {done.returncode}{said}, naming no line of the kernel's "
+                      f"source; {_another(chosen_by)}")
 
 
 def _explain(errors: str, command: str) -> str:

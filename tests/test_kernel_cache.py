@@ -1,0 +1,124 @@
+"""The cache of the kernels compiled for the CPU (``MINITFM_CACHE``), through the real command
+line, ``python -m minitfm.kernelcheck --host``: two processes fill one cache together; an entry
+that does not load (truncated, or another entry's) is compiled again, said once, and the cache
+is whole after; a full disk names the cache's folder and how to move it, with status 1 (and
+does not matter where every kernel is already kept); a compiler that fails is named with the
+variable that chose it.
+
+Each command runs the cases ``dropout`` and ``loss`` alone: three small kernels to compile.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {k: v for k, v in os.environ.items() if k not in ("MINITFM_CXX", "CXX")}
+ENV["PYTHONPATH"] = str(ROOT)
+CHECK = ["-m", "minitfm.kernelcheck", "--host", "--case", "dropout", "--case", "loss"]
+ENTRIES = 3         # dropout_forward, dropout_backward, smoothed_loss: one library each
+
+
+def check(cache: Path, *wrapper, env=None) -> subprocess.Popen:
+    """The kernel check on the cache ``cache``, started (``wrapper``: a script run first)."""
+    return subprocess.Popen([sys.executable, *map(str, wrapper), *CHECK], cwd=ROOT, text=True,
+                            env={**ENV, **(env or {}), "MINITFM_CACHE": str(cache)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def finish(process: subprocess.Popen) -> tuple[int, str, str]:
+    out, err = process.communicate(timeout=300)
+    return process.returncode, out, err
+
+
+def contents(cache: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((cache / "cudahost").iterdir())}
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory) -> tuple[Path, list]:
+    """A cache that two kernel checks started at once filled, and what each of them did."""
+    cache = tmp_path_factory.mktemp("kernels") / "cache"
+    started = [check(cache), check(cache)]
+    return cache, [finish(p) for p in started]
+
+
+def test_two_processes_fill_one_cache_together(filled):
+    cache, done = filled
+    for status, out, err in done:
+        assert status == 0 and err == "" and f"{ENTRIES + 2} passed, 0 failed" in out, out + err
+    names = sorted(contents(cache))
+    assert [n for n in names if n.endswith(".so")] == sorted(
+        n.replace(".lock", ".so") for n in names if n.endswith(".lock"))
+    assert len(names) == 2 * ENTRIES, names         # each library and its lock, no temporaries
+
+
+def test_an_entry_that_does_not_load_is_compiled_again_and_said_once(filled, tmp_path):
+    cache = tmp_path / "cache"
+    shutil.copytree(filled[0], cache)
+    first, second, third = sorted((cache / "cudahost").glob("*.so"))
+    first.write_bytes(first.read_bytes()[:-4000])                   # truncated
+    swapped = second.read_bytes()
+    second.write_bytes(third.read_bytes())                          # another entry's library
+    third.write_bytes(swapped)
+    status, out, err = finish(check(cache))
+    assert status == 0 and "0 failed" in out, out + err
+    lines = err.splitlines()
+    assert sorted(lines) == sorted(
+        f"warning: the compiled kernel {path} does not load (it is not this kernel's library "
+        f"whole: truncated, damaged, or another kernel's): compiling it again"
+        for path in (first, second, third)), err
+    assert contents(cache).keys() == contents(filled[0]).keys()     # no temporaries left
+    status, out, err = finish(check(cache))
+    assert (status, err) == (0, ""), out + err                      # said once
+
+
+def test_a_full_disk_names_the_cache_and_how_to_move_it(filled, tmp_path):
+    """Nothing kept yet: status 1, the folder named; every kernel kept: no write is needed."""
+    cache = tmp_path / "cache"
+    status, out, err = finish(check(cache, ROOT / "tests" / "failing_disk.py", "--full", cache,
+                                    "--"))
+    assert status == 1, out + err
+    assert err.startswith(f"error: {cache / 'cudahost'}: the compiled kernels cannot be kept "
+                          f"there: No space left on device") and err.count("\n") == 1, err
+    assert "make room there, or move the cache elsewhere with MINITFM_CACHE=DIR" in err
+    assert not cache.exists()
+    shutil.copytree(filled[0], cache)
+    status, out, err = finish(check(cache, ROOT / "tests" / "failing_disk.py", "--full", cache,
+                                    "--"))
+    assert (status, err) == (0, ""), out + err
+
+
+LINKER_FULL = "#!/bin/sh\necho '/usr/bin/ld: final link failed: No space left on device' >&2\n" \
+              "exit 1\n"
+
+
+@pytest.mark.parametrize("variable, compiler, status, said", [
+    ("MINITFM_CXX", "false", 2, "error: the C++ compiler false (named by MINITFM_CXX) does "
+     "not work: it failed with status 1 and printed nothing, naming no line of the kernel's "
+     "source; set MINITFM_CXX to a C++ compiler that works (g++, clang++, or `python -m ziglang "
+     "c++`), or unset it to use CXX or the machine's\n"),
+    ("CXX", "false", 2, "error: the C++ compiler false (named by CXX) does not work: it failed "
+     "with status 1 and printed nothing, naming no line of the kernel's source; set CXX, or "
+     "MINITFM_CXX (which comes first), to a C++ compiler that works"),
+    ("MINITFM_CXX", LINKER_FULL, 1, "error: {cache}: the compiled kernels cannot be kept there: "
+     "No space left on device ("),
+], ids=["MINITFM_CXX", "CXX", "a linker finding the disk full"])
+def test_a_compiler_that_fails_is_named_with_the_variable_that_chose_it(variable, compiler,
+                                                                        status, said, tmp_path):
+    if "\n" in compiler:                    # a compiler whose linker finds the disk full
+        script = tmp_path / "c++"
+        script.write_text(compiler)
+        script.chmod(0o755)
+        compiler = str(script)
+    cache = tmp_path / "cache"
+    done, out, err = finish(check(cache, env={variable: compiler}))
+    assert done == status and err.count("\n") == 1, out + err
+    assert err.startswith(said.format(cache=cache / "cudahost")), err
+    assert "Traceback" not in err and not list((cache / "cudahost").glob("*.so"))
