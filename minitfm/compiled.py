@@ -9,7 +9,10 @@ without the lock: the same LayerNorm took 0.18 ms.
 
 Each loop is plain Python over scalars, written in its layer's file beside the plain code and the
 CUDA kernel, and turned into machine code by Numba on its first call (some tenths of a second,
-then kept on disk beside the module: ``cache=True``), with ``nogil`` (threads run it side by
+then kept on disk beside the module, or in ``$NUMBA_CACHE_DIR``: ``cache=True``; an entry there
+that does not load, or holds another loop's code, is compiled again and said once; one that
+cannot be written is said once, and compiled again by the next run), with ``nogil`` (threads run
+it side by
 side) and two of LLVM's fast-math flags: ``reassoc`` (a row's sum may be added in another order:
 in vector registers, several lanes at once) and ``contract`` (a multiply and an add may be one
 fused instruction). NaNs and infinities keep their meaning. So a compiled pass equals the plain
@@ -27,6 +30,7 @@ import contextlib
 import functools
 import importlib.util
 import signal
+import sys
 import threading
 
 import numpy
@@ -79,6 +83,9 @@ def _compile(fn):
         dispatcher = numba.njit(cache=True, **options)(fn)
     except RuntimeError:                # "cannot cache function ...: no locator available"
         dispatcher = numba.njit(cache=False, **options)(fn)
+    from numba.core.caching import FunctionCache
+    if isinstance(dispatcher._cache, FunctionCache):       # kept on disk: by a cache that heals
+        dispatcher._cache = _healing_cache()(fn)
     # Numba compiles (or loads from its cache) on a call with argument types it has no machine
     # code for yet: the first call, and any later one with another layout or dtype. Each such
     # call runs Python for a while, inside Numba: the stop signals are held back for all of it.
@@ -90,6 +97,68 @@ def _compile(fn):
 
     dispatcher._compile_for_args = held_back
     return dispatcher
+
+
+_unkept: list[str] = []         # the folder where a compiled loop could not be kept, once said
+
+
+@functools.cache
+def _healing_cache():
+    """Numba's cache of a function's machine code, healing itself: an entry that does not load
+    (a truncated or damaged file) or holds another loop's code, or another signature's (files
+    swapped), is compiled again, and said once; an entry that cannot be written (a full disk) is
+    said once, and the run goes on with the code it compiled."""
+    from numba.core import sigutils
+    from numba.core.caching import FunctionCache
+
+    class HealingCache(FunctionCache):
+        def __init__(self, py_func):
+            super().__init__(py_func)
+            self._loop = f"{py_func.__module__}.{py_func.__qualname__}"
+            self._said = False
+
+        def _load_overload(self, sig, target_context):
+            # Numba's own, which trusts what it reads, with the checks of what it read
+            if not self._enabled:
+                return None
+            try:
+                data = self._cache_file.load(self._index_key(sig, target_context.codegen()))
+                if data is None:
+                    return None
+                fndesc, signature = data[1], data[3]
+                found = f"{fndesc.modname}.{fndesc.qualname}"
+                if found != self._loop:
+                    return self._unloadable(f"it holds another loop's code, {found}'s")
+                if tuple(signature.args) != tuple(sigutils.normalize_signature(sig)[0]):
+                    return self._unloadable("it holds the code for other argument types")
+                return self._impl.rebuild(target_context, data)
+            except Exception as exc:        # whatever unpickling a damaged file raises
+                return self._unloadable(f"{type(exc).__name__}: {exc}")
+
+        def _unloadable(self, why: str) -> None:
+            if not self._said:
+                self._said = True
+                print(f"warning: the compiled loop {self._loop} kept in {self._cache_path} does "
+                      f"not load ({why}): compiling it again", file=sys.stderr, flush=True)
+
+        def save_overload(self, sig, data):
+            try:
+                try:
+                    super().save_overload(sig, data)
+                except OSError:
+                    raise
+                except Exception:           # a damaged index: a new one
+                    self.flush()
+                    super().save_overload(sig, data)
+            except OSError as exc:
+                if not _unkept:
+                    _unkept.append(self._cache_path)
+                    print(f"warning: the compiled loops cannot be kept in {self._cache_path} "
+                          f"({exc.strerror or exc}): each run compiles them again; make room "
+                          f"there, or move Numba's cache elsewhere with NUMBA_CACHE_DIR=DIR",
+                          file=sys.stderr, flush=True)
+
+    return HealingCache
 
 
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")

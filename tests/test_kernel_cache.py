@@ -6,6 +6,9 @@ does not matter where every kernel is already kept); a compiler that fails is na
 variable that chose it.
 
 Each command runs the cases ``dropout`` and ``loss`` alone: three small kernels to compile.
+
+And Numba's cache of the row passes' compiled loops, through ``train_toy.py``: an entry that
+does not load is compiled again, said once.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import default_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {k: v for k, v in os.environ.items() if k not in ("MINITFM_CXX", "CXX")}
@@ -122,3 +127,45 @@ def test_a_compiler_that_fails_is_named_with_the_variable_that_chose_it(variable
     assert done == status and err.count("\n") == 1, out + err
     assert err.startswith(said.format(cache=cache / "cudahost")), err
     assert "Traceback" not in err and not list((cache / "cudahost").glob("*.so"))
+
+
+# ---- Numba's cache of the row passes' compiled loops ---------------------------------------------
+
+TOY = ["--task", "copy", "--length", "5", "--vocab", "5", "--batch-size", "8", "--preset", "tiny",
+       "--eval-size", "10", "--examples", "0", "--quiet", "--max-steps", "2"]
+
+
+@pytest.mark.slow
+def test_a_compiled_loop_that_does_not_load_is_compiled_again_and_said_once(tmp_path):
+    """train_toy.py with its default kernels (the row passes' compiled loops, kept by Numba in
+    NUMBA_CACHE_DIR): two loops' entries swapped, a truncated entry and a truncated index are
+    compiled again, each said once; the next run finds them whole."""
+    env = {**default_kernels(ENV), "MINITFM_BACKEND": "numpy",
+           "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+
+    def train(run: str) -> str:
+        done = subprocess.run([sys.executable, "train_toy.py", *TOY, "--out", tmp_path / run],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stderr
+
+    assert train("first") == ""
+    (folder,) = (tmp_path / "numba").iterdir()
+    loops = ["layernorm.forward_rows", "softmax.normalize_rows", "loss.finish_rows",
+             "residual.add_dropped_rows"]
+    first, second, third = (next(folder.glob(f"{loop}-*.1.nbc")) for loop in loops[:3])
+    index = next(folder.glob(f"{loops[3]}-*.nbi"))
+    swapped = first.read_bytes()
+    first.write_bytes(second.read_bytes())
+    second.write_bytes(swapped)
+    for truncated in (third, index):
+        truncated.write_bytes(truncated.read_bytes()[:30])
+    said = train("second").splitlines()
+    assert sorted(said) == sorted(
+        f"warning: the compiled loop minitfm.layers.{loop} kept in {folder} does not load ("
+        + why + "): compiling it again" for loop, why in zip(loops, [
+            "it holds another loop's code, minitfm.layers.softmax.normalize_rows's",
+            "it holds another loop's code, minitfm.layers.layernorm.forward_rows's",
+            "UnpicklingError: pickle data was truncated",
+            "UnpicklingError: pickle data was truncated"])), said
+    assert train("third") == ""
