@@ -20,11 +20,14 @@ step's next-token probabilities the mean of theirs (:mod:`minitfm.ensemble`).
   SCORE is the length-normalised log-probability); an empty line gives one empty hypothesis.
 
 Input is split on ``\\n`` only, and invalid UTF-8 is replaced rather than fatal (with one warning
-at the end naming the lines), so the output always has exactly as many lines (or n-best groups) as
-the input. Gzipped input (``--input`` or standard input) is recognised by its first bytes and
-decompressed, as the corpora are; a truncated one is an error. The input is read once, as it
-comes: ``--input`` may be a pipe (``--input <(zcat test.en.gz)``) or ``/dev/stdin``. A line
-longer than 1 MiB (a file that is not text) is an error naming the line.
+at the end naming the lines and what the input seems to be: text in an 8-bit encoding such as
+Windows-1252, or damaged lines), so the output always has exactly as many lines (or n-best groups)
+as the input. Input in UTF-16 or UTF-32 (a byte-order mark, or NUL bytes in its first bytes) is
+refused before anything is translated, naming the encoding and the conversion. Gzipped input
+(``--input`` or standard input) is recognised by its first bytes and decompressed, as the corpora
+are; a truncated one is an error. The input is read once, as it comes: ``--input`` may be a
+pipe (``--input <(zcat test.en.gz)``) or ``/dev/stdin``. A line longer than 1 MiB (a file that is
+not text) is an error naming the line.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from tqdm import tqdm
 
 from minitfm import batched, checkpoint, limits, options, usable
 from minitfm.cli import placement_defaults, report_errors, select_backend
-from minitfm.data.reading import DataError, decompressed, raw_lines, stream_lines
+from minitfm.data.reading import DataError, not_utf8, open_bytes, stream_lines, text_stream
 from minitfm.data.vocab import Vocab
 from minitfm.ensemble import Ensemble
 from minitfm.exits import UsageError
@@ -166,24 +169,37 @@ def translate_texts(params: dict, cfg: model.Config, vocab: Vocab, lines: Sequen
 class InputLines:
     """The lines of ``--input`` (plain or gzipped) or of a byte stream, split on ``\\n`` only,
     without their line endings; invalid UTF-8 is replaced, and the line numbers collected in
-    ``invalid`` for one warning at the end."""
+    ``invalid`` for one warning at the end, which says what the input seems to be (a UTF-16 or
+    UTF-32 input is refused when it is opened: ``minitfm.data.reading``)."""
 
     def __init__(self, path: str | None, stream: BinaryIO) -> None:
         self.path, self.stream = path, stream
+        self.name = path or "standard input"
         self.invalid: list[int] = []
-
-    def _raw(self) -> Iterator[bytes]:
-        if self.path is not None:                        # a file, a pipe, /dev/stdin: read once
-            return raw_lines(self.path, streamed=True)
-        return stream_lines(decompressed(self.stream), "standard input")
+        self.first_invalid = b""        # the first line that is not UTF-8
+        self.utf8 = False               # whether a line beyond ASCII is UTF-8
+        self.gzipped = False
 
     def __iter__(self) -> Iterator[str]:
-        for line_number, raw in enumerate(self._raw(), start=1):
+        if self.path is not None:                        # a file, a pipe, /dev/stdin: read once
+            with open_bytes(self.path, streamed=True) as text:
+                yield from self._decoded(text)
+        else:
+            yield from self._decoded(text_stream(self.stream, self.name))
+
+    def _decoded(self, text: BinaryIO) -> Iterator[str]:
+        self.gzipped = text.gzipped
+        for line_number, raw in enumerate(stream_lines(text, self.name), start=1):
             try:
-                yield raw.decode("utf-8")
+                decoded = raw.decode("utf-8")
             except UnicodeDecodeError:
+                if not self.invalid:
+                    self.first_invalid = raw
                 self.invalid.append(line_number)
-                yield raw.decode("utf-8", errors="replace")
+                decoded = raw.decode("utf-8", errors="replace")
+            else:
+                self.utf8 = self.utf8 or not raw.isascii()
+            yield decoded
 
     def warning(self) -> str | None:
         if not self.invalid:
@@ -191,7 +207,8 @@ class InputLines:
         shown = ", ".join(map(str, self.invalid[:10])) + (", ..." if len(self.invalid) > 10
                                                           else "")
         return (f"invalid UTF-8 replaced by U+FFFD on {len(self.invalid)} line(s) of "
-                f"{self.path or 'standard input'}: {shown}")
+                f"{self.name}: {shown}; "
+                + not_utf8(self.name, self.first_invalid, self.utf8, self.gzipped))
 
 
 def chunks(items: Iterable[str], size: int) -> Iterator[list[str]]:

@@ -13,12 +13,14 @@ Alignment is the one thing a reader must never get wrong, so:
   and both counts (never a silently shortened corpus);
 - lines are split on ``\\n`` only, on bytes, before decoding: ``str.splitlines`` would also split
   on U+2028, U+0085 and friends, which occur in web-crawled text and would shift one side;
-- invalid UTF-8 is an error naming the file and line, or, when the caller asks with
-  ``skip_invalid=True``, the *pair* is dropped from both sides and counted.
+- invalid UTF-8 is an error naming the file and line, and saying what the file seems to be (text
+  in an 8-bit encoding such as Windows-1252, with the conversion; or a damaged line of a UTF-8
+  file), or, when the caller asks with ``skip_invalid=True``, the *pair* is dropped from both
+  sides and counted.
 
 Files are read by :mod:`minitfm.data.reading`: gzip detected from the first bytes, not the name;
 every file a regular one (a corpus is read more than once), refused before any reading
-otherwise; lines at most MAX_LINE_BYTES long.
+otherwise; UTF-16 or UTF-32 text refused, naming the encoding; lines at most MAX_LINE_BYTES long.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import NamedTuple
 
 from minitfm import files
 
-from .reading import DataError, raw_lines
+from .reading import DataError, not_utf8, open_bytes, raw_lines, stream_lines
 
 __all__ = [
     "ParallelText", "ParallelReader", "Segment", "file_stamp", "parallel_files", "require_pairs",
@@ -41,19 +43,33 @@ __all__ = [
 ]
 
 
-def _decode(line: bytes, path: Path, number: int) -> str:
-    try:
-        return line.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DataError(
-            f"{path}, line {number}: invalid UTF-8 ({exc.reason} at byte {exc.start}); "
-            "fix the file or read it with skip_invalid=True to drop such pairs") from None
+class _Decoder:
+    """Decodes lines of the file ``path``, opened as the text stream ``stream``, as UTF-8: one
+    that is not is a :class:`DataError` naming the file and the line, and saying what the file
+    seems to be, judged by that line and by the lines decoded before it (``not_utf8``)."""
+
+    def __init__(self, path: Path, stream) -> None:
+        self.path, self.gzipped = path, stream.gzipped
+        self.utf8 = False           # whether a line decoded so far was UTF-8 beyond ASCII
+
+    def __call__(self, line: bytes, number: int) -> str:
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{self.path}, line {number}: invalid UTF-8 ({exc.reason} at byte "
+                            f"{exc.start}); {not_utf8(self.path, line, self.utf8, self.gzipped)}"
+                            ) from None
+        if not self.utf8 and not line.isascii():
+            self.utf8 = True
+        return text
 
 
 def read_lines(path: str | Path) -> list[str]:
     """All lines of a plain or gzipped UTF-8 text file, without line endings."""
     path = Path(path)
-    return [_decode(line, path, n) for n, line in enumerate(raw_lines(path), start=1)]
+    with open_bytes(path) as stream:
+        decode = _Decoder(path, stream)
+        return [decode(line, n) for n, line in enumerate(stream_lines(stream, path), start=1)]
 
 
 def file_stamp(path: str | Path) -> dict:
@@ -128,25 +144,28 @@ class ParallelReader:
     def __iter__(self) -> Iterator[tuple[str, str]]:
         self.lines = self.skipped_invalid = 0
         src_count = tgt_count = 0
-        for src_raw, tgt_raw in zip_longest(raw_lines(self.src_path),
-                                            raw_lines(self.tgt_path)):
-            src_count += src_raw is not None
-            tgt_count += tgt_raw is not None
-            if src_raw is None or tgt_raw is None:
-                continue  # one side ended early: only count the rest of the other
-            self.lines += 1
-            pair = self._decode_pair(src_raw, tgt_raw)
-            if pair is not None:
-                yield pair
+        with open_bytes(self.src_path) as src, open_bytes(self.tgt_path) as tgt:
+            decoders = _Decoder(self.src_path, src), _Decoder(self.tgt_path, tgt)
+            for src_raw, tgt_raw in zip_longest(stream_lines(src, self.src_path),
+                                                stream_lines(tgt, self.tgt_path)):
+                src_count += src_raw is not None
+                tgt_count += tgt_raw is not None
+                if src_raw is None or tgt_raw is None:
+                    continue  # one side ended early: only count the rest of the other
+                self.lines += 1
+                pair = self._decode_pair(decoders, src_raw, tgt_raw)
+                if pair is not None:
+                    yield pair
         if src_count != tgt_count:
             raise DataError(
                 f"misaligned corpus: {self.src_path} has {src_count} lines but {self.tgt_path} "
                 f"has {tgt_count}; both sides need one sentence per line, in the same order")
 
-    def _decode_pair(self, src_raw: bytes, tgt_raw: bytes) -> tuple[str, str] | None:
+    def _decode_pair(self, decoders: tuple[_Decoder, _Decoder], src_raw: bytes,
+                     tgt_raw: bytes) -> tuple[str, str] | None:
+        src_decoder, tgt_decoder = decoders
         try:
-            return (_decode(src_raw, self.src_path, self.lines),
-                    _decode(tgt_raw, self.tgt_path, self.lines))
+            return src_decoder(src_raw, self.lines), tgt_decoder(tgt_raw, self.lines)
         except DataError:
             if not self.skip_invalid:
                 raise
@@ -236,26 +255,29 @@ def _is_sgm(path: Path) -> bool:
 
 def _read_segments(path: Path, skip_invalid: bool) -> list[Segment]:
     segments, docid = [], ""
-    for number, line in enumerate(raw_lines(path), start=1):
-        if line.lstrip().startswith(b"<doc"):
-            match = _ATTR_DOCID.search(line)
-            docid = match.group(1).decode("utf-8", "replace") if match else ""
-        elif line.lstrip().startswith(b"<seg"):
-            segments.append(_parse_seg(line, path, number, docid, skip_invalid))
+    with open_bytes(path) as stream:
+        decode = _Decoder(path, stream)
+        for number, line in enumerate(stream_lines(stream, path), start=1):
+            if line.lstrip().startswith(b"<doc"):
+                match = _ATTR_DOCID.search(line)
+                docid = match.group(1).decode("utf-8", "replace") if match else ""
+            elif line.lstrip().startswith(b"<seg"):
+                segments.append(_parse_seg(line, decode, number, docid, skip_invalid))
     if not segments:
         raise DataError(f"{path}: no <seg> lines found; is this a WMT SGML file?")
     return segments
 
 
-def _parse_seg(line: bytes, path: Path, number: int, docid: str, skip_invalid: bool) -> Segment:
+def _parse_seg(line: bytes, decode: _Decoder, number: int, docid: str,
+               skip_invalid: bool) -> Segment:
     match = _SEG_LINE.fullmatch(line)
     id_match = _ATTR_ID.search(match.group(1)) if match else None
     if id_match is None:
-        raise DataError(f"{path}, line {number}: malformed segment (expected "
+        raise DataError(f"{decode.path}, line {number}: malformed segment (expected "
                         '<seg id="N">text</seg> on one line)')
     segid = id_match.group(1).decode("utf-8", "replace")
     try:
-        text = _decode(match.group(2), path, number)
+        text = decode(match.group(2), number)
     except DataError:
         if not skip_invalid:
             raise

@@ -82,7 +82,7 @@ def test_invalid_utf8_names_file_and_line(tmp_path):
     write(tmp_path / "c.de", b"gut\nkaputt \xff\n")
     with pytest.raises(DataError) as err:
         read_parallel(tmp_path / "c", "en", "de")
-    assert "c.de, line 2" in str(err.value) and "skip_invalid" in str(err.value)
+    assert "c.de, line 2" in str(err.value) and "iconv -f WINDOWS-1252" in str(err.value)
 
 
 def test_skip_invalid_drops_the_pair_from_both_sides(tmp_path):
