@@ -7,8 +7,9 @@ variable that chose it.
 
 Each command runs the cases ``dropout`` and ``loss`` alone: three small kernels to compile.
 
-And Numba's cache of the row passes' compiled loops, through ``train_toy.py``: an entry that
-does not load is compiled again, said once.
+And the project's other caches, the same way: Numba's cache of the row passes' compiled loops,
+through ``train_toy.py``, and ``train_wmt.py``'s token cache: an entry that does not load is
+made again, said once.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from minitfm.data import EncodedCorpus
 from tests.conftest import default_kernels
+from tests.test_train_wmt import TINY, corpus, corpus_args  # noqa: F401  (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {k: v for k, v in os.environ.items() if k not in ("MINITFM_CXX", "CXX")}
@@ -169,3 +172,28 @@ def test_a_compiled_loop_that_does_not_load_is_compiled_again_and_said_once(tmp_
             "UnpicklingError: pickle data was truncated",
             "UnpicklingError: pickle data was truncated"])), said
     assert train("third") == ""
+
+
+# ---- train_wmt.py's token cache -----------------------------------------------------------------
+
+def test_a_token_array_that_does_not_load_is_encoded_again(corpus, tmp_path):  # noqa: F811
+    """A cached token array cut short, its manifest whole: the next run encodes the corpus
+    again, saying so on one line, and leaves the cache whole."""
+    data = tmp_path / "data"
+
+    def train(run: str) -> str:
+        done = subprocess.run([sys.executable, "train_wmt.py", *corpus_args(corpus), *TINY,
+                               "--max-steps", "1", "--data-dir", data, "--out", tmp_path / run],
+                              cwd=ROOT, env={**ENV, "MINITFM_BACKEND": "numpy"},
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stderr
+
+    assert train("first") == ""
+    [tokens] = data.glob("encoded-*/train/train.en-de.en.tokens.npy")
+    tokens.write_bytes(tokens.read_bytes()[:200])
+    said = train("second")
+    assert said.startswith(f"the token cache train.en-de in {tokens.parent} is incomplete: "
+                           f"{tokens}: cannot load cached array (") and said.endswith(
+        "); encoding it again\n") and said.count("\n") == 1, said
+    assert len(EncodedCorpus.load(tokens.parent, "train.en-de")) == 300     # whole again

@@ -12,9 +12,10 @@ recording
 the vocabulary identifier, each source file's resolved path, size and modification time, the
 cleaning options and the counts of what was kept and dropped. :func:`encode_corpus` reuses the
 cache only if all of those still match, and re-encodes otherwise; a cache whose manifest is
-missing, empty or cut short (a full disk, a crash) is re-encoded, saying so (a warning on the
-log, which Python prints on standard error). Arrays are opened with
-``np.load(..., mmap_mode="r")``: the operating system pages in what batches touch.
+missing, empty or cut short (a full disk, a crash), or one of whose arrays does not load (cut
+short, damaged), is re-encoded, saying so (a warning on the log, which Python prints on standard
+error). Arrays are opened with ``np.load(..., mmap_mode="r")``: the operating system pages in
+what batches touch.
 
 ``NAME`` is ``BASENAME.SRC-TGT`` for corpus prefix ``.../BASENAME``, e.g. ``train.en-de``.
 """
@@ -105,13 +106,21 @@ class EncodedCorpus:
                 f"{len(self.tgt_tokens)} tokens)")
 
 
+class DamagedCache(DataError):
+    """A cached array that cannot be used: ``reason`` says why (the message adds the fix)."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"{reason}; delete the cache to rebuild it")
+        self.reason = reason
+
+
 def _check_side(side: str, tokens: np.ndarray, offsets: np.ndarray) -> None:
     if tokens.ndim != 1 or offsets.ndim != 1 or len(offsets) < 1:
         raise DataError(f"encoded corpus: {side} tokens and offsets must be 1-D, offsets non-empty")
     if offsets[0] != 0 or offsets[-1] != len(tokens):
-        raise DataError(f"encoded corpus: {side} offsets must run from 0 to the token count "
-                        f"{len(tokens)}, got {offsets[0]}..{offsets[-1]}; the cache is corrupt, "
-                        "delete it to rebuild")
+        raise DamagedCache(f"encoded corpus: {side} offsets must run from 0 to the token count "
+                           f"{len(tokens)}, got {offsets[0]}..{offsets[-1]} (the cache is "
+                           f"corrupt)")
 
 
 def _flatten(ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -131,8 +140,7 @@ def load_array(path: Path, mmap: bool) -> np.ndarray:
         failed = whole_files.read_error(path, exc) if isinstance(exc, OSError) else None
         if failed is not None:                  # the disk failed the read: the file not judged
             raise failed from exc
-        raise DataError(f"{path}: cannot load cached array ({exc}); delete the cache to "
-                        "rebuild it") from exc
+        raise DamagedCache(f"{path}: cannot load cached array ({exc})") from exc
 
 
 # ----------------------------------------------------------------------------- building the cache
@@ -160,7 +168,10 @@ def encode_corpus(prefix: str | Path, src_lang: str, tgt_lang: str, vocab: Vocab
                                      [cache_dir / file for file in names.values()])
     if (manifest is not None and all(manifest.get(k) == v for k, v in key.items())
             and all((cache_dir / file).is_file() for file in manifest["files"].values())):
-        return EncodedCorpus.load(cache_dir, name)
+        try:
+            return EncodedCorpus.load(cache_dir, name)
+        except DamagedCache as exc:         # an array cut short or damaged, or another's
+            broken = exc.reason
     if broken:
         _log.warning("the token cache %s in %s is incomplete: %s; encoding it again", name,
                      cache_dir, broken)
