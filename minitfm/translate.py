@@ -27,7 +27,8 @@ refused before anything is translated, naming the encoding and the conversion. G
 (``--input`` or standard input) is recognised by its first bytes and decompressed, as the corpora
 are; a truncated one is an error. The input is read once, as it comes: ``--input`` may be a
 pipe (``--input <(zcat test.en.gz)``) or ``/dev/stdin``. A line longer than 1 MiB (a file that is
-not text) is an error naming the line.
+not text) is an error naming the line. Standard input that is a terminal is read too, after a
+note on standard error that says how to end it.
 """
 
 from __future__ import annotations
@@ -276,6 +277,9 @@ def run(args: argparse.Namespace, stdin: BinaryIO, stdout: TextIO) -> int:
         raise TranslateError(f"--max-len must be between 1 and the model's max_len "
                              f"({cfg.max_len}), got {args.max_len}")
     check_sizes(args, params, cfg)
+    if args.input is None and stdin.isatty():       # else it would wait there in silence
+        print("note: reading sentences from the terminal, one per line, until Ctrl-D; or give "
+              "them with --input FILE or through a pipe", file=sys.stderr, flush=True)
     source = InputLines(args.input, stdin)
     done = 0
     for lines in chunks(source, 16 * args.batch_size):

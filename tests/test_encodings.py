@@ -1,4 +1,5 @@
-"""Text that is not UTF-8, through the real command lines.
+"""Text that is not UTF-8, and a terminal that translate would wait on in silence, through the
+real command lines.
 
 - UTF-16 or UTF-32 text, with a byte-order mark or without one (NUL bytes where those encodings
   put them), is refused with status 2 wherever text is read (translate's --input and standard
@@ -13,19 +14,23 @@
   the same.
 - A gzip stream that is corrupt (not only cut short) is said to be, not a traceback; a text that
   the disk fails to give is an I/O error (status 1), the file not judged.
+- translate on a terminal says that it reads sentences from it, and how to end them.
 """
 
 from __future__ import annotations
 
 import gzip
+import os
+import select
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.test_links_and_line_ends import (ROOT, command, refused, train_lm, train_wmt,
-                                            translate)
+from tests.test_links_and_line_ends import (ENV, ROOT, command, refused, train_lm,
+                                            train_wmt, translate)
 from tests.test_train_wmt import TINY, corpus, corpus_args, sentence_pairs  # noqa: F401
 from tests.test_translate import ckpt, vocab  # noqa: F401  (fixtures)
 
@@ -208,3 +213,26 @@ def test_a_text_the_disk_fails_to_give_is_an_io_error(ckpt, corpus, tmp_path):  
                f"judged" in err
     assert not (tmp_path / "run").exists()
 
+
+# ---- a terminal -----------------------------------------------------------------------------
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
+def test_translate_on_a_terminal_says_how_to_end_the_input(ckpt):  # noqa: F811
+    """A fault this guards against: translate on a terminal waited there without a word."""
+    leader, follower = os.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "minitfm.translate", "--checkpoint", ckpt,
+                                "--beam", "1"], stdin=follower, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=ENV)
+    os.close(follower)
+    try:
+        assert select.select([process.stderr], [], [], 60)[0], "nothing said on standard error"
+        note = process.stderr.readline().decode()
+        assert note == ("note: reading sentences from the terminal, one per line, until Ctrl-D; "
+                        "or give them with --input FILE or through a pipe\n")
+        os.write(leader, b"a man\n\x04")                 # one Ctrl-D ends the input
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+        process.wait()
+        os.close(leader)
+    assert process.returncode == 0 and len(out.splitlines()) == 1, err
