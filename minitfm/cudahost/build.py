@@ -38,7 +38,7 @@ from filelock import FileLock
 from minitfm import files
 from minitfm.cudahost import rewrite
 
-__all__ = ["BuildError", "CacheError", "compiler", "chosen_compiler", "FLAGS", "HEADER",
+__all__ = ["BuildError", "CacheError", "compiler", "chosen_compiler", "named", "FLAGS", "HEADER",
            "Library", "build"]
 
 HEADER = Path(__file__).with_name("cuda_host.h")
