@@ -186,6 +186,20 @@ def test_a_corpus_in_latin1_is_refused_saying_so(corpus, tmp_path):  # noqa: F81
     assert "skip_invalid" not in err
 
 
+def test_train_lm_says_what_a_text_that_is_not_utf8_seems_to_be(tmp_path):
+    """A fault this guards against: train_lm.py said only "the text must be UTF-8: convert it,
+    e.g. `iconv -t UTF-8`", naming no encoding to convert from."""
+    text = tmp_path / "input.txt"
+    text.write_bytes(("un café au lait\n" + "the quick brown fox\n" * 40).encode("cp1252"))
+    for tokenizer in ("char", "bpe"):
+        refused(train_lm("--data", text, "--tokenizer", tokenizer, "--vocab-size", 40, "--out",
+                         tmp_path / "run"),
+                f"{text}, line 1: invalid UTF-8 (invalid continuation byte); it seems to be in "
+                f"an 8-bit encoding such as Windows-1252 or Latin-1, in which that line reads "
+                f"'café': convert it to UTF-8 (e.g. iconv -f WINDOWS-1252 -t UTF-8 < {text} > "
+                f"fixed.txt) and give that file")
+
+
 # ---- damaged gzip, a failing disk -----------------------------------------------------------
 
 def test_a_corrupt_gzip_input_is_said_to_be(ckpt, tmp_path):  # noqa: F811
@@ -201,12 +215,15 @@ def test_a_corrupt_gzip_input_is_said_to_be(ckpt, tmp_path):  # noqa: F811
 
 
 def test_a_text_the_disk_fails_to_give_is_an_io_error(ckpt, corpus, tmp_path):  # noqa: F811
-    """A fault this guards against: an I/O error opening the input was status 2, bad input."""
+    """A fault this guards against: an I/O error opening the input was status 2, bad input
+    (train_lm.py: "the file is corrupt or truncated")."""
     for source, args in (
             (corpus / "test.en", ["-m", "minitfm.translate", "--checkpoint", ckpt, "--input",
                                   corpus / "test.en"]),
             (corpus / "train.en", [ROOT / "train_wmt.py", *TINY, "--max-steps", 2,
-                                   *corpus_args(corpus), "--out", tmp_path / "run"])):
+                                   *corpus_args(corpus), "--out", tmp_path / "run"]),
+            (corpus / "train.en", [ROOT / "train_lm.py", "--data", corpus / "train.en",
+                                   "--out", tmp_path / "run"])):
         code, _, err = command(ROOT / "tests" / "failing_disk.py", "--eio", source, "--", *args)
         assert code == 1 and err.count("error:") == 1 and "Traceback" not in err, err
         assert f"{source}: reading it failed: Input/output error. The file itself was not " \

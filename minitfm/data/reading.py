@@ -42,7 +42,7 @@ from typing import BinaryIO
 
 from minitfm import files
 
-__all__ = ["DataError", "MAX_LINE_BYTES", "HEAD_BYTES", "GZIP_MAGIC", "UTF8_BOM", "check_input",
+__all__ = ["DataError", "MAX_LINE_BYTES", "HEAD_BYTES", "GZIP_MAGIC", "UTF8_BOM", "check_input", "read_failed",
            "text_stream", "open_bytes", "wide_encoding", "bounded_lines", "stream_lines",
            "raw_lines", "not_utf8"]
 
@@ -167,7 +167,7 @@ def _head(stream: BinaryIO, name: str | Path) -> bytes:
     try:
         return stream.read(HEAD_BYTES)
     except (OSError, EOFError, zlib.error) as exc:
-        raise _read_failed(name, exc) from exc
+        raise read_failed(name, exc) from exc
 
 
 def open_bytes(path: str | Path, streamed: bool = False) -> BinaryIO:
@@ -189,7 +189,7 @@ def open_bytes(path: str | Path, streamed: bool = False) -> BinaryIO:
     return text_stream(stream, path)
 
 
-def _read_failed(name: str | Path, exc: BaseException) -> Exception:
+def read_failed(name: str | Path, exc: BaseException) -> Exception:
     """The error for a read of ``name`` that raised ``exc``: an I/O error of the system as
     ``files.ReadError`` (the file was not judged), else gzip's complaint: the file is damaged."""
     if isinstance(exc, OSError):
@@ -313,7 +313,7 @@ def stream_lines(stream: BinaryIO, name: str | Path) -> Iterator[bytes]:
                 line = line[len(UTF8_BOM):]
             yield line.rstrip(b"\n").rstrip(b"\r")
     except (OSError, EOFError, zlib.error) as exc:  # truncated or corrupt gzip, I/O error
-        raise _read_failed(name, exc) from exc
+        raise read_failed(name, exc) from exc
 
 
 def raw_lines(path: str | Path, streamed: bool = False) -> Iterator[bytes]:

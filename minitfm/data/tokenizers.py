@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,7 +27,7 @@ import numpy as np
 from minitfm import files
 from minitfm.ids import EOS_ID
 
-from .reading import UTF8_BOM, DataError, bounded_lines, open_bytes
+from .reading import UTF8_BOM, DataError, bounded_lines, not_utf8, open_bytes, read_failed
 from .encoded import TOKEN_DTYPE
 from .vocab import Vocab, train_vocab
 
@@ -48,14 +49,12 @@ def text_chunks(path: Path) -> Iterator[str]:
     """
     with open_bytes(path) as stream:
         lines = bounded_lines(stream, path)
-        line = 1
-        first = True
+        line, first, utf8_seen = 1, True, False
         while True:
             try:
                 data = b"".join(_up_to(lines, CHUNK_BYTES))
-            except (OSError, EOFError) as exc:
-                raise DataError(f"{path}: read failed ({exc}); the file is corrupt or truncated, "
-                                "re-create it") from exc
+            except (OSError, EOFError, zlib.error) as exc:
+                raise read_failed(path, exc) from exc   # the disk's failure, or a damaged gzip
             if not data:
                 return
             if first and data.startswith(UTF8_BOM):
@@ -65,8 +64,13 @@ def text_chunks(path: Path) -> Iterator[str]:
                 text = data.decode("utf-8")
             except UnicodeDecodeError as exc:
                 where = line + data.count(b"\n", 0, exc.start)
-                raise DataError(f"{path}, line {where}: invalid UTF-8 ({exc.reason}); the text "
-                                "must be UTF-8: convert it, e.g. `iconv -t UTF-8`") from None
+                begin = data.rfind(b"\n", 0, exc.start) + 1
+                end = data.find(b"\n", exc.start)
+                bad = data[begin:end if end >= 0 else len(data)]
+                seen = utf8_seen or not data[:begin].isascii()
+                raise DataError(f"{path}, line {where}: invalid UTF-8 ({exc.reason}); "
+                                + not_utf8(path, bad, seen, stream.gzipped)) from None
+            utf8_seen = utf8_seen or not data.isascii()
             line += data.count(b"\n")
             yield text
 
