@@ -14,12 +14,14 @@ made again, said once.
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from minitfm.data import EncodedCorpus
@@ -193,7 +195,37 @@ def test_a_token_array_that_does_not_load_is_encoded_again(corpus, tmp_path):  #
     [tokens] = data.glob("encoded-*/train/train.en-de.en.tokens.npy")
     tokens.write_bytes(tokens.read_bytes()[:200])
     said = train("second")
-    assert said.startswith(f"the token cache train.en-de in {tokens.parent} is incomplete: "
-                           f"{tokens}: cannot load cached array (") and said.endswith(
+    assert said.startswith(f"warning: the token cache train.en-de in {tokens.parent} is "
+                           f"incomplete: {tokens}: cannot load cached array (") and said.endswith(
         "); encoding it again\n") and said.count("\n") == 1, said
     assert len(EncodedCorpus.load(tokens.parent, "train.en-de")) == 300     # whole again
+
+
+def test_a_text_token_array_cut_short_or_of_another_text_is_encoded_again(tmp_path):
+    """train_lm.py's token cache (--cache-dir): an array cut short, or another text's array of
+    another length under a whole manifest, is encoded again, said on one line; the run goes on
+    with the text's own tokens."""
+    text, cache = tmp_path / "input.txt", tmp_path / "cache"
+    text.write_text("the quick brown fox jumps over the lazy dog.\n" * 60, encoding="utf-8")
+
+    def train(run: str) -> str:
+        done = subprocess.run([sys.executable, "train_lm.py", "--data", text, "--cache-dir", cache,
+                               "--max-steps", "2", "--warmup", "1", "--out", tmp_path / run],
+                              cwd=ROOT, env={**ENV, "MINITFM_BACKEND": "numpy"},
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return [line for line in done.stderr.splitlines() if "token cache" in line]
+
+    assert train("first") == []
+    [tokens] = cache.glob("*.tokens.npy")
+    whole = tokens.read_bytes()
+    ids = np.load(io.BytesIO(whole))
+    for damage in ("cut", "shorter"):
+        if damage == "cut":                             # cut short inside the .npy header
+            tokens.write_bytes(whole[:100])
+        else:                                           # a whole array of another length
+            np.save(tokens, ids[:-32])
+        [said] = train(damage)
+        assert said.startswith(f"warning: the token cache {tokens} is incomplete: ") \
+            and said.endswith(f"; encoding {text} again"), said
+        assert tokens.read_bytes() == whole

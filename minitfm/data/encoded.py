@@ -173,7 +173,7 @@ def encode_corpus(prefix: str | Path, src_lang: str, tgt_lang: str, vocab: Vocab
         except DamagedCache as exc:         # an array cut short or damaged, or another's
             broken = exc.reason
     if broken:
-        _log.warning("the token cache %s in %s is incomplete: %s; encoding it again", name,
+        _log.warning("warning: the token cache %s in %s is incomplete: %s; encoding it again", name,
                      cache_dir, broken)
     elif manifest is not None:
         _log.info("re-encoding %s: its source files, vocabulary or options changed", name)

@@ -46,7 +46,7 @@ from minitfm import backend, files
 
 from .corpus import file_stamp
 from .reading import DataError
-from .encoded import TOKEN_DTYPE, load_array, NpyAppender
+from .encoded import TOKEN_DTYPE, DamagedCache, NpyAppender, load_array
 from .vocab import read_metadata
 from .tokenizers import Tokenizer, text_chunks
 
@@ -67,7 +67,8 @@ def encode_text_file(path: str | Path, tokenizer: Tokenizer,
     Without ``cache_dir`` the ids are computed and held in memory. With it, they are stored once as
     ``cache_dir/BASENAME.KIND-IDENTIFIER.tokens.npy`` with a ``.json`` manifest, and returned
     memory-mapped (read-only); the cache is rebuilt when the file's size or modification time or
-    the tokenizer changes.
+    the tokenizer changes, and when its array does not load or holds another count of tokens
+    than its manifest says (cut short, damaged, another text's), which is said.
     """
     path = Path(path)
     if not path.is_file():
@@ -90,9 +91,16 @@ def encode_text_file(path: str | Path, tokenizer: Tokenizer,
     manifest, broken = read_metadata(manifest_path, [tokens_path])
     if (manifest is not None and all(manifest.get(k) == v for k, v in key.items())
             and tokens_path.is_file()):
-        return load_array(tokens_path, mmap=True)
+        try:
+            tokens = load_array(tokens_path, mmap=True)
+            if tokens.ndim != 1 or len(tokens) != manifest.get("count"):
+                raise DamagedCache(f"{tokens_path} holds {tokens.shape} tokens, its manifest "
+                                   f"says {manifest.get('count')} (cut short, or another text's)")
+            return tokens
+        except DamagedCache as exc:             # an array cut short or damaged, or another's
+            broken = exc.reason
     if broken:
-        _log.warning("the token cache %s is incomplete: %s; encoding %s again", tokens_path,
+        _log.warning("warning: the token cache %s is incomplete: %s; encoding %s again", tokens_path,
                      broken, path)
     cache_dir.mkdir(parents=True, exist_ok=True)
     manifest_path.unlink(missing_ok=True)     # the cache is incomplete from here on
