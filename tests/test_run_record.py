@@ -112,3 +112,19 @@ def test_a_fresh_start_keeps_an_earlier_record_and_an_unreadable_one_is_kept_asi
     assert finish(toy("--max-steps", 3, "--out", tmp_path, "--examples", 0))[0] == 0
     again = record(tmp_path)
     assert again["earlier"] == [first] and again["args"]["max_steps"] == 3
+
+
+def test_a_second_unreadable_record_is_kept_beside_the_first(tmp_path):
+    (tmp_path / RUN_INFO_NAME).write_text('{"args": {"max_steps": 9}, "outcome": "runn')
+    assert finish(toy("--max-steps", 1, "--out", tmp_path, "--examples", 0))[0] == 0
+    (tmp_path / RUN_INFO_NAME).write_text('{"args": {"max_steps": 1}, "outc')
+    code, _, err = finish(toy("--max-steps", 2, "--out", tmp_path, "--resume", "--examples", 0))
+    assert code == 0, err
+    first = tmp_path / (RUN_INFO_NAME + record_module.UNREADABLE_SUFFIX)
+    second = tmp_path / (RUN_INFO_NAME + record_module.UNREADABLE_SUFFIX + ".1")
+    assert first.read_text() == '{"args": {"max_steps": 9}, "outcome": "runn'    # not replaced
+    assert second.read_text() == '{"args": {"max_steps": 1}, "outc'
+    assert f"warning: {tmp_path / RUN_INFO_NAME} could not be read (" in err
+    assert f"kept as {second}; a new record starts here" in err
+    [resumed] = record(tmp_path)["resumes"]
+    assert resumed["outcome"] == "finished" and resumed["from_step"] == 1

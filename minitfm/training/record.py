@@ -10,8 +10,9 @@ since, and what a resume is held to.
   without a word (``kill -9``) is marked ``"ended unrecorded ..."`` by the next session: the run
   directory's lock says no other process runs it.
 - A fresh start in a directory whose earlier attempt left a record but no checkpoint keeps that
-  record in ``"earlier"``; a record that cannot be read is moved aside (``run.json.unreadable``),
-  never overwritten.
+  record in ``"earlier"``; a record that cannot be read is moved aside (``run.json.unreadable``,
+  a later one to ``run.json.unreadable.1``, ``.2``, ...), never overwritten, and no copy kept
+  aside before is either.
 - With a best metric, ``"best"``: the metric, its best value so far and the step of that
   validation.
 
@@ -48,13 +49,19 @@ class RunRecord:
 
     def read(self) -> tuple[dict, str | None]:
         """The record as a dict ({} if there is none), and why it cannot be read (None if it
-        can)."""
+        can). A read the system fails (an I/O error: the file was not judged) raises
+        ``files.ReadError``."""
         try:
             with open(self.path, encoding="utf-8") as f:
                 record = json.load(f)
         except FileNotFoundError:
             return {}, None
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
+            failed = files.read_error(self.path, exc)
+            if failed is not None:
+                raise failed from exc
+            return {}, str(exc)
+        except ValueError as exc:
             return {}, str(exc)
         if not isinstance(record, dict):
             return {}, f"a JSON {type(record).__name__}, not an object"
@@ -73,10 +80,10 @@ class RunRecord:
                    "outcome": RUNNING}
         record, unreadable = self.read()
         if unreadable:
-            aside = self.path + UNREADABLE_SUFFIX
-            os.replace(self.path, aside)
-            print(f"{self.path} could not be read ({unreadable}): kept as {aside}; a new record "
-                  f"starts here", file=sys.stderr, flush=True)
+            aside = _free_name(self.path + UNREADABLE_SUFFIX)
+            os.rename(self.path, aside)         # a free name: no earlier copy is replaced
+            print(f"warning: {self.path} could not be read ({unreadable}): kept as {aside}; a "
+                  f"new record starts here", file=sys.stderr, flush=True)
         for earlier in [record, *record.get("resumes", [])]:
             if earlier.get("outcome") == RUNNING:     # its process is gone: the lock is ours
                 earlier["outcome"] = ("ended unrecorded (killed, or the machine stopped); what "
@@ -98,25 +105,28 @@ class RunRecord:
 
     def end(self, outcome: str, step: int, last_checkpoint: str | None = None) -> None:
         """Record how this process's session ended (``outcome``, at ``step``, its newest
-        checkpoint ``last_checkpoint``), if it recorded its start. A write that fails is said on
-        stderr, not raised: the error that ended the run (a full disk, say) is the one to
-        report."""
+        checkpoint ``last_checkpoint``), if it recorded its start. A read or write that fails is
+        said on stderr (a warning), not raised: the error that ended the run (a full disk, say)
+        is the one to report."""
         if not self._recorded:
             return
         self._recorded = False
-        record, unreadable = self.read()
-        resumes = record.get("resumes", [])
-        session = record if self._session is None else (
-            resumes[self._session] if self._session < len(resumes) else None)
-        if unreadable or not isinstance(session, dict):
-            return
-        session.update({"outcome": outcome, "ended": timestamp(), "step": step,
-                        "last_checkpoint": last_checkpoint and os.path.basename(last_checkpoint)})
         try:
+            record, unreadable = self.read()
+            resumes = record.get("resumes", [])
+            session = record if self._session is None else (
+                resumes[self._session] if self._session < len(resumes) else None)
+            if unreadable or not isinstance(session, dict):
+                return
+            session.update({"outcome": outcome, "ended": timestamp(), "step": step,
+                            "last_checkpoint": last_checkpoint
+                            and os.path.basename(last_checkpoint)})
             _write(self.path, record)
-        except OSError as exc:
-            print(f"could not record the outcome ({outcome}) in {self.path}: "
-                  f"{files.write_error(self.path, exc).strerror}", file=sys.stderr, flush=True)
+        except OSError as exc:                  # a read the system failed, or the write
+            failed = exc if isinstance(exc, files.ReadError) else files.write_error(self.path,
+                                                                                    exc)
+            print(f"warning: could not record the outcome ({outcome}) in {self.path}: "
+                  f"{failed.strerror}", file=sys.stderr, flush=True)
 
     def set_best(self, best: dict) -> None:
         """Set the record's ``"best"``, keeping the rest (nothing, for a record that cannot be
@@ -183,6 +193,16 @@ def command_line() -> str:
 def timestamp() -> str:
     """Now, local time with its offset, to the second."""
     return datetime.datetime.now().astimezone().isoformat(sep=" ", timespec="seconds")
+
+
+def _free_name(path: str) -> str:
+    """``path`` if nothing is there, else the first of ``path.1``, ``path.2``, ... that is free
+    (the run directory's lock keeps another process from taking it meanwhile)."""
+    name, number = path, 0
+    while os.path.lexists(name):
+        number += 1
+        name = f"{path}.{number}"
+    return name
 
 
 def _write(path: str, record: dict) -> None:

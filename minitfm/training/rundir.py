@@ -12,15 +12,17 @@ Layout of ``out_dir``:
 - ``log.jsonl`` (``LOG_NAME``): one JSON object per line, a logged step or a validation, each
   with its ``step``, appended; a resumed run first cuts it back (rewritten whole, atomically) to
   its complete lines up to its checkpoint's step (dropping a line a crash cut short, and moving
-  those of the steps it will redo to ``log.replaced.jsonl``, ``REPLACED_NAME``, appended);
+  those of the steps it will redo to ``log.replaced.jsonl``, ``REPLACED_NAME``, appended to its
+  earlier lines: that file too is rewritten whole);
 - ``run.json`` (``RUN_INFO_NAME``): the record of the run (:mod:`minitfm.training.record`: the
   start as written, every resume appended, each session's outcome, the best validation),
   written once the checks of a new or resumed run have passed.
 
-Whole files (checkpoints, ``run.json``, the cut log) are written by ``files.replacing``. A file
-that cannot be written (disk full, file too large, read-only file system) raises
-:class:`WriteFailed` naming the file, the reason, its folder with the space free there, and the
-latest checkpoint, which is left intact.
+Whole files (checkpoints, ``run.json``, the cut log and the lines it replaced) are written by
+``files.replacing``. A file that cannot be written (disk full, file too large, read-only file
+system) raises :class:`WriteFailed` naming the file, the reason, its folder with the space free
+there, and the checkpoint left intact: this session's latest, else the newest of the directory
+that passes the checkpoint check (:mod:`minitfm.usable`), or that there is none.
 
 - ``run.lock`` (``LOCK_NAME``): the lock file of one run per directory, and ``run.lock.json``
   (``HOLDER_NAME``): who holds it (pid, host, start time, command).
@@ -33,7 +35,10 @@ refused at once with :class:`RunDirectoryBusy`, naming the holder from ``run.loc
 after the lock is taken: ``filelock`` owns the lock file's contents). On a file system without
 file locks, :class:`LockUnsupported` says so; ``lock=False`` (``--no-lock``) opens without one.
 Within one process the directory is taken once: opening it again (the command line, then the
-training loop) shares that hold, and the last :meth:`RunDirectory.close` releases it. A directory
+training loop) shares that hold, and the last :meth:`RunDirectory.close` releases it. Before
+anything is written, a directory in which one of these names (``RUN_FILES``, or a checkpoint's)
+is not a regular file (a named pipe, a device, a folder) is refused with
+:class:`NotARunDirectory`: a pipe would hold the run forever at its first read or write. A directory
 the open created and the run left empty (a run refused on bad input) is removed again. Taking it
 removes the temporaries that writes of a killed run left there, those whose writer is gone
 (:meth:`RunDirectory.stale_removed` says how many).
@@ -50,12 +55,12 @@ from collections.abc import Callable, Collection
 
 import filelock
 
-from minitfm import checkpoint, files
+from minitfm import checkpoint, files, usable
 from minitfm.training.record import RunRecord, command_line, timestamp
 
 __all__ = ["LOG_NAME", "REPLACED_NAME", "RUN_INFO_NAME", "BEST_NAME", "LOCK_NAME", "HOLDER_NAME",
-           "WriteFailed", "RunDirectoryBusy", "LockUnsupported", "NotARunDirectory", "RunDirectory",
-           "write_failed"]
+           "RUN_FILES", "WriteFailed", "RunDirectoryBusy", "LockUnsupported", "NotARunDirectory",
+           "RunDirectory", "write_failed"]
 
 LOG_NAME = "log.jsonl"
 REPLACED_NAME = "log.replaced.jsonl"   # the log lines of steps a resumed run made again
@@ -63,6 +68,7 @@ RUN_INFO_NAME = "run.json"
 BEST_NAME = "checkpoint_best.npz"
 LOCK_NAME = "run.lock"
 HOLDER_NAME = "run.lock.json"
+RUN_FILES = (RUN_INFO_NAME, LOG_NAME, REPLACED_NAME, BEST_NAME, LOCK_NAME, HOLDER_NAME)
 # what flock says on a file system that cannot lock (NFS without a lock daemon, some FUSE mounts)
 _NO_LOCKS = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL}
 
@@ -80,19 +86,43 @@ class LockUnsupported(RuntimeError):
 
 
 class NotARunDirectory(RuntimeError):
-    """``--out`` names something that is not a directory (a file, a pipe)."""
+    """``--out`` names something that is not a directory (a file, a pipe), or a directory where
+    one of the run's files is not a regular file (a named pipe called ``run.json``)."""
 
 
-def write_failed(what: str, exc: OSError, last_checkpoint: str | None) -> WriteFailed:
+def write_failed(what: str, exc: OSError, last_checkpoint: str | None,
+                 directory: str) -> WriteFailed:
     """The error for ``what`` (e.g. "the log PATH") that failed with ``exc``; the reason names
-    the folder and its free space (``files.write_error``) when ``exc`` names its file."""
+    the folder and its free space (``files.write_error``) when ``exc`` names its file. The
+    checkpoint kept: ``last_checkpoint``, this session's newest (written or resumed from, so
+    known whole); without one, the newest checkpoint of the run directory ``directory`` that
+    passes the check (:func:`minitfm.usable.newest_usable`), or that none does."""
     if exc.filename is not None:
         exc = files.write_error(exc.filename, exc)
     reason = exc.strerror or str(exc)
-    kept = (f"the previous checkpoint {last_checkpoint} is intact" if last_checkpoint
-            else "no checkpoint of this run was written yet")
+    newest = None if last_checkpoint else usable.newest_usable(directory, with_optimizer=True)
+    then = "continue with --resume"
+    if last_checkpoint:
+        kept = f"the previous checkpoint {last_checkpoint} is intact"
+    elif newest:
+        kept = f"the newest checkpoint that passes the checkpoint check, {newest}, is intact"
+        if newest != checkpoint.latest(directory):
+            then = ("continue from it with --resume once the newer ones are moved aside (e.g. "
+                    "renamed to .npz.bad: --resume takes the newest checkpoint_*.npz)")
+    elif checkpoint.list_checkpoints(directory):
+        kept = f"no checkpoint in {directory} can be resumed (none passes the checkpoint check)"
+        then = "run the command again"
+    else:
+        kept, then = "no checkpoint of this run was written yet", "run the command again"
     return WriteFailed(f"cannot write {what}: {reason}; {kept}. Free space (or make the "
-                       f"directory writable) and continue with --resume")
+                       f"directory writable) and {then}")
+
+
+def _written(exc: OSError, directory: str) -> str:
+    """What ``exc`` failed to write, in words: the file it names, else the run directory."""
+    if exc.filename is None or os.path.abspath(exc.filename) == os.path.abspath(directory):
+        return f"the run directory {directory}"
+    return os.fsdecode(exc.filename)
 
 
 class RunDirectory:
@@ -160,8 +190,8 @@ class RunDirectory:
             if run_info is not None:
                 self.record.start(step, run_info, resumed)
         except OSError as exc:
-            raise write_failed(f"the run directory {self.path} ({exc.filename})", exc,
-                               last_checkpoint) from exc
+            raise write_failed(_written(exc, self.path), exc, last_checkpoint,
+                               self.path) from exc
         return cut
 
     def append_log(self, record: dict, last_checkpoint: str | None = None) -> None:
@@ -171,7 +201,7 @@ class RunDirectory:
                 f.write(json.dumps(record) + "\n")
         except OSError as exc:
             raise write_failed(f"the log {self.log_path}", files.write_error(self.log_path, exc),
-                               last_checkpoint) from exc
+                               last_checkpoint, self.path) from exc
 
     def save_checkpoint(self, step: int, write: Callable[[str], None],
                         last_checkpoint: str | None = None) -> str:
@@ -182,7 +212,9 @@ class RunDirectory:
         try:
             write(path)
         except OSError as exc:
-            raise write_failed(f"checkpoint {path}", exc, last_checkpoint) from exc
+            again = " again, with its validation" if path == last_checkpoint else ""
+            raise write_failed(f"checkpoint {path}{again}", exc, last_checkpoint,
+                               self.path) from exc
         return path
 
     def rotate(self, last_checkpoint: str | None = None, spare: Collection[int] = ()) -> None:
@@ -190,7 +222,8 @@ class RunDirectory:
         try:
             checkpoint.keep_last(self.path, self.keep_last, spare=spare)
         except OSError as exc:
-            raise write_failed(f"checkpoint {exc.filename}", exc, last_checkpoint) from exc
+            raise write_failed(f"checkpoint {exc.filename}", exc, last_checkpoint,
+                               self.path) from exc
 
     @property
     def best_path(self) -> str:
@@ -208,7 +241,7 @@ class RunDirectory:
                 except OSError:                 # a file system without hard links
                     shutil.copyfile(path, tmp)
         except OSError as exc:
-            raise write_failed(f"{self.best_path}", exc, last_checkpoint) from exc
+            raise write_failed(self.best_path, exc, last_checkpoint, self.path) from exc
 
     def record_best(self, record, last_checkpoint: str | None = None) -> None:
         """Set ``run.json``'s ``"best"`` to the metric, best value and step of ``record`` (a
@@ -217,7 +250,7 @@ class RunDirectory:
             self.record.set_best({"metric": record.metric, "value": record.best,
                                   "step": record.best_step, "checkpoint": BEST_NAME})
         except OSError as exc:
-            raise write_failed(f"{self.run_info_path}", exc, last_checkpoint) from exc
+            raise write_failed(self.run_info_path, exc, last_checkpoint, self.path) from exc
 
 
 # ---- one run per directory -------------------------------------------------------------------
@@ -240,6 +273,7 @@ def _take(path: str, lock: bool) -> str:
         what = files.kind_of(path) or files.link_trouble(path) or "a file"
         raise NotARunDirectory(f"--out {path} is {what}, not a run directory: give a directory "
                                f"(a new one, or that of a run to continue with --resume)")
+    _check_files(path)
     created = None
     missing = os.path.abspath(path)
     while not os.path.exists(missing) and os.path.dirname(missing) != missing:
@@ -247,7 +281,7 @@ def _take(path: str, lock: bool) -> str:
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
-        raise write_failed(f"the run directory {path} ({exc.filename})", exc, None) from exc
+        raise write_failed(_written(exc, path), exc, None, path) from exc
     key = os.path.realpath(path)
     if key in _holds:
         _holds[key].count += 1
@@ -258,6 +292,20 @@ def _take(path: str, lock: bool) -> str:
         _remove_if_unused(path, created)
         raise
     return key
+
+
+def _check_files(path: str) -> None:
+    """Refuse the run directory ``path`` if one of its files (``RUN_FILES`` and the checkpoints)
+    is not a regular file: a named pipe would hold the run at its first read or write, forever;
+    a device would take what is written to it; a folder (or a symbolic link that leads nowhere)
+    would be moved aside or replaced by a file."""
+    names = [os.path.join(path, name) for name in RUN_FILES]
+    for name in [*names, *(found for _, found in checkpoint.list_checkpoints(path))]:
+        what = files.kind_of(name) or files.link_trouble(name)
+        if what:
+            raise NotARunDirectory(
+                f"{name} is {what}, where the run keeps a regular file (its record, log, lock "
+                f"or a checkpoint): move it out of {path}, or choose another --out")
 
 
 def _give_back(key: str) -> None:
@@ -311,8 +359,8 @@ def _lock(path: str) -> filelock.BaseFileLock:
                 f"locks ({exc.strerror or exc}), so a second run on it could not be refused. Use "
                 f"a run directory on a local file system, or, if no other run can use this one, "
                 f"pass --no-lock") from exc
-        raise write_failed(f"the lock file {os.path.join(path, LOCK_NAME)}", exc,
-                           None) from exc
+        raise write_failed(f"the lock file {os.path.join(path, LOCK_NAME)}", exc, None,
+                           path) from exc
     holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": timestamp(),
               "command": command_line()}
     try:
@@ -321,7 +369,7 @@ def _lock(path: str) -> filelock.BaseFileLock:
             f.write(json.dumps(holder) + "\n")
     except OSError as exc:
         lock.release()
-        raise write_failed(f"the run directory {path} ({exc.filename})", exc, None) from exc
+        raise write_failed(_written(exc, path), exc, None, path) from exc
     except BaseException:
         lock.release()
         raise
@@ -365,9 +413,21 @@ def cut_log(path: str, step: int) -> tuple[int, int]:
         lines = [(line, logged_step(line) if line.endswith("\n") else None) for line in f]
     replaced = [line for line, logged in lines if logged is not None and logged > step]
     if replaced:
-        with open(os.path.join(os.path.dirname(path), REPLACED_NAME), "a",
-                  encoding="utf-8") as f:
-            f.writelines(replaced)
+        _append_whole(os.path.join(os.path.dirname(path), REPLACED_NAME), replaced)
     with files.replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.writelines(line for line, logged in lines if logged is not None and logged <= step)
     return sum(logged is None for _, logged in lines), len(replaced)
+
+
+def _append_whole(path: str, lines: list[str]) -> None:
+    """Add ``lines`` at the end of the file ``path`` by writing it again whole (files.replacing):
+    a write that fails (a full disk) leaves it as it was, with no line cut short, and raises a
+    ``files.WriteError`` that names it."""
+    try:
+        with open(path, "rb") as f:
+            before = f.read()
+    except FileNotFoundError:
+        before = b""
+    with files.replacing(path) as tmp, open(tmp, "wb") as f:
+        f.write(before)
+        f.writelines(line.encode("utf-8") for line in lines)
