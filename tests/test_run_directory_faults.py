@@ -2,17 +2,20 @@
 newest checkpoint that passes the check, not "no checkpoint"; a run file that is a named pipe, a
 device or a folder is refused at once, nothing written; a full disk while the log's replaced
 lines are kept names that file; a record the disk fails to read is not taken for an unreadable
-one."""
+one; memory that runs out in a validation (the last one, one at a save, the time limit's) loses
+no update."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
 import pytest
 
-from minitfm import exits
+from minitfm import checkpoint, exits, usable
+from minitfm.models import translator
 from minitfm.training.rundir import LOCK_NAME, LOG_NAME, REPLACED_NAME, RUN_FILES, RUN_INFO_NAME
 from tests.test_faults import ENV, ROOT, TOY, assert_clean_error, finish, snapshot, toy
 
@@ -121,3 +124,40 @@ def test_a_record_the_disk_fails_to_read_is_an_io_error_not_an_unreadable_record
     assert f"error: {tmp_path / RUN_INFO_NAME}: reading it failed: Input/output error" in err
     assert "could not be read" not in err
     assert snapshot(tmp_path) == before
+
+
+# ---- memory that runs out in a validation -----------------------------------------------------
+
+# train_toy.py with its validation running out of memory, as a host memory limit makes it
+OUT_OF_MEMORY_IN_VALIDATION = """
+import runpy, sys
+from minitfm.training.run import Run
+
+def validate(self):
+    raise MemoryError("Unable to allocate 119. GiB for an array")
+
+Run._validate = validate
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("args, step", [
+    (["--max-steps", 6, "--save-every", 4], 6),                         # the end of the run
+    (["--max-steps", 10, "--valid-every", 3, "--save-every", 3], 3),    # a save step
+    (["--max-steps", 100_000, "--time-limit", "0.001s"], None),        # the time limit's stop
+], ids=["last-step", "save-step", "time-limit"])
+def test_memory_running_out_in_a_validation_keeps_the_update_before_it(tmp_path, args, step):
+    code, err = toy_run(*args, "--out", tmp_path, prefix=["-c", OUT_OF_MEMORY_IN_VALIDATION])
+    assert code == exits.FAILED, err
+    assert_clean_error(err)
+    saved = checkpoint.list_checkpoints(tmp_path)
+    step = saved[-1][0] if step is None else step
+    path = checkpoint.checkpoint_path(tmp_path, step)
+    assert saved[-1] == (step, path)
+    assert usable.load(path, translator.KIND).ckpt.step == step
+    assert (f"error: out of memory on the host's memory: Unable to allocate 119. GiB for an "
+            f"array; after update {step}; its checkpoint, {path}, is saved: continue from it "
+            f"with --resume; lower --batch-size") in err
+    record = json.loads((tmp_path / RUN_INFO_NAME).read_text())
+    assert record["outcome"].startswith("failed: out of memory") and record["step"] == step

@@ -138,7 +138,15 @@ def train(run: Run, batches: Batches) -> TrainState:
 
     NumPy's floating-point warnings ("invalid value encountered in divide") are not shown while
     it trains: they come from updates that run off, which the divergence watch reports with the
-    step, the intact checkpoint and the fix."""
+    step, the intact checkpoint and the fix. Memory that runs out, in an update or a validation,
+    ends the run with a ``MemoryError`` that names the checkpoint kept (Run.out_of_memory)."""
+    try:
+        return _train(run, batches)
+    except MemoryError as exc:
+        raise run.out_of_memory(exc) from exc
+
+
+def _train(run: Run, batches: Batches) -> TrainState:
     state, world, steps = run.state, run.world, run.plan.steps
     if (run.validating or not world.is_root) and run.cut_short():
         # a signal came before the validation of the checkpoint's step: make it now, as an

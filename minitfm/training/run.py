@@ -17,9 +17,11 @@ be those it started with; at :meth:`Run.start`, the config, the vocabulary and `
 bit-identical parameters to an uninterrupted one.
 
 Every checkpoint stores the validation record (validation.py); a checkpoint saved at a
-validation also that validation's results. With ``best_metric``, every validation saves a
-checkpoint (each validated model is on disk, ranked by its metric); ``checkpoint_best.npz`` is a
-second name for the best one, and rotation spares the ``keep_best`` best.
+validation also that validation's results: it is saved before the validation (one that runs out
+of memory loses no update) and again, atomically, once the results are in. With
+``best_metric``, every validation saves a checkpoint (each validated model is on disk, ranked by
+its metric); ``checkpoint_best.npz`` is a second name for the best one, and rotation spares the
+``keep_best`` best.
 
 Several workers (``mpiexec -n N``; :mod:`minitfm.distributed`): only rank 0 reads and writes the
 run directory, shows progress and validates; every worker continues from rank 0's state
@@ -316,7 +318,7 @@ class Run:
                 state.last_checkpoint = run_dir.save_checkpoint(state.step, write,
                                                                 state.last_checkpoint)
                 if state.record.best_step == state.step:
-                    run_dir.name_best(state.last_checkpoint)
+                    run_dir.name_best(state.last_checkpoint, state.last_checkpoint)
                 run_dir.rotate(state.last_checkpoint,
                                spare=state.record.kept_steps(self.options.keep_best))
         except checkpoint.NonFiniteError as exc:
@@ -331,8 +333,14 @@ class Run:
 
     def validate(self, save_now: bool) -> None:
         """The validation due at this step (rank 0), what every worker must know of it (a stop
-        for patience, the automatic dropout start), and the checkpoint due with it."""
+        for patience, the automatic dropout start), and the checkpoint due with it (``save_now``).
+
+        That checkpoint is saved before the validation, unless it is on disk already: a
+        validation that fails (out of memory, in the run's last one, say) loses no update. Saved
+        again once the validation is made, atomically, it then records its results too."""
         state, world = self.state, self.world
+        if save_now and state.last_checkpoint != self.run_dir.checkpoint_path(state.step):
+            self.save()
         if self.validating:
             self._validate()
         if world.distributed and (self.options.patience
@@ -342,7 +350,7 @@ class Run:
                                               else state.record.dropout_from])
             state.out_of_patience = bool(agreed[0])
             state.record.dropout_from = None if agreed[1] < 0 else int(agreed[1])
-        if save_now:
+        if save_now and self.validating:
             self.save()
 
     def _validate(self) -> None:
@@ -376,6 +384,24 @@ class Run:
         if state.out_of_patience:
             self.say(f"no better {record.metric} in {options.patience} validations "
                      f"({record.describe_best()}): stopping at step {state.step}")
+
+    def out_of_memory(self, exc: MemoryError) -> MemoryError:
+        """``exc``, raised in an update or a validation, saying after which update and which
+        checkpoint is kept: that of the last update (a validation saves it first), or the newest
+        this session has."""
+        state, run_dir = self.state, self.run_dir
+        done = f"after update {state.step}" if state.step else "before the first update"
+        if run_dir is None:
+            kept = ""
+        elif state.last_checkpoint == run_dir.checkpoint_path(state.step):
+            kept = (f"; its checkpoint, {state.last_checkpoint}, is saved: continue from it with "
+                    f"--resume")
+        elif state.last_checkpoint:
+            kept = (f"; the newest checkpoint, {state.last_checkpoint}, is intact: continue "
+                    f"from it with --resume")
+        else:
+            kept = "; no checkpoint of this run was saved yet"
+        return MemoryError(f"{str(exc).rstrip('.')}{'; ' if str(exc) else ''}{done}{kept}")
 
     def stop(self, interrupt: KeyboardInterrupt, stops: StopRequests) -> None:
         """The run stops on a signal: a checkpoint of the last completed update (unless saved
