@@ -3,15 +3,17 @@ newest checkpoint that passes the check, not "no checkpoint"; a run file that is
 device or a folder is refused at once, nothing written; a full disk while the log's replaced
 lines are kept names that file; a record the disk fails to read is not taken for an unreadable
 one; memory that runs out in a validation (the last one, one at a save, the time limit's) loses
-no update."""
+no update; a loss that runs off keeps the last good checkpoint from rotation."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from minitfm import checkpoint, exits, usable
@@ -161,3 +163,16 @@ def test_memory_running_out_in_a_validation_keeps_the_update_before_it(tmp_path,
             f"with --resume; lower --batch-size") in err
     record = json.loads((tmp_path / RUN_INFO_NAME).read_text())
     assert record["outcome"].startswith("failed: out of memory") and record["step"] == step
+
+
+# ---- a loss that runs off ---------------------------------------------------------------------
+
+def test_a_loss_that_runs_off_keeps_the_checkpoint_it_names_from_rotation(tmp_path):
+    code, err = toy_run("--max-steps", 60, "--lr-factor", 100, "--log-every", 1,
+                        "--save-every", 1, "--keep-last", 1, "--out", tmp_path)
+    assert code == exits.FAILED and "twice chance" in err, err
+    named = re.search(r"the last good checkpoint, (\S+), is intact", err).group(1)
+    newest = checkpoint.latest(tmp_path)
+    assert named != newest and "--resume takes the newest checkpoint_*.npz" in err
+    good = usable.load(named, translator.KIND).ckpt
+    assert all(np.isfinite(array).all() for array in good.params.values())

@@ -35,6 +35,7 @@ class Progress(Protocol):
 
     step: int                       # updates done
     last_checkpoint: str | None     # the newest checkpoint written, if any
+    spared_step: int | None         # the step of a checkpoint rotation must keep (the watch's)
 
 
 def diverged(what: str, step: int | str, state: Progress,
@@ -42,6 +43,10 @@ def diverged(what: str, step: int | str, state: Progress,
     """The error for ``what`` went wrong at ``step`` (a step, or a phrase such as "steps 11-20"
     for a logged window); ``good``: the last checkpoint known good (default: the latest)."""
     good = state.last_checkpoint if good is None else good
+    resume = "resume from that checkpoint (--resume)"
+    if good and good != state.last_checkpoint:
+        resume = ("resume from that checkpoint (move the newer ones aside, e.g. rename them to "
+                  ".npz.bad: --resume takes the newest checkpoint_*.npz)")
     if good:
         kept = f"the last good checkpoint, {good}, is intact"
     elif state.last_checkpoint:
@@ -52,7 +57,7 @@ def diverged(what: str, step: int | str, state: Progress,
         f"{what} at {step if isinstance(step, str) else f'step {step}'}; training stopped and "
         f"{kept}. Lower the learning rate (--lr-factor, or --lr), lengthen the warmup (--warmup) "
         f"or clip gradients (--clip-norm), then "
-        + ("resume from that checkpoint (--resume) or start again" if good else "start again"))
+        + (f"{resume} or start again" if good else "start again"))
 
 
 def check_finite(loss: float, nll: float, grad_norm: float | None, window_steps: int,
@@ -71,7 +76,8 @@ class DivergenceWatch:
     """Stops a run whose loss runs far above chance, warmup included: one logged window above
     ``FAR_ABOVE_CHANCE`` ln V, or ``DIVERGED_WINDOWS`` in a row above 2 ln V. Call :meth:`check`
     with each logged window's loss per token and :meth:`saved` after each checkpoint: the last
-    checkpoint saved while the loss was below 2 ln V is the one the error names as good.
+    checkpoint saved while the loss was below 2 ln V is the one the error names as good; while a
+    logged window's loss is above 2 ln V, ``state.spared_step`` names it, and rotation keeps it.
 
     ``warmup`` only words the message ("during the warmup"): the watch runs at every step."""
 
@@ -83,7 +89,7 @@ class DivergenceWatch:
         self.far_limit = FAR_ABOVE_CHANCE * math.log(vocab)
         self.warmup, self.state = warmup, state
         self.high = 0                             # windows in a row above the limit
-        self.good_checkpoint = state.last_checkpoint
+        self.good_checkpoint, self.good_step = state.last_checkpoint, state.step
 
     def check(self, loss: float) -> None:
         when = " during the warmup" if self.state.step <= self.warmup else ""
@@ -94,8 +100,11 @@ class DivergenceWatch:
                 f"chance)", self.state.step, self.state, good=self._good())
         if loss <= self.limit:
             self.high = 0
+            self.state.spared_step = None
             return
         self.high += 1
+        if self.good_checkpoint:        # the checkpoint the error would name: rotation keeps it
+            self.state.spared_step = self.good_step
         if self.high >= DIVERGED_WINDOWS:
             raise diverged(
                 f"the training loss has stayed above 2 ln V = {self.limit:.2f} (twice chance) "
@@ -108,4 +117,4 @@ class DivergenceWatch:
 
     def saved(self) -> None:
         if self.high == 0:
-            self.good_checkpoint = self.state.last_checkpoint
+            self.good_checkpoint, self.good_step = self.state.last_checkpoint, self.state.step

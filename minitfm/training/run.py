@@ -299,7 +299,8 @@ class Run:
 
     def save(self) -> None:
         """Write a checkpoint of the state (refusing non-finite parameters), name it
-        ``checkpoint_best.npz`` when it holds the best validation, and rotate old ones."""
+        ``checkpoint_best.npz`` when it holds the best validation, and rotate old ones (but the
+        best kept and ``state.spared_step``, the last good one while the loss runs high)."""
         state, run_dir = self.state, self.run_dir
         validated = state.valid if state.valid.get("step") == state.step else None
         extra = {"seed": state.seed, "epoch": state.epoch, "batches_done": state.batches_done,
@@ -319,8 +320,9 @@ class Run:
                                                                 state.last_checkpoint)
                 if state.record.best_step == state.step:
                     run_dir.name_best(state.last_checkpoint, state.last_checkpoint)
-                run_dir.rotate(state.last_checkpoint,
-                               spare=state.record.kept_steps(self.options.keep_best))
+                spare = state.record.kept_steps(self.options.keep_best)
+                run_dir.rotate(state.last_checkpoint, spare=spare + (
+                    [] if state.spared_step is None else [state.spared_step]))
         except checkpoint.NonFiniteError as exc:
             raise diverged(f"{exc.what} holds NaN or Inf", state.step, state) from exc
 

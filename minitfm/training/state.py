@@ -82,6 +82,8 @@ class TrainState:
     elapsed: float = 0.0          # training seconds so far, over all sessions of the run
     valid: dict = field(default_factory=dict)   # the latest validation results
     last_checkpoint: str | None = None
+    spared_step: int | None = None   # a checkpoint rotation keeps besides (the last good one
+                                     # while the loss is high: divergence.DivergenceWatch)
     interrupted: bool = False     # stopped by a signal (a checkpoint was saved if out_dir is set)
     stop_signal: int | None = None   # which: SIGINT (also a KeyboardInterrupt raised in code),
                                      # SIGTERM or SIGHUP
