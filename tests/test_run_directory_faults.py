@@ -3,7 +3,8 @@ newest checkpoint that passes the check, not "no checkpoint"; a run file that is
 device or a folder is refused at once, nothing written; a full disk while the log's replaced
 lines are kept names that file; a record the disk fails to read is not taken for an unreadable
 one; memory that runs out in a validation (the last one, one at a save, the time limit's) loses
-no update; a loss that runs off keeps the last good checkpoint from rotation."""
+no update; a loss that runs off keeps the last good checkpoint from rotation; an earlier run's
+best checkpoint, alone in its directory, is never replaced."""
 
 from __future__ import annotations
 
@@ -176,3 +177,19 @@ def test_a_loss_that_runs_off_keeps_the_checkpoint_it_names_from_rotation(tmp_pa
     assert named != newest and "--resume takes the newest checkpoint_*.npz" in err
     good = usable.load(named, translator.KIND).ckpt
     assert all(np.isfinite(array).all() for array in good.params.values())
+
+
+# ---- an earlier run's best checkpoint ---------------------------------------------------------
+
+@pytest.mark.parametrize("resume", [[], ["--resume"]], ids=["fresh", "resume"])
+def test_an_earlier_runs_best_checkpoint_alone_is_never_replaced(tmp_path, resume):
+    train(tmp_path, "--max-steps", 4, "--valid-every", 2, "--best-metric", "acc")
+    for _, path in checkpoint.list_checkpoints(tmp_path):
+        os.remove(path)                             # only checkpoint_best.npz is left of them
+    before = snapshot(tmp_path)
+    code, err = toy_run("--max-steps", 4, "--valid-every", 2, "--best-metric", "acc", *resume,
+                        "--out", tmp_path)
+    assert code == exits.BAD_INPUT, err
+    assert_clean_error(err)
+    assert f"{tmp_path} holds checkpoint_best.npz, the best checkpoint of an earlier run" in err
+    assert snapshot(tmp_path) == before

@@ -9,9 +9,10 @@ The loop (:mod:`minitfm.training.loop`) makes the updates and calls on it.
 
 Resuming (``options.resume``) continues from the latest checkpoint of ``options.out_dir``, read
 once when the run is opened. Nothing in the directory is written before it passes every check:
-a directory with checkpoints needs ``resume``; the checkpoint must pass the check of
-:mod:`minitfm.usable` (kind, parameters, dtypes, finite values, Adam's moments) and be a
-training checkpoint; the options that define the run (``options.defining``) and the seed must
+a directory with checkpoints needs ``resume``; one with an earlier run's ``checkpoint_best.npz``
+and no other checkpoint is refused (a new run would replace it); the checkpoint must pass the
+check of :mod:`minitfm.usable` (kind, parameters, dtypes, finite values, Adam's moments) and be
+a training checkpoint; the options that define the run (``options.defining``) and the seed must
 be those it started with; at :meth:`Run.start`, the config, the vocabulary and ``run_meta``
 (what the trainer's data must match) must be the checkpoint's too. A resumed run reaches
 bit-identical parameters to an uninterrupted one.
@@ -44,7 +45,7 @@ from minitfm.optim import Adam
 from minitfm.training.divergence import diverged
 from minitfm.training.plan import PlanError, plan
 from minitfm.training.record import changed_options, outcome
-from minitfm.training.rundir import REPLACED_NAME, RunDirectory
+from minitfm.training.rundir import BEST_NAME, REPLACED_NAME, RunDirectory
 from minitfm.training.state import TrainOptions, TrainState
 from minitfm.training.stops import (AgreedStop, StopRequests, describe_signal,
                                     interrupts_deferred)
@@ -107,6 +108,12 @@ class Run:
     def _latest_checkpoint(self) -> checkpoint.Checkpoint | None:
         """The latest checkpoint of the run directory, read back whole and checked, or None."""
         latest = self.run_dir.latest_checkpoint() if self.run_dir else None
+        if latest is None and self.run_dir and os.path.lexists(self.run_dir.best_path):
+            raise FileExistsError(
+                f"{self.options.out_dir} holds {BEST_NAME}, the best checkpoint of an earlier "
+                f"run, and no numbered checkpoint (checkpoint_<step>.npz) to continue from: a new "
+                f"run there would replace it. Move it out of {self.options.out_dir}, or choose "
+                f"another --out")
         if latest is None:
             if self.options.resume:
                 self.say(f"no checkpoint in {self.options.out_dir}: starting from scratch")
