@@ -42,8 +42,8 @@ from typing import BinaryIO
 
 from minitfm import files
 
-__all__ = ["DataError", "MAX_LINE_BYTES", "HEAD_BYTES", "GZIP_MAGIC", "UTF8_BOM", "check_input", "read_failed",
-           "text_stream", "open_bytes", "wide_encoding", "bounded_lines", "stream_lines",
+__all__ = ["DataError", "MAX_LINE_BYTES", "HEAD_BYTES", "GZIP_MAGIC", "UTF8_BOM", "check_input",
+           "read_failed", "text_stream", "open_bytes", "wide_encoding", "bounded_lines", "stream_lines",
            "raw_lines", "not_utf8"]
 
 GZIP_MAGIC = b"\x1f\x8b"

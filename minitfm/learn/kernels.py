@@ -161,8 +161,12 @@ def _describe(value) -> str:
 
 
 def unwritten(path: Path) -> bool:
-    """Whether the kernel's body holds nothing but comments and blanks."""
-    return unwritten_text(Path(path).read_text(encoding="utf-8"))
+    """Whether the kernel's body holds nothing but comments and blanks (False for a file that
+    is not UTF-8: something was written there)."""
+    try:
+        return unwritten_text(source.text_of(path))
+    except source.NotUTF8:
+        return False
 
 
 def unwritten_text(text: str) -> bool:
@@ -190,7 +194,10 @@ def check(ex: Exercise, path: Path, seed: int = 0):
         return Report(ex, path, "not written", message=f"not written yet: the body of the kernel "
                       f"in {path.name} holds only the TODO")
     kernel = kernel_of(ex)
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = source.text_of(path)
+    except source.NotUTF8 as exc:
+        return Report(ex, path, "error", message=f"{path.name}, line {exc.lineno}: {exc.msg}")
     mine = cudahost.HostKernel(text, kernel.name)
     with backend.using("numpy"):
         try:

@@ -39,9 +39,8 @@ def load(path: Path, name: str):
     """The learner's file as a fresh module (``LearnerError`` with its line if it does not
     compile or its top level fails)."""
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
     try:
-        code = compile(text, str(path.resolve()), "exec")
+        code = compile(source.text_of(path), str(path.resolve()), "exec")
     except SyntaxError as exc:
         line = (exc.text or "").rstrip("\n")
         raise LearnerError(f"{path.name}, line {exc.lineno}: {exc.msg}\n    {line.strip()}") \

@@ -20,6 +20,8 @@ import re
 import textwrap
 from pathlib import Path
 
+from minitfm.data import reading
+
 __all__ = ["TODO", "module_source", "blanked", "plain_source", "derivation", "unwritten",
            "unwritten_text", "filled", "FAST_PATH_PARAGRAPHS", "is_docstring"]
 
@@ -283,10 +285,39 @@ def plain_source(module: str, name: str) -> str:
     return textwrap.dedent(_segment(text.splitlines(), fn))
 
 
+class NotUTF8(SyntaxError):
+    """The learner's file is not UTF-8 text (saved as UTF-16 by an editor, or in an 8-bit
+    encoding): a ``SyntaxError``, as Python's own for such a source, whose message says what
+    the file seems to be and how to save it."""
+
+
+def text_of(path: Path) -> str:
+    """The text of the learner's file ``path``: UTF-8, a byte-order mark dropped; a file in
+    UTF-16 or UTF-32 (``reading.wide_encoding``) or with a line that is not UTF-8 raises
+    :class:`NotUTF8`, naming the file, the line and the fix."""
+    path = Path(path)
+    data = path.read_bytes()
+    wide = reading.wide_encoding(data[:reading.HEAD_BYTES])
+    fix = "save it as UTF-8 (the encoding setting of your editor's Save As)"
+    if wide is not None:
+        encoding, evidence = wide
+        raise NotUTF8(f"{encoding} text, not UTF-8 ({evidence}): {fix}, or "
+                      f"convert it (iconv -f {encoding} -t UTF-8 {path.name} > utf8.py && mv "
+                      f"utf8.py {path.name})", (str(path), 1, 1, ""))
+    if data.startswith(reading.UTF8_BOM):
+        data = data[len(reading.UTF8_BOM):]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise NotUTF8(f"not UTF-8 ({exc.reason} at byte {exc.start + 1} of the file): {fix}",
+                      (str(path), line, 1, "")) from None
+
+
 def unwritten(path: Path, names: tuple[str, ...]) -> list[str]:
     """Which of the functions ``names`` in the exercise file ``path`` still hold the TODO's
-    raise (read, not run: a file that does not parse raises SyntaxError)."""
-    return unwritten_text(path.read_text(encoding="utf-8"), names, str(path))
+    raise (read, not run: a file that does not parse, or is not UTF-8, raises SyntaxError)."""
+    return unwritten_text(text_of(path), names, str(path))
 
 
 def unwritten_text(text: str, names: tuple[str, ...], filename: str = "<exercise>") -> list[str]:

@@ -137,3 +137,36 @@ def test_the_command_reports_through_its_exit_status(tmp_path):
     assert done.returncode == exits.BAD_INPUT
     assert done.stderr.startswith("error: no exercise 'nonsense'")
     assert len(EXERCISES) == 21
+
+
+def test_a_file_saved_in_another_encoding_is_named_with_the_fix(tmp_path):
+    """The learner's file saved as UTF-16 by an editor, or in Windows-1252: check names the
+    file, the line and the encoding, and says how to save it as UTF-8 (before, a bare "'utf-8'
+    codec can't decode byte 0xff" naming no file); list shows it written, and the kernel's
+    exercise says the same."""
+    folder = tmp_path / "w"
+
+    def learn(*argv):
+        return subprocess.run([sys.executable, "-m", "minitfm.learn", "--dir", str(folder),
+                               *argv], capture_output=True, text=True, timeout=120)
+
+    assert learn("start", "linear").returncode == 0
+    assert learn("start", "kernel_dropout").returncode == 0
+    for name in ("01_linear.py", by_name("kernel_dropout").filename):
+        path = folder / name
+        text = path.read_text(encoding="utf-8")
+        path.write_bytes(text.encode("utf-16"))
+        exercise = "linear" if name == "01_linear.py" else "kernel_dropout"
+        done = learn("check", exercise)
+        assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done
+        assert f"{name}, line 1: UTF-16 text, not UTF-8 (it begins with FF FE, the byte-order " \
+               f"mark of little-endian UTF-16): save it as UTF-8" in done.stdout, done.stdout
+        assert f"iconv -f UTF-16 -t UTF-8 {name}" in done.stdout
+        path.write_bytes((text + "# café\n").encode("cp1252"))
+        done = learn("check", exercise)
+        line = text.count("\n") + 1
+        assert done.returncode == 1, done
+        assert f"{name}, line {line}: not UTF-8 (invalid continuation byte" in done.stdout, \
+            done.stdout
+    listed = learn("list")
+    assert listed.returncode == 0 and "01 linear            written" in listed.stdout, listed
