@@ -3,6 +3,13 @@ so that a bad one is a usage error naming the option and what it must be (status
 infinity are refused wherever a finite number is meant; a time limit carries its unit
 (:func:`duration`); :func:`phase` reads a point or length of a run (a fraction, ``<N>steps``,
 ``<x>epochs``, ``auto``). The options themselves are declared in :mod:`minitfm.options`.
+
+A command reads its options with :class:`Parser`, argparse's parser with one difference: a
+value that begins with a minus sign and a digit (``-5m``, ``-1e-3``, ``-2``) or names an
+infinity or NaN (``-inf``) is the value of the option before it, so that ``--time-limit -5m``
+is refused by the option's own type, which says what the option takes, and not for a missing
+value ("expected one argument"). argparse itself reads only plain negative numbers so (``-2``,
+``-.5``); no command has an option that begins with a digit.
 """
 
 from __future__ import annotations
@@ -15,17 +22,38 @@ from collections.abc import Callable
 from minitfm import limits
 from minitfm.training import phases
 
-__all__ = ["integer", "number", "positive_int", "duration", "phase", "vocab_size"]
+__all__ = ["Parser", "integer", "number", "positive_int", "duration", "phase", "vocab_size"]
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, reading a value that looks negative (``-5m``, ``-1e-3``, ``-inf``) as
+    the value of the option before it, as argparse reads ``-2``; its sub-parsers too.
+
+    argparse decides whether a word is an option or a value by its ``_negative_number_matcher``
+    (a word it matches is a value while no option looks like a negative number); this parser
+    widens that pattern. The attribute is argparse's own, unchanged from Python 3.10 to 3.13."""
+
+    NEGATIVE_LOOKING = re.compile(r"^-(\.?\d|inf(inity)?$|nan$)", re.IGNORECASE)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = self.NEGATIVE_LOOKING
 
 
 def _bounds(low, high, low_open: bool, high_open: bool) -> str:
     if low is not None and high is not None:
-        return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        return f"in {'(' if low_open else '['}{_shown(low)}, {_shown(high)}" \
+               f"{')' if high_open else ']'}"
     if low is not None:
-        return f"{'>' if low_open else '>='} {low:g}"
+        return f"{'>' if low_open else '>='} {_shown(low)}"
     if high is not None:
-        return f"{'<' if high_open else '<='} {high:g}"
+        return f"{'<' if high_open else '<='} {_shown(high)}"
     return ""
+
+
+def _shown(bound: float) -> str:
+    """A bound as written: an integer whole (2147483647), a float short (0.5, 1e-08)."""
+    return str(bound) if isinstance(bound, int) else f"{bound:g}"
 
 
 def integer(low: int | None = None, high: int | None = None) -> Callable[[str], int]:
@@ -65,20 +93,29 @@ def number(low: float | None = None, high: float | None = None, *, low_open: boo
 
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_EXAMPLES = "90s, 60m, 1.5h"
 
 
 def duration(text: str) -> float:
     """An argparse ``type=`` for a length of time with its unit, in seconds: ``90s``, ``60m``,
-    ``1.5h`` (> 0). A bare number is refused: the unit is part of the value."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smh])\s*", text.lower())
+    ``1.5h`` (> 0). A bare number is refused: the unit is part of the value; so is a time of 0
+    or below (``-5m``), with the way to write one."""
+    match = re.fullmatch(r"\s*([-+]?)(\d+(?:\.\d*)?|\.\d+)\s*([smh]?)\s*", text.lower())
     if not match:
-        bare = text.strip()
-        hint = f" (a bare number: {bare}s or {bare}m?)" if re.fullmatch(r"[\d.]+", bare) else ""
-        raise argparse.ArgumentTypeError(f"must be a time with its unit, s, m or h (90s, 60m, "
-                                         f"1.5h), got {text!r}{hint}")
-    seconds = float(match.group(1)) * _UNITS[match.group(2)]
-    if not 0 < seconds < math.inf:
-        raise argparse.ArgumentTypeError(f"must be a time > 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a time with its unit, s, m or h ({_EXAMPLES}), "
+                                         f"got {text!r}")
+    sign, number_text, unit = match.groups()
+    seconds = float(number_text) * _UNITS.get(unit, 1.0)
+    if sign == "-" or seconds == 0:
+        raise argparse.ArgumentTypeError(f"must be a time above 0, with its unit, s, m or h "
+                                         f"({_EXAMPLES}), got {text!r}")
+    if not unit:
+        raise argparse.ArgumentTypeError(f"must be a time with its unit, s, m or h ({_EXAMPLES}), "
+                                         f"got {text!r} (a bare number: {number_text}s or "
+                                         f"{number_text}m?)")
+    if not seconds < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a time of finite length, s, m or h "
+                                         f"({_EXAMPLES}), got {text!r}")
     return seconds
 
 

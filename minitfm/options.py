@@ -65,6 +65,7 @@ class Words:
 
 
 FRACTION = number(0, 1, high_open=True)
+C_INT_MAX = 2**31 - 1           # the BLAS libraries take their thread count as a C int
 SCHEDULES = ("paper", "linear", "cosine")
 BEST_METRICS = {"loss": "valid_loss", "bleu": "valid_bleu", "acc": "valid_acc"}
 
@@ -148,7 +149,7 @@ VOCABULARY = {option.dest: option for option in [
                            "train_lm.py --sample)", absent="none"),
     # where a worker runs, and how it computes
     Option("--backend", "array backend", choices=("numpy", "cupy", "auto")),
-    Option("--threads", "BLAS threads per worker on the CPU", positive_int, "N"),
+    Option("--threads", "BLAS threads per worker on the CPU", integer(1, C_INT_MAX), "N"),
     Option("--precision", "matrix products: tf32 on a GPU's tensor cores (compute capability "
                           "8.0 or higher; batched products, attention's, stay float32), plain "
                           "fp32, or fp16: mixed precision, float16 operands summed in float32 "

@@ -24,7 +24,7 @@ from minitfm.decode import greedy
 from minitfm.exits import UsageError
 from minitfm.models import translator
 from minitfm.models.translator import PRESETS, Config
-from minitfm.argtypes import integer, positive_int
+from minitfm.argtypes import Parser, integer, positive_int
 from minitfm.options import Words
 from minitfm.training import loop, phases
 from minitfm.training.run import Run
@@ -59,9 +59,8 @@ TRAINER = options.Trainer(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                epilog=TRAINER.table(),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__.split("\n")[0], epilog=TRAINER.table(),
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     task = p.add_argument_group("task")
     task.add_argument("--task", choices=tasks.TASKS, default="copy", help="(default copy)")
     task.add_argument("--vocab", type=integer(2), default=10,

@@ -56,7 +56,7 @@ from minitfm import backend, cli, distributed, options, wmt
 from minitfm.data import epoch_batches, eval_arrays, read_parallel, token_batches
 from minitfm.exits import UsageError
 from minitfm.models import translator as model
-from minitfm.argtypes import integer, positive_int
+from minitfm.argtypes import Parser, integer, positive_int
 from minitfm.options import Words
 from minitfm.training import loop, phases
 from minitfm.training.run import Run
@@ -98,9 +98,8 @@ TRAINER = options.Trainer(
 # ---- command line -----------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                epilog=TRAINER.table(),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__.split("\n")[0], epilog=TRAINER.table(),
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     data = p.add_argument_group("data")
     data.add_argument("--trainpref", help="training corpus PREFIX (PREFIX.SRC, PREFIX.TGT)")
     data.add_argument("--validpref", help="validation corpus prefix (loss and BLEU)")

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from minitfm import options
-from minitfm.argtypes import positive_int
+from minitfm.argtypes import Parser, positive_int
 from minitfm.cli import report_errors
 from minitfm.export import source
 from minitfm.export.source import ExportError
@@ -23,7 +23,7 @@ EXAMPLES = """examples:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m minitfm.export", epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Export a minitfm checkpoint to CTranslate2 or safetensors, or import a "

@@ -20,6 +20,7 @@ import textwrap
 import time
 
 from minitfm import exits, placement
+from minitfm.argtypes import Parser, integer, number, positive_int
 from minitfm.cli import report_errors
 from minitfm.exits import UsageError
 from minitfm.learn import check as checking
@@ -28,6 +29,7 @@ from minitfm.learn import kernels, source
 from minitfm.learn.exercises import EXERCISES, Exercise, by_name
 from minitfm.learn.workshop import Workshop
 
+MAX_WAIT = 3600.0        # seconds: watch looks at the file at least once an hour
 MARKS = {"not started": " ", "started": "…", "written": "✗", "passing": "✓"}
 
 
@@ -37,8 +39,8 @@ def main(argv=None) -> int:
 
 
 def parse_args(argv) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m minitfm.learn", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m minitfm.learn", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", default="workshop",
                         help="the workshop folder (default ./workshop)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -49,9 +51,10 @@ def parse_args(argv) -> argparse.Namespace:
                        help="leave the derivation of the backward pass out of the file")
     check = commands.add_parser("check", help="check an exercise")
     check.add_argument("name", nargs="?", help="the exercise (default: the current one)")
-    check.add_argument("--seed", type=int, default=0, help="seeds the check's draw (default 0)")
+    check.add_argument("--seed", type=integer(0), default=0,
+                       help="seeds the check's draw (default 0)")
     watch = commands.add_parser("watch", help="check at every save, moving on as each passes")
-    watch.add_argument("--every", type=float, default=0.5,
+    watch.add_argument("--every", type=number(0, MAX_WAIT, low_open=True), default=0.5,
                        help="seconds between looks at the file (default 0.5)")
     hint = commands.add_parser("hint", help="the next hint of an exercise")
     hint.add_argument("name", nargs="?")
@@ -60,9 +63,9 @@ def parse_args(argv) -> argparse.Namespace:
     solution.add_argument("--reveal", action="store_true",
                           help="show it although the exercise does not pass yet")
     train = commands.add_parser("train", help="the copy task on your passing layers")
-    train.add_argument("--steps", type=int, default=None,
+    train.add_argument("--steps", type=positive_int, default=None,
                        help="updates (default: the copy task's 300)")
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--seed", type=integer(0), default=0)
     reset = commands.add_parser("reset", help="start an exercise over")
     reset.add_argument("name")
     reset.add_argument("--hard", action="store_true", default=None,

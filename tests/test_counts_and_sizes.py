@@ -1,0 +1,80 @@
+"""Counts and sizes that cannot work, refused through the real command lines before any work,
+with one ``error:`` line and status 2: a number of workers below 1, or beyond what one machine
+runs or its open files allow; a negative value of a numeric option, refused by the option's own
+type and not taken for a missing value; a ``max_len`` whose position table cannot be held in
+memory, at training and at export; and sizes too large for any memory, refused by the memory
+check without a traceback or a wait."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "MINITFM_BACKEND": "numpy"}
+
+
+def command(*args, cwd=None, open_files: int | None = None) -> subprocess.CompletedProcess:
+    """``python ARGS`` (a script of the repository, or ``-m module ...``) in a child process;
+    ``open_files`` limits the files it may open (RLIMIT_NOFILE)."""
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True,
+                          env=ENV, cwd=cwd, timeout=120, preexec_fn=limit if open_files else None)
+
+
+def error_line(done: subprocess.CompletedProcess) -> str:
+    """The one ``error:`` line of a refused command (status 2), without a traceback."""
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    assert "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, done.stderr
+    return errors[0]
+
+
+def script(name: str) -> Path:
+    return ROOT / name
+
+
+# ---- negative values: the option's own message ----------------------------------------------
+
+TOY = [script("train_toy.py"), "--preset", "tiny"]
+WMT = [script("train_wmt.py"), "--trainpref", "nowhere/train"]
+LEARN = ["-m", "minitfm.learn", "--dir"]
+
+
+@pytest.mark.parametrize("args, message", [
+    ([*TOY, "--time-limit", "-5m"], "argument --time-limit: must be a time above 0, with its "
+                                    "unit, s, m or h (90s, 60m, 1.5h), got '-5m'"),
+    ([*TOY, "--time-limit=-5m"], "argument --time-limit: must be a time above 0"),
+    ([*TOY, "--lr-factor", "-1e-3"], "argument --lr-factor: must be a finite number > 0, got "
+                                     "'-1e-3'"),
+    ([*TOY, "--clip-norm", "-inf"], "argument --clip-norm: must be a finite number > 0"),
+    ([*WMT, "--time-limit", "-90s"], "argument --time-limit: must be a time above 0"),
+    ([*WMT, "--cooldown", "-5steps"], "argument --cooldown: must be a fraction in [0, 1)"),
+    ([*WMT, "--max-epochs", "-1.5e2"], "argument --max-epochs: must be a finite number > 0"),
+    ([*WMT, "--dropout", "-1e-1"], "argument --dropout: must be a finite number in [0, 1)"),
+    (["-m", "minitfm.export", "model.npz", "--to", "ctranslate2", "--out", "x", "--lenpen",
+      "-6e-1"], "argument --lenpen: must be a finite number >= 0, got '-6e-1'"),
+    ([*LEARN, "ws", "watch", "--every", "-1e-3"], "argument --every: must be a finite number in "
+                                                  "(0, 3600], got '-1e-3'"),
+    ([*LEARN, "ws", "train", "--steps", "-3"], "argument --steps: must be an integer >= 1"),
+    ([*LEARN, "ws", "train", "--steps", "0"], "argument --steps: must be an integer >= 1"),
+    ([*LEARN, "ws", "check", "--seed", "-1"], "argument --seed: must be an integer >= 0"),
+])
+def test_a_negative_value_gets_the_options_own_message(tmp_path, args, message):
+    line = error_line(command(*args, cwd=tmp_path))
+    assert message in line, line
+    assert "expected one argument" not in line
+    assert not any(tmp_path.iterdir())               # nothing written
+
+
+def test_a_thread_count_beyond_a_c_int_is_refused_by_the_option():
+    line = error_line(command(*TOY, "--threads", 10**23))
+    assert "argument --threads: must be an integer in [1, 2147483647]" in line
