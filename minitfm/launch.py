@@ -22,6 +22,16 @@ own, where no terminal reaches it, and stays in the terminal's reach in its plac
   it once the terminal is gone: ``mpiexec`` itself never writes to a closed terminal (MPICH's
   launcher gives up, and ends the workers, when a write to its output fails).
 
+Counts. The number of workers (``-n`` / ``-np``, one per program of an ``mpiexec A : B`` line) is
+checked before anything starts (:func:`check_counts`): a count that is not a whole number of 1 or
+more is refused. Where every worker runs on this machine (no host list: no ``-f``, ``-hosts``,
+``-configfile``, ``-rmk``, and no batch system's allocation in the environment, which MPICH reads
+by itself), more workers than the cores this process may use take turns on them, which is slower
+than one per core: that is said in one warning and run. More than :data:`MAX_WORKERS_PER_CORE`
+per core is refused, as is a count for which ``mpiexec``'s process manager would need more open
+files than this process may have (it keeps :data:`FILES_PER_WORKER` per worker: ends of its pipes
+and its connection; MPICH ends such a run with a "Too many open files" error).
+
 The exit status is ``mpiexec``'s (129 after a hang-up). Host-only code, on POSIX; elsewhere the
 command just runs ``mpiexec``.
 """
@@ -29,6 +39,7 @@ command just runs ``mpiexec``.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -36,20 +47,44 @@ import sys
 import threading
 from pathlib import Path
 
-from minitfm import exits
+from minitfm import exits, placement
 from minitfm.exits import UsageError
 from minitfm.training.stops import HANGUP_VARIABLE
 
-__all__ = ["main", "find_mpiexec"]
+__all__ = ["main", "find_mpiexec", "check_counts", "MAX_WORKERS_PER_CORE", "FILES_PER_WORKER",
+           "LAUNCHER_FILES", "HOST_VARIABLES"]
 
 _PASSED_ON = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2")
                    if hasattr(signal, name))
-USAGE = """usage: python -m minitfm.launch MPIEXEC_ARGUMENTS...
+# Beyond this many workers a core, each gets a sliver of it and MPI's waits spin on the cores the
+# others need: a run many times slower than one worker per core, not a larger one.
+MAX_WORKERS_PER_CORE = 4
+# Open files MPICH's process manager keeps per worker (the ends of its standard input, output and
+# error pipes, and its PMI connection), and a margin for its own: measured, a run of -n N fails
+# with "Too many open files" once 4 N + about 16 exceeds the limit.
+FILES_PER_WORKER = 4
+LAUNCHER_FILES = 32
+# mpiexec's options (MPICH's Hydra, `mpiexec -h`) followed by one value, or by two; every other
+# option stands alone. The first word that is neither begins the program and its arguments.
+_ONE_VALUE = frozenset("""n np f hosts host hostfile machinefile rankmap wdir configfile genvlist
+    envlist launcher launcher-exec rmk topolib bind-to binding map-by membind demux
+    errfile-pattern outfile-pattern prepend-pattern gpus-per-proc iface localhost nameserver
+    order-nodes ppn usize memory-alloc-kinds""".split())
+_TWO_VALUES = frozenset({"genv", "env"})
+_COUNTS = frozenset({"n", "np"})
+# the options, and the batch systems' variables, that place workers on other machines
+_HOSTS = frozenset({"f", "hosts", "host", "hostfile", "machinefile", "configfile", "rmk"})
+HOST_VARIABLES = ("HYDRA_HOST_FILE", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "PBS_NODEFILE",
+                  "LSB_MCPU_HOSTS", "PE_HOSTFILE", "COBALT_NODEFILE", "LOADL_HOSTFILE")
+USAGE = f"""usage: python -m minitfm.launch MPIEXEC_ARGUMENTS...
 
 Runs mpiexec with these arguments, e.g. `python -m minitfm.launch -n 2 python train_wmt.py
 --out runs/wmt ...`, so that closing the terminal stops the training with a checkpoint
 (status 129) instead of killing its workers unsaved. Ctrl-C and SIGTERM stop it as they stop
-mpiexec."""
+mpiexec.
+
+The number of workers (-n) must be a whole number of 1 or more. On one machine, one worker per
+core is the fastest; more run, with a warning, up to {MAX_WORKERS_PER_CORE} per core."""
 
 
 def find_mpiexec() -> str:
@@ -75,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
               "-n 2 python train_wmt.py ...", file=sys.stderr)
         return exits.BAD_INPUT
     try:
+        check_counts(argv)
         mpiexec = find_mpiexec()
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -82,6 +118,93 @@ def main(argv: list[str] | None = None) -> int:
     if os.name != "posix":
         return subprocess.call([mpiexec, *argv])
     return _launch([mpiexec, *argv])
+
+
+def check_counts(argv: list[str], environ=os.environ) -> None:
+    """Refuse a count of workers in mpiexec's arguments ``argv`` that cannot work, and warn
+    where there are more workers than cores (see the module's docstring); ``UsageError`` names
+    the count and what to give instead."""
+    counts, elsewhere = _counts(argv)
+    total = sum(counts)
+    elsewhere = elsewhere or any(environ.get(name) for name in HOST_VARIABLES)
+    if elsewhere or total <= 1:
+        return
+    cores = placement.available_cores()
+    given = f"-n {total}" if len(counts) == 1 else f"{' + '.join(map(str, counts))} workers"
+    most = cores * MAX_WORKERS_PER_CORE
+    if total > most:
+        raise UsageError(
+            f"{given}: more workers than this machine can run well: this process may use "
+            f"{placement.count(cores, 'core')}, and at most {most} workers "
+            f"({MAX_WORKERS_PER_CORE} per core) are started on one machine; use -n {cores} or "
+            f"fewer (one per core, the fastest), or spread the workers over several machines "
+            f"with mpiexec's -hosts or -f; nothing was started")
+    allowed = _open_files_limit()
+    needed = total * FILES_PER_WORKER + LAUNCHER_FILES
+    if allowed is not None and needed > allowed:
+        raise UsageError(
+            f"{given}: mpiexec keeps {FILES_PER_WORKER} files open per worker, about {needed} "
+            f"in all, more than the {allowed} this process may open (ulimit -n); raise the "
+            f"limit (ulimit -n {2 * needed}) or use -n "
+            f"{max(1, (allowed - LAUNCHER_FILES) // FILES_PER_WORKER)} or fewer; nothing was "
+            f"started")
+    if total > cores:
+        print(f"warning: {given} starts {total} workers on the {placement.count(cores, 'core')} "
+              f"this process may use: they take turns on the cores, which is slower than one "
+              f"worker per core (-n {cores})", file=sys.stderr, flush=True)
+
+
+def _counts(argv: list[str]) -> tuple[list[int], bool]:
+    """The number of workers of each program of mpiexec's arguments (``A : B``: two programs;
+    1 where no ``-n`` is given, MPICH's default on one machine), and whether an option places
+    workers on other machines."""
+    counts, elsewhere = [], False
+    for segment in _segments(argv):
+        count, words = None, iter(segment)
+        for word in words:
+            if not word.startswith("-") or word == "-":
+                break                           # the program: the rest are its arguments
+            name, equals, value = word.lstrip("-").partition("=")
+            elsewhere = elsewhere or name in _HOSTS
+            if not equals:
+                taken = [next(words, None) for _ in range(
+                    2 if name in _TWO_VALUES else 1 if name in _ONE_VALUE else 0)]
+                value = taken[0] if taken else None
+            if name in _COUNTS:
+                count = _count(name, value)
+        counts.append(1 if count is None else count)
+    return counts, elsewhere
+
+
+def _segments(argv: list[str]) -> list[list[str]]:
+    """mpiexec's arguments cut at each ``:``, one part per program."""
+    parts = [[]]
+    for word in argv:
+        if word == ":":
+            parts.append([])
+        else:
+            parts[-1].append(word)
+    return parts
+
+
+def _count(option: str, text: str | None) -> int:
+    """The count ``text`` of ``-n`` (or ``-np``), a whole number of 1 or more."""
+    if text is None:
+        raise UsageError(f"-{option} needs the number of workers after it, e.g. -{option} 2")
+    if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:
+        raise UsageError(f"-{option} {text}: the number of workers must be a whole number of 1 "
+                         f"or more, e.g. -{option} 2; nothing was started")
+    return int(text)
+
+
+def _open_files_limit() -> int | None:
+    """The open files this process (and so mpiexec) may have, or None where unknown."""
+    try:
+        import resource
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else soft
 
 
 def _launch(command: list[str]) -> int:

@@ -15,6 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from minitfm import checkpoint
+from minitfm.launch import FILES_PER_WORKER, LAUNCHER_FILES, MAX_WORKERS_PER_CORE
+from minitfm.placement import available_cores
+
+from .test_distributed import mpi  # noqa: F401  (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "MINITFM_BACKEND": "numpy"}
@@ -40,6 +45,70 @@ def error_line(done: subprocess.CompletedProcess) -> str:
 
 def script(name: str) -> Path:
     return ROOT / name
+
+
+# ---- the number of workers of python -m minitfm.launch -----------------------------------------
+
+def marker_program(mark: Path) -> list[str]:
+    """A worker's program that leaves ``mark`` behind: whether anything started."""
+    return [sys.executable, "-c", f"open({str(mark)!r}, 'w').close()"]
+
+
+@pytest.mark.parametrize("counts", [["-n", "0"], ["-np", "-1"], ["-n", "two"], ["--n=0"],
+                                    ["-genv", "A", "B", "-n", "0"]])
+def test_a_count_of_workers_below_one_is_refused_before_anything_starts(tmp_path, counts):
+    mark = tmp_path / "started"
+    line = error_line(command("-m", "minitfm.launch", *counts, *marker_program(mark)))
+    shown = counts[-1].replace("--n=", "-n ") if "=" in counts[-1] else " ".join(counts[-2:])
+    assert f"error: {shown}: the number of workers must be a whole number of 1 or more" in line
+    assert not mark.exists()
+
+
+def test_a_count_below_one_of_any_program_of_the_line_is_refused(tmp_path):
+    mark = tmp_path / "started"
+    program = marker_program(mark)
+    line = error_line(command("-m", "minitfm.launch", "-n", "1", *program, ":", "-n", "0",
+                              *program))
+    assert "-n 0: the number of workers must be" in line and not mark.exists()
+
+
+def test_more_workers_than_one_machine_runs_are_refused_naming_its_cores(tmp_path):
+    mark = tmp_path / "started"
+    count = 10**8            # above MAX_WORKERS_PER_CORE per core on any machine
+    # the open-file limit keeps a launcher that failed to refuse from starting many processes
+    line = error_line(command("-m", "minitfm.launch", "-n", count, *marker_program(mark),
+                              open_files=64))
+    cores = available_cores()
+    assert f"error: -n {count}: more workers than this machine can run well" in line
+    assert f"{cores} core" in line and f"at most {cores * MAX_WORKERS_PER_CORE} workers" in line
+    assert f"use -n {cores} or fewer" in line and "-hosts" in line
+    assert not mark.exists()
+
+
+def test_workers_beyond_the_open_files_allowed_are_refused_with_the_limit_to_raise(tmp_path):
+    mark = tmp_path / "started"
+    allowed = 2 * FILES_PER_WORKER + LAUNCHER_FILES - 1      # one file short for -n 2
+    line = error_line(command("-m", "minitfm.launch", "-n", "2", *marker_program(mark),
+                              open_files=allowed))
+    assert f"-n 2: mpiexec keeps {FILES_PER_WORKER} files open per worker" in line
+    assert f"more than the {allowed} this process may open (ulimit -n)" in line
+    assert not mark.exists()
+
+
+@pytest.mark.mpi
+def test_a_few_workers_more_than_cores_run_after_one_warning(tmp_path, mpi):
+    cores = available_cores()
+    marks = [tmp_path / f"started{i}" for i in range(cores + 1)]
+    program = [sys.executable, "-c", "import os; open(os.path.join(%r, 'started' + "
+               "os.environ.get('PMI_RANK', '0')), 'w').close()" % str(tmp_path)]
+    done = command("-m", "minitfm.launch", "-n", cores + 1, *program)
+    assert done.returncode == 0, done.stderr
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == [f"warning: -n {cores + 1} starts {cores + 1} workers on the "
+                        f"{cores} core{'s' if cores != 1 else ''} this process may use: they "
+                        f"take turns on the cores, which is slower than one worker per core "
+                        f"(-n {cores})"]
+    assert all(mark.exists() for mark in marks)
 
 
 # ---- negative values: the option's own message ----------------------------------------------
