@@ -187,7 +187,9 @@ def test_non_finite_parameters_are_never_saved(tmp_path):
     with pytest.raises(TrainingDiverged, match="'emb' holds NaN or Inf at step 2"):
         train(CFG, epoch_batches, options(tmp_path, save_every=1, valid_every=1),
                     valid_metric=poison_at(2))
-    assert steps_saved(tmp_path) == [1]
+    assert steps_saved(tmp_path) == [1, 2]     # step 2's, saved before its validation poisoned it
+    for _, path in checkpoint.list_checkpoints(tmp_path):
+        assert all(np.isfinite(a).all() for a in checkpoint.load(path).params.values())
 
 
 @pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
