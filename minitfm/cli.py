@@ -32,7 +32,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from minitfm import backend, distributed, exits, fused, gradscale, placement, rows
+from minitfm import backend, distributed, exits, fused, gradscale, limits, placement, rows
 from minitfm.exits import UsageError
 from minitfm.models.translator import Config
 from minitfm.options import Words
@@ -186,15 +186,22 @@ def model_config(preset: str, vocab_size: int, args: argparse.Namespace) -> Conf
     """The preset's config for a joint vocabulary of ``vocab_size``, with the model options given
     on the command line (``--layers``, ``--d-model``, ``--d-ff``, ``--heads``, ``--max-len``,
     ``--dropout``, ``--attention-dropout``, ``--relu-dropout``, ``--word-dropout``,
-    ``--label-smoothing``, ``--pre-ln``; absent or None: the preset's value)."""
+    ``--label-smoothing``, ``--pre-ln``; absent or None: the preset's value). A ``--max-len``
+    whose position table cannot be held in memory is refused (:func:`limits.check_positions`):
+    no sentence that long could be read, nor the model exported."""
     options = ("layers", "d_model", "d_ff", "heads", "max_len", "dropout", "attention_dropout",
                "relu_dropout", "word_dropout", "label_smoothing", "pre_ln")
     overrides = {config_field(option): getattr(args, option) for option in options
                  if getattr(args, option, None) is not None}
     try:
-        return Config.preset(preset, src_vocab=vocab_size, tgt_vocab=vocab_size, **overrides)
+        cfg = Config.preset(preset, src_vocab=vocab_size, tgt_vocab=vocab_size, **overrides)
     except ValueError as exc:
         raise UsageError(f"model options: {exc}") from exc
+    if "max_len" in overrides:
+        limits.check_positions(cfg, f"--max-len {cfg.max_len}: the model's position table (the "
+                                    f"rows a sentence that long reads, and the whole table an "
+                                    f"export writes)", "--max-len")
+    return cfg
 
 
 def stopped(state: TrainState, out: str) -> int:

@@ -50,6 +50,16 @@ Sampling (:func:`sampling_estimate`), ``R`` sequences (one at a time: ``R = 1``)
     step              48 R V                  float64 copies of the filtered logits (6 of them)
     kept tokens       48 R new_tokens         host: the ids of the text so far and the text
 
+The position table (:func:`positions_estimate`, :func:`check_positions`): a model reads
+sentences of up to ``max_len`` positions (``--max-len``), and the rows of its sinusoid table for
+them are computed in float64 and cast (``layers/positional.py``); an export to CTranslate2 writes
+the whole table::
+
+    position table    (8 + f) max_len d
+
+A ``max_len`` whose table does not fit cannot be exported, nor could a sentence that long be
+read: training refuses it where ``--max-len`` is given, the export before it computes the table.
+
 Parameters already loaded (``translate``, ``--sample``) are not counted: the memory they take is
 no longer available. The estimates aim to be right within a small factor and to err low: a size
 is refused only when its estimate is above the available memory (:func:`check_fits`): what
@@ -76,7 +86,8 @@ from minitfm.ids import EOS_ID
 
 __all__ = ["SENTENCEPIECE_MAX_VOCAB", "TooLarge", "Estimate", "check_vocab_for_corpus",
            "parameter_count", "training_estimate", "decoding_estimate", "sampling_estimate",
-           "state_estimate", "check_fits", "human_bytes", "model_sizes", "with_model_sizes"]
+           "state_estimate", "positions_estimate", "check_fits", "check_positions",
+           "human_bytes", "model_sizes", "with_model_sizes"]
 
 SENTENCEPIECE_MAX_VOCAB = 2**31 - 1     # sentencepiece's TrainerSpec.vocab_size is an int32
 DEFAULT_EXTRA_OUTPUT = 50               # decode.EXTRA_LENGTH: the default output limit S + 50
@@ -118,10 +129,12 @@ def _merge(a: dict, b: dict) -> dict:
 
 
 def human_bytes(n: float) -> str:
-    """``1.5 GiB``, ``320 KiB``, ``12 B``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    """``1.5 GiB``, ``320 KiB``, ``12 B``; past the units, ``3.1e+09 YiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"):
+        if abs(n) < 1024 or unit == "YiB":
+            if unit == "B":
+                return f"{n:.0f} B"
+            return f"{n:.1e} {unit}" if n >= 1e6 else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
 
@@ -161,10 +174,18 @@ def _float_bytes() -> int:
 
 
 def parameter_count(cfg) -> int:
-    """P, from the model's own ``parameter_shapes`` (the heads do not change it)."""
+    """P, from the model's own ``parameter_shapes`` (the heads do not change it). Every layer
+    has the same parameters: P is counted for one and two layers and extended to
+    ``cfg.n_layers`` by arithmetic, so that a count of 10**30 layers is not listed."""
     one_head = dataclasses.replace(cfg, n_heads=1)      # any width is valid with one head
-    shapes = models.of(one_head).parameter_shapes(one_head)
-    return sum(math.prod(shape) for shape in shapes.values())
+
+    def count(layers: int) -> int:
+        shaped = dataclasses.replace(one_head, n_layers=layers)
+        shapes = models.of(shaped).parameter_shapes(shaped)
+        return sum(math.prod(shape) for shape in shapes.values())
+
+    first = count(1)
+    return first + (cfg.n_layers - 1) * (count(2) - first)
 
 
 def state_estimate(cfg, update_freq: int = 1) -> Estimate:
@@ -207,6 +228,11 @@ def sampling_estimate(cfg, *, new_tokens: int, rows: int = 1,
     return Estimate(parts, {"sampled tokens": HOST_BYTES_PER_TOKEN * rows * new_tokens})
 
 
+def positions_estimate(cfg) -> Estimate:
+    """The sinusoid table of all ``cfg.max_len`` positions, as computed (float64) and cast."""
+    return Estimate({"position table": (8 + _float_bytes()) * cfg.max_len * cfg.d_model})
+
+
 # ---- the check -------------------------------------------------------------------------------
 
 Available = tuple[int, str]     # bytes, and where the number comes from
@@ -228,23 +254,36 @@ def _shortfall(estimate: Estimate, device: Available | None,
 def _up_to(candidates: Sequence[int], value: int) -> Sequence[int]:
     """The candidates up to ``value``: a range stays a range (it may be huge)."""
     if isinstance(candidates, range):
-        return candidates[:len(range(candidates.start, min(candidates.stop, value + 1),
-                                     candidates.step))]
+        return range(candidates.start, min(candidates.stop, value + 1), candidates.step)
     return [c for c in candidates if c <= value]
+
+
+def _size(candidates: Sequence[int]) -> int:
+    """How many candidates there are; a range counted by arithmetic: it may hold more values
+    than ``len`` can count (an option of 10**30)."""
+    if isinstance(candidates, range):
+        return max(0, -(-(candidates.stop - candidates.start) // candidates.step))
+    return len(candidates)
+
+
+def _nth(candidates: Sequence[int], i: int) -> int:
+    if isinstance(candidates, range):
+        return candidates.start + i * candidates.step
+    return candidates[i]
 
 
 def _largest(candidates: Sequence[int], fits: Callable[[int], bool]) -> int | None:
     """The largest of the increasing ``candidates`` that fits (fitting is monotone), or None."""
-    lo, hi = 0, len(candidates) - 1
-    if hi < 0 or not fits(candidates[0]):
+    lo, hi = 0, _size(candidates) - 1
+    if hi < 0 or not fits(_nth(candidates, 0)):
         return None
-    while lo < hi:                     # candidates[lo] fits; is there a larger one?
+    while lo < hi:                     # candidate lo fits; is there a larger one?
         mid = (lo + hi + 1) // 2
-        if fits(candidates[mid]):
+        if fits(_nth(candidates, mid)):
             lo = mid
         else:
             hi = mid - 1
-    return candidates[lo]
+    return _nth(candidates, lo)
 
 
 def check_fits(what: str, sizes: Mapping[str, tuple[int, Sequence[int]]],
@@ -289,15 +328,32 @@ def check_fits(what: str, sizes: Mapping[str, tuple[int, Sequence[int]]],
     raise TooLarge(f"{head}: the largest that fits, the other sizes unchanged: {said}")
 
 
+def check_positions(cfg, what: str, option: str) -> Estimate:
+    """Raise :class:`TooLarge` where the position table of ``cfg.max_len`` positions
+    (:func:`positions_estimate`) needs more memory than there is, naming ``option`` (the
+    ``max_len``'s) and its largest value that fits; ``what``: the work, for the message."""
+    return check_fits(what, {option: (cfg.max_len, range(1, cfg.max_len + 1))},
+                      lambda v: positions_estimate(dataclasses.replace(cfg, max_len=v[option])))
+
+
 # ---- the model's size options ----------------------------------------------------------------
 
 MODEL_OPTIONS = {"--layers": "n_layers", "--d-model": "d_model", "--heads": "n_heads",
                  "--d-ff": "d_ff"}
 
 
-def _divisors(n: int) -> list[int]:
-    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
-    return sorted(set(small + [n // k for k in small]))
+DIVISIONS = 10**6       # trial divisions at most when listing the head counts of a width
+
+
+def _head_counts(d_model: int, heads: int) -> list[int]:
+    """The head counts that divide ``d_model``: all of them where its square root is at most
+    :data:`DIVISIONS`; for a wider model (an option of 10**30) those up to ``heads`` that so
+    many divisions find, and ``heads`` itself."""
+    if math.isqrt(d_model) <= DIVISIONS:
+        small = [k for k in range(1, math.isqrt(d_model) + 1) if d_model % k == 0]
+        return sorted(set(small + [d_model // k for k in small]))
+    found = [k for k in range(1, min(heads, DIVISIONS) + 1) if d_model % k == 0]
+    return found + [heads] if heads > DIVISIONS else found
 
 
 def model_sizes(cfg) -> dict[str, tuple[int, Sequence[int]]]:
@@ -305,7 +361,7 @@ def model_sizes(cfg) -> dict[str, tuple[int, Sequence[int]]]:
     config valid while the others stay (a width a multiple of the heads, heads dividing it)."""
     return {"--layers": (cfg.n_layers, range(1, cfg.n_layers + 1)),
             "--d-model": (cfg.d_model, range(cfg.n_heads, cfg.d_model + 1, cfg.n_heads)),
-            "--heads": (cfg.n_heads, _divisors(cfg.d_model)),
+            "--heads": (cfg.n_heads, _head_counts(cfg.d_model, cfg.n_heads)),
             "--d-ff": (cfg.d_ff, range(1, cfg.d_ff + 1))}
 
 

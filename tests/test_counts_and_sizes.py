@@ -20,9 +20,12 @@ from minitfm.launch import FILES_PER_WORKER, LAUNCHER_FILES, MAX_WORKERS_PER_COR
 from minitfm.placement import available_cores
 
 from .test_distributed import mpi  # noqa: F401  (a fixture)
+from .test_train_wmt import TINY, corpus, corpus_args  # noqa: F401  (corpus: a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "MINITFM_BACKEND": "numpy"}
+# a value beyond any machine's memory, within every type's range
+HUGE = 10**15
 
 
 def command(*args, cwd=None, open_files: int | None = None) -> subprocess.CompletedProcess:
@@ -147,3 +150,41 @@ def test_a_negative_value_gets_the_options_own_message(tmp_path, args, message):
 def test_a_thread_count_beyond_a_c_int_is_refused_by_the_option():
     line = error_line(command(*TOY, "--threads", 10**23))
     assert "argument --threads: must be an integer in [1, 2147483647]" in line
+
+
+# ---- sizes beyond any memory ----------------------------------------------------------------
+
+def test_train_wmt_refuses_a_max_len_whose_position_table_cannot_be_held(corpus, tmp_path):
+    out = tmp_path / "run"
+    line = error_line(command(script("train_wmt.py"), *corpus_args(corpus), *TINY,
+                              "--max-steps", 2, "--max-len", HUGE, "--out", out))
+    assert line.startswith(f"error: --max-len {HUGE}: the model's position table")
+    assert "the largest that fits, the other sizes unchanged: --max-len " in line
+    assert not list(out.glob("checkpoint_*"))
+
+
+def checkpoint_with_max_len(path: Path, max_len: int) -> Path:
+    """The small translator of the fixtures, saved with another ``max_len``."""
+    ckpt = checkpoint.load(ROOT / "tests" / "fixtures" / "translator_step3.npz")
+    checkpoint.save(path, ckpt.params, step=ckpt.step, config={**ckpt.config, "max_len": max_len},
+                    vocab_id=ckpt.vocab_id, vocab_model=ckpt.vocab_model, extra=ckpt.extra,
+                    kind=ckpt.kind)
+    return path
+
+
+def test_export_refuses_a_max_len_whose_position_table_cannot_be_held(tmp_path):
+    model = checkpoint_with_max_len(tmp_path / "model.npz", HUGE)
+    out = tmp_path / "model-ct2"
+    line = error_line(command("-m", "minitfm.export", model, "--to", "ctranslate2",
+                              "--out", out))
+    assert f"the model's position table (max_len {HUGE} x d_model 4)" in line
+    assert "export a model trained with a smaller --max-len" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.npz"]
+
+
+@pytest.mark.parametrize("option, fits", [("--batch-size", "--batch-size"),
+                                          ("--layers", "--layers"), ("--d-model", "--d-model")])
+def test_a_size_of_many_digits_is_refused_by_the_memory_check_at_once(tmp_path, option, fits):
+    line = error_line(command(*TOY, "--heads", 1, option, 10**23, "--out", tmp_path / "run"))
+    assert line.startswith("error: training needs about ")
+    assert f"the largest that fits, the other sizes unchanged: {fits} " in line

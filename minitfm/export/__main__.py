@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from minitfm import options
+from minitfm import limits, options
 from minitfm.argtypes import Parser, positive_int
 from minitfm.cli import report_errors
 from minitfm.export import source
@@ -53,6 +53,23 @@ def _warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
+def check_positions(loaded: source.Loaded) -> None:
+    """Refuse, before it is computed, a sinusoid table (``max_len`` x ``d_model``, which
+    CTranslate2 takes whole) that cannot be held in memory (:func:`limits.check_positions`); a
+    learned table is loaded already."""
+    cfg = loaded.config
+    if getattr(cfg, "learned_positions", False):
+        return
+    try:
+        limits.check_positions(cfg, f"the model's position table (max_len {cfg.max_len} x "
+                                    f"d_model {cfg.d_model}), which CTranslate2 takes whole,",
+                               "max_len")
+    except limits.TooLarge as exc:
+        raise ExportError(f"{exc}. max_len is the longest sentence the model reads, in "
+                          f"positions, fixed when it was trained: export a model trained with a "
+                          f"smaller --max-len (train_wmt.py; 1024 by default)") from exc
+
+
 def run(args: argparse.Namespace) -> int:
     if args.source == "safetensors":
         from minitfm.export import safetensors
@@ -71,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {args.out}: {len(loaded.params)} tensors, {loaded.kind} model")
         return 0
     from minitfm.export import ctranslate2
+    check_positions(loaded)
     with source.output_directory(args.out, args.force) as tmp:
         settings = ctranslate2.export(loaded, tmp, quantization=args.quantization,
                                       beam=args.beam, alpha=args.lenpen, max_len=args.max_len,
