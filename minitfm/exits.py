@@ -25,9 +25,11 @@ argparse's own usage errors exit with 2 as well.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+from collections.abc import Iterator
 
 from minitfm import backend, files
 from minitfm.backend import BackendError
@@ -40,8 +42,9 @@ from minitfm.training.plan import PlanError
 from minitfm.training.rundir import (LockUnsupported, NotARunDirectory, RunDirectoryBusy,
                                      WriteFailed)
 
-__all__ = ["DONE", "FAILED", "BAD_INPUT", "UsageError", "BAD_INPUT_ERRORS", "FAILURES",
-           "status_of", "for_signal", "message"]
+__all__ = ["DONE", "FAILED", "BAD_INPUT", "UsageError", "OutOfMemoryAfterTraining",
+           "BAD_INPUT_ERRORS", "FAILURES", "status_of", "for_signal", "message",
+           "after_training"]
 
 DONE = 0
 FAILED = 1          # a run-time failure
@@ -51,6 +54,32 @@ BAD_INPUT = 2       # bad usage or bad input (argparse's status for a bad option
 class UsageError(Exception):
     """Options that do not fit together; the message says what to change. (Options that do
     not fit the run's data, found once it is read: ``minitfm.training.plan.PlanError``.)"""
+
+
+class OutOfMemoryAfterTraining(MemoryError):
+    """Memory ran out in what a training command does once training is done (the test set's
+    decoding, the held-out examples, the samples): the message says that the training and its
+    checkpoint are saved, and how to do the rest alone; ``sizes`` the options to lower there."""
+
+    def __init__(self, message: str, sizes: str) -> None:
+        super().__init__(message)
+        self.sizes = sizes
+
+
+@contextlib.contextmanager
+def after_training(what: str, checkpoint: str | None, step: int, sizes: str,
+                   alone: str) -> Iterator[None]:
+    """Run ``what`` (in words: "the test set's evaluation") once a run has trained to ``step``
+    and saved ``checkpoint``: memory that runs out there is :class:`OutOfMemoryAfterTraining`,
+    which says so, ``alone`` (how to do it on its own) and ``sizes`` (what to lower)."""
+    try:
+        yield
+    except MemoryError as exc:
+        kept = (f"its checkpoint {checkpoint} (step {step}) is saved" if checkpoint
+                else f"it reached step {step}")
+        raise OutOfMemoryAfterTraining(
+            f"{str(exc).rstrip('.') or 'no more memory'}, in {what} after training; the "
+            f"training is done and {kept}: {alone}", sizes) from exc
 
 
 # Checked in this order: the first row whose classes include the error's class gives the status.
@@ -86,6 +115,7 @@ def message(exc: BaseException, sizes: str | None = None) -> str:
     """The one ``error:`` line for ``exc``; ``sizes``: the command's options that set how much
     memory it takes (``--max-tokens``), which a message that memory ran out names."""
     if isinstance(exc, MemoryError):
+        sizes = getattr(exc, "sizes", None) or sizes
         return (f"error: out of memory on {backend.memory_in_words()}"
                 f"{': ' + str(exc).rstrip('.') if str(exc) else ''}; lower "
                 f"{sizes or 'the sizes the command was given'}, or use a device with more memory")

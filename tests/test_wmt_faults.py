@@ -103,3 +103,45 @@ def test_a_cache_the_disk_fails_to_read_is_not_rebuilt_over(corpus, tmp_path):  
         assert not any(word in said for word in ("incomplete", "damaged", "training a",
                                                  "encoding it")), said
         assert path.read_bytes() == before
+
+
+OUT_OF_MEMORY_IN = """
+import importlib, runpy, sys
+module, name = sys.argv[1].rsplit(".", 1)
+
+def out_of_memory(*args, **kwargs):
+    raise MemoryError("Unable to allocate 119. GiB for an array")
+
+setattr(importlib.import_module(module), name, out_of_memory)
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_memory_running_out_after_training_says_the_training_is_saved(corpus, tmp_path):  # noqa: F811
+    """Memory that runs out once training is done (train_wmt's test evaluation, train_toy's
+    held-out examples): status 1, the checkpoint of the last step saved and named, with how to
+    do the rest alone and what to lower there -- not the training's sizes."""
+    out = tmp_path / "wmt"
+    done = subprocess.run(
+        [sys.executable, "-c", OUT_OF_MEMORY_IN, "minitfm.wmt.score_test",
+         str(ROOT / "train_wmt.py"), *corpus_args(corpus), *TINY, "--max-steps", "3",
+         "--out", str(out)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and done.stderr.count("error:") == 1, done.stderr
+    saved = out / "checkpoint_00000003.npz"
+    assert saved.is_file()
+    assert (f"Unable to allocate 119. GiB for an array, in the test set's evaluation after "
+            f"training; the training is done and its checkpoint {saved} (step 3) is saved: "
+            f"score it alone with python train_wmt.py --eval-only --checkpoint {saved} and the "
+            f"same test options; lower --eval-batch-size or --beam, or use") in done.stderr
+    out = tmp_path / "toy"
+    done = subprocess.run(
+        [sys.executable, "-c", OUT_OF_MEMORY_IN, "minitfm.commands.train_toy.report",
+         str(ROOT / "train_toy.py"), "--task", "copy", "--length", "5", "--vocab", "5",
+         "--preset", "tiny", "--max-steps", "2", "--out", str(out)],
+        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and done.stderr.count("error:") == 1, done.stderr
+    assert (f"in the held-out examples after training; the training is done and its "
+            f"checkpoint {out / 'checkpoint_00000002.npz'} (step 2) is saved: lower --eval-size "
+            f"and continue with --resume") in done.stderr and "lower --eval-size, or use" \
+        in done.stderr

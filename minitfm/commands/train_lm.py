@@ -33,6 +33,7 @@ from minitfm import cli, distributed, limits, options
 from minitfm.commands import lm_sampling
 from minitfm.data import text as textdata
 from minitfm.data import tokenizers
+from minitfm import exits
 from minitfm.exits import UsageError
 from minitfm.models import lm
 from minitfm.argtypes import integer, number, positive_int
@@ -234,7 +235,10 @@ def run_training(args: argparse.Namespace) -> int:
         state = loop.train(run, train_batches(data.train, args))
     if state.interrupted:
         return cli.stopped(state, args.out)
-    finish(args, state, cfg, tokenizer, prompt, valid, started)
+    with exits.after_training("the samples", state.last_checkpoint, state.step,
+                              "--max-new-tokens", f"sample alone with python train_lm.py "
+                              f"--sample --checkpoint {state.last_checkpoint}"):
+        finish(args, state, cfg, tokenizer, prompt, valid, started)
     return 0
 
 

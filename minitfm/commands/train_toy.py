@@ -21,6 +21,7 @@ import time
 
 from minitfm import backend, cli, distributed, limits, options, tasks
 from minitfm.decode import greedy
+from minitfm import exits
 from minitfm.exits import UsageError
 from minitfm.models import translator
 from minitfm.models.translator import PRESETS, Config
@@ -155,7 +156,10 @@ def run(args: argparse.Namespace) -> int:
     if state.interrupted:
         return cli.stopped(state, args.out)
     if world.is_root:
-        report(args, state, cfg, inputs, outputs, exact_match, started)
+        with exits.after_training("the held-out examples", state.last_checkpoint, state.step,
+                                  "--eval-size", "lower --eval-size and continue with --resume "
+                                  "(nothing is left to train: it reports at once)"):
+            report(args, state, cfg, inputs, outputs, exact_match, started)
     return 0
 
 

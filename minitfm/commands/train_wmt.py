@@ -54,6 +54,7 @@ from collections.abc import Sequence
 
 from minitfm import backend, cli, distributed, options, wmt
 from minitfm.data import epoch_batches, eval_arrays, read_parallel, token_batches
+from minitfm import exits
 from minitfm.exits import UsageError
 from minitfm.models import translator as model
 from minitfm.argtypes import Parser, integer, positive_int
@@ -277,8 +278,12 @@ def run_training(args: argparse.Namespace) -> int:
         wmt.say(f"{args.max_epochs:g} epochs done at step {state.step}")
     score = None
     if test is not None:
-        params, stem, info = wmt.model_to_test(args, state)
-        score = wmt.score_test(params, cfg, vocab, test, stem, args, args.out, info)
+        with exits.after_training(
+                "the test set's evaluation", state.last_checkpoint, state.step,
+                "--eval-batch-size or --beam", f"score it alone with python train_wmt.py "
+                f"--eval-only --checkpoint {state.last_checkpoint} and the same test options"):
+            params, stem, info = wmt.model_to_test(args, state)
+            score = wmt.score_test(params, cfg, vocab, test, stem, args, args.out, info)
     wmt.say(wmt.final_summary(state, score, time.perf_counter() - started))
     return 0
 
