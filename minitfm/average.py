@@ -40,7 +40,7 @@ from minitfm.training import stops, validation
 from minitfm.checkpoint import Checkpoint, CheckpointError
 from minitfm.cli import report_errors
 from minitfm.exits import UsageError
-from minitfm.argtypes import positive_int
+from minitfm.argtypes import Parser, positive_int
 from minitfm.training.rundir import BEST_NAME, WriteFailed
 
 __all__ = ["average", "average_checkpoints", "save_average", "best_checkpoints", "main"]
@@ -169,7 +169,7 @@ def _collect_inputs(inputs: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m minitfm.average",
         description="Average the parameters of the last checkpoints of a run into one checkpoint.")
     parser.add_argument("--inputs", nargs="+", required=True, metavar="DIR_OR_FILE",

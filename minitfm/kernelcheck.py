@@ -36,6 +36,7 @@ import time
 import warnings
 
 from minitfm import backend, cudahost, flat, fused, gradscale, optim, philox
+from minitfm.argtypes import Parser
 from minitfm.cli import report_errors
 from minitfm.layers import attention, dropout, feedforward, layernorm, linear, loss, residual
 
@@ -254,8 +255,8 @@ def compare(on_host: bool = False, cases=None) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minitfm.kernelcheck",
-                                     description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m minitfm.kernelcheck",
+                    description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", action="store_true",
                         help="no GPU: run the kernels' CUDA source on the CPU (compiled by the "
                              "machine's C++ compiler), each launch checked for faults and held "

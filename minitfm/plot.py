@@ -39,7 +39,7 @@ from minitfm.exits import UsageError
 from minitfm.layers import positional
 from minitfm.models import translator as model
 from minitfm.optim import LRSchedule
-from minitfm.argtypes import integer, number, positive_int
+from minitfm.argtypes import Parser, integer, number, positive_int
 
 __all__ = [
     "PlotError", "attention_maps", "plot_attention", "plot_positional", "plot_lr_schedule",
@@ -308,8 +308,8 @@ def plot_curves(logs: dict[str, list[dict]], path, x: str = "step") -> str:
 # ---- command line ----------------------------------------------------------------------------
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m minitfm.plot",
-                                description="Draw PNG pictures of a model or a training run.")
+    p = Parser(prog="python -m minitfm.plot",
+               description="Draw PNG pictures of a model or a training run.")
     sub = p.add_subparsers(dest="command", required=True)
 
     a = sub.add_parser("attention", help="attention heat-maps of every head of one layer")

@@ -48,7 +48,7 @@ from minitfm.data.vocab import Vocab
 from minitfm.ensemble import Ensemble
 from minitfm.exits import UsageError
 from minitfm.models import translator as model
-from minitfm.argtypes import positive_int
+from minitfm.argtypes import Parser, positive_int
 from minitfm.training.stops import interrupts_deferred
 
 __all__ = ["TranslateError", "load_translator", "load_translators", "encode_lines",
@@ -229,7 +229,7 @@ def format_translations(results: list[list[Translation]], first_index: int,
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m minitfm.translate",
         description="Translate sentences (one per line) with a trained minitfm checkpoint.")
     p.add_argument("--checkpoint", required=True, help="checkpoint file (.npz) with a vocabulary")
@@ -259,13 +259,17 @@ def decoding_estimate(params: dict | Ensemble, cfg: model.Config, rows: int,
 
 
 def check_sizes(args: argparse.Namespace, params: dict | Ensemble, cfg: model.Config) -> None:
-    """``--beam`` x ``--batch-size`` rows of beam search fit in the memory left once the model
-    (or ensemble) is loaded, before any input is read (minitfm.limits); ``--nbest`` is at most
-    ``--beam`` and costs nothing more."""
+    """``--beam`` x ``--batch-size`` rows of beam search, each up to ``--max-len`` tokens (the
+    model's ``max_len`` by default), fit in the memory left once the model (or ensemble) is
+    loaded, before any input is read (minitfm.limits); ``--nbest`` is at most ``--beam`` and
+    costs nothing more."""
+    longest = args.max_len or cfg.max_len        # the output's length: the model's, by default
     limits.check_fits("beam search", {
         "--beam": (args.beam, range(1, args.beam + 1)),
-        "--batch-size": (args.batch_size, range(1, args.batch_size + 1))},
-        lambda v: decoding_estimate(params, cfg, v["--beam"] * v["--batch-size"], args.max_len))
+        "--batch-size": (args.batch_size, range(1, args.batch_size + 1)),
+        "--max-len": (longest, range(1, longest + 1))},
+        lambda v: decoding_estimate(params, cfg, v["--beam"] * v["--batch-size"],
+                                    v["--max-len"]))
 
 
 def run(args: argparse.Namespace, stdin: BinaryIO, stdout: TextIO) -> int:

@@ -139,6 +139,18 @@ LEARN = ["-m", "minitfm.learn", "--dir"]
     ([*LEARN, "ws", "train", "--steps", "-3"], "argument --steps: must be an integer >= 1"),
     ([*LEARN, "ws", "train", "--steps", "0"], "argument --steps: must be an integer >= 1"),
     ([*LEARN, "ws", "check", "--seed", "-1"], "argument --seed: must be an integer >= 0"),
+    ([script("train_lm.py"), "--data", "x", "--time-limit", "-5m"],
+     "argument --time-limit: must be a time above 0"),
+    ([script("train_lm.py"), "--data", "x", "--temperature", "-1e-3"],
+     "argument --temperature: must be a finite number > 0, got '-1e-3'"),
+    (["-m", "minitfm.translate", "--checkpoint", "x", "--lenpen", "-1e-3"],
+     "argument --lenpen: must be a finite number >= 0, got '-1e-3'"),
+    (["-m", "minitfm.gradcheck", "--tolerance", "-1e-3"],
+     "argument --tolerance: must be a finite number > 0, got '-1e-3'"),
+    (["-m", "minitfm.plot", "lr", "--factor", "-1e-3"],
+     "argument --factor: must be a finite number > 0, got '-1e-3'"),
+    (["-m", "minitfm.average", "--inputs", "a", "--last", "-3", "--output", "b"],
+     "argument --last: must be an integer >= 1, got '-3'"),
 ])
 def test_a_negative_value_gets_the_options_own_message(tmp_path, args, message):
     line = error_line(command(*args, cwd=tmp_path))
@@ -180,6 +192,17 @@ def test_export_refuses_a_max_len_whose_position_table_cannot_be_held(tmp_path):
     assert f"the model's position table (max_len {HUGE} x d_model 4)" in line
     assert "export a model trained with a smaller --max-len" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.npz"]
+
+
+def test_translate_names_max_len_when_the_outputs_cannot_be_held(tmp_path):
+    """A model whose max_len is far beyond the memory (trained elsewhere): translate refuses
+    it before reading any input, naming --max-len and the largest that fits (before, it said
+    to lower --beam and --batch-size, which cannot make it fit)."""
+    model = checkpoint_with_max_len(tmp_path / "model.npz", HUGE)
+    line = error_line(command("-m", "minitfm.translate", "--checkpoint", model, "--input",
+                              os.devnull))
+    assert line.startswith("error: beam search needs about "), line
+    assert "the largest that fits, the other sizes unchanged: --max-len " in line, line
 
 
 @pytest.mark.parametrize("option, fits", [("--batch-size", "--batch-size"),

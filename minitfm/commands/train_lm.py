@@ -36,7 +36,7 @@ from minitfm.data import tokenizers
 from minitfm import exits
 from minitfm.exits import UsageError
 from minitfm.models import lm
-from minitfm.argtypes import integer, number, positive_int
+from minitfm.argtypes import Parser, integer, number, positive_int
 from minitfm.training import loop, phases
 from minitfm.training.run import Run
 from minitfm.training.validation import evaluate
@@ -72,7 +72,7 @@ CHAR_VOCAB_AT_LEAST = 8  # the characters are known only once the text is read: 
 # ---- command line -----------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = Parser(description=__doc__.split("\n")[0])
     data = p.add_argument_group("data")
     data.add_argument("--data", metavar="PATH",
                       help="the text file to train on (UTF-8, may be gzipped)")

@@ -12,7 +12,7 @@ from minitfm.cli import placement_defaults, report_errors, select_backend
 from minitfm.exits import UsageError
 from minitfm.gradcheck.cases import CASES, MODEL_CASES
 from minitfm.gradcheck.check import STEP, TOLERANCE, check_case
-from minitfm.argtypes import integer, number
+from minitfm.argtypes import Parser, integer, number
 
 
 def main(argv=None) -> int:
@@ -21,9 +21,9 @@ def main(argv=None) -> int:
 
 
 def parse_args(argv) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m minitfm.gradcheck",
-                                     description=gradcheck.__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m minitfm.gradcheck",
+                    description=gradcheck.__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("only", nargs="?", default="", help="check only cases whose name contains this")
     parser.add_argument("--seed", type=integer(0), default=0, help="seeds the inputs (default 0)")
     parser.add_argument("--tolerance", type=number(0, low_open=True), default=TOLERANCE,
