@@ -24,7 +24,7 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "MINITFM_BACKEND": "numpy"}
 def train_wmt(*args, wrapper: list[str] = ()) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *wrapper, str(ROOT / "train_wmt.py"),
                            *map(str, args)], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=120)
 
 
 def test_eval_only_into_a_read_only_folder_fails_before_decoding(corpus, tmp_path):  # noqa: F811
@@ -145,3 +145,24 @@ def test_memory_running_out_after_training_says_the_training_is_saved(corpus, tm
             f"checkpoint {out / 'checkpoint_00000002.npz'} (step 2) is saved: lower --eval-size "
             f"and continue with --resume") in done.stderr and "lower --eval-size, or use" \
         in done.stderr
+
+
+def test_a_cache_file_that_is_a_named_pipe_is_refused_not_waited_on(corpus, tmp_path):  # noqa: F811
+    """A named pipe where the vocabulary's metadata or a token array of the cache was: status 2
+    at once, naming it and the fix, never a read that waits for a writer (or a write into it)."""
+    first = tmp_path / "first"
+    done = train_wmt(*corpus_args(corpus), *TINY, "--max-steps", 2, "--out", first)
+    assert done.returncode == 0, done.stderr
+    [tokens] = (first / "data").glob("encoded-*/train/train.en-de.en.tokens.npy")
+    for cached in (first / "data" / "spm.en-de.64.json", tokens):
+        run = tmp_path / "run"
+        shutil.rmtree(run, ignore_errors=True)
+        shutil.copytree(first, run)
+        path = run / cached.relative_to(first)
+        path.unlink()
+        os.mkfifo(path)
+        done = train_wmt(*corpus_args(corpus), *TINY, "--max-steps", 3, "--out", run, "--resume")
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr and done.stderr.count("error:") == 1, done.stderr
+        assert f"error: {path} is a named pipe, where a cache keeps a regular file: move it out " \
+               f"of {path.parent}" in done.stderr, done.stderr

@@ -399,7 +399,15 @@ def read_metadata(path: Path, data_files: Sequence[Path] = ()) -> tuple[dict | N
     """The JSON object a cache keeps at ``path`` (written last: the cache is complete), or None
     with the reason the cache is broken, in words: the metadata is empty, cut short or unreadable,
     or missing beside the cache's ``data_files``. ``(None, None)``: there is no cache at all. A
-    read the disk fails (an I/O error) is no judgement of the cache: ``files.ReadError``."""
+    read the disk fails (an I/O error) is no judgement of the cache: ``files.ReadError``. A
+    file of the cache that is not a regular file (a named pipe, a device, a folder) is a
+    :class:`DataError` naming it, before anything reads or writes it: a pipe would be waited on,
+    and a device written in place."""
+    for part in (path, *data_files):
+        kind = files.kind_of(part)
+        if kind is not None:
+            raise DataError(f"{part} is {kind}, where a cache keeps a regular file: move it out "
+                            f"of {part.parent} (the cache is then made again)")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
