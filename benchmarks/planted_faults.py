@@ -339,7 +339,8 @@ FAULTS: list[Fault] = [
           "a resume marks every earlier session that did not finish as killed, also one a "
           "signal stopped"),
     Fault("record-last-checkpoint-full-path", "minitfm/training/record.py",
-          '"last_checkpoint": last_checkpoint and os.path.basename(last_checkpoint)',
+          '"last_checkpoint": last_checkpoint\n'
+          '                            and os.path.basename(last_checkpoint)',
           '"last_checkpoint": last_checkpoint',
           (RUN_RECORD + "::test_resumes_are_appended_and_the_start_is_kept",),
           "a session's last checkpoint is recorded with the path it was given, not its name in "
