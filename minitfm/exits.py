@@ -5,21 +5,26 @@ status                meaning
 ====================  ==========================================================================
 0                     done
 1                     a run-time failure: the input was fine, the run was not (a loss that ran
-                      off, a file that could not be written: disk full, I/O error; out of memory;
-                      a gradient check that failed)
+                      off, a file that could not be written: disk full, read-only file system,
+                      I/O error; a file the disk failed to give back, an I/O error while
+                      reading it: the file was not judged; out of memory, in training or after
+                      it; a gradient check that failed)
 2                     bad usage or bad input: an option, a file that is missing, unreadable,
-                      empty, damaged or of another kind, a symbolic link that leads nowhere (a
-                      loop, a missing target), a backend this machine cannot run, a run
-                      directory in use by another run; nothing was changed
+                      empty, damaged, of another kind or in another encoding than UTF-8, a
+                      symbolic link that leads nowhere (a loop, a missing target), a backend
+                      or a C++ compiler this machine cannot run, a run directory in use by
+                      another run or whose run files are not regular files; nothing was
+                      changed
 128 + N               stopped by signal N: 130 for Ctrl-C (SIGINT), 143 for SIGTERM, 129 for
                       SIGHUP; a training run saves a checkpoint first. 141 (SIGPIPE's): the
                       reader of standard output went away (``| head``), said by no message
 ====================  ==========================================================================
 
 Every command (``train_toy.py``, ``train_lm.py``, ``train_wmt.py``, ``python -m minitfm.translate``,
-``average``, ``plot``, ``gradcheck``, ``export``) reports through :func:`minitfm.cli.report_errors`,
-which prints one ``error:`` line (no traceback) and exits with :func:`status_of` the error. A new
-error class lands in a row by subclassing one named here (a bad option: :class:`UsageError`).
+``average``, ``plot``, ``gradcheck``, ``kernelcheck``, ``export``, ``learn``; ``launch`` refuses
+with the same line and status) reports through :func:`minitfm.cli.report_errors`, which prints
+one ``error:`` line (no traceback) and exits with :func:`status_of` the error. A new error class
+lands in a row by subclassing one named here (a bad option: :class:`UsageError`).
 argparse's own usage errors exit with 2 as well.
 """
 
