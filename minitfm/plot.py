@@ -220,6 +220,9 @@ def read_log(path) -> Log:
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
+        failed = files.read_error(path, exc)    # the disk failed the read: the log not judged
+        if failed is not None:
+            raise failed from exc
         raise PlotError(f"cannot read training log {path}: {exc.strerror or exc}") from exc
     records, skipped = [], []
     lines = data.split(b"\n")

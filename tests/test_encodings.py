@@ -216,14 +216,17 @@ def test_a_corrupt_gzip_input_is_said_to_be(ckpt, tmp_path):  # noqa: F811
 
 def test_a_text_the_disk_fails_to_give_is_an_io_error(ckpt, corpus, tmp_path):  # noqa: F811
     """A fault this guards against: an I/O error opening the input was status 2, bad input
-    (train_lm.py: "the file is corrupt or truncated")."""
+    (train_lm.py: "the file is corrupt or truncated"; plot: "cannot read training log")."""
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"step": 1, "loss": 2.0}\n', encoding="utf-8")
     for source, args in (
             (corpus / "test.en", ["-m", "minitfm.translate", "--checkpoint", ckpt, "--input",
                                   corpus / "test.en"]),
             (corpus / "train.en", [ROOT / "train_wmt.py", *TINY, "--max-steps", 2,
                                    *corpus_args(corpus), "--out", tmp_path / "run"]),
             (corpus / "train.en", [ROOT / "train_lm.py", "--data", corpus / "train.en",
-                                   "--out", tmp_path / "run"])):
+                                   "--out", tmp_path / "run"]),
+            (log, ["-m", "minitfm.plot", "curves", log, "--out", tmp_path / "curves.png"])):
         code, _, err = command(ROOT / "tests" / "failing_disk.py", "--eio", source, "--", *args)
         assert code == 1 and err.count("error:") == 1 and "Traceback" not in err, err
         assert f"{source}: reading it failed: Input/output error. The file itself was not " \

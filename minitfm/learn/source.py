@@ -20,6 +20,7 @@ import re
 import textwrap
 from pathlib import Path
 
+from minitfm import files
 from minitfm.data import reading
 
 __all__ = ["TODO", "module_source", "blanked", "plain_source", "derivation", "unwritten",
@@ -291,12 +292,26 @@ class NotUTF8(SyntaxError):
     the file seems to be and how to save it."""
 
 
+def bytes_of(path: Path) -> bytes:
+    """The bytes of the learner's file ``path``; a read the disk fails is a
+    ``files.ReadError`` (an I/O error: the file not judged), never taken for its contents, and
+    a named pipe or a device there a ``DataError``, never waited on."""
+    kind = files.kind_of(path)
+    if kind is not None:                        # a pipe would be waited on
+        raise reading.DataError(f"{path} is {kind}, where the exercise's file should be: move "
+                                f"it aside and start the exercise again")
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise files.read_error(path, exc) or exc from exc
+
+
 def text_of(path: Path) -> str:
     """The text of the learner's file ``path``: UTF-8, a byte-order mark dropped; a file in
     UTF-16 or UTF-32 (``reading.wide_encoding``) or with a line that is not UTF-8 raises
     :class:`NotUTF8`, naming the file, the line and the fix."""
     path = Path(path)
-    data = path.read_bytes()
+    data = bytes_of(path)
     wide = reading.wide_encoding(data[:reading.HEAD_BYTES])
     fix = "save it as UTF-8 (the encoding setting of your editor's Save As)"
     if wide is not None:

@@ -22,6 +22,7 @@ import textwrap
 from pathlib import Path
 
 from minitfm import backend, files
+from minitfm.data import DataError
 from minitfm.learn import kernels, source
 from minitfm.learn.check import ALL_CASES, gradients, run_case
 from minitfm.learn.exercises import EXERCISES, Exercise
@@ -45,11 +46,22 @@ class Workshop:
         file = self.path / PROGRESS
         if not file.exists():
             return {"passed": {}, "hints": {}, "current": None, "hard": {}}
+        fix = "move it aside and the workshop starts a new one (the exercise files stay)"
+        kind = files.kind_of(file)
+        if kind is not None:                    # a pipe would be waited on
+            raise DataError(f"{file} is {kind}, where the workshop keeps its progress: {fix}")
         try:
             data = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"{file} cannot be read ({exc}): move it aside and the workshop "
-                             f"starts a new one (the exercise files stay)") from None
+        except OSError as exc:
+            failed = files.read_error(file, exc)    # the disk failed the read: not judged
+            if failed is not None:
+                raise failed from exc
+            raise DataError(f"{file} cannot be read ({exc.strerror or exc}): {fix}") from None
+        except ValueError as exc:
+            raise DataError(f"{file} is damaged ({exc}): {fix}") from None
+        if not isinstance(data, dict):
+            raise DataError(f"{file} is damaged (a JSON {type(data).__name__}, not an "
+                            f"object): {fix}")
         for key, empty in (("passed", {}), ("hints", {}), ("current", None), ("hard", {})):
             data.setdefault(key, empty)
         return data
@@ -145,7 +157,7 @@ class Workshop:
 
 
 def digest(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return hashlib.sha256(source.bytes_of(path)).hexdigest()
 
 
 # ---- the text of an exercise ------------------------------------------------------------

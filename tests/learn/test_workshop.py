@@ -3,6 +3,7 @@ progress kept in the folder, and nothing written outside it."""
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,8 @@ from minitfm.learn import __main__ as learn
 from minitfm.learn.exercises import EXERCISES, by_name
 from minitfm.learn.workshop import Workshop
 from tests.learn.conftest import write_exercise
+
+ROOT = Path(__file__).resolve().parents[2]
 
 PACKAGE = Path(learn.__file__).resolve().parents[1]
 
@@ -170,3 +173,48 @@ def test_a_file_saved_in_another_encoding_is_named_with_the_fix(tmp_path):
             done.stdout
     listed = learn("list")
     assert listed.returncode == 0 and "01 linear            written" in listed.stdout, listed
+
+
+def test_the_workshops_files_damaged_unreadable_or_pipes_are_said_to_be(tmp_path):
+    """progress.json damaged (before: a traceback), or a named pipe (before: waited on); the
+    learner's file a named pipe, or unreadable for the disk: one error line each, status 2 for
+    what the folder holds, 1 for the disk's failure (the file not judged)."""
+    folder = tmp_path / "w"
+
+    def learn(*argv, wrapper=()):
+        return subprocess.run([sys.executable, *wrapper, "-m", "minitfm.learn", "--dir",
+                               str(folder), *argv], capture_output=True, text=True, timeout=60,
+                              cwd=ROOT)
+
+    assert learn("start", "linear").returncode == 0
+    progress, mine = folder / "progress.json", folder / "01_linear.py"
+    kept = progress.read_bytes()
+    for damage in (b"{broken", b"[1]"):
+        progress.write_bytes(damage)
+        done = learn("list")
+        assert done.returncode == exits.BAD_INPUT and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.startswith(f"error: {progress} is damaged (") and done.stderr.rstrip() \
+            .endswith("move it aside and the workshop starts a new one (the exercise files "
+                      "stay)"), done.stderr
+    progress.unlink()
+    os.mkfifo(progress)
+    done = learn("list")
+    assert done.returncode == exits.BAD_INPUT, done.stderr
+    assert f"error: {progress} is a named pipe, where the workshop keeps its progress" \
+        in done.stderr
+    progress.unlink()
+    progress.write_bytes(kept)
+    done = learn("check", "linear", wrapper=[str(ROOT / "tests" / "failing_disk.py"), "--eio",
+                                             str(mine), "--"])
+    assert done.returncode == exits.FAILED and done.stderr.count("error:") == 1, done.stderr
+    assert f"error: {mine}: reading it failed: Input/output error. The file itself was not " \
+           f"judged" in done.stderr
+    text = mine.read_bytes()
+    mine.unlink()
+    os.mkfifo(mine)
+    done = learn("check", "linear")
+    assert done.returncode == exits.BAD_INPUT, done.stderr
+    assert f"error: {mine} is a named pipe, where the exercise's file should be" in done.stderr
+    mine.unlink()
+    mine.write_bytes(text)
+    assert learn("list").returncode == 0
