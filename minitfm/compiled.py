@@ -8,16 +8,15 @@ the whole pass on a block in one call, a row at a time, the row in the core's fi
 without the lock: the same LayerNorm took 0.18 ms.
 
 Each loop is plain Python over scalars, written in its layer's file beside the plain code and the
-CUDA kernel, and turned into machine code by Numba on its first call (some tenths of a second,
-then kept on disk beside the module, or in ``$NUMBA_CACHE_DIR``: ``cache=True``; an entry there
-that does not load, or holds another loop's code, is compiled again and said once; one that
-cannot be written is said once, and compiled again by the next run), with ``nogil`` (threads run
-it side by
-side) and two of LLVM's fast-math flags: ``reassoc`` (a row's sum may be added in another order:
-in vector registers, several lanes at once) and ``contract`` (a multiply and an add may be one
-fused instruction). NaNs and infinities keep their meaning. So a compiled pass equals the plain
-code up to float32 rounding (its tests state the tolerance), and gives the same bits run after
-run on one machine, on one thread or two (the blocks depend on the shape alone).
+CUDA kernel, and turned into machine code by Numba on its first call (some tenths of a second, then
+kept on disk beside the module, or in ``$NUMBA_CACHE_DIR``: ``cache=True``; an entry there that does
+not load, or holds another loop's code, is compiled again and said once; one that cannot be written
+is said once, and compiled again by the next run), with ``nogil`` (threads run it side by side) and
+two of LLVM's fast-math flags: ``reassoc`` (a row's sum may be added in another order: in vector
+registers, several lanes at once) and ``contract`` (a multiply and an add may be one fused
+instruction). NaNs and infinities keep their meaning. So a compiled pass equals the plain code up to
+float32 rounding (its tests state the tolerance), and gives the same bits run after run on one
+machine, on one thread or two (the blocks depend on the shape alone).
 
 Without Numba (``pip install numba`` brings it; it is one of minitfm's dependencies, but a
 platform may lack its wheels), :func:`available` is False and the row passes run their NumPy
@@ -83,8 +82,12 @@ def _compile(fn):
         dispatcher = numba.njit(cache=True, **options)(fn)
     except RuntimeError:                # "cannot cache function ...: no locator available"
         dispatcher = numba.njit(cache=False, **options)(fn)
-    from numba.core.caching import FunctionCache
-    if isinstance(dispatcher._cache, FunctionCache):       # kept on disk: by a cache that heals
+    try:
+        from numba.core.caching import FunctionCache
+        kept_on_disk = isinstance(dispatcher._cache, FunctionCache)
+    except (ImportError, AttributeError):   # a Numba whose insides differ: its own cache, as is
+        kept_on_disk = False
+    if kept_on_disk:                                        # kept on disk: by a cache that heals
         dispatcher._cache = _healing_cache()(fn)
     # Numba compiles (or loads from its cache) on a call with argument types it has no machine
     # code for yet: the first call, and any later one with another layout or dtype. Each such
