@@ -245,9 +245,7 @@ def load(path: str | os.PathLike, *, with_optimizer: bool = True) -> Checkpoint:
                 f"without unpickling (unpickling runs code from the file)") from exc
         raise _damaged(path, f"{type(exc).__name__}: {exc}") from exc
     except OSError as exc:
-        failed = files.read_error(path, exc)    # the disk failed the read: the file not judged
-        if failed is not None:
-            raise failed from exc
+        files.raise_if_read_failed(path, exc)   # the disk failed the read: the file not judged
         raise _damaged(path, f"{type(exc).__name__}: {exc}") from exc
     except (zipfile.BadZipFile, EOFError, ValueError, KeyError, TypeError) as exc:
         # BadZipFile: truncated archive or CRC mismatch; ValueError: bad .npy header or JSON

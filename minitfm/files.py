@@ -30,7 +30,8 @@ import stat
 import uuid
 from collections.abc import Iterator
 
-__all__ = ["WriteError", "write_error", "ReadError", "read_error", "bad_path",
+__all__ = ["WriteError", "write_error", "ReadError", "read_error", "raise_if_read_failed",
+           "bad_path",
            "temporary_beside", "remove_stale_temporaries",
            "replacing", "replacing_directory", "fsync_directory", "kind_of", "link_trouble"]
 
@@ -64,6 +65,17 @@ def read_error(path: str | os.PathLike, exc: OSError) -> ReadError | None:
                                 f"and may be sound: check the disk or the mount it is on (the "
                                 f"kernel's log, dmesg; a network file system's server), then "
                                 f"run the command again", os.fspath(path))
+
+
+def raise_if_read_failed(path: str | os.PathLike, exc: OSError) -> None:
+    """Raise :func:`read_error`'s :class:`ReadError` for ``exc``, raised while reading ``path``,
+    when the system failed the read (the file is not judged); return otherwise, for the caller
+    to report ``exc`` as it does (a damaged file, a missing one)."""
+    failed = read_error(path, exc)
+    if failed is exc:
+        raise exc
+    if failed is not None:
+        raise failed from exc
 
 
 # the errors that say a path cannot be used as it was named, whatever the disk's state

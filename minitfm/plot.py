@@ -220,9 +220,7 @@ def read_log(path) -> Log:
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
-        failed = files.read_error(path, exc)    # the disk failed the read: the log not judged
-        if failed is not None:
-            raise failed from exc
+        files.raise_if_read_failed(path, exc)   # the disk failed the read: the log not judged
         raise PlotError(f"cannot read training log {path}: {exc.strerror or exc}") from exc
     records, skipped = [], []
     lines = data.split(b"\n")

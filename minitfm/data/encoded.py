@@ -137,9 +137,8 @@ def load_array(path: Path, mmap: bool) -> np.ndarray:
     try:
         return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (OSError, ValueError) as exc:
-        failed = whole_files.read_error(path, exc) if isinstance(exc, OSError) else None
-        if failed is not None:                  # the disk failed the read: the file not judged
-            raise failed from exc
+        if isinstance(exc, OSError):            # the disk failed the read: the file not judged
+            whole_files.raise_if_read_failed(path, exc)
         raise DamagedCache(f"{path}: cannot load cached array ({exc})") from exc
 
 

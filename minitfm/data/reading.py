@@ -182,9 +182,7 @@ def open_bytes(path: str | Path, streamed: bool = False) -> BinaryIO:
     except OSError as exc:
         if files.link_trouble(path) is not None:     # made a loop since it was checked
             raise _not_found(path) from exc
-        failed = files.read_error(path, exc)
-        if failed is not None:                       # the system's fault, not the file's
-            raise failed from exc
+        files.raise_if_read_failed(path, exc)        # the system's fault, not the file's
         raise DataError(f"{path}: cannot open ({exc.strerror or exc})") from exc
     return text_stream(stream, path)
 

@@ -35,6 +35,7 @@ from minitfm import files
 from minitfm.ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 from .corpus import ParallelReader, file_stamp, parallel_files
+from .model_kind import model_kind
 from .reading import DataError
 
 __all__ = ["Vocab", "train_vocab", "train_joint_vocab",
@@ -78,9 +79,7 @@ class Vocab:
         try:
             return cls(Path(path).read_bytes())
         except OSError as exc:
-            failed = files.read_error(path, exc)    # the disk failed the read: not judged
-            if failed is not None:
-                raise failed from exc
+            files.raise_if_read_failed(path, exc)   # the disk failed the read: not judged
             raise DataError(f"{path}: cannot read the vocabulary model "
                             f"({exc.strerror or exc})") from exc
 
@@ -109,8 +108,8 @@ class Vocab:
     def kind(self) -> str:
         """The kind of model, in words: "BPE" (what :func:`train_vocab` trains), "unigram",
         "word" or "character" (a model another program trained), read from the model's
-        training record (:func:`_model_type`)."""
-        return _MODEL_KINDS.get(_model_type(self._model), "unknown kind of")
+        training record (:func:`minitfm.data.model_kind.model_kind`)."""
+        return model_kind(self._model)
 
     def __len__(self) -> int:
         return self.size
@@ -226,55 +225,6 @@ def train_vocab(sentences: Iterable[str], vocab_size: int, *,
     except RuntimeError as exc:
         raise _training_failed(exc, tally, vocab_size, source) from exc
     return Vocab(model.getvalue())
-
-
-# sentencepiece's TrainerSpec.ModelType: the number stored in a model, and the kind in words
-_MODEL_KINDS = {1: "unigram", 2: "BPE", 3: "word", 4: "character"}
-
-
-def _varint(data: bytes, at: int) -> tuple[int, int]:
-    """The protocol-buffer varint at ``data[at:]``, and the position after it."""
-    value = shift = 0
-    while True:
-        byte = data[at]
-        value |= (byte & 0x7F) << shift
-        at, shift = at + 1, shift + 7
-        if byte < 0x80:
-            return value, at
-
-
-def _fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
-    """``(number, value)`` of each field of a protocol-buffer message: an int for a varint, the
-    bytes of a length-delimited field; 32- and 64-bit fields are stepped over as bytes."""
-    at = 0
-    while at < len(data):
-        key, at = _varint(data, at)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, at = _varint(data, at)
-        elif wire == 2:
-            length, at = _varint(data, at)
-            value, at = data[at:at + length], at + length
-        elif wire in (1, 5):
-            value, at = data[at:at + (8 if wire == 1 else 4)], at + (8 if wire == 1 else 4)
-        else:
-            raise ValueError(f"wire type {wire}")
-        yield number, value
-
-
-def _model_type(model: bytes) -> int | None:
-    """The model type a serialized sentencepiece model records (``ModelProto.trainer_spec``,
-    field 2; its ``model_type``, field 3; unigram, 1, where it is left out), or None where the
-    bytes do not say. sentencepiece's Python module reads models but not this field, and its
-    protocol-buffer classes need a package minitfm does not depend on: the two fields are read
-    here by hand."""
-    try:
-        spec = next((v for n, v in _fields(model) if n == 2 and isinstance(v, bytes)), None)
-        if spec is None:
-            return None
-        return next((v for n, v in _fields(spec) if n == 3 and isinstance(v, int)), 1)
-    except (IndexError, ValueError):
-        return None
 
 
 class _Tally:
@@ -415,9 +365,7 @@ def read_metadata(path: Path, data_files: Sequence[Path] = ()) -> tuple[dict | N
         return None, (f"{left[0]} has no metadata {path.name} beside it (its writing was cut "
                       f"short)" if left else None)
     except OSError as exc:
-        failed = files.read_error(path, exc)    # the disk failed the read: the cache not judged
-        if failed is not None:
-            raise failed from exc
+        files.raise_if_read_failed(path, exc)   # the disk failed the read: the cache not judged
         return None, f"its metadata {path} cannot be read ({exc})"
     except UnicodeDecodeError as exc:
         return None, f"its metadata {path} cannot be read ({exc})"

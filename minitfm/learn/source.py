@@ -303,7 +303,8 @@ def bytes_of(path: Path) -> bytes:
     try:
         return Path(path).read_bytes()
     except OSError as exc:
-        raise files.read_error(path, exc) or exc from exc
+        files.raise_if_read_failed(path, exc)
+        raise
 
 
 def text_of(path: Path) -> str:

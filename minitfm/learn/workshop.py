@@ -53,9 +53,7 @@ class Workshop:
         try:
             data = json.loads(file.read_text(encoding="utf-8"))
         except OSError as exc:
-            failed = files.read_error(file, exc)    # the disk failed the read: not judged
-            if failed is not None:
-                raise failed from exc
+            files.raise_if_read_failed(file, exc)   # the disk failed the read: not judged
             raise DataError(f"{file} cannot be read ({exc.strerror or exc}): {fix}") from None
         except ValueError as exc:
             raise DataError(f"{file} is damaged ({exc}): {fix}") from None

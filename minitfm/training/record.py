@@ -57,9 +57,7 @@ class RunRecord:
         except FileNotFoundError:
             return {}, None
         except OSError as exc:
-            failed = files.read_error(self.path, exc)
-            if failed is not None:
-                raise failed from exc
+            files.raise_if_read_failed(self.path, exc)
             return {}, str(exc)
         except ValueError as exc:
             return {}, str(exc)
