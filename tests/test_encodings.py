@@ -194,10 +194,10 @@ def test_train_lm_says_what_a_text_that_is_not_utf8_seems_to_be(tmp_path):
     for tokenizer in ("char", "bpe"):
         refused(train_lm("--data", text, "--tokenizer", tokenizer, "--vocab-size", 40, "--out",
                          tmp_path / "run"),
-                f"{text}, line 1: invalid UTF-8 (invalid continuation byte); it seems to be in "
-                f"an 8-bit encoding such as Windows-1252 or Latin-1, in which that line reads "
-                f"'café': convert it to UTF-8 (e.g. iconv -f WINDOWS-1252 -t UTF-8 < {text} > "
-                f"fixed.txt) and give that file")
+                f"{text}, line 1: invalid UTF-8 (invalid continuation byte at byte 6); it "
+                f"seems to be in an 8-bit encoding such as Windows-1252 or Latin-1, in which "
+                f"that line reads 'café': convert it to UTF-8 (e.g. iconv -f WINDOWS-1252 -t "
+                f"UTF-8 < {text} > fixed.txt) and give that file")
 
 
 # ---- damaged gzip, a failing disk -----------------------------------------------------------

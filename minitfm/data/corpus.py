@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 from minitfm import files
 
-from .reading import DataError, not_utf8, open_bytes, raw_lines, stream_lines
+from .reading import DataError, LineDecoder, open_bytes, raw_lines, stream_lines
 
 __all__ = [
     "ParallelText", "ParallelReader", "Segment", "file_stamp", "parallel_files", "require_pairs",
@@ -43,32 +43,11 @@ __all__ = [
 ]
 
 
-class _Decoder:
-    """Decodes lines of the file ``path``, opened as the text stream ``stream``, as UTF-8: one
-    that is not is a :class:`DataError` naming the file and the line, and saying what the file
-    seems to be, judged by that line and by the lines decoded before it (``not_utf8``)."""
-
-    def __init__(self, path: Path, stream) -> None:
-        self.path, self.gzipped = path, stream.gzipped
-        self.utf8 = False           # whether a line decoded so far was UTF-8 beyond ASCII
-
-    def __call__(self, line: bytes, number: int) -> str:
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise DataError(f"{self.path}, line {number}: invalid UTF-8 ({exc.reason} at byte "
-                            f"{exc.start}); {not_utf8(self.path, line, self.utf8, self.gzipped)}"
-                            ) from None
-        if not self.utf8 and not line.isascii():
-            self.utf8 = True
-        return text
-
-
 def read_lines(path: str | Path) -> list[str]:
     """All lines of a plain or gzipped UTF-8 text file, without line endings."""
     path = Path(path)
     with open_bytes(path) as stream:
-        decode = _Decoder(path, stream)
+        decode = LineDecoder(path, stream)
         return [decode(line, n) for n, line in enumerate(stream_lines(stream, path), start=1)]
 
 
@@ -145,7 +124,7 @@ class ParallelReader:
         self.lines = self.skipped_invalid = 0
         src_count = tgt_count = 0
         with open_bytes(self.src_path) as src, open_bytes(self.tgt_path) as tgt:
-            decoders = _Decoder(self.src_path, src), _Decoder(self.tgt_path, tgt)
+            decoders = LineDecoder(self.src_path, src), LineDecoder(self.tgt_path, tgt)
             for src_raw, tgt_raw in zip_longest(stream_lines(src, self.src_path),
                                                 stream_lines(tgt, self.tgt_path)):
                 src_count += src_raw is not None
@@ -161,7 +140,7 @@ class ParallelReader:
                 f"misaligned corpus: {self.src_path} has {src_count} lines but {self.tgt_path} "
                 f"has {tgt_count}; both sides need one sentence per line, in the same order")
 
-    def _decode_pair(self, decoders: tuple[_Decoder, _Decoder], src_raw: bytes,
+    def _decode_pair(self, decoders: tuple[LineDecoder, LineDecoder], src_raw: bytes,
                      tgt_raw: bytes) -> tuple[str, str] | None:
         src_decoder, tgt_decoder = decoders
         try:
@@ -256,7 +235,7 @@ def _is_sgm(path: Path) -> bool:
 def _read_segments(path: Path, skip_invalid: bool) -> list[Segment]:
     segments, docid = [], ""
     with open_bytes(path) as stream:
-        decode = _Decoder(path, stream)
+        decode = LineDecoder(path, stream)
         for number, line in enumerate(stream_lines(stream, path), start=1):
             if line.lstrip().startswith(b"<doc"):
                 match = _ATTR_DOCID.search(line)
@@ -268,7 +247,7 @@ def _read_segments(path: Path, skip_invalid: bool) -> list[Segment]:
     return segments
 
 
-def _parse_seg(line: bytes, decode: _Decoder, number: int, docid: str,
+def _parse_seg(line: bytes, decode: LineDecoder, number: int, docid: str,
                skip_invalid: bool) -> Segment:
     match = _SEG_LINE.fullmatch(line)
     id_match = _ATTR_ID.search(match.group(1)) if match else None

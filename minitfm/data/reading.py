@@ -43,8 +43,8 @@ from typing import BinaryIO
 from minitfm import files
 
 __all__ = ["DataError", "MAX_LINE_BYTES", "HEAD_BYTES", "GZIP_MAGIC", "UTF8_BOM", "check_input",
-           "read_failed", "text_stream", "open_bytes", "wide_encoding", "bounded_lines", "stream_lines",
-           "raw_lines", "not_utf8"]
+           "read_failed", "text_stream", "open_bytes", "wide_encoding", "bounded_lines",
+           "stream_lines", "raw_lines", "not_utf8", "LineDecoder"]
 
 GZIP_MAGIC = b"\x1f\x8b"
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -350,3 +350,25 @@ def not_utf8(name: str | Path, line: bytes, utf8_elsewhere: bool, gzipped: bool)
     fix = _conversion(name, gzipped, "iconv -f WINDOWS-1252 -t UTF-8")
     return (f"it seems to be in an 8-bit encoding such as Windows-1252 or Latin-1, in which "
             f"that line reads {word!r}: convert it to UTF-8 {fix}")
+
+
+class LineDecoder:
+    """Decodes lines of the file ``path``, opened as the text stream ``stream``
+    (:func:`open_bytes`), as UTF-8: one that is not is a :class:`DataError` naming the file and
+    the line, and saying what the file seems to be, judged by that line and by the lines decoded
+    before it (:func:`not_utf8`; ``utf8``: whether one of those was UTF-8 beyond ASCII)."""
+
+    def __init__(self, path: Path, stream) -> None:
+        self.path, self.gzipped = path, stream.gzipped
+        self.utf8 = False           # whether a line decoded so far was UTF-8 beyond ASCII
+
+    def __call__(self, line: bytes, number: int) -> str:
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{self.path}, line {number}: invalid UTF-8 ({exc.reason} at byte "
+                            f"{exc.start}); {not_utf8(self.path, line, self.utf8, self.gzipped)}"
+                            ) from None
+        if not self.utf8 and not line.isascii():
+            self.utf8 = True
+        return text

@@ -27,7 +27,7 @@ import numpy as np
 from minitfm import files
 from minitfm.ids import EOS_ID
 
-from .reading import UTF8_BOM, DataError, bounded_lines, not_utf8, open_bytes, read_failed
+from .reading import UTF8_BOM, DataError, LineDecoder, bounded_lines, open_bytes, read_failed
 from .encoded import TOKEN_DTYPE
 from .vocab import Vocab, train_vocab
 
@@ -49,7 +49,8 @@ def text_chunks(path: Path) -> Iterator[str]:
     """
     with open_bytes(path) as stream:
         lines = bounded_lines(stream, path)
-        line, first, utf8_seen = 1, True, False
+        decode = LineDecoder(path, stream)      # what a line that is not UTF-8 says of the text
+        line, first = 1, True
         while True:
             try:
                 data = b"".join(_up_to(lines, CHUNK_BYTES))
@@ -62,15 +63,13 @@ def text_chunks(path: Path) -> Iterator[str]:
             first = False
             try:
                 text = data.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                where = line + data.count(b"\n", 0, exc.start)
+            except UnicodeDecodeError as exc:       # the line it is in says why, and where
                 begin = data.rfind(b"\n", 0, exc.start) + 1
                 end = data.find(b"\n", exc.start)
-                bad = data[begin:end if end >= 0 else len(data)]
-                seen = utf8_seen or not data[:begin].isascii()
-                raise DataError(f"{path}, line {where}: invalid UTF-8 ({exc.reason}); "
-                                + not_utf8(path, bad, seen, stream.gzipped)) from None
-            utf8_seen = utf8_seen or not data.isascii()
+                decode.utf8 = decode.utf8 or not data[:begin].isascii()
+                decode(data[begin:end if end >= 0 else len(data)],     # raises: it is not UTF-8
+                       line + data.count(b"\n", 0, begin))
+            decode.utf8 = decode.utf8 or not data.isascii()
             line += data.count(b"\n")
             yield text
 
