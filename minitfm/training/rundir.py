@@ -13,7 +13,7 @@ Layout of ``out_dir``:
   with its ``step``, appended; a resumed run first cuts it back (rewritten whole, atomically) to
   its complete lines up to its checkpoint's step (dropping a line a crash cut short, and moving
   those of the steps it will redo to ``log.replaced.jsonl``, ``REPLACED_NAME``, appended to its
-  earlier lines: that file too is rewritten whole);
+  earlier lines: that file too is rewritten whole; :mod:`minitfm.training.runlog`);
 - ``run.json`` (``RUN_INFO_NAME``): the record of the run (:mod:`minitfm.training.record`: the
   start as written, every resume appended, each session's outcome, the best validation),
   written once the checks of a new or resumed run have passed.
@@ -57,13 +57,13 @@ import filelock
 
 from minitfm import checkpoint, files, usable
 from minitfm.training.record import RunRecord, command_line, timestamp
+from minitfm.training.runlog import REPLACED_NAME, cut_log
 
 __all__ = ["LOG_NAME", "REPLACED_NAME", "RUN_INFO_NAME", "BEST_NAME", "LOCK_NAME", "HOLDER_NAME",
            "RUN_FILES", "WriteFailed", "RunDirectoryBusy", "LockUnsupported", "NotARunDirectory",
            "RunDirectory", "write_failed"]
 
 LOG_NAME = "log.jsonl"
-REPLACED_NAME = "log.replaced.jsonl"   # the log lines of steps a resumed run made again
 RUN_INFO_NAME = "run.json"
 BEST_NAME = "checkpoint_best.npz"
 LOCK_NAME = "run.lock"
@@ -389,45 +389,3 @@ def _busy(path: str) -> str:
         stop = "stop it"
     return (f"the run directory {path} is in use by another run ({who}). Wait for that run to "
             f"finish, {stop}, or choose another --out")
-
-
-# ---- the log ----------------------------------------------------------------------------------
-
-def logged_step(line: str) -> int | None:
-    """The step of a log line, or None for a line a crash cut short."""
-    try:
-        return int(json.loads(line)["step"])
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def cut_log(path: str, step: int) -> tuple[int, int]:
-    """Keep the complete log lines up to ``step``: a resumed run rewrites the steps lost since its
-    checkpoint, and a line a crash cut short (no newline, or not JSON) is dropped, so the next
-    line appended starts a line of its own. The complete lines of the steps after ``step`` are
-    not lost: they are appended to ``log.replaced.jsonl`` (``REPLACED_NAME``) beside the log.
-    Returns how many lines were cut short, and how many were kept there."""
-    if not os.path.exists(path):
-        return 0, 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        lines = [(line, logged_step(line) if line.endswith("\n") else None) for line in f]
-    replaced = [line for line, logged in lines if logged is not None and logged > step]
-    if replaced:
-        _append_whole(os.path.join(os.path.dirname(path), REPLACED_NAME), replaced)
-    with files.replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(line for line, logged in lines if logged is not None and logged <= step)
-    return sum(logged is None for _, logged in lines), len(replaced)
-
-
-def _append_whole(path: str, lines: list[str]) -> None:
-    """Add ``lines`` at the end of the file ``path`` by writing it again whole (files.replacing):
-    a write that fails (a full disk) leaves it as it was, with no line cut short, and raises a
-    ``files.WriteError`` that names it."""
-    try:
-        with open(path, "rb") as f:
-            before = f.read()
-    except FileNotFoundError:
-        before = b""
-    with files.replacing(path) as tmp, open(tmp, "wb") as f:
-        f.write(before)
-        f.writelines(line.encode("utf-8") for line in lines)
