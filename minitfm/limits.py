@@ -260,30 +260,24 @@ def _up_to(candidates: Sequence[int], value: int) -> Sequence[int]:
 
 def _size(candidates: Sequence[int]) -> int:
     """How many candidates there are; a range counted by arithmetic: it may hold more values
-    than ``len`` can count (an option of 10**30)."""
+    than ``len`` can count (an option of 10**30), though indexing it works at any size."""
     if isinstance(candidates, range):
         return max(0, -(-(candidates.stop - candidates.start) // candidates.step))
     return len(candidates)
 
 
-def _nth(candidates: Sequence[int], i: int) -> int:
-    if isinstance(candidates, range):
-        return candidates.start + i * candidates.step
-    return candidates[i]
-
-
 def _largest(candidates: Sequence[int], fits: Callable[[int], bool]) -> int | None:
     """The largest of the increasing ``candidates`` that fits (fitting is monotone), or None."""
     lo, hi = 0, _size(candidates) - 1
-    if hi < 0 or not fits(_nth(candidates, 0)):
+    if hi < 0 or not fits(candidates[0]):
         return None
     while lo < hi:                     # candidate lo fits; is there a larger one?
         mid = (lo + hi + 1) // 2
-        if fits(_nth(candidates, mid)):
+        if fits(candidates[mid]):
             lo = mid
         else:
             hi = mid - 1
-    return _nth(candidates, lo)
+    return candidates[lo]
 
 
 def check_fits(what: str, sizes: Mapping[str, tuple[int, Sequence[int]]],
