@@ -42,9 +42,9 @@ from typing import BinaryIO
 
 from minitfm import files
 
-__all__ = ["DataError", "MAX_LINE_BYTES", "HEAD_BYTES", "GZIP_MAGIC", "UTF8_BOM", "check_input",
-           "read_failed", "text_stream", "open_bytes", "wide_encoding", "bounded_lines",
-           "stream_lines", "raw_lines", "not_utf8", "LineDecoder"]
+__all__ = ["DataError", "MAX_LINE_BYTES", "HEAD_BYTES", "GZIP_MAGIC", "UTF8_BOM", "READ_ERRORS",
+           "check_input", "read_failed", "text_stream", "open_bytes", "wide_encoding",
+           "bounded_lines", "stream_lines", "raw_lines", "not_utf8", "LineDecoder"]
 
 GZIP_MAGIC = b"\x1f\x8b"
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -57,6 +57,9 @@ BYTE_ORDER_MARKS = ((b"\xff\xfe\x00\x00", "UTF-32", "little-endian"),
                     (b"\xff\xfe", "UTF-16", "little-endian"),
                     (b"\xfe\xff", "UTF-16", "big-endian"))
 WIDE_ENCODINGS = ("UTF-32LE", "UTF-32BE", "UTF-16LE", "UTF-16BE")    # without a mark
+# what a read of a text stream raises when the system fails it (OSError: EIO, ...) or its gzip is
+# truncated or damaged (EOFError, zlib.error, gzip's BadGzipFile): read_failed tells them apart
+READ_ERRORS = (OSError, EOFError, zlib.error)
 
 
 class DataError(ValueError):
@@ -166,7 +169,7 @@ def _head(stream: BinaryIO, name: str | Path) -> bytes:
     """The first HEAD_BYTES of ``stream``, fewer only when it ends there."""
     try:
         return stream.read(HEAD_BYTES)
-    except (OSError, EOFError, zlib.error) as exc:
+    except READ_ERRORS as exc:
         raise read_failed(name, exc) from exc
 
 
@@ -310,7 +313,7 @@ def stream_lines(stream: BinaryIO, name: str | Path) -> Iterator[bytes]:
             if number == 1 and line.startswith(UTF8_BOM):
                 line = line[len(UTF8_BOM):]
             yield line.rstrip(b"\n").rstrip(b"\r")
-    except (OSError, EOFError, zlib.error) as exc:  # truncated or corrupt gzip, I/O error
+    except READ_ERRORS as exc:      # truncated or corrupt gzip, I/O error
         raise read_failed(name, exc) from exc
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,7 +26,8 @@ import numpy as np
 from minitfm import files
 from minitfm.ids import EOS_ID
 
-from .reading import UTF8_BOM, DataError, LineDecoder, bounded_lines, open_bytes, read_failed
+from .reading import (READ_ERRORS, UTF8_BOM, DataError, LineDecoder, bounded_lines, open_bytes,
+                      read_failed)
 from .encoded import TOKEN_DTYPE
 from .vocab import Vocab, train_vocab
 
@@ -54,7 +54,7 @@ def text_chunks(path: Path) -> Iterator[str]:
         while True:
             try:
                 data = b"".join(_up_to(lines, CHUNK_BYTES))
-            except (OSError, EOFError, zlib.error) as exc:
+            except READ_ERRORS as exc:
                 raise read_failed(path, exc) from exc   # the disk's failure, or a damaged gzip
             if not data:
                 return
