@@ -197,10 +197,10 @@ def load(path: str | os.PathLike, *, with_optimizer: bool = True) -> Checkpoint:
 
     ``with_optimizer=False`` skips the optimizer moments (two thirds of a training checkpoint),
     for decoding or averaging. Arrays of the file that no part of the layout above is (added by
-    another program) are not read: their names are in ``unknown``. Raises :class:`CheckpointError` if the file is damaged, is not a
-    checkpoint, or has an unknown format version, or if ``path`` is not a file (a directory, a
-    pipe, a symbolic link that leads nowhere: a loop, a missing target); ``FileNotFoundError``
-    if there is nothing at all.
+    another program) are not read: their names are in ``unknown``. Raises
+    :class:`CheckpointError` if the file is damaged, is not a checkpoint, or has an unknown format
+    version, or if ``path`` is not a file (a directory, a pipe, a symbolic link that leads
+    nowhere: a loop, a missing target); ``FileNotFoundError`` if there is nothing at all.
     """
     path = os.fspath(path)
     kind = files.kind_of(path)

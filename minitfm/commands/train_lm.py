@@ -29,11 +29,10 @@ import sys
 import time
 from collections.abc import Sequence
 
-from minitfm import cli, distributed, limits, options
+from minitfm import cli, distributed, exits, limits, options
 from minitfm.commands import lm_sampling
 from minitfm.data import text as textdata
 from minitfm.data import tokenizers
-from minitfm import exits
 from minitfm.exits import UsageError
 from minitfm.models import lm
 from minitfm.argtypes import Parser, integer, number, positive_int

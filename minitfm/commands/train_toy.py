@@ -19,9 +19,8 @@ import argparse
 import sys
 import time
 
-from minitfm import backend, cli, distributed, limits, options, tasks
+from minitfm import backend, cli, distributed, exits, limits, options, tasks
 from minitfm.decode import greedy
-from minitfm import exits
 from minitfm.exits import UsageError
 from minitfm.models import translator
 from minitfm.models.translator import PRESETS, Config

@@ -52,9 +52,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-from minitfm import backend, cli, distributed, options, wmt
+from minitfm import backend, cli, distributed, exits, options, wmt
 from minitfm.data import epoch_batches, eval_arrays, read_parallel, token_batches
-from minitfm import exits
 from minitfm.exits import UsageError
 from minitfm.models import translator as model
 from minitfm.argtypes import Parser, integer, positive_int

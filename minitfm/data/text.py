@@ -100,8 +100,8 @@ def encode_text_file(path: str | Path, tokenizer: Tokenizer,
         except DamagedCache as exc:             # an array cut short or damaged, or another's
             broken = exc.reason
     if broken:
-        _log.warning("warning: the token cache %s is incomplete: %s; encoding %s again", tokens_path,
-                     broken, path)
+        _log.warning("warning: the token cache %s is incomplete: %s; encoding %s again",
+                     tokens_path, broken, path)
     cache_dir.mkdir(parents=True, exist_ok=True)
     manifest_path.unlink(missing_ok=True)     # the cache is incomplete from here on
     with files.replacing(tokens_path) as temporary:
