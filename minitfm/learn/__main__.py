@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 import textwrap
 import time
@@ -25,11 +26,12 @@ from minitfm.cli import report_errors
 from minitfm.exits import UsageError
 from minitfm.learn import check as checking
 from minitfm.learn import report as reporting
-from minitfm.learn import kernels, source
+from minitfm.learn import kernels, source, worker
 from minitfm.learn.exercises import EXERCISES, Exercise, by_name
 from minitfm.learn.workshop import Workshop
 
 MAX_WAIT = 3600.0        # seconds: watch looks at the file at least once an hour
+MAX_LIMIT = 86400.0      # seconds: a time limit of a day at most
 MARKS = {"not started": " ", "started": "…", "written": "✗", "passing": "✓"}
 
 
@@ -56,6 +58,12 @@ def parse_args(argv) -> argparse.Namespace:
     watch = commands.add_parser("watch", help="check at every save, moving on as each passes")
     watch.add_argument("--every", type=number(0, MAX_WAIT, low_open=True), default=0.5,
                        help="seconds between looks at the file (default 0.5)")
+    for command in (check, watch):
+        command.add_argument("--time-limit", type=number(0, MAX_LIMIT, low_open=True),
+                             default=worker.LIMIT, metavar="SECONDS",
+                             help=f"stop your code after this long and say where it was "
+                                  f"(default {worker.LIMIT:g}: the library's code takes well "
+                                  f"under a second)")
     hint = commands.add_parser("hint", help="the next hint of an exercise")
     hint.add_argument("name", nargs="?")
     solution = commands.add_parser("solution", help="the library's own code of an exercise")
@@ -66,6 +74,10 @@ def parse_args(argv) -> argparse.Namespace:
     train.add_argument("--steps", type=positive_int, default=None,
                        help="updates (default: the copy task's 300)")
     train.add_argument("--seed", type=integer(0), default=0)
+    train.add_argument("--time-limit", type=number(0, MAX_LIMIT, low_open=True), default=None,
+                       metavar="SECONDS",
+                       help="stop the run on your code after this long (default: five times "
+                            "the library's run, and a minute more)")
     reset = commands.add_parser("reset", help="start an exercise over")
     reset.add_argument("name")
     reset.add_argument("--hard", action="store_true", default=None,
@@ -112,9 +124,9 @@ def run(args: argparse.Namespace) -> int:
         return exits.DONE
     if args.command == "check":
         ex = exercise(args.name, workshop)
-        return check_one(workshop, ex, args.seed)
+        return check_one(workshop, ex, args.seed, args.time_limit)
     if args.command == "watch":
-        return watch(workshop, args.every)
+        return watch(workshop, args.every, limit=args.time_limit)
     if args.command == "hint":
         ex = exercise(args.name, workshop)
         k, text = workshop.next_hint(ex)
@@ -124,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         return show_solution(workshop, exercise(args.name, workshop), args.reveal)
     if args.command == "train":
         from minitfm.learn import train
-        return train.main(workshop, steps=args.steps, seed=args.seed)
+        return train.main(workshop, steps=args.steps, seed=args.seed, limit=args.time_limit)
     if args.command == "reset":
         ex = exercise(args.name, workshop)
         path, kept = workshop.reset(ex, args.hard)
@@ -150,10 +162,16 @@ def show_list(workshop: Workshop) -> int:
     return exits.DONE
 
 
-def check_one(workshop: Workshop, ex: Exercise, seed: int = 0) -> int:
-    report = checking.run_check(ex, workshop.file(ex), seed)
+def check_one(workshop: Workshop, ex: Exercise, seed: int = 0, limit: float = worker.LIMIT,
+              cancel=None) -> int | None:
+    """Check ``ex`` and say so: its exit status (None: cancelled, nothing said)."""
+    path = workshop.file(ex)
+    report = checking.run_check(ex, path, seed, limit, cancel)
+    if report.status == "cancelled":
+        return None
     print(reporting.describe(report), flush=True)
-    workshop.set_current(ex)
+    if path.exists():
+        workshop.set_current(ex)
     if report.passed:
         workshop.passed(ex)
         after = workshop.next_after(ex)
@@ -166,10 +184,20 @@ def check_one(workshop: Workshop, ex: Exercise, seed: int = 0) -> int:
     return exits.FAILED
 
 
-def watch(workshop: Workshop, every: float = 0.5, stop=None) -> int:
+def _stamp(path) -> str | None:
+    """What the file holds now (a hash of its bytes: a save that keeps its size and gets its old
+    time back is still seen), or None where it cannot be read."""
+    try:
+        return hashlib.sha256(source.bytes_of(path)).hexdigest()
+    except (OSError, ValueError):
+        return None
+
+
+def watch(workshop: Workshop, every: float = 0.5, stop=None, limit: float = worker.LIMIT
+          ) -> int:
     """Check the current exercise (started if need be) whenever its file changes; when it
-    passes, start the next and watch that. ``stop()``: end the loop when it says so (tests);
-    else Ctrl-C ends it."""
+    passes, start the next and watch that. A save during a check cancels it, and the new file
+    is checked. ``stop()``: end the loop when it says so (tests); else Ctrl-C ends it."""
     ex = exercise(None, workshop, default_next=workshop.current() is None)
     seen = None
     print(f"watching {workshop.file(ex)}: save it to check it (Ctrl-C to stop)", flush=True)
@@ -178,11 +206,20 @@ def watch(workshop: Workshop, every: float = 0.5, stop=None) -> int:
         if not path.exists():
             workshop.start(ex)
             print(f"started {path}", flush=True)
-        stamp = (path.stat().st_mtime_ns, path.stat().st_size)
+        stamp = _stamp(path)
         if stamp != seen:
             seen = stamp
             print(f"\n--- {time.strftime('%H:%M:%S')} {path.name}", flush=True)
-            if check_one(workshop, ex) == exits.DONE:
+
+            def saved_again(path=path, stamp=stamp):
+                return _stamp(path) != stamp or (stop is not None and stop())
+            status = check_one(workshop, ex, limit=limit, cancel=_every(0.2, saved_again))
+            if status is None:
+                print(f"--- {path.name} saved again during the check: checking it anew",
+                      flush=True)
+                seen = None
+                continue
+            if status == exits.DONE:
                 following = workshop.next_after(ex)
                 if following is None:
                     return exits.DONE
@@ -192,6 +229,18 @@ def watch(workshop: Workshop, every: float = 0.5, stop=None) -> int:
                 continue
         time.sleep(every)
     return exits.DONE
+
+
+def _every(seconds: float, ask):
+    """``ask`` asked at most once every ``seconds`` (its last answer in between)."""
+    last = [0.0, False]
+
+    def asked():
+        now = time.monotonic()
+        if now - last[0] >= seconds:
+            last[:] = [now, ask()]
+        return last[1]
+    return asked
 
 
 def show_solution(workshop: Workshop, ex: Exercise, reveal: bool) -> int:

@@ -1,26 +1,35 @@
-"""Checking an exercise: the learner's functions in place of the library's, judged by the
-library's own gradient checks, and each wrong gradient diagnosed. Host-only code: the checks
-run on NumPy in float64, the plain code (as ``python -m minitfm.gradcheck`` runs them).
+"""Checking an exercise: the learner's functions run in the library's place in a process of
+their own (:mod:`minitfm.learn.worker`, :mod:`minitfm.learn.child`), and judged here, on the
+checking side, where none of the learner's code ever runs. Host-only code: the checks run on
+NumPy in float64, the plain code (as ``python -m minitfm.gradcheck`` runs them).
 
-A layer exercise runs each of its cases (``minitfm.gradcheck.cases``) twice on the same draw:
-once with the library's functions, giving the right gradients, and once with the learner's
-forward and backward put in their place in the library's module (in memory, for the check
-alone: nothing is written), giving the learner's; each of the learner's gradients is held to
-five-point central differences of the library's forward pass at the checks' tolerance and
-steps. A wrong one gets its relative error, the first wrong element and a diagnosis
-(:mod:`minitfm.learn.diagnose`). The whole model's exercise compares every parameter's gradient
-with the library's (which the model checks hold to finite differences) and differentiates the
-loss numerically along a random direction; Adam's compares the updates and the schedule with
-the library's; a kernel's runs its CUDA C on the CPU (:mod:`minitfm.learn.modelcheck`,
-:mod:`minitfm.learn.adamcheck`, :mod:`minitfm.learn.kernels`).
+A layer exercise runs each of its cases (``minitfm.gradcheck.cases``) on the same draw twice:
+here with the library's functions, giving the right gradients, and in the child with the
+learner's forward and backward put in their place in the library's module, giving the
+learner's. Each of the learner's gradients must be an array of real numbers of the right shape
+and type, and equal to the library's (which the gradient checks hold to finite differences) to
+the checks' tolerance; a wrong one gets its relative error, the first wrong element and a
+diagnosis (:mod:`minitfm.learn.diagnose`). The backward may change in place only what the
+library's own backward changes (the contract in layers/__init__.py: softmax's dP, the loss's
+cached exponentials); anything else it changes (dy, a cache field, which a model reads again)
+fails the case, named. Where every gradient is right, finite differences of the library's
+forward pass along a random direction of each input confirm them. The whole model's exercise
+compares every parameter's gradient with the library's and differentiates the loss along a
+random direction; Adam's compares the updates and the schedule with the library's; a kernel's
+runs its CUDA C on the CPU (:mod:`minitfm.learn.modelcheck`, :mod:`minitfm.learn.adamcheck`,
+:mod:`minitfm.learn.kernels`).
+
+A run that does not end within the limit, ends itself (``sys.exit``), or crashes is reported as
+such, with the learner's line where it is known, and never passes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
+import inspect
 import itertools
-import math
 import time
 from pathlib import Path
 
@@ -28,29 +37,86 @@ import numpy
 
 from minitfm import backend
 from minitfm.gradcheck.cases import CASES, MODEL_CASES
-from minitfm.gradcheck.check import STEPS, TOLERANCE, numerical_gradient, relative_error
-from minitfm.learn import diagnose, kernels, source
+from minitfm.gradcheck.check import STEPS, TOLERANCE, check_directions
+from minitfm.learn import diagnose, kernels, source, worker
 from minitfm.learn.adamcheck import check_optim
 from minitfm.learn.exercises import Exercise
-from minitfm.learn.learner import (LearnerError, edited_function, functions_of, load,
-                                   not_written, recorders, substituted, unwritten_name,
-                                   where_in)
+from minitfm.learn.learner import edited_function, recorders, substituted
 from minitfm.learn.modelcheck import check_model
 from minitfm.learn.report import ArrayResult, CaseResult, Report
 
-__all__ = ["run_check", "run_case", "gradients", "check_layer", "ALL_CASES"]
+__all__ = ["run_check", "run_case", "gradients", "check_layer", "ALL_CASES", "constants",
+           "outcome_words", "in_place"]
 
 ALL_CASES = {case.name: case for case in [*CASES, *MODEL_CASES]}
-# an error this large is a wrong gradient at any step: the other steps (which rescue a right
-# gradient from rounding or a kink, minitfm.gradcheck) are not tried
-FAR = 1e-3
 
 
-# ---- layer exercises --------------------------------------------------------------------------
+# ---- a case, run ------------------------------------------------------------------------------
 
-def run_case(case, sizes: dict, seed: int, library, functions: dict):
+@contextlib.contextmanager
+def constants(ex: Exercise, *modules):
+    """The exercise's module constants (``ex.constants``: the output layer's chunk) set in each
+    of ``modules`` that has them, for the block."""
+    old = [(m, name, getattr(m, name)) for m in modules for name in ex.constants
+           if hasattr(m, name)]
+    try:
+        for module, name, _ in old:
+            setattr(module, name, ex.constants[name])
+        yield
+    finally:
+        for module, name, value in old:
+            setattr(module, name, value)
+
+
+def _reachable(named: dict) -> dict:
+    """path -> array for every array reachable from ``named`` (name -> object) through named
+    tuples, dicts, lists and tuples; an array reached twice keeps its first path."""
+    found, seen = {}, set()
+
+    def walk(obj, path, depth):
+        if depth > 8:
+            return
+        if isinstance(obj, numpy.ndarray):
+            if id(obj) not in seen:
+                seen.add(id(obj))
+                found[path] = obj
+        elif isinstance(obj, tuple) and hasattr(obj, "_fields"):
+            for field in obj._fields:
+                walk(getattr(obj, field), f"{path}.{field}", depth + 1)
+        elif isinstance(obj, dict):
+            for key, value in obj.items():
+                walk(value, f'{path}["{key}"]', depth + 1)
+        elif isinstance(obj, (list, tuple)):
+            for i, value in enumerate(obj):
+                walk(value, f"{path}[{i}]", depth + 1)
+    for name, obj in named.items():
+        walk(obj, name, 0)
+    return found
+
+
+@contextlib.contextmanager
+def in_place(named: dict, changed: list):
+    """Appends to ``changed`` the paths of the arrays reachable from ``named`` whose bytes the
+    block changed."""
+    arrays = _reachable(named)
+    before = {path: a.tobytes() for path, a in arrays.items()}
+    yield
+    changed += [path for path, a in arrays.items() if a.tobytes() != before[path]]
+
+
+def _argument_names(fn) -> tuple[str, str]:
+    """What a backward calls its gradient and its cache (``dy``, ``cache``)."""
+    try:
+        names = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        names = []
+    return (names + ["dy", "cache"])[0], (names[1:] + ["cache"])[0]
+
+
+def run_case(case, sizes: dict, seed: int, library, functions: dict, changed=None):
     """The case's draw, forward and backward with ``functions`` in the library module: the
-    arrays, the forward's output, dL/dout and the gradients by name (or the exception)."""
+    arrays, the forward's output, dL/dout and the backward's result. ``changed``: a list, to
+    which the arrays the backward changed in place are added by name."""
     rng = backend.host_rng(seed)
     arrays = case.draw(rng, sizes)
     originals = {n: getattr(library, n) for n in functions}
@@ -59,16 +125,23 @@ def run_case(case, sizes: dict, seed: int, library, functions: dict):
     with substituted(library, functions):
         out, cache = run.forward(arrays, sizes)
         g = backend.to_device(rng.standard_normal(numpy.shape(out)), dtype="float64")
-        result = run.backward(g.copy() if g.ndim else g, cache)
+        dy = g.copy() if g.ndim else g
+        dy_name, cache_name = _argument_names(case.backward)
+        watched = {dy_name: dy, cache_name: cache, "the inputs": arrays}
+        with in_place(watched if changed is not None else {}, changed if changed is not None
+                      else []):
+            result = run.backward(dy, cache)
     return arrays, out, g, result
 
 
 def gradients(case, result) -> dict:
-    """The case's gradients by name from a backward's result (ValueError if it has the wrong
-    form)."""
+    """The case's gradients by name from a backward's result (ValueError, saying what is
+    wrong, if it has the wrong form)."""
     if not isinstance(result, tuple) or not result or not isinstance(result[-1], dict):
-        raise ValueError(f"your backward returns {_form(result)}; the contract is the gradients "
-                         f"of the inputs, then a dict of the parameters' gradients")
+        raise ValueError(f"your backward returns {_form(result)}; the contract is a tuple: the "
+                         f"gradients of the inputs, then a dict of the parameters' gradients "
+                         f"(`return dx, {{...}}`; a layer without parameters returns "
+                         f"`dx, {{}}`)")
     *d_inputs, grads = result
     if len(d_inputs) != len(case.d_inputs):
         raise ValueError(f"your backward returns {len(d_inputs)} input gradient(s) before the "
@@ -80,33 +153,19 @@ def gradients(case, result) -> dict:
 
 def _form(value) -> str:
     if isinstance(value, tuple):
-        return "a tuple of " + ", ".join(type(v).__name__ for v in value)
-    return f"a {type(value).__name__}"
+        return "a tuple of " + (", ".join(_kind(v) for v in value) or "nothing")
+    return _kind(value)
 
 
-def _numeric(case, sizes, seed, name, analytic, tolerance):
-    """Finite differences of the library's forward for input ``name``: ``(error, numeric)``
-    at the checks' steps, the smallest error (and its numeric array) counting."""
-    rng = backend.host_rng(seed)
-    arrays = case.draw(rng, sizes)
-    out, _ = case.forward(arrays, sizes)
-    g = backend.to_device(rng.standard_normal(numpy.shape(out)), dtype="float64")
+def _kind(value) -> str:
+    if isinstance(value, worker.Other):
+        return value.what
+    if isinstance(value, numpy.ndarray):
+        return f"an array {tuple(value.shape)}"
+    return worker.describe(value)
 
-    def objective():
-        y, _ = case.forward(arrays, sizes)
-        return float((y * g).sum())
 
-    best = (math.inf, None)
-    for step in STEPS:
-        numeric = numerical_gradient(objective, arrays[name], step)
-        error = relative_error(analytic, numeric) if analytic is not None and \
-            numpy.shape(analytic) == numeric.shape else math.inf
-        if error < best[0] or best[1] is None:
-            best = (error, numeric)
-        if error <= tolerance or error > FAR:
-            break
-    return best
-
+# ---- the named mistakes, for the diagnosis -----------------------------------------------------
 
 def _cache_of(args) -> tuple:
     """The first named-tuple argument of a call (its cache), and where it is."""
@@ -134,7 +193,7 @@ def _array_fields(cache) -> list[str]:
 
 def _mistakes(ex: Exercise, case, sizes, seed, library, cache_sample) -> dict:
     """label -> the gradients the library gives with that mistake made, for this case."""
-    with numpy.errstate(all="ignore"):
+    with numpy.errstate(all="ignore"), constants(ex, library):
         return _mistakes_made(ex, case, sizes, seed, library, cache_sample)
 
 
@@ -175,98 +234,188 @@ def _axis_names(case, name) -> tuple[str, ...] | None:
 def _recorded_caches(ex: Exercise, case, sizes, seed, library) -> dict:
     """name -> the cache the library's function to write got in this case (first call)."""
     functions, seen = recorders(library, [n for n in ex.write if "." not in n])
-    run_case(case, sizes, seed, library, functions)
+    with constants(ex, library):
+        run_case(case, sizes, seed, library, functions)
     caches = {name: _cache_of(tuple(arguments.values()))[1]
               for name, (arguments, _) in seen.items()}
     return {name: cache for name, cache in caches.items() if cache is not None}
 
 
-def check_layer(ex: Exercise, learner, path: Path, seed: int = 0,
+# ---- a layer exercise, judged ------------------------------------------------------------------
+
+def check_layer(ex: Exercise, learned: dict, path: Path, seed: int = 0,
                 tolerance: float = TOLERANCE) -> list[CaseResult]:
-    """Each of the exercise's gradient checks with the learner's functions (the module's
-    docstring)."""
+    """Each of the exercise's gradient checks, the learner's results (``learned``: the child's,
+    :func:`minitfm.learn.child.layer`) against the library's (the module's docstring)."""
     library = importlib.import_module(ex.module)
-    functions = functions_of(ex, learner)
     results = []
     for case_name in ex.cases:
         case = ALL_CASES[case_name]
         sizes = dict(case.sizes)
         result = CaseResult(case_name, sizes)
         results.append(result)
-        _, out_r, _, right = run_case(case, sizes, seed, library, {})
-        right = gradients(case, right)
-        try:
-            _, out_l, _, mine = run_case(case, sizes, seed, library, functions)
-        except Exception as exc:
-            if not_written(exc):
-                result.problem = f"not written yet: {unwritten_name(exc, ex)}"
-            else:
-                result.problem = where_in(exc, path)
+        yours = learned.get(case_name) or {"error": "no result came back for this case"}
+        if "not_written" in yours or "error" in yours:
+            result.problem = str(yours.get("not_written") or yours.get("error"))
             continue
-        if diagnose.distance(out_l, out_r) > 1e-12:
+        allowed: list = []
+        with constants(ex, library):
+            arrays, out_r, g, right = run_case(case, sizes, seed, library, {}, allowed)
+        right = gradients(case, right)
+        out = yours.get("out")
+        if not isinstance(out, (numpy.ndarray, float)) or diagnose.distance(out, out_r) > 1e-12:
             result.note = ("your forward pass gives other outputs than the library's: the check "
                            "holds your backward to the library's forward")
         try:
-            mine = gradients(case, mine)
+            mine = gradients(case, yours.get("result"))
         except ValueError as exc:
             result.problem = str(exc)
             continue
-        missing = [n for n in right if n not in mine]
         extra = [n for n in mine if n not in right]
         if extra:
             result.problem = (f"your backward returns gradients named {', '.join(extra)}, "
                               f"which the layer does not have (it has {', '.join(right)})")
             continue
+        result.changed = [c for c in yours.get("changed", []) if c not in allowed]
         alternatives = None
         for name in right:
-            a = mine.get(name)
-            error, numeric = _numeric(case, sizes, seed, name, a, tolerance)
-            ok = name not in missing and error <= tolerance
-            item = ArrayResult(name, error, ok)
-            if hasattr(a, "shape") and numpy.shape(a) != numpy.shape(right[name]):
-                item.shape = tuple(numpy.shape(a))
+            a, r = mine.get(name), right[name]
+            fault = _array_fault(a, r)
+            error = diagnose.distance(a, r) if fault is None else float("inf")
+            item = ArrayResult(name, error, error <= tolerance)
+            if isinstance(a, numpy.ndarray) and a.shape != r.shape:
+                item.shape = tuple(a.shape)
             result.arrays.append(item)
-            if ok:
+            if item.ok:
+                continue
+            if fault is not None and not isinstance(a, numpy.ndarray):
+                item.diagnosis = fault
                 continue
             if alternatives is None:
                 caches = _recorded_caches(ex, case, sizes, seed, library)
                 alternatives = _mistakes(ex, case, sizes, seed, library, caches)
-            item.first = diagnose.first_wrong(a, numeric, tolerance) if a is not None else None
+            a = a.real if a.dtype.kind == "c" else a
+            item.first = diagnose.first_wrong(a, r, tolerance)
             item.diagnosis = diagnose.diagnose(
-                name, a, right[name], others=right,
+                name, a, r, others=right,
                 mistakes={label: grads.get(name) for label, grads in alternatives.items()},
                 known=diagnose.quantities(sizes, ex.quantities),
                 axis_names=_axis_names(case, name))
+            if fault is not None:
+                item.diagnosis = fault + ("; and " + item.diagnosis if item.diagnosis else "")
+        if result.ok:
+            result.note = _confirmed(case, sizes, seed, arrays, g, right, ex, library,
+                                     result.note)
     return results
+
+
+def _array_fault(a, r) -> str | None:
+    """What is wrong with a gradient's kind (not its values): None for an array of real numbers
+    of the right type."""
+    if a is None:
+        return "missing: your backward gives None for it"
+    if not isinstance(a, numpy.ndarray):
+        return f"not an array: your backward gives {_kind(a)} for it"
+    if a.dtype.kind == "c":
+        return (f"complex numbers ({a.dtype}): the gradient of a real loss is real (a complex "
+                f"value crept in: a square root of a negative number, or a complex constant?)")
+    if a.dtype.kind != "f":
+        return f"an array of {a.dtype}: a gradient is an array of {r.dtype}"
+    if a.dtype != r.dtype:
+        return (f"an array of {a.dtype}, where the check's arrays are {r.dtype}: a gradient "
+                f"has its input's type (an array made with another dtype?)")
+    return None
+
+
+def _confirmed(case, sizes, seed, arrays, g, grads, ex, library, note) -> str | None:
+    """Finite differences of the library's forward along a random direction of each input,
+    against the gradients (the library's, which the learner's equal)."""
+    def objective():
+        with constants(ex, library):
+            y, _ = case.forward(arrays, sizes)
+        return float((y * g).sum())
+    errors = check_directions(objective, grads, arrays, 1, seed + 1, steps=STEPS,
+                              tolerance=case.tolerance)
+    worst = max(errors.values(), default=0.0)
+    verdict = "agree" if worst <= case.tolerance else "do not agree"
+    words = (f"finite differences along a random direction of each input {verdict} (the worst "
+             f"relative error {worst:.1e})")
+    return f"{note}; {words}" if note else words
 
 
 # ---- one check ------------------------------------------------------------------------------
 
-def run_check(ex: Exercise, path: Path, seed: int = 0) -> Report:
-    """Check the exercise in ``path``: a :class:`Report`."""
-    started = time.perf_counter()
-    path = Path(path)
+def outcome_words(outcome: worker.Outcome, what: str = "your code") -> str:
+    """A child's run that gave no result (:class:`~minitfm.learn.worker.Outcome`), in words."""
+    where = f"\n{outcome.where}" if outcome.where else ""
+    if outcome.status == "timeout":
+        doing = {"compile": "the compiler did not finish", "load": "loading your file did "
+                 "not finish"}.get(outcome.phase, f"{what} did not return")
+        return (f"{doing} within {outcome.limit:g} s (the time limit: --time-limit), and was "
+                f"stopped; where it was:{where or ' (not known)'}\n(an endless loop, or a "
+                f"loop whose condition never turns false?)")
+    if outcome.status == "raised":
+        return outcome.message
+    if outcome.status == "signal":
+        return f"{what} crashed its process ({worker.signal_name(outcome.code)}){where}"
+    if outcome.status == "exit":
+        return (f"{what} ended its process (exit status {outcome.code}) before the check had "
+                f"its results: a function of the exercise returns its results, it does not "
+                f"end the program{where}")
+    return f"{what} did not finish ({outcome.status})"
+
+
+def _file_problem(ex: Exercise, path: Path) -> Report | None:
+    """A report for a file that is not there or not written, read without running it."""
     if not path.exists():
         return Report(ex, path, "not written", message=f"{path} is not there: start the "
                       f"exercise first (python -m minitfm.learn start {ex.name})")
     if ex.kind == "kernel":
-        report = kernels.check(ex, path, seed)
-        report.seconds = time.perf_counter() - started
-        return report
+        return None
     try:
-        left = source.unwritten(path, ex.write)
+        left, missing = source.unwritten(path, ex.write), source.undefined(path, ex.write)
     except SyntaxError:
-        left = []
-    if len(left) == len(ex.write):
+        return None                     # the child's load says where
+    if missing and len(missing) == len(ex.write):
+        return Report(ex, path, "not written", message=f"not written yet: {path.name} defines "
+                      f"no {', '.join(missing)} (empty, or deleted: `python -m minitfm.learn "
+                      f"reset {ex.name}` gives a fresh copy)")
+    if len(left) + len(missing) == len(ex.write):
         return Report(ex, path, "not written", message=f"not written yet: {path.name} still "
                       f"holds the TODO of {', '.join(left)}")
-    try:
-        learner = load(path, ex.name)
-    except LearnerError as exc:
-        return Report(ex, path, "error", message=str(exc))
+    return None
+
+
+def run_check(ex: Exercise, path: Path, seed: int = 0, limit: float = worker.LIMIT,
+              cancel=None) -> Report:
+    """Check the exercise in ``path``: a :class:`Report` (status "cancelled" when ``cancel()``
+    said so before it ended)."""
+    started = time.perf_counter()
+    path = Path(path)
+    report = _file_problem(ex, path)
+    if report is not None:
+        return report
+    if ex.kind == "kernel":
+        report = kernels.check(ex, path, seed, limit, cancel)
+        report.seconds = time.perf_counter() - started
+        return report
+    outcome = worker.run(ex.kind, {"exercise": ex.name, "path": str(path), "seed": seed},
+                         limit=limit, cancel=cancel)
+    if outcome.status == "cancelled":
+        return Report(ex, path, "cancelled")
+    if not outcome.done:
+        return Report(ex, path, "fail", message=outcome_words(outcome),
+                      seconds=time.perf_counter() - started)
+    learned = outcome.value if isinstance(outcome.value, dict) else {}
+    if "error" in learned:
+        return Report(ex, path, "error", message=str(learned["error"]),
+                      seconds=time.perf_counter() - started)
+    if "not_written" in learned:
+        return Report(ex, path, "not written", message=str(learned["not_written"]),
+                      seconds=time.perf_counter() - started)
     check = {"layer": check_layer, "model": check_model, "optim": check_optim}[ex.kind]
     with backend.using("numpy"), numpy.errstate(all="ignore"):   # a NaN is diagnosed
-        cases = check(ex, learner, path, seed)
+        cases = check(ex, learned.get("cases", learned), path, seed)
     status = "pass" if all(c.ok for c in cases) else \
         "not written" if all((c.problem or "").startswith("not written") for c in cases) \
         else "fail"

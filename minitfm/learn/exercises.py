@@ -53,6 +53,7 @@ class Exercise:
     kernel: str = ""
     todo: dict = field(default_factory=dict)
     derivation: str = ""        # the third hint, where the docstring has no "Backward" section
+    constants: dict = field(default_factory=dict)   # module constants set for the check
 
     @property
     def number(self) -> int:

@@ -24,16 +24,18 @@ from pathlib import Path
 import numpy
 
 from minitfm import backend, cudahost, fused
-from minitfm.learn import diagnose, source
+from minitfm.learn import diagnose, source, worker
 from minitfm.learn.exercises import Exercise, dropout_scale
 from minitfm.learn.report import ArrayResult, CaseResult, Report
 
 __all__ = ["make", "check", "unwritten", "launch", "TODO", "kernel_of", "shapes_hint",
-           "third_hint", "body_of", "with_body"]
+           "third_hint", "body_of", "with_body", "outputs", "learner_lines", "time_limit"]
 
 TODO = "// TODO: write the kernel's body"
 TOLERANCE = 1e-5
 SEEDS = (0, 1, 2)                   # the orders a launch runs in: natural, then two drawn
+THREADS = fused.THREADS
+COMPILE_LIMIT = 300.0               # seconds: a compiler on a busy machine, the first time
 
 
 def kernel_of(ex: Exercise) -> fused.Kernel:
@@ -182,44 +184,59 @@ def unwritten_text(text: str) -> bool:
     return not code.strip()
 
 
-def _learner_lines(message: str, path: Path) -> str:
+def learner_lines(message: str, path: Path) -> str:
     """A compiler's message with the kernel's source named as the learner's file."""
     return message.replace("kernel.cu:", f"{path.name}:")
 
 
-def check(ex: Exercise, path: Path, seed: int = 0):
-    """Compile and run the learner's kernel (see the module's docstring): a Report."""
+def time_limit(seconds: float) -> dict:
+    """The keyword that puts a launch under a time limit, where the host execution has it."""
+    if "time_limit" in inspect.signature(cudahost.checked_launch).parameters:
+        return {"time_limit": seconds}
+    return {}
+
+
+def check(ex: Exercise, path: Path, seed: int = 0, limit: float = worker.LIMIT, cancel=None):
+    """Compile and run the learner's kernel in a process of its own, and compare its outputs
+    with the twin's here (see the module's docstring): a Report."""
     path = Path(path)
     if unwritten(path):
         return Report(ex, path, "not written", message=f"not written yet: the body of the kernel "
                       f"in {path.name} holds only the TODO")
-    kernel = kernel_of(ex)
     try:
         text = source.text_of(path)
     except source.NotUTF8 as exc:
         return Report(ex, path, "error", message=f"{path.name}, line {exc.lineno}: {exc.msg}")
-    mine = cudahost.HostKernel(text, kernel.name)
+    outcome = worker.run("kernel", {"exercise": ex.name, "path": str(path), "seed": seed,
+                                    "limit": limit, "compile_limit": COMPILE_LIMIT},
+                         limit=limit, cancel=cancel)
+    if outcome.status == "cancelled":
+        return Report(ex, path, "cancelled")
+    if not outcome.done:
+        from minitfm.learn.check import outcome_words
+        return Report(ex, path, "fail", message=outcome_words(outcome, "your kernel"))
+    mine = outcome.value if isinstance(outcome.value, dict) else {}
+    if "error" in mine:
+        return Report(ex, path, "error", message=str(mine["error"]))
+    kernel = kernel_of(ex)
+    grid, args, words = launch(ex, seed)
+    result = CaseResult(f"the check's launch: grid {grid}, block ({fused.THREADS},); {words}",
+                        {})
+    if "fault" in mine:
+        result.problem = _fault_words(mine["fault"], path, text)
+        return Report(ex, path, "fail", [result])
     with backend.using("numpy"):
-        try:
-            mine.library                        # compiled on first use
-        except (cudahost.BuildError, cudahost.Unsupported) as exc:
-            return Report(ex, path, "error", message=_learner_lines(str(exc), path))
-        grid, args, words = launch(ex, seed)
-        result = CaseResult(f"the check's launch: grid {grid}, block ({fused.THREADS},); "
-                            f"{words}", {})
         reference = tuple(a.copy() if isinstance(a, numpy.ndarray) else a for a in args)
         kernel.run_twin(*reference)
-        try:
-            cudahost.checked_launch(mine, grid, (fused.THREADS,), args, seeds=SEEDS)
-        except cudahost.KernelFault as exc:
-            result.problem = _fault_words(exc, path, text)
-            return Report(ex, path, "fail", [result])
-        except (TypeError, ValueError) as exc:
-            result.problem = str(exc)
-            return Report(ex, path, "fail", [result])
-        outputs = _outputs(kernel, args, reference)
         alternatives = None
-        for name, a, r in outputs:
+        yours = mine.get("outputs", {})
+        for name, _, r in outputs(kernel, args, reference):
+            a = yours.get(name)
+            if not isinstance(a, numpy.ndarray) or a.shape != r.shape or a.dtype != r.dtype:
+                item = ArrayResult(name, float("inf"), False)
+                item.diagnosis = "no output came back for it"
+                result.arrays.append(item)
+                continue
             error = cudahost.compare_outputs(a, r)
             allowed = TOLERANCE if a.dtype.kind == "f" else 0.0
             item = ArrayResult(name, error, error <= allowed)
@@ -238,7 +255,7 @@ def check(ex: Exercise, path: Path, seed: int = 0):
     return Report(ex, path, "pass" if result.ok else "fail", [result])
 
 
-def _outputs(kernel, args, reference) -> list:
+def outputs(kernel, args, reference) -> list:
     """The arrays the kernel writes: (name, the learner's, the twin's)."""
     written, seen, found = _written(kernel), set(), []
     for param, a, r in zip(kernel.host.params, args, reference):
@@ -261,7 +278,7 @@ def _mistakes(ex: Exercise, kernel, grid, seed) -> dict:
             edited(grid, (fused.THREADS,), args)
         except (cudahost.KernelFault, cudahost.BuildError):
             continue
-        found[mistake.label] = {name: a for name, a, _ in _outputs(kernel, args, args)}
+        found[mistake.label] = {name: a for name, a, _ in outputs(kernel, args, args)}
     return found
 
 
@@ -286,16 +303,18 @@ def _rows_words(a, r) -> str:
     return f"; wrong rows: {wrong}" if 0 < len(wrong) < a.shape[0] else ""
 
 
-def _fault_words(exc: cudahost.KernelFault, path: Path, text: str) -> str:
+def _fault_words(fault: dict, path: Path, text: str) -> str:
+    """A fault of the learner's kernel (:func:`minitfm.learn.child.kernel`'s), at its line."""
     where = []
-    if exc.block is not None:
-        where.append(f"block {tuple(exc.block)}")
-    if exc.thread is not None:
-        where.append(f"thread {tuple(exc.thread)}")
+    if fault.get("block") is not None:
+        where.append(f"block {tuple(fault['block'])}")
+    if fault.get("thread") is not None:
+        where.append(f"thread {tuple(fault['thread'])}")
     lines = text.splitlines()
-    out = f"{exc.what}" + (f" ({', '.join(where)})" if where else "")
-    if 0 < exc.line <= len(lines):
-        out = f"{path.name}, line {exc.line}: " + out + f"\n    {lines[exc.line - 1].strip()}"
+    line = int(fault.get("line") or 0)
+    out = f"{fault.get('what')}" + (f" ({', '.join(where)})" if where else "")
+    if 0 < line <= len(lines):
+        out = f"{path.name}, line {line}: " + out + f"\n    {lines[line - 1].strip()}"
     return out
 
 

@@ -14,25 +14,34 @@ from pathlib import Path
 from minitfm.learn import source
 from minitfm.learn.exercises import Exercise
 
-__all__ = ["LearnerError", "where_in", "load", "edited_function", "substituted", "functions_of",
-           "not_written", "unwritten_name", "recorders"]
+__all__ = ["LearnerError", "NotWritten", "location", "where_in", "load", "edited_function",
+           "substituted", "functions_of", "defined_in", "lookup", "not_written", "unwritten_name",
+           "recorders"]
 
 
 class LearnerError(Exception):
     """The learner's file could not be run: the message says where (its line) and what."""
 
 
-def where_in(exc: BaseException, path: Path) -> str:
-    """An exception as the learner should see it: the line of their file it came from (the
-    last frame there), then the error; no frames of the library."""
+def location(exc: BaseException, path) -> str:
+    """Where in the learner's file an exception came from (the last frame there), with the
+    line's text: ``"01_linear.py, line 52, in backward:\n    dx = ..."``; "" where no frame
+    is theirs."""
     path = Path(path).resolve()
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if Path(f.filename).resolve() == path]
-    what = f"{type(exc).__name__}: {exc}"
     if not frames:
-        return what
+        return ""
     f = frames[-1]
-    return f"{path.name}, line {f.lineno}, in {f.name}:\n    {(f.line or '').strip()}\n{what}"
+    return f"{path.name}, line {f.lineno}, in {f.name}:\n    {(f.line or '').strip()}"
+
+
+def where_in(exc: BaseException, path: Path) -> str:
+    """An exception as the learner should see it: the line of their file it came from (the
+    last frame there), then the error; no frames of the library."""
+    what = f"{type(exc).__name__}: {exc}"
+    where = location(exc, path)
+    return f"{where}\n{what}" if where else what
 
 
 def load(path: Path, name: str):
@@ -83,9 +92,36 @@ def substituted(module, functions: dict):
             setattr(module, name, fn)
 
 
-def functions_of(ex: Exercise, learner) -> dict:
-    """The learner's functions that stand in for the library's: those to write and the kept
-    functions (the forward passes); not classes, not methods."""
+class NotWritten(LookupError):
+    """A function to write that the learner's file does not define itself (an empty file, a
+    deleted function, a name imported from the library): the message says which."""
+
+
+def defined_in(fn, path) -> bool:
+    """Whether function ``fn`` was defined in the file ``path`` (not imported into it)."""
+    code = getattr(fn, "__code__", None)
+    return code is not None and Path(code.co_filename).resolve() == Path(path).resolve()
+
+
+def lookup(module, dotted: str):
+    """``module``'s ``name`` or ``Class.method`` (a method of the class's own), or None."""
+    target = module
+    for i, part in enumerate(dotted.split(".")):
+        scope = vars(target) if i and isinstance(target, type) else None
+        target = scope.get(part) if scope is not None else getattr(target, part, None)
+        if target is None:
+            return None
+    return target
+
+
+def functions_of(ex: Exercise, learner, path) -> dict:
+    """The learner's functions that stand in for the library's: those to write (each must be
+    defined in their file, else :class:`NotWritten`) and the kept functions (the forward
+    passes) where the file has them; not classes, not methods."""
+    for name in ex.write:
+        if not defined_in(lookup(learner, name), path):
+            raise NotWritten(f"{Path(path).name} does not define {name}: it is not written "
+                             f"(`python -m minitfm.learn reset {ex.name}` gives a fresh copy)")
     names = [n for n in (*ex.write, *ex.keep) if "." not in n]
     return {n: getattr(learner, n) for n in names
             if callable(getattr(learner, n, None)) and not isinstance(getattr(learner, n), type)}

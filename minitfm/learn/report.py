@@ -31,16 +31,18 @@ class CaseResult:
     arrays: list[ArrayResult] = field(default_factory=list)
     problem: str | None = None          # an exception, a result of the wrong form
     note: str | None = None             # a remark that does not fail the case
+    changed: list[str] = field(default_factory=list)    # what the backward changed in place
 
     @property
     def ok(self) -> bool:
-        return self.problem is None and all(a.ok for a in self.arrays)
+        return self.problem is None and not self.changed and all(a.ok for a in self.arrays)
 
 
 @dataclass
 class Report:
-    """The check of an exercise: ``status`` "pass", "fail", "not written" or "error" (the file
-    does not load); ``message`` says why where there are no cases to show."""
+    """The check of an exercise: ``status`` "pass", "fail", "not written", "error" (the file
+    does not load) or "cancelled" (``watch``: the file saved again during the check);
+    ``message`` says why where there are no cases to show."""
     exercise: Exercise
     path: Path
     status: str
@@ -53,13 +55,18 @@ class Report:
         return self.status == "pass"
 
 
-REFERENCE = {"layer": "numerical", "model": "the library's", "optim": "the library's",
+REFERENCE = {"layer": "the library's", "model": "the library's", "optim": "the library's",
              "kernel": "the twin's"}
 
 
 def _gradient_label(name: str) -> str:
     """How a gradient is named: dx, dgamma, d(enc.0.ln1.gamma)."""
     return f"d{name}" if name.isidentifier() else f"d({name})"
+
+
+def _listed(names: list[str]) -> str:
+    shown = names[:3] + ([f"{len(names) - 3} more"] if len(names) > 3 else [])
+    return ", ".join(shown[:-1]) + (" and " if len(shown) > 1 else "") + shown[-1]
 
 
 def describe(report: Report) -> str:
@@ -85,7 +92,7 @@ def describe(report: Report) -> str:
         for a in shown:
             mark = "ok" if a.ok else "WRONG"
             error = (f"relative error {a.error:.1e}" if a.error != math.inf else
-                     f"shape {a.shape}" if a.shape is not None else "missing")
+                     f"shape {a.shape}" if a.shape is not None else "not compared")
             lines.append(f"    {label(a.name):<{width}}  {error:<24}{mark}")
             if a.first is not None:
                 index, yours, numeric = a.first
@@ -94,9 +101,15 @@ def describe(report: Report) -> str:
             if a.diagnosis:
                 lines.append(textwrap.indent(textwrap.fill(
                     "diagnosis: " + a.diagnosis, 96 - width), " " * (width + 6)))
+        if case.changed:
+            lines.append(textwrap.indent(textwrap.fill(
+                f"WRONG: your backward changes {_listed(case.changed)} in place: a backward "
+                f"must leave its gradient and its cache as they were (a model reads them again: "
+                f"the residual adds dy once more, the cache's arrays are the inputs and the "
+                f"parameters); compute into new arrays", 92), "    "))
         if case.note:
             lines.append(textwrap.indent(textwrap.fill(case.note, 92), "    "))
     verdict = {"pass": "passed", "fail": "failed", "not written": "not written yet",
-               "error": "could not run"}[report.status]
+               "error": "could not run", "cancelled": "cancelled"}[report.status]
     lines.append(f"{ex.name}: {verdict} ({report.seconds:.1f} s)")
     return "\n".join(lines)

@@ -24,7 +24,7 @@ from minitfm import files
 from minitfm.data import reading
 
 __all__ = ["TODO", "module_source", "blanked", "plain_source", "derivation", "unwritten",
-           "unwritten_text", "filled", "FAST_PATH_PARAGRAPHS", "is_docstring"]
+           "unwritten_text", "undefined", "filled", "FAST_PATH_PARAGRAPHS", "is_docstring"]
 
 TODO = "not written yet: replace this line with your code"
 # docstring paragraphs about the fast paths: an exercise has the plain code alone
@@ -353,6 +353,19 @@ def unwritten_text(text: str, names: tuple[str, ...], filename: str = "<exercise
                 left.append(name)
                 break
     return left
+
+
+def undefined(path: Path, names: tuple[str, ...]) -> list[str]:
+    """Which of the functions ``names`` (``name`` or ``Class.method``) the exercise file
+    ``path`` does not define (read, not run: SyntaxError as :func:`unwritten`)."""
+    tree = ast.parse(text_of(path), filename=str(path))
+    missing = []
+    for name in names:
+        try:
+            _find(tree, name)
+        except LookupError:
+            missing.append(name)
+    return missing
 
 
 def filled(text: str, module: str, write: tuple[str, ...], edits: dict | None = None) -> str:

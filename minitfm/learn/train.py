@@ -2,13 +2,20 @@
 in place of the library's code, beside the same run on the library's code from the same seed.
 
 Both runs are the toy model of ``train_toy.py`` (the copy task's settings: 300 updates of 64
-sequences of 10 symbols), on NumPy's plain code in float32, one after the other in this process:
-first the library's, then the learner's, with every passing exercise's functions put in the
-library's modules for the run (in memory: nothing is written into the package). The learner's
-backward passes may leave the gradient rule's ``out`` arrays alone: what they return is written
-there (added, for the embedding's table, which accumulates its uses). The two loss curves are
-printed side by side; where the learner's code computes what the library's does, they agree
-within float32 rounding, and both decode the held-out sequences to the same exact match.
+sequences of 10 symbols), on NumPy's plain code in float32. The library's runs here; the
+learner's in a process of its own (:mod:`minitfm.learn.worker`), with every passing exercise's
+functions put in the library's modules there (nothing is written into the package), under a
+time limit. The learner's backward passes may leave the gradient rule's ``out`` arrays alone:
+what they return is written there (added, for the embedding's table, which accumulates its
+uses). Every 25th update the learner's run sends its parameters, batch, loss and gradients, and
+the library's code computes the same update here, on those parameters: the two agree within
+float32 rounding where the learner's code computes what the library's does. Where they part, each
+passing exercise is tried alone on that update (in a process of its own again), and the ones that
+part are named, with the gradients that differ most.
+
+Which code ran is said as it is: the exercises whose code is the learner's, and the rest, the
+library's; with no exercise passing there is nothing of the learner's to train, and the command
+says so and how to get one, with status 1.
 """
 
 from __future__ import annotations
@@ -27,17 +34,21 @@ import numpy
 from minitfm import backend, exits, fused, optim, placement, rows, tasks
 from minitfm.commands.train_toy import TASK_DEFAULTS
 from minitfm.decode import greedy
-from minitfm.learn import diagnose
-from minitfm.learn.exercises import EXERCISES, Exercise
+from minitfm.learn import diagnose, worker
+from minitfm.learn.exercises import EXERCISES, Exercise, by_name
 from minitfm.learn.learner import load, substituted, where_in
 from minitfm.models import translator
 
-__all__ = ["main", "train", "LearnerCode", "OUT_PARAMETERS", "copy_config"]
+__all__ = ["main", "train", "LearnerCode", "OUT_PARAMETERS", "copy_config", "TASKS",
+           "plain_numpy"]
 
 OUT_PARAMETERS = ("out", "dq_out", "dk_out", "dv_out")
 ACCUMULATES = {"embedding": ("table",), "inputs": ("table",)}
 LOG_EVERY = 25
+SAME = 1e-4         # float32 rounding of a loss or of a gradient, relative
 
+
+# ---- the learner's code in the library's place (in the child) ----------------------------------
 
 def adapted(ex: Exercise, library_fn, fn):
     """The learner's ``fn`` standing for the library's ``library_fn``: called as the library's
@@ -76,14 +87,15 @@ def _into(grads: dict, out: dict, accumulate: tuple) -> dict:
 
 
 class LearnerCode:
-    """The passing exercises' functions, put in the library's modules by :meth:`on` for a
-    block; :meth:`library` puts the library's back inside it for a moment. ``schedule``: the
-    learner's schedule class where the Adam exercise passes."""
+    """The exercises' functions, from the files ``paths`` (exercise name -> file), put in the
+    library's modules by :meth:`on` for a block. ``schedule``: the learner's schedule class
+    where the Adam exercise is among them."""
 
-    def __init__(self, workshop, exercises: list[Exercise]):
+    def __init__(self, paths: dict):
         self.swaps, self.schedule = [], optim.LRSchedule
-        for ex in exercises:
-            module = load(workshop.file(ex), ex.name)
+        for name, path in paths.items():
+            ex = by_name(name)
+            module = load(Path(path), ex.name)
             library = importlib.import_module(ex.module)
             if ex.kind == "optim":
                 self.swaps.append((library, {"coefficients": module.coefficients,
@@ -91,30 +103,18 @@ class LearnerCode:
                 self.schedule = module.LRSchedule
                 continue
             functions = {}
-            for name in (*ex.write, *ex.keep):
-                fn = getattr(module, name, None)
+            for fn_name in (*ex.write, *ex.keep):
+                fn = getattr(module, fn_name, None)
                 if callable(fn) and not isinstance(fn, type):
-                    functions[name] = adapted(ex, getattr(library, name), fn)
+                    functions[fn_name] = adapted(ex, getattr(library, fn_name), fn)
             self.swaps.append((library, functions))
-        self.originals = [(library, {name: getattr(library, name) for name in functions})
-                          for library, functions in self.swaps]
 
     @contextlib.contextmanager
     def on(self):
-        with self._put(self.swaps):
-            yield self
-
-    def library(self):
-        """The library's own functions back, for a block inside :meth:`on`."""
-        return self._put(self.originals)
-
-    @staticmethod
-    @contextlib.contextmanager
-    def _put(swaps):
         with contextlib.ExitStack() as stack:
-            for library, functions in swaps:
+            for library, functions in self.swaps:
                 stack.enter_context(substituted(library, functions))
-            yield
+            yield self
 
 
 def train(steps: int, seed: int, schedule_class=optim.LRSchedule, report=None) -> dict:
@@ -164,77 +164,197 @@ def plain_numpy():
             fused.use(kernels)
 
 
-def main(workshop, steps: int | None = None, seed: int = 0) -> int:
-    steps = steps or TASK_DEFAULTS["copy"]["max_steps"]
-    data = workshop.progress()
-    passing = [e for e in EXERCISES if e.kind != "kernel" and workshop.state(e, data)
-               == "passing"]
-    layers = [e for e in EXERCISES if e.kind != "kernel"]
-    print(f"the copy task, {steps} updates of {TASK_DEFAULTS['copy']['batch_size']} sequences, "
-          f"seed {seed}, NumPy's plain code in float32")
-    print(f"your code: {', '.join(e.name for e in passing) or 'none yet'} ({len(passing)} of "
-          f"{len(layers)}); the library's for the rest", flush=True)
-    code = LearnerCode(workshop, passing)
-    with plain_numpy():
-        started = time.perf_counter()
-        library = train(steps, seed)
-        print(f"the library's run: {time.perf_counter() - started:.1f} s; then yours, with the "
-              f"library's code on your parameters at every {LOG_EVERY}th update", flush=True)
-        print(f"{'update':>6}  {'library':>10}  {'yours':>10}  {'the library on yours':>20}  "
-              f"its gradients' difference", flush=True)
-        worst = []
-
-        def report(step, loss, grads, params, batch):
-            if step % LOG_EVERY and step != 1:
-                return
-            with code.library():
-                same, right = translator.loss_and_grads(params, copy_config(), *batch)
-            apart = (_difference(loss, float(same["loss"])),
-                     diagnose.distance(_flat(grads), _flat(right)))
-            worst.append(max(apart))
-            print(f"{step:>6}  {library['losses'][step - 1]:>10.6f}  {loss:>10.6f}  "
-                  f"{float(same['loss']):>20.6f}  {apart[1]:.1e}", flush=True)
-        with code.on():
-            try:
-                yours = train(steps, seed, code.schedule, report)
-            except Exception as exc:
-                print(where_in(exc, _file_of(exc, workshop, passing)))
-                return exits.FAILED
-    print(f"exact match on 500 held-out sequences: the library's {100 * library['exact_match']:.1f}"
-          f" %, yours {100 * yours['exact_match']:.1f} %")
-    if max(worst) <= SAME:
-        apart = max(_difference(a, b) for a, b in zip(yours["losses"], library["losses"]))
-        print(f"your code computes the library's losses and gradients within float32 rounding "
-              f"(at most {max(worst):.1e} apart on the same parameters)" +
-              (", and its run is the library's bit for bit" if apart == 0 else
-               f"; the two runs part by up to {apart:.1e}, as float32 rounding grows over "
-               f"the updates"))
-        return exits.DONE
-    first = next(k for k, w in enumerate(worst) if w > SAME)
-    print(f"your code parts from the library's on the same parameters (by {worst[first]:.1e} at "
-          f"the {'first' if first == 0 else f'{first * LOG_EVERY}th'} update): one of your "
-          f"passing exercises computes something else in float32, or on these sizes, than in "
-          f"its float64 check")
-    return exits.FAILED
-
-
-SAME = 1e-4         # float32 rounding of a loss or of a gradient, relative
-
-
-def _flat(grads: dict):
-    return numpy.concatenate([numpy.ravel(backend.to_host(g)) for g in grads.values()])
-
-
-def _difference(a: float, b: float) -> float:
-    if not (math.isfinite(a) and math.isfinite(b)):
-        return math.inf
-    return abs(a - b) / max(abs(b), 1e-12)
-
-
-def _file_of(exc, workshop, exercises):
+def _file_of(exc, paths: dict) -> Path:
     """The learner's file an exception came from (the last of theirs in its frames)."""
-    files = {workshop.file(e).resolve(): workshop.file(e) for e in exercises}
+    files = {Path(p).resolve(): Path(p) for p in paths.values()}
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
         if Path(frame.filename).resolve() in files:
             return files[Path(frame.filename).resolve()]
     return Path("?")
+
+
+def _run_task(payload: dict, channel) -> dict:
+    """The child's run on the learner's code; every 25th update (and the first) sent."""
+    paths = payload["paths_by_exercise"]
+    try:
+        code = LearnerCode(paths)
+    except Exception as exc:
+        return {"error": str(exc)}
+
+    def report(step, loss, grads, params, batch):
+        if step % LOG_EVERY == 0 or step == 1:
+            channel.send({"step": step, "loss": loss, "params": params, "grads": grads,
+                          "batch": list(batch)})
+    with plain_numpy(), code.on():
+        try:
+            return train(payload["steps"], payload["seed"], code.schedule, report)
+        except Exception as exc:
+            return {"error": where_in(exc, _file_of(exc, paths))}
+
+
+def _probe_task(payload: dict, channel) -> dict:
+    """One update (the parameters and batch sent) with each exercise's code alone in the
+    library's place: its loss and gradients, by exercise."""
+    found = {}
+    with plain_numpy():
+        for name, path in payload["paths_by_exercise"].items():
+            try:
+                code = LearnerCode({name: path})
+                with code.on():
+                    stats, grads = translator.loss_and_grads(payload["params"], copy_config(),
+                                                             *payload["batch"])
+                found[name] = {"loss": float(stats["loss"]), "grads": grads}
+            except Exception as exc:
+                found[name] = {"error": where_in(exc, Path(path))}
+    return found
+
+
+TASKS = {"train": _run_task, "probe": _probe_task}
+
+
+# ---- the command (the checking side) -----------------------------------------------------------
+
+def _library_update(params, batch) -> tuple[float, dict]:
+    stats, grads = translator.loss_and_grads(params, copy_config(), *batch)
+    return float(stats["loss"]), grads
+
+
+def _parting(yours: float, grads: dict, params, batch) -> tuple[float, float, float, dict]:
+    """``(loss, loss apart, gradients apart, right gradients)`` of the library's code on the
+    learner's parameters and batch."""
+    loss, right = _library_update(params, batch)
+    return loss, _difference(yours, loss), _gradients_apart(grads, right), right
+
+
+def _gradients_apart(grads, right) -> float:
+    if not isinstance(grads, dict) or set(grads) != set(right) or not all(
+            isinstance(g, numpy.ndarray) and g.shape == right[k].shape for k, g in grads.items()):
+        return math.inf
+    return diagnose.distance(_flat(grads), _flat(right))
+
+
+def main(workshop, steps: int | None = None, seed: int = 0, limit: float | None = None) -> int:
+    steps = steps or TASK_DEFAULTS["copy"]["max_steps"]
+    data = workshop.progress()
+    layers = [e for e in EXERCISES if e.kind != "kernel"]
+    passing = [e for e in layers if workshop.state(e, data) == "passing"]
+    if not passing:
+        print(f"none of your code passes its check yet: every exercise would run the "
+              f"library's code, so there is nothing of yours to train. Pass an exercise first "
+              f"(python -m minitfm.learn start, then check or watch), then train on it.")
+        return exits.FAILED
+    library_only = [e.name for e in layers if e not in passing]
+    print(f"the copy task, {steps} updates of {TASK_DEFAULTS['copy']['batch_size']} sequences, "
+          f"seed {seed}, NumPy's plain code in float32")
+    print(f"your code: {', '.join(e.name for e in passing)} ({len(passing)} of {len(layers)})")
+    if library_only:
+        print(f"the library's code: {', '.join(library_only)} (not passing yet)")
+    paths = {e.name: str(workshop.file(e).resolve()) for e in passing}
+    with plain_numpy():
+        started = time.perf_counter()
+        library = train(steps, seed)
+        spent = time.perf_counter() - started
+        print(f"the library's run: {spent:.1f} s; then yours, with the library's code on your "
+              f"parameters at every {LOG_EVERY}th update", flush=True)
+        print(f"{'update':>6}  {'library':>10}  {'yours':>10}  {'the library on yours':>20}  "
+              f"its gradients' difference", flush=True)
+        apart: list = []
+
+        def row(message):
+            if not isinstance(message, dict) or "step" not in message:
+                return
+            step = int(message["step"])
+            loss, loss_apart, grads_apart, _ = _parting(message["loss"], message["grads"],
+                                                        message["params"], message["batch"])
+            apart.append((step, max(loss_apart, grads_apart), message))
+            print(f"{step:>6}  {library['losses'][step - 1]:>10.6f}  {message['loss']:>10.6f}"
+                  f"  {loss:>20.6f}  {grads_apart:.1e}", flush=True)
+        outcome = worker.run("train", {"paths_by_exercise": paths, "paths": list(paths.values()),
+                                       "steps": steps, "seed": seed},
+                             limit=limit or 5 * spent + 60, on_message=row)
+        if not outcome.done:
+            from minitfm.learn.check import outcome_words
+            print(outcome_words(outcome, "the run on your code"))
+            return exits.FAILED
+        yours = outcome.value if isinstance(outcome.value, dict) else {}
+        if "error" in yours:
+            print(yours["error"])
+            return exits.FAILED
+        print(f"exact match on 500 held-out sequences: the library's "
+              f"{100 * library['exact_match']:.1f} %, yours {100 * yours['exact_match']:.1f} %")
+        mine = ", ".join(e.name for e in passing)
+        parted = [(step, far, message) for step, far, message in apart if far > SAME]
+        if not parted:
+            worst = max((far for _, far, _ in apart), default=0.0)
+            gap = max(_difference(a, b) for a, b in zip(yours["losses"], library["losses"]))
+            print(f"your code ({mine}) computes the library's losses and gradients within "
+                  f"float32 rounding (at most {worst:.1e} apart on the same parameters)" +
+                  (", and its run is the library's bit for bit" if gap == 0 else
+                   f"; the two runs part by up to {gap:.1e}, as float32 rounding grows over "
+                   f"the updates") + (f"; the library's code ran for {', '.join(library_only)}"
+                                      if library_only else ""))
+            return exits.DONE
+        step, far, message = parted[0]
+        print(f"your code parts from the library's on the same parameters (by {far:.1e} at "
+              f"update {step}): each of your passing exercises alone on that update:")
+        return _name_the_parting(paths, message, limit or worker.LIMIT * 3)
+
+
+def _name_the_parting(paths: dict, message: dict, limit: float) -> int:
+    """Each passing exercise alone in the library's place on the update where the runs part:
+    which part, and where."""
+    loss, right = _library_update(message["params"], message["batch"])
+    outcome = worker.run("probe", {"paths_by_exercise": paths, "paths": list(paths.values()),
+                                   "params": message["params"], "batch": message["batch"]},
+                         limit=limit)
+    if not outcome.done:
+        from minitfm.learn.check import outcome_words
+        print(outcome_words(outcome, "your code"))
+        return exits.FAILED
+    named = 0
+    for name, found in (outcome.value or {}).items():
+        if "error" in found:
+            print(f"  {name}: {found['error']}")
+            named += 1
+            continue
+        grads_apart = _gradients_apart(found["grads"], right)
+        loss_apart = _difference(found["loss"], loss)
+        if max(grads_apart, loss_apart) <= SAME:
+            continue
+        named += 1
+        print(f"  {name} ({by_name(name).filename}) parts: the loss by {loss_apart:.1e}, the "
+              f"gradients by {grads_apart:.1e}; {_where(found['grads'], right)}")
+    if not named:
+        print("  none parts alone: together they do (an exercise that relies on another's "
+              "code, or Adam's update)")
+    print("an exercise's check runs float64 on its own sizes; the model runs float32 on the "
+          "toy model's: code that is right for one and not the other parts here")
+    return exits.FAILED
+
+
+def _where(grads: dict, right: dict) -> str:
+    """The gradients that differ most, by name."""
+    if not isinstance(grads, dict):
+        return "its gradients are not a dict"
+    far = sorted(((diagnose.distance(grads.get(k), v), k) for k, v in right.items()),
+                 reverse=True)
+    wrong = [k for d, k in far if d > SAME]
+    if not wrong:
+        return "every gradient agrees: the loss alone parts"
+    if len(wrong) == len(right):
+        return (f"all {len(right)} gradients differ: the difference starts where the backward "
+                f"pass starts (the loss, the output layer) and flows down")
+    return (f"the gradients of {', '.join(wrong[:3])}" +
+            (f" and {len(wrong) - 3} more" if len(wrong) > 3 else "") +
+            f" differ ({len(wrong)} of {len(right)})")
+
+
+def _flat(grads: dict):
+    return numpy.concatenate([numpy.ravel(backend.to_host(g)).astype(numpy.float64)
+                              for _, g in sorted(grads.items())])
+
+
+def _difference(a: float, b: float) -> float:
+    if not (isinstance(a, float) and math.isfinite(a) and math.isfinite(b)):
+        return math.inf
+    return abs(a - b) / max(abs(b), 1e-12)

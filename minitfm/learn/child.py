@@ -1,0 +1,150 @@
+"""What runs in the child process (:mod:`minitfm.learn.worker`): the learner's file loaded and
+its functions run in the library's place, for a check or for ``train``. Host-only code.
+
+Each task takes the checking side's request (plain data: the exercise, the file, the seed) and
+a :class:`~minitfm.learn.worker.Channel`, and returns plain data: the arrays the learner's code
+gave, never a verdict. A problem of the learner's file is part of the result, in the learner's
+words: ``{"error": ...}`` (the file does not load: its line), ``{"not_written": ...}`` (a
+function to write still the TODO, or not defined in the file), per case where it is the case's.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import numpy
+
+from minitfm import backend
+from minitfm.learn import adamcheck, learner
+from minitfm.learn.exercises import by_name
+
+__all__ = ["TASKS", "task", "loaded"]
+
+
+def loaded(payload: dict):
+    """``(exercise, path, module, functions)`` of a request, or a result that says why not."""
+    ex, path = by_name(payload["exercise"]), Path(payload["path"])
+    try:
+        module = learner.load(path, ex.name)
+        return ex, path, module, learner.functions_of(ex, module, path)
+    except learner.LearnerError as exc:
+        return {"error": str(exc)}
+    except learner.NotWritten as exc:
+        return {"not_written": str(exc)}
+
+
+def _failure(exc: Exception, ex, path) -> dict:
+    if learner.not_written(exc):
+        return {"not_written": f"not written yet: {learner.unwritten_name(exc, ex)}"}
+    return {"error": learner.where_in(exc, path)}
+
+
+def layer(payload: dict, channel) -> dict:
+    """Each of the exercise's gradient checks run with the learner's functions: per case the
+    forward's output, the backward's result as returned, and what it changed in place."""
+    from minitfm.learn.check import ALL_CASES, constants, run_case
+    found = loaded(payload)
+    if isinstance(found, dict):
+        return found
+    ex, path, module, functions = found
+    library = importlib.import_module(ex.module)
+    cases = {}
+    with backend.using("numpy"), numpy.errstate(all="ignore"):
+        for name in ex.cases:
+            case = ALL_CASES[name]
+            try:
+                changed: list = []
+                with constants(ex, library, module):
+                    _, out, _, result = run_case(case, dict(case.sizes), payload["seed"],
+                                                 library, functions, changed)
+                cases[name] = {"out": out, "result": result, "changed": changed}
+            except Exception as exc:
+                cases[name] = _failure(exc, ex, path)
+    return {"cases": cases}
+
+
+def model(payload: dict, channel) -> dict:
+    """Each model case's loss and gradients with the learner's backward."""
+    from minitfm.learn.modelcheck import CASES, model_batch, model_loss
+    found = loaded(payload)
+    if isinstance(found, dict):
+        return found
+    ex, path, module, functions = found
+    library = importlib.import_module(ex.module)
+    write = {n: functions[n] for n in ex.write}
+    cases = {}
+    with backend.using("numpy"), numpy.errstate(all="ignore"):
+        for name in ex.cases:
+            case = CASES[name]
+            try:
+                params, batch = model_batch(case, payload["seed"])
+                with learner.substituted(library, write):
+                    loss, grads = model_loss(library, case, params, batch)
+                cases[name] = {"loss": loss, "grads": grads}
+            except Exception as exc:
+                cases[name] = _failure(exc, ex, path)
+    return {"cases": cases}
+
+
+def optim(payload: dict, channel) -> dict:
+    """The learner's schedule at the check's steps, and Adam's updates."""
+    found = loaded(payload)
+    if isinstance(found, dict):
+        return found
+    ex, path, module, _ = found
+    out = {}
+    with numpy.errstate(all="ignore"):
+        try:
+            out["schedule"] = adamcheck.schedule_values(module.LRSchedule)
+        except Exception as exc:
+            out["schedule"] = _failure(exc, ex, path)
+        try:
+            out["adam"] = adamcheck.adam_run(module.coefficients, module.adam_step,
+                                             payload["seed"])
+        except Exception as exc:
+            out["adam"] = _failure(exc, ex, path)
+    return out
+
+
+def kernel(payload: dict, channel) -> dict:
+    """The learner's kernel compiled (a phase of its own, under the compiler's limit) and
+    launched in several orders: its outputs, or its fault."""
+    from minitfm import cudahost
+    from minitfm.learn import kernels, source
+    ex, path = by_name(payload["exercise"]), Path(payload["path"])
+    try:
+        text = source.text_of(path)
+    except source.NotUTF8 as exc:
+        return {"error": f"{path.name}, line {exc.lineno}: {exc.msg}"}
+    mine = cudahost.HostKernel(text, kernels.kernel_of(ex).name)
+    channel.phase("compile", payload["compile_limit"])
+    try:
+        mine.library
+    except (cudahost.BuildError, cudahost.Unsupported) as exc:
+        return {"error": kernels.learner_lines(str(exc), path)}
+    channel.phase("run", payload["limit"] + 1.0)     # the launch's own limit comes first
+    grid, args, _ = kernels.launch(ex, payload["seed"])
+    try:
+        cudahost.checked_launch(mine, grid, (kernels.THREADS,), args, seeds=kernels.SEEDS,
+                                **kernels.time_limit(payload["limit"]))
+    except cudahost.KernelFault as exc:
+        return {"fault": {"what": exc.what, "line": exc.line,
+                          "block": list(exc.block) if exc.block is not None else None,
+                          "thread": list(exc.thread) if exc.thread is not None else None,
+                          "timed_out": bool(getattr(exc, "timed_out", False))}}
+    except (TypeError, ValueError) as exc:
+        return {"error": str(exc)}
+    kernel_ = kernels.kernel_of(ex)
+    return {"outputs": {name: a for name, a, _ in kernels.outputs(kernel_, args, args)}}
+
+
+TASKS = {"layer": layer, "model": model, "optim": optim, "kernel": kernel}
+
+
+def task(name: str):
+    """The task ``name``: a check's, or one of ``train``'s (:data:`minitfm.learn.train.TASKS`)."""
+    if name in TASKS:
+        return TASKS[name]
+    from minitfm.learn import train
+    return train.TASKS[name]
