@@ -128,15 +128,15 @@ CASES = [
          lambda a, s: embedding.forward(a["ids"], a), embedding.backward, (None,)),
     Case("positional", dict(b=2, t=4, d=6), {"x": "b t d"}, None,
          lambda a, s: positional.forward(a["x"], offset=3), positional.backward),
-    Case("positional (learned)", dict(b=2, t=4, d=6), {"x": "b t d"},  # t + 5 rows, 2.. read
+    Case("positional (learned)", dict(b=2, t=4, d=6), {"x": "b t d"},  # t + 5 rows, 4.. read
          lambda s: positional.learned_param_shapes(s["t"] + 5, s["d"]),
-         lambda a, s: positional.learned_forward(a["x"], a, offset=2),
+         lambda a, s: positional.learned_forward(a["x"], a, offset=4),
          positional.learned_backward),
     Case("dropout", dict(b=2, t=4, d=5), {"x": "b t d"}, None,
          lambda a, s: dropout.forward(a["x"], 0.3, _rng()), dropout.backward),
     Case("inputs (embedding, learned positions, dropout)", dict(b=2, t=4, v=6, d=4),
-         {"ids": "ids v: b t"}, lambda s: inputs.param_shapes(s["v"], s["d"], s["t"] + 3),
-         lambda a, s: inputs.forward(a["ids"], a, 0.3, _rng(), offset=1), inputs.backward,
+         {"ids": "ids v: b t"}, lambda s: inputs.param_shapes(s["v"], s["d"], s["t"] + 6),
+         lambda a, s: inputs.forward(a["ids"], a, 0.3, _rng(), offset=4), inputs.backward,
          (None,)),
     Case("inputs (word dropout, sinusoids, dropout)", dict(b=2, t=5, v=6, d=4),
          {"ids": "ids v: b t"}, lambda s: inputs.param_shapes(s["v"], s["d"]),
@@ -186,7 +186,7 @@ def lm_batch(rng, cfg: lm.LMConfig, batch: int = 2, length: int = 4):
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def _model(name: str, model, cfg, draw_batch, **sizes) -> Case:
+def model_case(name: str, model, cfg, draw_batch, **sizes) -> Case:
     """A whole model as a row: random parameters, then a random batch ("a", "b"); its output
     the loss. With dropout the masks are fixed (drawn from one seed)."""
     shapes = model.parameter_shapes(cfg)
@@ -211,11 +211,11 @@ _DROPOUTS = [("dropout, fixed mask", dict(dropout=0.3)),
 # a whole-model check perturbs each parameter in turn, here 1,738 of them instead of 2,824.
 NARROW = dict(d_model=6, d_ff=10)
 MODEL_CASES = [
-    *[_model(f"model ({name})", translator, translator.PRESETS["tiny"].replace(**NARROW, **change),
+    *[model_case(f"model ({name})", translator, translator.PRESETS["tiny"].replace(**NARROW, **change),
              translation_batch, batch=2, src_len=4, tgt_len=4)
       for name, change in [("post-LN", {}), ("pre-LN", dict(pre_ln=True)), *_DROPOUTS,
                            ("separate embeddings", dict(share_embeddings=False, tgt_vocab=9))]],
-    *[_model(f"language model ({name})", lm, lm.PRESETS["tiny"].replace(**NARROW, **change),
+    *[model_case(f"language model ({name})", lm, lm.PRESETS["tiny"].replace(**NARROW, **change),
              lm_batch, batch=2, length=4)
       for name, change in [("pre-LN", {}), ("post-LN", dict(pre_ln=False)),
                            ("learned positions", dict(learned_positions=True)), *_DROPOUTS]],

@@ -46,9 +46,15 @@ from minitfm.learn.modelcheck import check_model
 from minitfm.learn.report import ArrayResult, CaseResult, Report
 
 __all__ = ["run_check", "run_case", "gradients", "check_layer", "ALL_CASES", "constants",
-           "outcome_words", "in_place"]
+           "outcome_words", "in_place", "case_sizes"]
 
 ALL_CASES = {case.name: case for case in [*CASES, *MODEL_CASES]}
+
+
+def case_sizes(ex: Exercise, case) -> dict:
+    """A layer case's sizes in the exercise's check: the case's, with the exercise's over those
+    it has (``ex.sizes``)."""
+    return {**case.sizes, **{k: v for k, v in ex.sizes.items() if k in case.sizes}}
 
 
 # ---- a case, run ------------------------------------------------------------------------------
@@ -251,7 +257,7 @@ def check_layer(ex: Exercise, learned: dict, path: Path, seed: int = 0,
     results = []
     for case_name in ex.cases:
         case = ALL_CASES[case_name]
-        sizes = dict(case.sizes)
+        sizes = case_sizes(ex, case)
         result = CaseResult(case_name, sizes)
         results.append(result)
         yours = learned.get(case_name) or {"error": "no result came back for this case"}

@@ -43,7 +43,7 @@ def _failure(exc: Exception, ex, path) -> dict:
 def layer(payload: dict, channel) -> dict:
     """Each of the exercise's gradient checks run with the learner's functions: per case the
     forward's output, the backward's result as returned, and what it changed in place."""
-    from minitfm.learn.check import ALL_CASES, constants, run_case
+    from minitfm.learn.check import ALL_CASES, case_sizes, constants, run_case
     found = loaded(payload)
     if isinstance(found, dict):
         return found
@@ -56,8 +56,8 @@ def layer(payload: dict, channel) -> dict:
             try:
                 changed: list = []
                 with constants(ex, library, module):
-                    _, out, _, result = run_case(case, dict(case.sizes), payload["seed"],
-                                                 library, functions, changed)
+                    _, out, _, result = run_case(case, case_sizes(ex, case),
+                                                 payload["seed"], library, functions, changed)
                 cases[name] = {"out": out, "result": result, "changed": changed}
             except Exception as exc:
                 cases[name] = _failure(exc, ex, path)
@@ -66,17 +66,17 @@ def layer(payload: dict, channel) -> dict:
 
 def model(payload: dict, channel) -> dict:
     """Each model case's loss and gradients with the learner's backward."""
-    from minitfm.learn.modelcheck import CASES, model_batch, model_loss
+    from minitfm.learn.modelcheck import model_batch, model_cases, model_loss
     found = loaded(payload)
     if isinstance(found, dict):
         return found
     ex, path, module, functions = found
     library = importlib.import_module(ex.module)
     write = {n: functions[n] for n in ex.write}
-    cases = {}
+    cases, found = {}, model_cases(ex)
     with backend.using("numpy"), numpy.errstate(all="ignore"):
         for name in ex.cases:
-            case = CASES[name]
+            case = found[name]
             try:
                 params, batch = model_batch(case, payload["seed"])
                 with learner.substituted(library, write):

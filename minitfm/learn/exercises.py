@@ -13,6 +13,7 @@ to naming each; an edit whose text the library no longer has fails a test.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from minitfm import philox
@@ -38,7 +39,11 @@ class Exercise:
     ``step``: the chain-rule step, the second hint. ``borrow``: names the exercise imports from
     the library instead of copying (not part of the exercise: a mask's random numbers).
     ``quantities``: name -> value of the case's numbers beyond its sizes (a dropout's scale),
-    for the diagnosis of a constant factor."""
+    for the diagnosis of a constant factor. ``sizes``: the sizes the check runs its cases at
+    (over the gradient checks' own, where the case has them), and for the model ``config``,
+    the config's fields ("*": every case; a case's name: that case's): all distinct, none 2,
+    none the square of another, so that no size written in place of another passes by
+    coincidence (tests/learn/test_cases.py)."""
     name: str
     title: str
     module: str
@@ -54,6 +59,8 @@ class Exercise:
     todo: dict = field(default_factory=dict)
     derivation: str = ""        # the third hint, where the docstring has no "Backward" section
     constants: dict = field(default_factory=dict)   # module constants set for the check
+    sizes: dict = field(default_factory=dict)       # the check's sizes (over its cases')
+    config: dict = field(default_factory=dict)      # a model case's config: "*" and by case
 
     @property
     def number(self) -> int:
@@ -275,7 +282,8 @@ EXERCISES = [
         "minitfm.layers.output", ("forward_backward",), ("logits", "project"),
         ("output (tied projection, label-smoothed loss)",),
         "z = h E^T, then the loss: its backward gives dz; as for a linear layer with W = E^T, "
-        "dh = dz E and dE = dz^T h (the transpose of dW = h^T dz)."),
+        "dh = dz E and dE = dz^T h (the transpose of dW = h^T dz).",
+        constants={"LOGIT_CHUNK": 4 * 7}),         # 4 rows of V = 7 logits a chunk
     Exercise(
         "adam", "Adam and the paper's learning-rate schedule", "minitfm.optim",
         ("LRSchedule.__call__", "coefficients", "adam_step"), ("LRSchedule",), kind="optim",
@@ -324,7 +332,10 @@ EXERCISES = [
                     "encoder.stack_backward(0 * dmemory,"),
             Mistake("the source table is zeroed over the target's uses: with a shared table "
                     "(share_embeddings) the uses add up", "_backward",
-                    "if src_name != tgt_name:", "if True:"))),
+                    "if src_name != tgt_name:", "if True:")),
+        config={"*": dict(n_layers=3, d_model=20, n_heads=4, d_ff=10, src_vocab=11,
+                          tgt_vocab=11),
+                "model (separate embeddings)": dict(tgt_vocab=13)}),
     Exercise(
         "kernel_dropout", "CUDA: dropout's backward, an element a thread",
         "minitfm.layers.dropout", ("dropout_backward",), ("apply",), kind="kernel",
@@ -370,6 +381,20 @@ EXERCISES = [
         step="A block per row: the row's max (block_max), the sums of exp(z - max) and of "
              "z - max (block_sum), the loss from them, then dz = weight * (p - q) over the row."),
 ]
+
+# The sizes each exercise's check runs at (Exercise.sizes; a case takes those it has): every size
+# its own, none 2, none the square of another, and d_model not 4 (whose root is 2), so that a
+# size written in place of another, or a constant such as 2.0 in place of sqrt(d_model), fails.
+ROWS = dict(b=3, t=5, d=6, f=7, v=7)            # f and v never in one case
+HEADS = dict(b=3, h=4, t=5, s=6, dk=7)          # d_model = 28
+STACKS = dict(b=6, h=4, t=7, s=8, dk=5, f=10, n=3)   # d_model = 20, three layers
+SIZES = {"linear": ROWS, "embedding": ROWS, "positional": ROWS, "dropout": ROWS,
+         "inputs": ROWS, "layernorm": ROWS, "feedforward": ROWS, "softmax": HEADS,
+         "attention": HEADS, "residual": ROWS, "encoder": STACKS, "decoder": STACKS,
+         "decoder_only": STACKS, "loss": dict(n=5, v=7),
+         "output": dict(n=11, d=6, v=7),         # chunks of 4 rows: 4, 4 and 3 (constants)
+         "model": dict(batch=6, src_len=7, tgt_len=8)}
+EXERCISES = [dataclasses.replace(e, sizes=SIZES.get(e.name, {})) for e in EXERCISES]
 ORDER = [e.name for e in EXERCISES]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy
 
 from minitfm import backend
-from minitfm.gradcheck.cases import MODEL_CASES
+from minitfm.gradcheck.cases import MODEL_CASES, model_case, translation_batch
 from minitfm.gradcheck.check import STEPS, TOLERANCE, smallest_error
 from minitfm.learn import diagnose
 from minitfm.learn.exercises import Exercise
@@ -18,9 +18,21 @@ from minitfm.learn.learner import edited_function, substituted
 from minitfm.learn.report import ArrayResult, CaseResult
 from minitfm.models import DROPOUTS
 
-__all__ = ["check_model", "case_rng", "model_batch", "model_loss", "CASES"]
+__all__ = ["check_model", "case_rng", "model_batch", "model_loss", "CASES", "model_cases"]
 
 CASES = {case.name: case for case in MODEL_CASES}
+
+
+def model_cases(ex: Exercise) -> dict:
+    """The exercise's model cases at its sizes and config (``ex.sizes``, ``ex.config``)."""
+    model = importlib.import_module(ex.module)
+    found = {}
+    for name in ex.cases:
+        base = CASES[name]
+        cfg = base.cfg.replace(**{**ex.config.get("*", {}), **ex.config.get(name, {})})
+        sizes = {**base.sizes, **{k: v for k, v in ex.sizes.items() if k in base.sizes}}
+        found[name] = model_case(name, model, cfg, translation_batch, **sizes)
+    return found
 
 
 def case_rng(case):
@@ -46,8 +58,9 @@ def check_model(ex: Exercise, learned: dict, path: Path, seed: int = 0,
     learner's gradients by case (:func:`minitfm.learn.child.model`)."""
     library = importlib.import_module(ex.module)
     results = []
+    cases = model_cases(ex)
     for case_name in ex.cases:
-        case = CASES[case_name]
+        case = cases[case_name]
         result = CaseResult(case_name, dict(case.sizes))
         results.append(result)
         params, batch = model_batch(case, seed)

@@ -24,10 +24,10 @@ from pathlib import Path
 from minitfm import backend, files
 from minitfm.data import DataError
 from minitfm.learn import kernels, source
-from minitfm.learn.check import ALL_CASES, gradients, run_case
+from minitfm.learn.check import ALL_CASES, case_sizes, constants, gradients, run_case
 from minitfm.learn.exercises import EXERCISES, Exercise
 from minitfm.learn.learner import recorders, substituted
-from minitfm.learn.modelcheck import model_batch, model_loss
+from minitfm.learn.modelcheck import model_batch, model_cases, model_loss
 
 __all__ = ["Workshop", "STATES", "todo_lines", "header"]
 
@@ -190,15 +190,18 @@ def calls(ex: Exercise) -> dict:
         return {}
     library = importlib.import_module(ex.module)
     found: dict = {}
+    models = model_cases(ex) if ex.kind == "model" else {}
     with backend.using("numpy"):
         for case_name in ex.cases:
             functions, seen = recorders(library, ex.write)
-            case = ALL_CASES[case_name]
             if ex.kind == "model":
+                case = models[case_name]
                 with substituted(library, functions):
                     model_loss(library, case, *model_batch(case, 0))
             else:
-                run_case(case, dict(case.sizes), 0, library, functions)
+                case = ALL_CASES[case_name]
+                with constants(ex, library):
+                    run_case(case, case_sizes(ex, case), 0, library, functions)
             for name, (arguments, result) in seen.items():
                 found.setdefault(name, (case_name, arguments, result))
     return found
@@ -334,8 +337,8 @@ def shapes_hint(ex: Exercise) -> str:
                 "embeddings' backward passes add to it)")
     library = importlib.import_module(ex.module)
     case = ALL_CASES[ex.cases[0]]
-    with backend.using("numpy"):
-        arrays, _, _, result = run_case(case, dict(case.sizes), 0, library, {})
+    with backend.using("numpy"), constants(ex, library):
+        arrays, _, _, result = run_case(case, case_sizes(ex, case), 0, library, {})
     grads = gradients(case, result)
     pairs = "; ".join(f"{name} {_shape(arrays[name])} -> d{name} {_shape(g)}"
                       for name, g in grads.items())

@@ -11,7 +11,8 @@ from minitfm.learn.exercises import EXERCISES, by_name
 from minitfm.learn.workshop import Workshop, make
 from tests.learn.conftest import write_exercise
 
-FIRST_CHUNK = 'dh[part], _ = linear.backward(dz, c_out, {"w": dtable.T})'
+LAST = "return (loss_sum, nll_sum), dh, None"
+SCALED = "if dh is not None:\n        dh *= {}\n    "       # every chunk's rows of dh
 # exercise -> typical mistakes, each (function, the library's text, the mistake, what the
 # diagnosis must say); the exercise's named mistakes are planted too (test_named_mistakes)
 PLANTED = {
@@ -21,7 +22,7 @@ PLANTED = {
         ("backward", "dy2.sum(axis=0, out=None if out is None else out[\"b\"])", "dy2",
          "a sum missing over axis 0"),
         ("backward", "dx = (dy2 @ cache.w.T)", "dx = 2 * (dy2 @ cache.w.T)",
-         "a factor 2 (= the batch size b = sqrt(d_model)) too many"),
+         ("a factor 2", "too many")),
         ("backward", "dx = (dy2 @ cache.w.T)", "dx = -(dy2 @ cache.w.T)", "the wrong sign")],
     "embedding": [
         ("backward", "* cache.scale", "* 1.0", ("sqrt(d_model)", "missing")),
@@ -68,12 +69,9 @@ PLANTED = {
     "loss": [
         ("backward", "return dz, {}", "return -dz, {}", "the wrong sign")],
     "output": [
-        ("forward_backward", FIRST_CHUNK, FIRST_CHUNK + "\n            dh[part] *= -1",
-         "the wrong sign"),
-        ("forward_backward", FIRST_CHUNK, FIRST_CHUNK + "\n            dh[part] *= 2",
-         ("factor 2", "too many")),
-        ("forward_backward", FIRST_CHUNK, FIRST_CHUNK + "\n            dh[part] *= 0",
-         "all zero")],
+        ("forward_backward", LAST, SCALED.format(-1) + LAST, "the wrong sign"),
+        ("forward_backward", LAST, SCALED.format(2) + LAST, ("factor 2", "too many")),
+        ("forward_backward", LAST, SCALED.format(0) + LAST, "all zero")],
     "model": [
         ("_backward", "encoder.stack_backward(dmemory,", "encoder.stack_backward(2 * dmemory,",
          ("factor 2", "too many"))],

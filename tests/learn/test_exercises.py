@@ -109,8 +109,8 @@ def _body(code: str) -> list[str]:
 def test_an_exercise_names_every_input_cache_field_and_output_with_its_shape():
     text = make(by_name("layernorm"))
     todo = text[text.index("# TODO"):]
-    for words in ("dy", "(2, 3, 5)", ".xhat", ".rstd", "(2, 3, 1)", ".gamma", "(5,)", "out",
-                  '{"gamma": (5,), "beta": (5,)}', "python -m minitfm.learn check layernorm"):
+    for words in ("dy", "(3, 5, 6)", ".xhat", ".rstd", "(3, 5, 1)", ".gamma", "(6,)", "out",
+                  '{"gamma": (6,), "beta": (6,)}', "python -m minitfm.learn check layernorm"):
         assert words in todo, words
 
 
