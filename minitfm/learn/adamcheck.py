@@ -18,6 +18,9 @@ from minitfm.learn.report import ArrayResult, CaseResult
 __all__ = ["check_optim", "SCHEDULE_STEPS", "schedule_values", "adam_run"]
 
 SCHEDULE_STEPS = (1, 2, 10, 1000, 3999, 4000, 4001, 8000, 100000)
+# the two arrays' gradients: of order 1, and of order 1e-8, where sqrt(v_hat) is near eps (1e-9),
+# so that eps in the wrong place (inside the root, or left out) changes the update
+GRADIENT_SCALES = (1.0, 1e-8)
 
 
 def schedule_values(schedule_cls, call=None):
@@ -51,8 +54,8 @@ def check_optim(ex: Exercise, learned: dict, path: Path, seed: int = 0,
             result.arrays[0].diagnosis = (result.arrays[0].diagnosis or "") + \
                 f" (at steps {', '.join(map(str, SCHEDULE_STEPS))})"
 
-    result = CaseResult("Adam, three updates of two arrays (beta1 0.9, beta2 0.98, eps 1e-9)",
-                        {})
+    result = CaseResult("Adam, three updates of two arrays (beta1 0.9, beta2 0.98, eps 1e-9; "
+                        "p1's gradients of order 1e-8, where eps counts)", {})
     results.append(result)
     right = adam_run(optim.coefficients, optim.adam_step, seed)
     mine = learned.get("adam")
@@ -94,8 +97,8 @@ def _compare(result: CaseResult, name, mine, right, tolerance, alternatives, ext
 
 
 def adam_run(coefficients, adam_step, seed) -> dict:
-    """Three Adam updates of two float64 arrays with ``coefficients`` and ``adam_step``: the
-    arrays and their moments after each update."""
+    """Three Adam updates of two float64 arrays with ``coefficients`` and ``adam_step`` (their
+    gradients at :data:`GRADIENT_SCALES`): the arrays and their moments after each update."""
     rng = numpy.random.default_rng(seed)
     params = [rng.standard_normal((3, 4)), rng.standard_normal(5)]
     m = [numpy.zeros_like(p) for p in params]
@@ -105,7 +108,7 @@ def adam_run(coefficients, adam_step, seed) -> dict:
         lr = 1e-3 * step
         b1, b2, step_size, v_scale, keep = coefficients(0.9, 0.98, step, lr, 1.0)
         for i, p in enumerate(params):
-            g = rng.standard_normal(p.shape)
+            g = rng.standard_normal(p.shape) * GRADIENT_SCALES[i]
             adam_step(p, g, m[i], v[i], b1, b2, 1e-9, step_size, v_scale)
             seen[f"update {step}: p{i}"] = p.copy()
             seen[f"update {step}: m{i}"] = m[i].copy()
