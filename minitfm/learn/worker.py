@@ -72,10 +72,9 @@ def encode(tree) -> bytes:
 
     def enc(x):
         if isinstance(x, (numpy.ndarray, numpy.generic)):       # numpy.float64 is a float too
-            a = numpy.asarray(x)
+            a = numpy.asarray(x, order="C")            # (ascontiguousarray makes 0-d 1-d)
             if a.dtype.kind not in NUMBERS:
                 return {"other": f"an array of {a.dtype}"}
-            a = numpy.ascontiguousarray(a)
             buffers.append(a.tobytes())
             return {"array": len(buffers) - 1, "dtype": a.dtype.str, "shape": list(a.shape),
                     "scalar": isinstance(x, numpy.generic)}
