@@ -55,3 +55,40 @@ def test_code_that_parts_from_the_library_is_caught(folder, capsys):
     assert learn.main(["--dir", str(folder), "train", "--steps", "2"]) == exits.FAILED
     out = capsys.readouterr().out
     assert "parts from the library's on the same parameters" in out
+
+
+def test_train_on_nothing_written_says_so_and_fails(folder, capsys):
+    assert learn.main(["--dir", str(folder), "train", "--steps", "3"]) == exits.FAILED
+    out = capsys.readouterr().out
+    assert "none of your code passes its check yet" in out and "start" in out
+    assert "%" not in out and "your code computes" not in out
+
+
+def test_train_says_whose_code_ran(folder, capsys):
+    """One exercise passing, one written but failing: the claim is about the passing one alone,
+    and the failing one is said to run the library's code."""
+    workshop = Workshop(folder)
+    write_exercise(folder, by_name("linear"))
+    workshop.passed(by_name("linear"))
+    write_exercise(folder, by_name("layernorm"), {"backward": [("g -= mean_g ", "g += mean_g ")]})
+    assert learn.main(["--dir", str(folder), "train", "--steps", "3"]) == exits.DONE
+    out = capsys.readouterr().out
+    assert "your code: linear (1 of 17)" in out
+    assert "the library's code: embedding," in out and "layernorm" in out.split(
+        "the library's code:")[1].splitlines()[0]
+    assert "your code (linear) computes the library's losses" in out
+    assert "the library's code ran for embedding" in out
+
+
+def test_the_exercise_that_parts_is_named(folder, capsys):
+    workshop = Workshop(folder)
+    for name in ("linear", "layernorm"):
+        write_exercise(folder, by_name(name))
+        workshop.passed(by_name(name))
+    write_exercise(folder, by_name("loss"), {"backward": [("return dz, {}", "return 2 * dz, {}")]})
+    workshop.passed(by_name("loss"))
+    assert learn.main(["--dir", str(folder), "train", "--steps", "2"]) == exits.FAILED
+    out = capsys.readouterr().out
+    parting = out.split("each of your passing exercises alone on that update:")[1]
+    assert "loss (14_loss.py) parts" in parting
+    assert "linear" not in parting and "layernorm (" not in parting
