@@ -71,6 +71,12 @@ the softmax in place. So no layer may keep its own output in its cache (nor a vi
 array it returns belongs to the caller, who may overwrite it. A layer may keep its inputs and
 its intermediate arrays (linear keeps x; layernorm keeps xhat, not y).
 
+A backward pass leaves its ``dout`` and its cache as they were, but for what its own file says
+it consumes (softmax's dP becomes dS in place; the loss turns its cached exponentials into the
+gradient): a composite reads a gradient again after handing it down (pre-LN's residual adds dy
+to the sub-layer's path), and a cache holds the layer's inputs and parameters themselves. The
+workshop's checks hold a learner's backward to this rule.
+
 Fast paths
 ----------
 A layer's plain ``forward`` and ``backward`` hold the textbook's code alone. Where a fused GPU
