@@ -18,8 +18,8 @@
 // - a fault stops the launch and names the block, the thread and the line.
 //
 // The source is rewritten before it gets here (cudahost/rewrite.py): pointer types become
-// minitfm::gptr<T>, __shared__ arrays minitfm::shared<T, dims...>, the two PTX half conversions
-// calls of minitfm::cvt_*; everything else is the kernel's text.
+// minitfm::gptr<T>, __shared__ arrays minitfm::shared<T, dims...> (a scalar's uses `name()`),
+// the two PTX half conversions calls of minitfm::cvt_*; everything else is the kernel's text.
 
 #ifndef MINITFM_CUDA_HOST_H
 #define MINITFM_CUDA_HOST_H
@@ -444,17 +444,11 @@ struct shared<T, D, E, R...> : storage<T, product<D, E, R...>::value> {    // mo
     }
 };
 
-// a __shared__ scalar: one element
+// a __shared__ scalar: one element. The rewrite makes each use of it `name()`: the element, with
+// the line of the use (a conversion or an operator of the scalar itself would have no line).
 template <class T> struct shared<T> : storage<T, 1> {
-    using V = T;
     using storage<T, 1>::storage;
-    ref<T> element(int line = __builtin_LINE()) const { return {&this->region, 0, 0, 1, line}; }
-    operator V() const { return element().get(); }
-    template <class U> shared& operator=(const U& v) { element().set(static_cast<V>(v)); return *this; }
-    template <class U> shared& operator+=(const U& v) { element() += v; return *this; }
-    template <class U> shared& operator-=(const U& v) { element() -= v; return *this; }
-    template <class U> shared& operator*=(const U& v) { element() *= v; return *this; }
-    gptr<T> operator&() const { return gptr<T>(&this->region); }
+    ref<T> operator()(int line = __builtin_LINE()) const { return {&this->region, 0, 0, 1, line}; }
 };
 
 // ---- barriers and warp operations --------------------------------------------------------------

@@ -7,6 +7,8 @@ so that the compiler's messages and the host execution's faults name the kernel'
   the array it points into, so that every element read or written is checked;
 - ``__shared__ T name[A][B];`` becomes ``static minitfm::shared<T, A, B> name("name");``: one copy
   for the block under way (blocks run one after another), garbage at the start of each block;
+- each use of a ``__shared__`` scalar ``name`` becomes ``name()``, its element with the line of
+  the use (a read or a write of it is checked, and named, as an array's element is);
 - the two PTX conversions of ``minitfm.fused.HALF`` (``cvt.f32.f16``, ``cvt.rn.f16.f32``) become
   calls of the header's bit-exact host conversions.
 
@@ -110,17 +112,36 @@ def _line(text: str, at: int) -> int:
     return text.count("\n", 0, at) + 1
 
 
-def _closing(text: str, opening: int) -> int:
-    """The index of the parenthesis that closes the one at ``opening``."""
+def _closing(text: str, opening: int, pair: str = "()") -> int:
+    """The index of the parenthesis (``pair``: the two characters) that closes the one at
+    ``opening``."""
     depth = 0
     for i in range(opening, len(text)):
-        if text[i] == "(":
+        if text[i] == pair[0]:
             depth += 1
-        elif text[i] == ")":
+        elif text[i] == pair[1]:
             depth -= 1
             if depth == 0:
                 return i
-    raise Unsupported(f"line {_line(text, opening)}: a parenthesis is never closed")
+    what = "a parenthesis" if pair == "()" else f"a {pair[0]}"
+    raise Unsupported(f"line {_line(text, opening)}: {what} is never closed")
+
+
+def _blank_strings(text: str) -> str:
+    """``text`` (comments already blank) with what every string and character literal holds
+    replaced by spaces: the same length, so that an index found in it is one in ``text``."""
+    return re.sub(r""""(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'""",
+                  lambda m: m.group(0)[0] + " " * (len(m.group(0)) - 2) + m.group(0)[-1], text)
+
+
+def _edited(text: str, edits: list[tuple[int, int, str]]) -> str:
+    """``text`` with each ``(start, end, new)`` of ``edits`` made (spans that do not overlap;
+    an insertion is a span of no characters)."""
+    out, last = [], 0
+    for start, end, new in sorted(edits, key=lambda e: (e[0], e[1])):
+        out += [text[last:start], new]
+        last = end
+    return "".join(out) + text[last:]
 
 
 def canonical(words: str, typedefs: dict) -> str:
@@ -218,6 +239,38 @@ def _rewrite_shared(text: str) -> str:
     return re.sub(r"\b__shared__\b([^;]*);", replace, text)
 
 
+# what may stand before a name used in an expression (else the name is being declared)
+BEFORE_AN_EXPRESSION = {"return", "case", "else", "do", "sizeof", "throw", "new", "delete"}
+
+
+def _rewrite_shared_scalars(text: str) -> str:
+    """Each use of a ``__shared__`` scalar (``static minitfm::shared<T> name``, as
+    :func:`_rewrite_shared` writes it) after its declaration, to the end of the block that
+    declares it, becomes ``name()``: the element, with the line of the use (an array's element
+    has its line from its index; a scalar's reads and writes have no call of their own)."""
+    code = _blank_strings(text)
+    edits = []
+    for m in re.finditer(r'\bstatic minitfm::shared<[\w\s]+> (\w+)\("[^"]*"\);', code):
+        name, depth, end = m.group(1), 0, len(code)
+        for i in range(m.start() - 1, -1, -1):
+            if code[i] == "}":
+                depth += 1
+            elif code[i] == "{":
+                if depth == 0:
+                    end = _closing(code, i, "{}")
+                    break
+                depth -= 1
+        uses = re.compile(rf"(?<![\w.])(?<!->)(?<!::){name}\b(?!\s*\()")
+        for use in uses.finditer(code, m.end(), end):
+            before = re.search(r"([A-Za-z_]\w*)\s*$", code[max(0, use.start() - 40):use.start()])
+            if before and before.group(1) not in BEFORE_AN_EXPRESSION:
+                raise Unsupported(f"line {_line(code, use.start())}: `{before.group(1)} {name}` "
+                                  f"declares a name the __shared__ variable {name} already has "
+                                  f"(line {_line(code, m.start())}): give it another")
+            edits.append((use.end(), use.end(), "()"))
+    return _edited(text, edits)
+
+
 def _rewrite_pointers(text: str, typedefs: dict) -> str:
     names = sorted(set(DTYPES) | set(typedefs) | {"unsigned", "signed char"},
                    key=lambda t: (-len(t.split()), -len(t)))
@@ -264,6 +317,7 @@ def rewrite(source: str) -> HostSource:
                           "name(...)`")
     text = _rewrite_asm(text)
     text = _rewrite_shared(text)
+    text = _rewrite_shared_scalars(text)
     text = _rewrite_pointers(text, typedefs)
     return HostSource(text, kernels, WARP_OPERATIONS.search(text) is not None)
 
