@@ -1,5 +1,7 @@
 """The host execution's faults where a learner's line matters most (minitfm.cudahost): a race on
-a ``__shared__`` scalar named at its line, as one on an array is.
+a ``__shared__`` scalar named at its line, as one on an array is; a fault inside a function the
+kernel calls (a barrier in ``block_sum`` that a branch keeps some threads from) named at the
+kernel's line that called it.
 """
 
 from __future__ import annotations
@@ -7,10 +9,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minitfm import cudahost
+from minitfm import cudahost, fused
 from minitfm.cudahost import rewrite
+from minitfm.layers import softmax
 
-f32 = np.float32
+i32, f32 = np.int32, np.float32
+
+
+def line_of(source: str, text: str, nth: int = 0) -> int:
+    """The line of ``source`` holding ``text`` (the ``nth`` such line, from 0)."""
+    return [i for i, line in enumerate(source.splitlines(), 1) if text in line][nth]
 
 
 def fault_of(source: str, grid, block, args, name: str = "k", **launch) -> cudahost.KernelFault:
@@ -60,3 +68,135 @@ extern "C" __global__ void k(float* y) {
     with pytest.raises(cudahost.Unsupported, match=r"line 6: `float total` declares a name the "
                                                    r"__shared__ variable total already has"):
         rewrite.rewrite(source)
+
+
+# ---- a fault inside a function the kernel calls is named at the call -----------------------------
+
+def test_a_barrier_in_a_branch_around_a_call_is_named_at_the_branch():
+    """The softmax backward kernel with its block_sum called by the first warp alone: the
+    barrier inside block_sum waits for threads that ended the kernel."""
+    source = softmax.BACKWARD_SOURCE.replace(
+        "dot = block_sum(dot, scratch);", "if (threadIdx.x < 32) dot = block_sum(dot, scratch);")
+    branch = line_of(source, "if (threadIdx.x < 32) dot = block_sum")
+    barrier = line_of(source, "__syncthreads();")                # block_sum's first
+    p = np.random.default_rng(0).random((4, 64)).astype(f32)
+    fault = fault_of(source, (4,), (256,), (p.copy(), p, i32(64), f32(1)), "softmax_backward")
+    assert fault.line == branch and fault.thread is None and fault.block == (0, 0, 0)
+    assert fault.what == (
+        f"deadlock: 32 threads wait at __syncthreads() on line {barrier} (in block_sum, called "
+        f"at line {branch}), which threads 32-255 never reach: they have returned from the "
+        f"kernel (a barrier inside a branch that not every thread of the block takes, or after "
+        f"an early return?)")
+    assert f"line {branch} of the kernel's source: if (threadIdx.x < 32) dot = " in str(fault)
+
+
+def test_a_barrier_in_a_branch_of_the_kernel_is_named_at_the_barrier():
+    source = r"""
+extern "C" __global__ void k(float* y) {
+    if (threadIdx.x < 32) {
+        y[threadIdx.x] = 1.0f;
+        __syncthreads();
+    }
+}
+"""
+    fault = fault_of(source, (1,), (64,), (np.zeros(64, f32),))
+    assert fault.line == 5 and fault.what.startswith(
+        "deadlock: 32 threads wait at __syncthreads() on line 5, which threads 32-63 never "
+        "reach: they have returned from the kernel")
+
+
+def test_two_barriers_of_one_call_are_named_at_the_call():
+    source = fused.BLOCK_REDUCE.replace(
+        "    if (lane == 0) scratch[warp] = v;\n    __syncthreads();\n",
+        "    if (lane == 0) scratch[warp] = v;\n    if (warp == 0) __syncthreads();\n", 1) + r"""
+extern "C" __global__ void k(const float* x, float* y) {
+    __shared__ float scratch[32];
+    float s = block_sum(x[threadIdx.x], scratch);
+    if (threadIdx.x == 0) y[0] = s;
+}
+"""
+    call = line_of(source, "float s = block_sum(")
+    fault = fault_of(source, (1,), (64,), (np.ones(64, f32), np.zeros(1, f32)))
+    assert fault.line == call
+    assert ("threads 0-31 at __syncthreads() on line 7, threads 32-63 at __syncthreads() on line "
+            f"13, both in block_sum, called at line {call} (a __syncthreads() in a branch") \
+        in fault.what
+
+
+def test_a_race_inside_a_called_function_is_named_at_the_call():
+    """The caller left out the barrier the function needs before it reads every element."""
+    source = r"""
+__device__ float sum_of(const float* values, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; ++i) s += values[i];
+    return s;
+}
+extern "C" __global__ void k(const float* x, float* y) {
+    __shared__ float row[32];
+    row[threadIdx.x] = x[threadIdx.x];
+    y[threadIdx.x] = sum_of(row, 32);
+}
+"""
+    fault = fault_of(source, (1,), (32,), (np.ones(32, f32), np.zeros(32, f32)), seeds=(0,))
+    assert fault.line == 10 and fault.thread == (0, 0, 0)
+    assert fault.what == (
+        "reads __shared__ row[1] before any thread of this block wrote it: shared memory starts "
+        "as garbage in every block (a barrier missing before the read?); at line 4 (in sum_of, "
+        "called at line 10)")
+
+
+def test_a_warp_operation_inside_a_called_function_is_named_at_the_call():
+    source = r"""
+__device__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+extern "C" __global__ void k(float* y) {
+    if (threadIdx.x == 5) return;
+    y[threadIdx.x] = warp_sum(1.0f);
+}
+"""
+    fault = fault_of(source, (1,), (32,), (np.zeros(32, f32),))
+    assert fault.line == 8
+    assert fault.what.endswith("for lane 5 (thread 5), which has exited: it never arrives; at "
+                               "line 3 (in warp_sum, called at line 8)"), fault.what
+
+
+HELPERS = r"""
+__device__ float scaled(const float* x, int i, float by);           // declared first
+template <class T> __device__ __forceinline__ T twice(T v, int times = 2) { return v * times; }
+static __device__ inline float pick(const float* x, int i) { return x[i]; }
+__device__ float pick(const float* x, int i, int j) { return x[i] + x[j]; }
+__device__ float outer(const float* x, int i) {
+    return scaled(x, i, 1.0f);
+}
+struct Sum {
+    float s;
+    __device__ void add(float v) { s += v; }
+};
+extern "C" __global__ void k(const float* x, float* y, int n) {
+    int i = threadIdx.x;
+    Sum sum = {0.0f};
+    sum.add(twice(pick(x, i)) + twice<float>(pick(x, i, 0), 1));
+    y[i] = sum.s + outer(x, i + n);
+}
+__device__ float scaled(const float* x, int i, float by) {
+    return x[i] * by;
+}
+"""
+
+
+def test_functions_of_every_kind_take_their_calls_line():
+    """A forward declaration, a template with a default argument, static and inline, an
+    overload with one more int parameter, a member function, calls within calls: each runs as
+    written, and a fault two calls deep is named at the kernel's line."""
+    x, y = np.arange(8, dtype=f32), np.zeros(8, f32)
+    kernel = cudahost.HostKernel(HELPERS, "k")
+    kernel((1,), (8,), (x, y, i32(0)))
+    assert np.array_equal(y, 2 * x + (x + x[0]) + x)
+    with pytest.raises(cudahost.KernelFault) as caught:
+        kernel((1,), (8,), (x, y, i32(1)))
+    fault = caught.value
+    assert fault.line == 17 and fault.thread == (7, 0, 0)
+    assert fault.what == ("reads x[8], outside its 8 elements; at line 20 (in scaled, called at "
+                          "line 7, in outer, called at line 17)")

@@ -26,7 +26,10 @@ writing, with no barrier between them, or two blocks of one launch doing so (a r
 ``__shared__`` element read before any thread of the block wrote it; a barrier that can never
 release (threads waiting at different barriers, a barrier that returned threads never reach, a
 warp operation waiting for a lane that exited); an array of another type than its parameter
-(at its first use: a placeholder the kernel never touches is fine, as on a device).
+(at its first use: a placeholder the kernel never touches is fine, as on a device). A fault
+inside a function the kernel calls (``block_sum``) is named at the line of the kernel's body
+that called it, the function's own line in the words: a learner's line, even when the barrier
+or the element at fault is in the library's helper.
 :func:`checked_launch` runs a launch in several orders of its blocks and threads (seeded: one
 fixed order hides races) and demands the same bits from each, and compares the launch with a
 reference (a kernel's plain twin).
@@ -58,8 +61,9 @@ MAX_THREADS, MAX_BLOCK_Z, MAX_GRID_YZ = 1024, 64, 65535
 
 class KernelFault(RuntimeError):
     """A fault the host execution found: ``kernel``, ``block`` and ``thread`` ((x, y, z); thread
-    None where the whole block is at fault), ``line`` of the kernel's source (0: unknown),
-    ``what`` the fault in words."""
+    None where the whole block is at fault), ``line`` of the kernel's source (0: unknown; a
+    fault inside a function the kernel calls is at the line of the kernel's body that called
+    it, the function's own line in the words), ``what`` the fault in words."""
 
     def __init__(self, kernel: str, what: str, block=None, thread=None, line: int = 0,
                  source: str = ""):

@@ -187,7 +187,7 @@ def unit_of(source: str) -> tuple[rewrite.HostSource, str]:
     """The host source of ``source`` and the whole translation unit to compile."""
     host = rewrite.rewrite(source)
     unit = (f'#include "{HEADER.name}"\n#line 1 "kernel.cu"\n{host.text}\n'
-            f'#line 1 "launch.cpp"\n{rewrite.wrappers(host.kernels)}')
+            f'#line 1 "launch.cpp"\n{rewrite.wrappers(host)}')
     return host, unit
 
 

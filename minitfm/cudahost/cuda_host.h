@@ -15,11 +15,13 @@
 //   thread and touched by another of the same block without a barrier between them, nor by
 //   threads of two blocks in one launch (a race); a __shared__ element written before it is read
 //   (it starts as garbage in every block);
-// - a fault stops the launch and names the block, the thread and the line.
+// - a fault stops the launch and names the block, the thread and the line; inside a function of
+//   the source, the line of the kernel's body that called it (the calls in the words).
 //
 // The source is rewritten before it gets here (cudahost/rewrite.py): pointer types become
 // minitfm::gptr<T>, __shared__ arrays minitfm::shared<T, dims...> (a scalar's uses `name()`),
-// the two PTX half conversions calls of minitfm::cvt_*; everything else is the kernel's text.
+// __device__ functions take their call's line and keep a minitfm::call_guard, the two PTX half
+// conversions become calls of minitfm::cvt_*; everything else is the kernel's text.
 
 #ifndef MINITFM_CUDA_HOST_H
 #define MINITFM_CUDA_HOST_H
@@ -146,6 +148,8 @@ static const char* const OP_NAMES[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_
                                        "__shfl_xor_sync", "__ballot_sync", "__any_sync",
                                        "__all_sync", "__syncwarp"};
 
+static const int MAX_CALLS = 8;              // calls under way a thread keeps (the outermost)
+
 struct Thread {
     Context context;
     char* stack;
@@ -154,6 +158,9 @@ struct Thread {
     int op, arg, width;                      // the warp operation it waits at
     unsigned int mask;
     unsigned long long value, result;
+    int depth;                               // calls of the source's functions under way
+    int call_line[MAX_CALLS];                // the line of each, outermost first
+    const char* callee[MAX_CALLS];           // the function each called
 };
 
 static const size_t STACK = 256 * 1024;      // per thread, with a guard page below it
@@ -177,15 +184,72 @@ static void (*body)(void**) = nullptr;
 static void** body_args = nullptr;
 static SharedBase* shared_objects[MAX_SHARED];
 static int n_shared = 0;
+static int body_first = 0, body_last = 0;    // the lines of the kernel's own body
 
-// Stop the launch: the message, with the block and the thread (the whole block where the
-// scheduler itself finds the fault); never returns to the caller.
-static void fail_at(int line, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-static void fail_at(int line, const char* fmt, ...) {
+// `out` (a string in `room` bytes) with the words of `fmt` added, as many as fit.
+static void append(char* out, size_t room, const char* fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void append(char* out, size_t room, const char* fmt, ...) {
+    size_t used = strlen(out);
+    if (used + 1 >= room) return;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(fault->message, sizeof fault->message, fmt, ap);
+    vsnprintf(out + used, room - used, fmt, ap);
     va_end(ap);
+}
+
+// ---- calls: a fault inside a function of the source is named where the kernel called it ------
+// The rewrite gives each __device__ function a last parameter, the line of its call (a default
+// argument's __builtin_LINE() is the caller's), and a guard that keeps the call on the thread's
+// record for the function's duration.
+
+struct call_site {                           // the line of a call
+    int line;
+    explicit call_site(int where) : line(where) {}
+};
+
+struct call_guard {
+    Thread* t;
+    call_guard(call_site call, const char* name);
+    ~call_guard() { --t->depth; }
+    call_guard(const call_guard&) = delete;
+};
+
+static int kept_calls(const Thread* t) { return t->depth < MAX_CALLS ? t->depth : MAX_CALLS; }
+
+// The line a fault of thread `t` at `line` is named by: the outermost call under way that lies
+// in the kernel's own body (the line a learner wrote), else `line` itself.
+static int kernel_line(const Thread* t, int line) {
+    for (int i = 0; i < kept_calls(t); ++i)
+        if (t->call_line[i] >= body_first && t->call_line[i] <= body_last) return t->call_line[i];
+    return line;
+}
+
+// "in block_sum, called at line 41": the calls under way of `t`, innermost first.
+static void calls_words(char* out, size_t room, const Thread* t) {
+    out[0] = 0;
+    if (t->depth > MAX_CALLS) append(out, room, "%d calls deep, ", t->depth);
+    for (int i = kept_calls(t) - 1; i >= 0; --i)
+        append(out, room, "%sin %s, called at line %d", i == kept_calls(t) - 1 ? "" : ", ",
+               t->callee[i], t->call_line[i]);
+}
+
+// "on line 9 (in block_sum, called at line 41)": where thread `t` is, at `line`.
+static void place(char* out, size_t room, const Thread* t, int line) {
+    out[0] = 0;
+    append(out, room, "on line %d", line);
+    if (!t->depth) return;
+    char calls[512];
+    calls_words(calls, sizeof calls, t);
+    append(out, room, " (%s)", calls);
+}
+
+// Stop the launch: the message, with the block and the thread under way (the whole block where
+// the scheduler itself finds the fault), and the line: `line` of thread `t`, or where `t` is
+// inside a function of the source, the kernel's line that called it (and with `say_calls` the
+// calls in the words); never returns to the thread.
+static void vfail(const Thread* t, int line, bool say_calls, const char* fmt, va_list ap) {
+    vsnprintf(fault->message, sizeof fault->message, fmt, ap);
     fault->block[0] = block_index.x, fault->block[1] = block_index.y;
     fault->block[2] = block_index.z;
     fault->thread[0] = fault->thread[1] = fault->thread[2] = -1;
@@ -194,11 +258,43 @@ static void fail_at(int line, const char* fmt, ...) {
         fault->thread[2] = current->idx.z;
     }
     fault->line = line;
+    if (t && t->depth) {
+        fault->line = kernel_line(t, line);
+        if (say_calls) {
+            char calls[512];
+            calls_words(calls, sizeof calls, t);
+            append(fault->message, sizeof fault->message, "; at line %d (%s)", line, calls);
+        }
+    }
     failed = true;
     if (!current) return;                    // the scheduler's own finding: it stops the block
     if (fiber_mode) switch_to(current->context, scheduler);
     else longjmp(direct_exit, 1);
     abort();                                 // a failed thread is never resumed
+}
+
+// A fault of the thread under way at `line`.
+static void fail_at(int line, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail_at(int line, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(current, line, true, fmt, ap);
+    va_end(ap);
+}
+
+// A fault the scheduler finds, of thread `t` at `line` (`say_calls`: see vfail).
+static void fail_for(const Thread* t, int line, bool say_calls, const char* fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void fail_for(const Thread* t, int line, bool say_calls, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(t, line, say_calls, fmt, ap);
+    va_end(ap);
+}
+
+call_guard::call_guard(call_site call, const char* name) : t(current) {
+    if (t->depth < MAX_CALLS) t->call_line[t->depth] = call.line, t->callee[t->depth] = name;
+    ++t->depth;
 }
 
 // ---- memory: bounds, races, uninitialised __shared__ memory -----------------------------------
@@ -669,17 +765,31 @@ template <class I> static void shuffle(I* items, long long n, unsigned long long
     }
 }
 
-// "0-31, 64, 96-127": the threads (linear indices) whose state is `state` [at line `line`].
-static void describe(char* out, size_t room, int state, int line) {
-    size_t used = 0;
+// Whether two threads are in the same calls (the same call lines, outermost first).
+static bool same_calls(const Thread& a, const Thread& b) {
+    if (a.depth != b.depth) return false;
+    for (int i = 0; i < kept_calls(&a); ++i)
+        if (a.call_line[i] != b.call_line[i]) return false;
+    return true;
+}
+
+static bool same_place(const Thread& a, const Thread& b) {
+    return a.line == b.line && same_calls(a, b);
+}
+
+static bool in_group(const Thread& t, int state, const Thread* like) {
+    return t.state == state && (!like || same_place(t, *like));
+}
+
+// "0-31, 64, 96-127": the threads (linear indices) whose state is `state` [where `like` is].
+static void describe(char* out, size_t room, int state, const Thread* like) {
     out[0] = 0;
-    for (int i = 0; i < n_threads && used + 24 < room; ++i) {
-        if (threads[i].state != state || (line && threads[i].line != line)) continue;
+    for (int i = 0; i < n_threads && strlen(out) + 24 < room; ++i) {
+        if (!in_group(threads[i], state, like)) continue;
         int j = i;
-        while (j + 1 < n_threads && threads[j + 1].state == state
-               && (!line || threads[j + 1].line == line)) ++j;
-        used += snprintf(out + used, room - used, used ? ", %d" : "%d", i);
-        if (j > i) used += snprintf(out + used, room - used, "-%d", j);
+        while (j + 1 < n_threads && in_group(threads[j + 1], state, like)) ++j;
+        append(out, room, out[0] ? ", %d" : "%d", i);
+        if (j > i) append(out, room, "-%d", j);
         i = j;
     }
 }
@@ -703,6 +813,7 @@ static bool prepare_fibers() {
         }
         start_context(t.context, t.stack, STACK, thread_entry);
         t.state = READY;
+        t.depth = 0;
     }
     return true;
 }
@@ -730,28 +841,30 @@ static bool release_warps() {
             if (t.state != AT_WARP) continue;
             const char* op = OP_NAMES[t.op];
             if (!((t.mask >> l) & 1u))
-                return fail_at(t.line, "thread %d calls %s with mask 0x%08x, which leaves out "
-                               "its own lane %d", base + l, op, t.mask, l), false;
+                return fail_for(&t, t.line, true, "thread %d calls %s with mask 0x%08x, which "
+                                "leaves out its own lane %d", base + l, op, t.mask, l), false;
             for (int j = 0; j < 32; ++j) {
                 if (!((t.mask >> j) & 1u)) continue;
                 if (j >= lanes)
-                    return fail_at(t.line, "thread %d calls %s with mask 0x%08x, which names "
-                                   "lane %d: warp %d has lanes 0-%d", base + l, op, t.mask, j,
-                                   base / 32, lanes - 1), false;
+                    return fail_for(&t, t.line, true, "thread %d calls %s with mask 0x%08x, which "
+                                    "names lane %d: warp %d has lanes 0-%d", base + l, op, t.mask,
+                                    j, base / 32, lanes - 1), false;
                 Thread& o = threads[base + j];
+                char there[512];
+                place(there, sizeof there, &o, o.line);
                 if (o.state == EXITED)
-                    return fail_at(t.line, "thread %d waits at %s (mask 0x%08x) for lane %d "
-                                   "(thread %d), which has exited: it never arrives", base + l,
-                                   op, t.mask, j, base + j), false;
+                    return fail_for(&t, t.line, true, "thread %d waits at %s (mask 0x%08x) for "
+                                    "lane %d (thread %d), which has exited: it never arrives",
+                                    base + l, op, t.mask, j, base + j), false;
                 if (o.state == AT_BARRIER)
-                    return fail_at(t.line, "deadlock: thread %d waits at %s (mask 0x%08x) for "
-                                   "thread %d, which waits at __syncthreads() on line %d",
-                                   base + l, op, t.mask, base + j, o.line), false;
+                    return fail_for(&t, t.line, true, "deadlock: thread %d waits at %s (mask "
+                                    "0x%08x) for thread %d, which waits at __syncthreads() %s",
+                                    base + l, op, t.mask, base + j, there), false;
                 if (o.op != t.op || o.mask != t.mask)
-                    return fail_at(t.line, "threads %d and %d of one warp wait at different warp "
-                                   "operations: %s (mask 0x%08x) and %s on line %d (mask 0x%08x)",
-                                   base + l, base + j, op, t.mask, OP_NAMES[o.op], o.line,
-                                   o.mask), false;
+                    return fail_for(&t, t.line, true, "threads %d and %d of one warp wait at "
+                                    "different warp operations: %s (mask 0x%08x) and %s %s (mask "
+                                    "0x%08x)", base + l, base + j, op, t.mask, OP_NAMES[o.op],
+                                    there, o.mask), false;
             }
         }
         bool syncwarp = false;
@@ -768,9 +881,9 @@ static bool release_warps() {
             }
             if (t.op <= OP_SHFL_XOR) {
                 if (src < 0 || src >= 32 || !((t.mask >> src) & 1u))
-                    return fail_at(t.line, "thread %d's %s reads lane %d, which is not in the "
-                                   "mask 0x%08x: its value is undefined", base + l,
-                                   OP_NAMES[t.op], src, t.mask), false;
+                    return fail_for(&t, t.line, true, "thread %d's %s reads lane %d, which is not "
+                                    "in the mask 0x%08x: its value is undefined", base + l,
+                                    OP_NAMES[t.op], src, t.mask), false;
                 t.result = threads[base + src].value;
             } else if (t.op != OP_SYNCWARP) {
                 unsigned int votes = 0;
@@ -792,31 +905,44 @@ static bool release_warps() {
 
 // Release a barrier that every live thread waits at; a fault where they cannot all arrive.
 static bool release_barrier() {
-    int exited = 0, waiting = 0, line = 0;
+    int exited = 0, waiting = 0;
+    const Thread* first = nullptr;
     for (int i = 0; i < n_threads; ++i) {
         const Thread& t = threads[i];
         if (t.state == EXITED) { ++exited; continue; }
         if (t.state != AT_BARRIER) continue;
         ++waiting;
-        if (!line) line = t.line;
-        if (t.line != line) {
-            char a[512], b[512];
-            describe(a, sizeof a, AT_BARRIER, line);
-            describe(b, sizeof b, AT_BARRIER, t.line);
-            fail_at(line, "deadlock: the threads of the block wait at different barriers: "
-                    "threads %s at __syncthreads() on line %d, threads %s at __syncthreads() on "
-                    "line %d (a __syncthreads() in a branch that not every thread takes?)",
-                    a, line, b, t.line);
+        if (!first) first = &t;
+        if (!same_place(t, *first)) {
+            char a[512], b[512], here[512], there[512];
+            describe(a, sizeof a, AT_BARRIER, first);
+            describe(b, sizeof b, AT_BARRIER, &t);
+            if (first->depth && same_calls(t, *first)) {     // two barriers of one call
+                calls_words(here, sizeof here, first);
+                fail_for(first, first->line, false, "deadlock: the threads of the block wait at "
+                         "different barriers: threads %s at __syncthreads() on line %d, threads "
+                         "%s at __syncthreads() on line %d, both %s (a __syncthreads() in a "
+                         "branch that not every thread takes?)", a, first->line, b, t.line, here);
+            } else {
+                place(here, sizeof here, first, first->line);
+                place(there, sizeof there, &t, t.line);
+                fail_for(first, first->line, false, "deadlock: the threads of the block wait at "
+                         "different barriers: threads %s at __syncthreads() %s, threads %s at "
+                         "__syncthreads() %s (a __syncthreads() in a branch that not every "
+                         "thread takes?)", a, here, b, there);
+            }
             return false;
         }
     }
     if (!waiting) return false;
     if (exited) {
-        char a[512];
-        describe(a, sizeof a, EXITED, 0);
-        fail_at(line, "deadlock: %d threads wait at __syncthreads() on line %d, which threads %s "
-                "never reach: they have returned (an early return before a barrier?)", waiting,
-                line, a);
+        char a[512], here[512];
+        describe(a, sizeof a, EXITED, nullptr);
+        place(here, sizeof here, first, first->line);
+        fail_for(first, first->line, false, "deadlock: %d threads wait at __syncthreads() %s, "
+                 "which threads %s never reach: they have returned from the kernel (a barrier "
+                 "inside a branch that not every thread of the block takes, or after an early "
+                 "return?)", waiting, here, a);
         return false;
     }
     ++epoch;
@@ -834,6 +960,7 @@ static void run_block(const Config* c, unsigned long long& state) {
         if (c->seed) shuffle(order, n_threads, state);
         for (int k = 0; k < n_threads && !failed; ++k) {
             current = &threads[order[k]];
+            current->depth = 0;
             body(body_args);
         }
         current = nullptr;
@@ -866,9 +993,12 @@ static void run_block(const Config* c, unsigned long long& state) {
     }
 }
 
-// One launch: every block of the grid, each thread running `kernel_body` on `args`.
-static int launch(const Config* c, void** args, Fault* f, void (*kernel_body)(void**)) {
+// One launch: every block of the grid, each thread running `kernel_body` on `args`; the kernel's
+// own body spans lines `first_line` to `last_line` of its source.
+static int launch(const Config* c, void** args, Fault* f, void (*kernel_body)(void**),
+                  int first_line, int last_line) {
     fault = f, failed = false, current = nullptr;
+    body_first = first_line, body_last = last_line;
     fiber_mode = c->fibers != 0;
     body = kernel_body, body_args = args;
     block_dim = dim3{c->block[0], c->block[1], c->block[2]};
@@ -881,6 +1011,7 @@ static int launch(const Config* c, void** args, Fault* f, void (*kernel_body)(vo
                       (unsigned)(i / (c->block[0] * c->block[1]))};
         t.state = READY;
         t.line = 0;
+        t.depth = 0;
     }
     long long blocks = (long long)c->grid[0] * c->grid[1] * c->grid[2];
     long long* order = nullptr;

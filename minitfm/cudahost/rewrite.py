@@ -9,6 +9,9 @@ so that the compiler's messages and the host execution's faults name the kernel'
   for the block under way (blocks run one after another), garbage at the start of each block;
 - each use of a ``__shared__`` scalar ``name`` becomes ``name()``, its element with the line of
   the use (a read or a write of it is checked, and named, as an array's element is);
+- each ``__device__`` function (not a kernel) takes the line of its call as a last parameter
+  with a default, ``minitfm::call_site(__builtin_LINE())``, and keeps the call on the thread's
+  record while it runs: a fault inside it is named at the kernel's line that called it;
 - the two PTX conversions of ``minitfm.fused.HALF`` (``cvt.f32.f16``, ``cvt.rn.f16.f32``) become
   calls of the header's bit-exact host conversions.
 
@@ -79,6 +82,7 @@ class HostSource(NamedTuple):
     text: str                        # host C++ (without the header's #include)
     kernels: dict                    # name -> tuple of Param, in order
     fibers: bool                     # barriers or warp operations: the threads must be fibers
+    bodies: dict                     # name -> (first line, last line) of the kernel's body
 
 
 def blank_comments(source: str) -> str:
@@ -132,6 +136,21 @@ def _blank_strings(text: str) -> str:
     replaced by spaces: the same length, so that an index found in it is one in ``text``."""
     return re.sub(r""""(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'""",
                   lambda m: m.group(0)[0] + " " * (len(m.group(0)) - 2) + m.group(0)[-1], text)
+
+
+def _split_top(text: str, start: int, end: int, separator: str) -> list[tuple[int, int]]:
+    """The spans of ``text[start:end]`` between the ``separator``s outside any brackets."""
+    spans, depth, last = [], 0, start
+    for i in range(start, end):
+        c = text[i]
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == separator and depth == 0:
+            spans.append((last, i))
+            last = i + 1
+    return spans + [(last, end)]
 
 
 def _edited(text: str, edits: list[tuple[int, int, str]]) -> str:
@@ -239,6 +258,66 @@ def _rewrite_shared(text: str) -> str:
     return re.sub(r"\b__shared__\b([^;]*);", replace, text)
 
 
+def _parameter_types(code: str, start: int, end: int) -> tuple:
+    """The types of the parameters in ``code[start:end]``, their names and defaults dropped:
+    a declaration and its definition give the same."""
+    types = []
+    for a, b in _split_top(code, start, end, ","):
+        words = re.sub(r"\s*([*&])\s*", r" \1 ", code[a:b].split("=")[0])
+        words = re.sub(r"\s+", " ", words).strip()
+        words = re.sub(r"(?<=[\w*&>\]] )(?!(?:int|float|double|char|short|long|unsigned|signed|"
+                       r"bool|void|const|volatile)\b)[A-Za-z_]\w*$", "", words).strip()
+        types.append(words.replace(" ", ""))
+    return tuple(t for t in types if t not in ("", "void"))
+
+
+# words that a parenthesis follows in a declaration's head without naming a function
+NOT_FUNCTIONS = {"operator", "__attribute__", "__align__", "__declspec", "alignas", "decltype"}
+
+
+def _instrument_helpers(text: str) -> str:
+    """Every ``__device__`` function but the kernels gets a last parameter, ``minitfm::call_site
+    minitfm_call = minitfm::call_site(__builtin_LINE())`` (the default in its first declaration
+    only), which a call fills with its own line (a type no argument converts to: an overload
+    with one more parameter stays the one a call picks), and its definition a guard that keeps
+    the call on the thread's record of calls under way: a fault inside the function is named
+    at the kernel's line that called it.
+    Operators, destructors, ``constexpr`` functions, functions with a ``...`` or an initialiser
+    list are left as they are."""
+    code = _blank_strings(text)
+    edits, declared = [], set()
+    for m in re.finditer(r"\b__device__\b", code):
+        head = re.match(r"[^;{}()=]*?(~?\b[A-Za-z_]\w*)\s*(<[^;{}()]*>)?\s*\(", code[m.end():])
+        if not head:
+            continue                                  # a __device__ variable, or a lambda
+        name, opening = head.group(1), m.end() + head.end() - 1
+        closing = _closing(code, opening)
+        after = re.match(r"(?:\s|const\b|noexcept\b|->[^;{]*)*([;{])", code[closing + 1:])
+        begins = max(code.rfind(c, 0, m.start()) for c in ";{}") + 1
+        prefix = code[begins:opening]
+        parameters = code[opening + 1:closing]
+        if (not after or name.startswith("~") or name in NOT_FUNCTIONS
+                or re.search(r"\b(?:constexpr|operator|__global__)\b", prefix)
+                or "..." in parameters
+                or any(not re.match(r"\s*[A-Za-z_]", code[a:b]) for a, b in
+                       _split_top(code, opening + 1, closing, ",") if code[a:b].strip())):
+            continue
+        key = (name, _parameter_types(code, opening + 1, closing))
+        default = key not in declared and not re.search(r"\btemplate\s*<\s*>", prefix)
+        declared.add(key)
+        parameter = "minitfm::call_site minitfm_call" + (
+            " = minitfm::call_site(__builtin_LINE())" if default else "")
+        if re.fullmatch(r"\s*(?:void\s*)?", parameters):
+            edits.append((opening + 1, closing, parameter))
+        else:
+            edits.append((closing, closing, f", {parameter}"))
+        if after.group(1) == "{":
+            brace = closing + 1 + after.end() - 1
+            edits.append((brace + 1, brace + 1,
+                          f' minitfm::call_guard minitfm_call_guard(minitfm_call, "{name}");'))
+    return _edited(text, edits)
+
+
 # what may stand before a name used in an expression (else the name is being declared)
 BEFORE_AN_EXPRESSION = {"return", "case", "else", "do", "sizeof", "throw", "new", "delete"}
 
@@ -280,8 +359,11 @@ def _rewrite_pointers(text: str, typedefs: dict) -> str:
     return pattern.sub(lambda m: f"minitfm::gptr<{m.group(1)}> ", text)
 
 
-def _kernels(text: str, typedefs: dict) -> dict:
-    kernels = {}
+def _kernels(text: str, typedefs: dict) -> tuple[dict, dict]:
+    """name -> its parameters, and name -> the lines its body spans (its braces'), of every
+    ``__global__`` function."""
+    kernels, bodies = {}, {}
+    code = _blank_strings(text)
     for m in re.finditer(r"\b__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(\w+)\s*\(",
                          text):
         name, close = m.group(1), _closing(text, m.end() - 1)
@@ -303,7 +385,11 @@ def _kernels(text: str, typedefs: dict) -> dict:
             params.append(Param(d.group(3), ctype, d.group(2) is not None, const, DTYPES[ctype],
                                 text_type.strip()))
         kernels[name] = tuple(params)
-    return kernels
+        body = re.match(r"[^;{]*\{", code[close + 1:])
+        if body:
+            opening = close + body.end()
+            bodies[name] = (_line(code, opening), _line(code, _closing(code, opening, "{}")))
+    return kernels, bodies
 
 
 def rewrite(source: str) -> HostSource:
@@ -311,28 +397,32 @@ def rewrite(source: str) -> HostSource:
     text = blank_comments(source)
     _refuse_unmodelled(text)
     typedefs = _typedefs(text)
-    kernels = _kernels(text, typedefs)
+    kernels, bodies = _kernels(text, typedefs)
     if not kernels:
         raise Unsupported("no __global__ function: a kernel is `extern \"C\" __global__ void "
                           "name(...)`")
     text = _rewrite_asm(text)
+    text = _instrument_helpers(text)
     text = _rewrite_shared(text)
     text = _rewrite_shared_scalars(text)
     text = _rewrite_pointers(text, typedefs)
-    return HostSource(text, kernels, WARP_OPERATIONS.search(text) is not None)
+    return HostSource(text, kernels, WARP_OPERATIONS.search(text) is not None, bodies)
 
 
-def wrappers(kernels: dict) -> str:
+def wrappers(host: HostSource) -> str:
     """For each kernel, ``minitfm_launch_<name>(config, args, fault)``: the loader's entry, which
     runs the kernel on a grid, each thread calling it with the arguments (an array as its
-    ``minitfm::Region``, a scalar as a pointer to its value)."""
+    ``minitfm::Region``, a scalar as a pointer to its value), and names the lines of its body
+    (a fault in a function it calls is named at the call)."""
     out = []
-    for name, params in kernels.items():
+    for name, params in host.kernels.items():
+        first, last = host.bodies.get(name, (0, 0))
         args = ", ".join(
             f"minitfm::gptr<{p.text}>((const minitfm::Region*)a[{i}])" if p.pointer
             else f"*({p.text}*)a[{i}]" for i, p in enumerate(params))
         out.append(f"static void minitfm_body_{name}(void** a) {{ {name}({args}); }}\n"
                    f'extern "C" int minitfm_launch_{name}(const minitfm::Config* c, void** a, '
                    f"minitfm::Fault* f) {{\n"
-                   f"    return minitfm::launch(c, a, f, minitfm_body_{name});\n}}\n")
+                   f"    return minitfm::launch(c, a, f, minitfm_body_{name}, {first}, {last});"
+                   f"\n}}\n")
     return "".join(out)
