@@ -1,10 +1,20 @@
-"""The host execution's faults where a learner's line matters most (minitfm.cudahost): a race on
-a ``__shared__`` scalar named at its line, as one on an array is; a fault inside a function the
-kernel calls (a barrier in ``block_sum`` that a branch keeps some threads from) named at the
-kernel's line that called it.
+"""The host execution's faults where a learner's line matters most (minitfm.cudahost): a loop
+that never ends, stopped at its time limit and named; a race on a ``__shared__`` scalar named at
+its line, as one on an array is; a fault inside a function the kernel calls (a barrier in
+``block_sum`` that a branch keeps some threads from) named at the kernel's line that called it.
+
+The kernels that never end run in a process of their own, under a limit of its own: without
+the time limit they would hang the suite, not fail it.
 """
 
 from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +23,7 @@ from minitfm import cudahost, fused
 from minitfm.cudahost import rewrite
 from minitfm.layers import softmax
 
+ROOT = Path(__file__).resolve().parents[1]
 i32, f32 = np.int32, np.float32
 
 
@@ -25,6 +36,181 @@ def fault_of(source: str, grid, block, args, name: str = "k", **launch) -> cudah
     with pytest.raises(cudahost.KernelFault) as caught:
         cudahost.checked_launch(cudahost.HostKernel(source, name), grid, block, args, **launch)
     return caught.value
+
+
+# ---- a loop that never ends ----------------------------------------------------------------------
+
+# name -> (source, grid, block): each kernel takes (float* y, int n), y one element a thread
+NEVER_ENDING = {
+    "while (true) in one thread": (r"""
+extern "C" __global__ void k(float* y, int n) {
+    if (blockIdx.x == 1 && threadIdx.x == 5) {
+        while (true) {}
+    }
+    y[blockIdx.x * blockDim.x + threadIdx.x] = 1.0f;
+}
+""", (2,), (32,)),
+    "a for whose step goes the wrong way": (r"""
+extern "C" __global__ void k(float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    for (int j = threadIdx.x; j < n; j--)
+        y[i] += 1.0f;
+}
+""", (2,), (32,)),
+    "a do-while whose condition stays true": (r"""
+extern "C" __global__ void k(float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x, k = 0;
+    if (i == 3) do {
+        k += 0;
+    } while (k < n);
+    y[i] = 1.0f;
+}
+""", (1,), (32,)),
+    "a loop of barriers around a loop that ends": (r"""
+extern "C" __global__ void k(float* y, int n) {
+    __shared__ float t[32];
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < n; i -= blockDim.x) {
+        for (int j = 0; j < 4; ++j) s += 1.0f;
+        t[threadIdx.x] = s;
+        __syncthreads();
+    }
+    y[threadIdx.x] = s;
+}
+""", (1,), (32,)),
+    "a loop in a function the kernel calls": (r"""
+__device__ void wait_for(int n) {
+    for (int k = 0; k < n; k *= 2) {}
+}
+extern "C" __global__ void k(float* y, int n) {
+    if (threadIdx.x == 7) wait_for(n);
+    y[threadIdx.x] = 1.0f;
+}
+""", (1,), (32,)),
+}
+
+CHILD = """
+import json, time
+import numpy as np
+from minitfm import cudahost
+from tests.test_cudahost_faults import NEVER_ENDING
+found = {}
+for name, (source, grid, block) in NEVER_ENDING.items():
+    kernel = cudahost.HostKernel(source, "k")
+    kernel.library                                  # compiled before the clock starts
+    y = np.zeros(grid[0] * block[0], np.float32)
+    started = time.monotonic()
+    try:
+        cudahost.checked_launch(kernel, grid, block, (y, np.int32(32)), time_limit=0.5)
+        found[name] = None
+    except cudahost.KernelFault as fault:
+        found[name] = dict(what=fault.what, line=fault.line, block=fault.block,
+                           thread=fault.thread, timed_out=fault.timed_out,
+                           seconds=time.monotonic() - started)
+print(json.dumps(found))
+"""
+
+
+@pytest.fixture(scope="module")
+def stopped() -> dict:
+    """Each kernel of NEVER_ENDING launched with a time limit of 0.5 s: its fault."""
+    done = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("case, line, block, thread", [
+    ("while (true) in one thread", 4, (1, 0, 0), (5, 0, 0)),
+    ("a for whose step goes the wrong way", 4, (0, 0, 0), (0, 0, 0)),
+    ("a do-while whose condition stays true", 6, (0, 0, 0), (3, 0, 0)),
+    ("a loop in a function the kernel calls", 6, (0, 0, 0), (7, 0, 0)),
+])
+def test_a_loop_that_never_ends_is_stopped_at_its_line(stopped, case, line, block, thread):
+    fault = stopped[case]
+    assert fault is not None, f"{case}: the launch ended"
+    assert fault["timed_out"] is True and fault["seconds"] < 5, fault
+    assert (fault["line"], tuple(fault["block"]), tuple(fault["thread"])) == (line, block, thread)
+    assert re.fullmatch(r"has run \d+\.\d s without ending: the loop at line \d+( \(.*\))? is "
+                        r"still going \(a loop whose condition never turns false\?\)",
+                        fault["what"]), fault["what"]
+
+
+def test_the_loop_named_is_the_one_that_never_ends(stopped):
+    """The outer loop, which turns through barriers; the inner one ends each time."""
+    fault = stopped["a loop of barriers around a loop that ends"]
+    assert fault["timed_out"] and fault["line"] == 5, fault
+    assert "the loop at line 5 is still going" in fault["what"]
+
+
+def test_a_loop_in_a_called_function_is_named_at_the_call(stopped):
+    fault = stopped["a loop in a function the kernel calls"]
+    assert "the loop at line 3 (in wait_for, called at line 6) is still going" in fault["what"]
+
+
+def test_the_time_limit_covers_all_the_launches_of_a_checked_launch():
+    """Four launches, each well within the limit alone, together past it: the fourth is
+    stopped (a limit of each launch alone would let all four end)."""
+    source = r"""
+extern "C" __global__ void k(float* y, int n) {
+    float s = 0.0f;
+    for (int j = 0; j < n; ++j) s += 1.0f;
+    y[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}
+"""
+    kernel = cudahost.HostKernel(source, "k")
+    kernel.library                                  # compiled before the clock starts
+    y = np.zeros(400 * 64, np.float32)
+    started = time.monotonic()
+    kernel((400,), (64,), (y, i32(2000)))
+    one = time.monotonic() - started
+    assert (y == 2000).all()
+    with pytest.raises(cudahost.KernelFault) as caught:
+        cudahost.checked_launch(kernel, (400,), (64,), (y, i32(2000)), seeds=(0, 1, 2, 3),
+                                time_limit=2.5 * one)
+    assert caught.value.timed_out and caught.value.what.startswith("has run "), caught.value
+
+
+def test_other_faults_are_not_timed_out_and_a_limit_must_be_a_time():
+    fault = fault_of(r"""extern "C" __global__ void k(float* y) { y[threadIdx.x + 1] = 0.0f; }""",
+                     (1,), (4,), (np.zeros(4, f32),), time_limit=10)
+    assert fault.timed_out is False and "outside its 4 elements" in fault.what
+    kernel = cudahost.HostKernel(r"""extern "C" __global__ void k(float* y) { y[0] = 1.0f; }""",
+                                 "k")
+    for wrong in (0, -1.0, float("nan"), float("inf"), True, "1"):
+        with pytest.raises(ValueError, match="time_limit must be a positive number of seconds"):
+            kernel((1,), (1,), (np.zeros(1, f32),), time_limit=wrong)
+
+
+def test_every_loop_condition_ticks_and_no_line_moves():
+    source = """extern "C" __global__ void k(float* y, int n) {
+    for (;;) { break; }
+    for (int i = 0; i < min(n, (3)); ++i) y[i] = 0.0f;   // while (
+    const char* s = "for (;;) while (";
+    char c = ')';
+    while (c != ')'
+           && n > 0) { n--; }
+    do { n++; } while (n < 2);
+    for (int k = 0; k < n; ++k)
+        while (int left = n - k) { break; }
+}
+"""
+    text = rewrite.rewrite(source).text
+    assert text.count("\n") == source.count("\n")
+    lines = text.splitlines()
+    assert "for (; minitfm::tick(2, true);) { break; }" in lines[1]
+    assert "for (int i = 0;minitfm::tick(3, !!( i < min(n, (3)))); ++i)" in lines[2]
+    assert '"for (;;) while ("' in lines[3] and "tick" not in lines[3] + lines[4]
+    assert "while (minitfm::tick(6, !!(c != ')'" in lines[5]
+    assert lines[6].endswith("&& n > 0))) { n--; }")
+    assert "while (minitfm::tick(8, !!(n < 2)));" in lines[7]
+    assert "minitfm::tick(9, !!( k < n))" in lines[8]
+    assert "while (int left = n - k)" in lines[9]          # a declaration: left as it is
+    for kernel in fused.KERNELS.values():
+        plain = rewrite.blank_comments(kernel.source)
+        host = rewrite.rewrite(kernel.source).text
+        assert host.count("\n") == plain.count("\n"), kernel.name
+        assert host.count("minitfm::tick(") == len(re.findall(r"\b(?:for|while)\s*\(", plain))
 
 
 # ---- a race on a __shared__ scalar names its line ------------------------------------------------

@@ -26,10 +26,12 @@ writing, with no barrier between them, or two blocks of one launch doing so (a r
 ``__shared__`` element read before any thread of the block wrote it; a barrier that can never
 release (threads waiting at different barriers, a barrier that returned threads never reach, a
 warp operation waiting for a lane that exited); an array of another type than its parameter
-(at its first use: a placeholder the kernel never touches is fine, as on a device). A fault
-inside a function the kernel calls (``block_sum``) is named at the line of the kernel's body
-that called it, the function's own line in the words: a learner's line, even when the barrier
-or the element at fault is in the library's helper.
+(at its first use: a placeholder the kernel never touches is fine, as on a device); with a
+``time_limit``, a launch that runs longer, stopped, with the loop still going named (its
+condition never turns false) and ``KernelFault.timed_out`` True. A fault inside a function the
+kernel calls (``block_sum``) is named at the line of the kernel's body that called it, the
+function's own line in the words: a learner's line, even when the barrier or the element at
+fault is in the library's helper.
 :func:`checked_launch` runs a launch in several orders of its blocks and threads (seeded: one
 fixed order hides races) and demands the same bits from each, and compares the launch with a
 reference (a kernel's plain twin).
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import time
 import warnings
 
 import numpy
@@ -63,12 +66,15 @@ class KernelFault(RuntimeError):
     """A fault the host execution found: ``kernel``, ``block`` and ``thread`` ((x, y, z); thread
     None where the whole block is at fault), ``line`` of the kernel's source (0: unknown; a
     fault inside a function the kernel calls is at the line of the kernel's body that called
-    it, the function's own line in the words), ``what`` the fault in words."""
+    it, the function's own line in the words), ``what`` the fault in words; ``timed_out`` True
+    where the launch ran past its time limit (a loop that never ends), False for every other
+    fault."""
 
     def __init__(self, kernel: str, what: str, block=None, thread=None, line: int = 0,
-                 source: str = ""):
+                 source: str = "", timed_out: bool = False):
         self.kernel, self.what, self.block, self.thread, self.line = kernel, what, block, \
             thread, line
+        self.timed_out = timed_out
         where = f"kernel {kernel}"
         if block is not None:
             where += f", block ({block[0]}, {block[1]}, {block[2]})"
@@ -90,12 +96,25 @@ class _Region(ctypes.Structure):
 
 class _Config(ctypes.Structure):
     _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
-                ("seed", ctypes.c_ulonglong), ("fibers", ctypes.c_longlong)]
+                ("seed", ctypes.c_ulonglong), ("fibers", ctypes.c_longlong),
+                ("time_limit", ctypes.c_double), ("time_spent", ctypes.c_double)]
 
 
 class _Fault(ctypes.Structure):
     _fields_ = [("message", ctypes.c_char * 4096), ("block", ctypes.c_longlong * 3),
-                ("thread", ctypes.c_longlong * 3), ("line", ctypes.c_longlong)]
+                ("thread", ctypes.c_longlong * 3), ("line", ctypes.c_longlong),
+                ("timed_out", ctypes.c_longlong)]
+
+
+def _limit(time_limit) -> float:
+    """A time limit in seconds as the launch takes it (0.0: none)."""
+    if time_limit is None:
+        return 0.0
+    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or \
+            not 0 < time_limit < math.inf:
+        raise ValueError(f"time_limit must be a positive number of seconds, or None for no "
+                         f"limit, got {time_limit!r}")
+    return float(time_limit)
 
 
 def _dims(value, what: str) -> tuple[int, int, int]:
@@ -129,10 +148,18 @@ class HostKernel:
         return self.library.host.kernels[self.name]
 
     def __call__(self, grid, block, args, *, shared_mem: int = 0, seed: int = 0,
-                 races: bool = True) -> None:
+                 races: bool = True, time_limit: float | None = None) -> None:
         """Run the kernel over ``args`` (written in place). ``seed`` 0 runs the blocks and each
         block's threads in their natural order, another seed in an order drawn from it;
-        ``races`` False skips the race checks (bounds are always checked)."""
+        ``races`` False skips the race checks (bounds are always checked); ``time_limit``
+        (seconds; None: none) stops a launch that runs longer, a :class:`KernelFault` with
+        ``timed_out`` True naming the loop still going."""
+        self._run(grid, block, args, shared_mem, seed, races, _limit(time_limit), 0.0)
+
+    def _run(self, grid, block, args, shared_mem: int, seed: int, races: bool,
+             time_limit: float, time_spent: float) -> None:
+        """``__call__``, with ``time_limit`` (0.0: none) shared with launches before this one
+        that took ``time_spent`` seconds."""
         grid, block = _dims(grid, "grid"), _dims(block, "block")
         if math.prod(block) > MAX_THREADS or block[2] > MAX_BLOCK_Z or max(grid[1:]) > MAX_GRID_YZ:
             raise ValueError(f"kernel {self.name}: grid {grid} and block {block} are not a valid "
@@ -150,14 +177,16 @@ class HostKernel:
         for i, (param, arg) in enumerate(zip(params, args)):
             pointers[i] = self._argument(i, param, arg, races, keep)
         config = _Config((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block),
-                         seed & (1 << 64) - 1, int(self.library.host.fibers))
+                         seed & (1 << 64) - 1, int(self.library.host.fibers), time_limit,
+                         time_spent)
         fault = _Fault()
         with self.library.lock:
             failed = self._entry(ctypes.byref(config), pointers, ctypes.byref(fault))
         if failed:
             thread = tuple(fault.thread) if fault.thread[0] >= 0 else None
             raise KernelFault(self.name, fault.message.decode(errors="replace"),
-                              tuple(fault.block), thread, int(fault.line), self.source)
+                              tuple(fault.block), thread, int(fault.line), self.source,
+                              bool(fault.timed_out))
 
     def _argument(self, i: int, param, arg, races: bool, keep: list) -> int:
         what = f"kernel {self.name}, argument {i} ({param.name}, {param.text}" \
@@ -246,20 +275,23 @@ def compare_outputs(result, reference) -> float:
 
 
 def checked_launch(kernel: HostKernel, grid, block, args, *, seeds=(0, 1), reference=None,
-                   compare=None, shared_mem: int = 0) -> dict:
+                   compare=None, shared_mem: int = 0, time_limit: float | None = None) -> dict:
     """Launch ``kernel`` once per seed of ``seeds`` (blocks and threads in the order each draws;
     0: the natural order), each on a copy of the arguments but the last, which writes ``args``;
     every run must leave the same bits, else :class:`KernelFault` (the result depends on the
-    order of the threads: a race). With ``reference`` (a function of the same arguments: a
-    kernel's plain twin), return ``{parameter name: compare_outputs(kernel's, reference's)}``
-    for each array argument (``compare``: another function for the parameters it names); else
-    ``{}``."""
+    order of the threads: a race). ``time_limit`` (seconds; None: none) covers the launches
+    together: past it, a :class:`KernelFault` with ``timed_out`` True. With ``reference`` (a
+    function of the same arguments: a kernel's plain twin), return ``{parameter name:
+    compare_outputs(kernel's, reference's)}`` for each array argument (``compare``: another
+    function for the parameters it names); else ``{}``."""
+    limit, spent = _limit(time_limit), 0.0
     spans = _spans(args)
     runs = [_copies(args, spans) for _ in seeds[:-1]]
     ref_args, _ = _copies(args, spans) if reference is not None else (None, None)
-    for seed, (copy, _) in zip(seeds, runs):
-        kernel(grid, block, copy, shared_mem=shared_mem, seed=seed)
-    kernel(grid, block, args, shared_mem=shared_mem, seed=seeds[-1])
+    for seed, copy in zip(seeds, [copy for copy, _ in runs] + [args]):
+        started = time.monotonic()
+        kernel._run(grid, block, copy, shared_mem, seed, True, limit, spent)
+        spent += time.monotonic() - started
     for seed, (copy, buffers) in zip(seeds, runs):
         for (start, end), buffer in zip(spans, buffers):
             if not numpy.array_equal(buffer, _memory(start, end)):

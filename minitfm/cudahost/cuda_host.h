@@ -15,13 +15,15 @@
 //   thread and touched by another of the same block without a barrier between them, nor by
 //   threads of two blocks in one launch (a race); a __shared__ element written before it is read
 //   (it starts as garbage in every block);
+// - each loop's condition ticks: with a time limit, a loop that never ends is stopped and named;
 // - a fault stops the launch and names the block, the thread and the line; inside a function of
 //   the source, the line of the kernel's body that called it (the calls in the words).
 //
 // The source is rewritten before it gets here (cudahost/rewrite.py): pointer types become
 // minitfm::gptr<T>, __shared__ arrays minitfm::shared<T, dims...> (a scalar's uses `name()`),
-// __device__ functions take their call's line and keep a minitfm::call_guard, the two PTX half
-// conversions become calls of minitfm::cvt_*; everything else is the kernel's text.
+// loop conditions minitfm::tick(line, cond), __device__ functions take their call's line and
+// keep a minitfm::call_guard, the two PTX half conversions become calls of minitfm::cvt_*;
+// everything else is the kernel's text.
 
 #ifndef MINITFM_CUDA_HOST_H
 #define MINITFM_CUDA_HOST_H
@@ -33,6 +35,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <type_traits>
 #include <sys/mman.h>
 #include <ucontext.h>
@@ -121,6 +124,8 @@ struct Config {
     unsigned int grid[3], block[3];
     unsigned long long seed;    // 0: blocks and threads in their natural order; else shuffled
     long long fibers;           // 1: threads are fibers (the kernel has barriers or warp operations)
+    double time_limit;          // seconds (0: none), for this launch and those before it together
+    double time_spent;          // seconds those launches before it took
 };
 
 struct Fault {
@@ -128,6 +133,7 @@ struct Fault {
     long long block[3];
     long long thread[3];        // -1: the whole block
     long long line;             // 0: unknown
+    long long timed_out;        // 1: the time limit stopped the launch
 };
 
 // Who touched an element last, for the race checks. Blocks are stored as index + 1 (0: none);
@@ -295,6 +301,106 @@ static void fail_for(const Thread* t, int line, bool say_calls, const char* fmt,
 call_guard::call_guard(call_site call, const char* name) : t(current) {
     if (t->depth < MAX_CALLS) t->call_line[t->depth] = call.line, t->callee[t->depth] = name;
     ++t->depth;
+}
+
+// ---- the time limit: each turn of a loop ticks ------------------------------------------------
+// The rewrite makes each loop's condition `tick(line, condition)`. A tick counts down, and every
+// TICKS_BETWEEN_LOOKS ticks looks at the clock (without a time limit, at nothing). Past the
+// deadline it watches every tick a little longer (WATCH_SECONDS), for a loop that turns without
+// its condition ever turning false, and stops the launch naming it, as at any fault.
+// (A tick also makes a loop with an empty body well defined: it has an effect.)
+
+static const unsigned int TICKS_BETWEEN_LOOKS = 1u << 16;
+static const double WATCH_SECONDS = 0.1;
+static const int MAX_LOOPS = 16;
+
+struct Loop {                                // a loop turned during the watch, and where
+    int line, depth, call_line[MAX_CALLS];
+    const char* callee[MAX_CALLS];
+    unsigned int turns;
+    bool ended;                              // its condition was false at least once
+};
+
+static unsigned int ticks_left = TICKS_BETWEEN_LOOKS;
+static double time_limit = 0, time_spent = 0, started = 0, deadline = 0;
+static bool watching = false;
+static double watch_ends = 0;
+static unsigned int watch_ticks = 0;
+static Loop loops[MAX_LOOPS];
+static int n_loops = 0;
+
+static double now() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void start_clock(const Config* c) {
+    time_limit = c->time_limit > 0 ? c->time_limit : 0, time_spent = c->time_spent;
+    started = now();
+    deadline = started + time_limit - time_spent;
+    ticks_left = TICKS_BETWEEN_LOOKS, watching = false, n_loops = 0;
+}
+
+static double run_time() { return time_spent + (now() - started); }
+
+static void remember(int line, bool go) {
+    Loop* l = nullptr;
+    for (int i = 0; i < n_loops && !l; ++i)
+        if (loops[i].line == line) l = &loops[i];
+    if (!l) {
+        if (n_loops == MAX_LOOPS) return;
+        l = &loops[n_loops++];
+        l->line = line, l->depth = current->depth, l->turns = 0, l->ended = false;
+        memcpy(l->call_line, current->call_line, sizeof l->call_line);
+        memcpy(l->callee, current->callee, sizeof l->callee);
+    }
+    ++l->turns;
+    if (!go) l->ended = true;
+}
+
+// The watch is over: the loop that turned least often (the outermost) of those whose condition
+// never turned false, in any thread, else the launch is only slow. The fault names the thread
+// under way.
+static void name_the_loop(int line) {
+    const Loop* going = nullptr;
+    for (int i = 0; i < n_loops; ++i)
+        if (!loops[i].ended && (!going || loops[i].turns < going->turns)) going = &loops[i];
+    fault->timed_out = 1;
+    if (!going) {
+        fail_at(line, "has run %.1f s, past its time limit of %g s, without ending; each loop it "
+                "ran in its last moments ended (a launch too long for the host in that time?)",
+                run_time(), time_limit);
+        return;
+    }
+    current->depth = going->depth;           // where the loop was (the thread never resumes)
+    memcpy(current->call_line, going->call_line, sizeof going->call_line);
+    memcpy(current->callee, going->callee, sizeof going->callee);
+    char calls[512] = "", words[480];
+    if (current->depth) {
+        calls_words(words, sizeof words, current);
+        snprintf(calls, sizeof calls, " (%s)", words);
+    }
+    fail_for(current, going->line, false, "has run %.1f s without ending: the loop at line %d%s "
+             "is still going (a loop whose condition never turns false?)", run_time(),
+             going->line, calls);
+}
+
+__attribute__((noinline)) static void look_at_clock(int line, bool go) {
+    if (!watching) {
+        ticks_left = TICKS_BETWEEN_LOOKS;
+        if (!time_limit || now() < deadline) return;
+        watching = true, watch_ends = now() + WATCH_SECONDS, watch_ticks = 0;
+    }
+    ticks_left = 1;                          // every tick comes here while the watch lasts
+    remember(line, go);
+    if ((++watch_ticks & 1023) || now() < watch_ends) return;
+    name_the_loop(line);
+}
+
+static inline bool tick(int line, bool go) {
+    if (__builtin_expect(--ticks_left == 0, 0)) look_at_clock(line, go);
+    return go;
 }
 
 // ---- memory: bounds, races, uninitialised __shared__ memory -----------------------------------
@@ -998,7 +1104,9 @@ static void run_block(const Config* c, unsigned long long& state) {
 static int launch(const Config* c, void** args, Fault* f, void (*kernel_body)(void**),
                   int first_line, int last_line) {
     fault = f, failed = false, current = nullptr;
+    fault->timed_out = 0;
     body_first = first_line, body_last = last_line;
+    start_clock(c);
     fiber_mode = c->fibers != 0;
     body = kernel_body, body_args = args;
     block_dim = dim3{c->block[0], c->block[1], c->block[2]};
@@ -1031,6 +1139,13 @@ static int launch(const Config* c, void** args, Fault* f, void (*kernel_body)(vo
         block_index = uint3{(unsigned)(b % c->grid[0]), (unsigned)(b / c->grid[0] % c->grid[1]),
                             (unsigned)(b / ((long long)c->grid[0] * c->grid[1]))};
         block_number = b + 1;
+        if (time_limit && now() >= deadline) {
+            fault->timed_out = 1;
+            fail_at(0, "has run %.1f s, past its time limit of %g s, with %lld of its %lld blocks "
+                    "still to run (a launch too large for the host in that time?)", run_time(),
+                    time_limit, blocks - k, blocks);
+            break;
+        }
         run_block(c, state);
     }
     free(order);

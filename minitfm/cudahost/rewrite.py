@@ -9,6 +9,10 @@ so that the compiler's messages and the host execution's faults name the kernel'
   for the block under way (blocks run one after another), garbage at the start of each block;
 - each use of a ``__shared__`` scalar ``name`` becomes ``name()``, its element with the line of
   the use (a read or a write of it is checked, and named, as an array's element is);
+- each loop's condition ``c`` (``for``, ``while``, a ``do``'s ``while``) becomes
+  ``minitfm::tick(line, !!(c))``, an empty one ``minitfm::tick(line, true)``: a launch with a
+  time limit stops a loop that never ends, naming its line (a loop made of recursion or
+  ``goto`` is not seen: the caller's own limit on the process stops it);
 - each ``__device__`` function (not a kernel) takes the line of its call as a last parameter
   with a default, ``minitfm::call_site(__builtin_LINE())``, and keeps the call on the thread's
   record while it runs: a fault inside it is named at the kernel's line that called it;
@@ -258,6 +262,33 @@ def _rewrite_shared(text: str) -> str:
     return re.sub(r"\b__shared__\b([^;]*);", replace, text)
 
 
+# a condition that declares a variable (`while (int k = next())`): left as it is
+DECLARES = re.compile(r"\s*(?:const\s+)?[A-Za-z_][\w:]*(?:<[^;]*>)?[\s*&]+[A-Za-z_]\w*\s*"
+                      r"(?:=(?!=)|\{)")
+
+
+def _instrument_loops(text: str) -> str:
+    """Every ``for`` and ``while`` (a ``do``'s too): the condition ``c`` becomes
+    ``minitfm::tick(line, !!(c))`` (``!!``: the condition's own conversion to bool), an empty
+    one ``minitfm::tick(line, true)``: a loop that never ends is stopped at its time limit, and
+    named by its line (the ``for``'s or ``while``'s)."""
+    code = _blank_strings(text)
+    edits = []
+    for m in re.finditer(r"\b(for|while)\s*\(", code):
+        opening = m.end() - 1
+        closing = _closing(code, opening)
+        parts = _split_top(code, opening + 1, closing, ";")
+        if m.group(1) == "for" and len(parts) != 3:
+            continue                                  # a range-based for: it ends
+        start, end = parts[1] if m.group(1) == "for" else parts[0]
+        line = _line(code, m.start())
+        if not code[start:end].strip():
+            edits.append((start, start, f" minitfm::tick({line}, true)"))
+        elif not DECLARES.match(code[start:end]):
+            edits += [(start, start, f"minitfm::tick({line}, !!("), (end, end, "))")]
+    return _edited(text, edits)
+
+
 def _parameter_types(code: str, start: int, end: int) -> tuple:
     """The types of the parameters in ``code[start:end]``, their names and defaults dropped:
     a declaration and its definition give the same."""
@@ -402,6 +433,7 @@ def rewrite(source: str) -> HostSource:
         raise Unsupported("no __global__ function: a kernel is `extern \"C\" __global__ void "
                           "name(...)`")
     text = _rewrite_asm(text)
+    text = _instrument_loops(text)
     text = _instrument_helpers(text)
     text = _rewrite_shared(text)
     text = _rewrite_shared_scalars(text)
