@@ -72,6 +72,12 @@ def body_of(text: str, name: str) -> str:
     return text[open_:close]
 
 
+def unwritten_array(shape, dtype) -> numpy.ndarray:
+    """An output array as a launch finds it: NaN, the same in every process (an element the
+    kernel should write and does not is NaN, where the twin's is a number)."""
+    return numpy.full(shape, numpy.nan, dtype=dtype)
+
+
 def launch(ex: Exercise, seed: int = 0) -> tuple[tuple, tuple, str]:
     """The check's launch of the exercise's kernel: ``(grid, args, words)``, NumPy arrays and
     scalars typed as the kernel's parameters, and the launch in words."""
@@ -81,7 +87,7 @@ def launch(ex: Exercise, seed: int = 0) -> tuple[tuple, tuple, str]:
         n = 300                                 # two blocks, the second part-full
         dy = rng.standard_normal(n).astype(f32)
         keep = rng.random(n) >= 0.3
-        args = (dy, keep, numpy.empty(n, f32), fused.i64(n), fused.f32(dropout_scale(0.3)))
+        args = (dy, keep, unwritten_array(n, f32), fused.i64(n), fused.f32(dropout_scale(0.3)))
         return fused.grid_for(n), args, f"n = {n}: two blocks of {fused.THREADS} threads"
     if ex.name == "kernel_softmax":
         rows, cols = 5, 300                     # a row longer than a block
@@ -94,9 +100,9 @@ def launch(ex: Exercise, seed: int = 0) -> tuple[tuple, tuple, str]:
         rows, d = 4, 300
         x = (rng.standard_normal((rows, d)) * 2 + 1).astype(f32)
         gamma, beta = (rng.standard_normal(d).astype(f32) for _ in range(2))
-        y, xhat = numpy.empty((rows, d), f32), numpy.empty((rows, d), f32)
-        rstd = numpy.empty((rows, 1), f32)
-        y16 = numpy.empty((rows, d), numpy.float16)
+        y, xhat = unwritten_array((rows, d), f32), unwritten_array((rows, d), f32)
+        rstd = unwritten_array((rows, 1), f32)
+        y16 = unwritten_array((rows, d), numpy.float16)
         args = (x, gamma, beta, y, xhat, rstd, fused.i32(d), fused.f32(d * 1e-5), y16,
                 fused.i32(0))
         return (rows,), args, (f"{rows} rows of {d}: a block of {fused.THREADS} threads per row "
@@ -106,7 +112,7 @@ def launch(ex: Exercise, seed: int = 0) -> tuple[tuple, tuple, str]:
         z = (rng.standard_normal((n, v)) * 3).astype(f32)
         targets = rng.integers(1, v, size=n).astype(numpy.int64)
         targets[1] = 0                          # a padding row (pad_id 0)
-        sums = numpy.empty(2 * n, f32)
+        sums = unwritten_array(2 * n, f32)
         args = (z, targets, sums, fused.i64(n), fused.i32(v), fused.f32(0.1),
                 fused.f32(0.1 / (v - 1)), fused.i64(0), fused.f32(0.25), fused.i32(1), sums,
                 fused.i32(0))
