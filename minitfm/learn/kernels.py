@@ -15,6 +15,7 @@ one as a layer's gradient is (:mod:`minitfm.learn.diagnose`).
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import re
@@ -25,7 +26,7 @@ import numpy
 
 from minitfm import backend, cudahost, fused
 from minitfm.learn import diagnose, source, worker
-from minitfm.learn.exercises import Exercise, dropout_scale
+from minitfm.learn.exercises import EXERCISES, Exercise, dropout_scale
 from minitfm.learn.report import ArrayResult, CaseResult, Report
 
 __all__ = ["make", "check", "unwritten", "launch", "TODO", "kernel_of", "shapes_hint",
@@ -126,7 +127,9 @@ def _comment(lines: list[str]) -> str:
 
 
 def make(ex: Exercise, hard: bool = False) -> str:
-    """The exercise's ``.cu`` file."""
+    """The exercise's ``.cu`` file: its twin's code, and the code of each function the twin
+    calls, but of one another exercise writes (its solution), of which the file gives what it
+    computes (:func:`_computes`)."""
     kernel = kernel_of(ex)
     text = kernel.source.strip("\n")
     start, open_, close = _signature_span(text, kernel.name)
@@ -139,6 +142,7 @@ def make(ex: Exercise, hard: bool = False) -> str:
     grid, args, words = launch(ex)
     params = [p.name for p in kernel.host.params]
     described = ", ".join(f"{name} {_describe(a)}" for name, a in zip(params, args))
+    path = f"{ex.module.replace('.', '/')}.py"
     head = [f"Exercise {ex.number:02d}, {ex.name}: {ex.title}.",
             f"Write the body of {kernel.name} where it says TODO. The check runs it on the CPU",
             "(minitfm.cudahost: each thread a fiber, blocks one after another, in several "
@@ -146,13 +150,19 @@ def make(ex: Exercise, hard: bool = False) -> str:
             "holds each output to the kernel's twin, and names the line of this file of a fault.",
             f"  check it:  python -m minitfm.learn check {ex.name}",
             f"  a hint:    python -m minitfm.learn hint {ex.name}",
-            "", "Its twin, the plain code it must equal "
-            f"({ex.module.replace('.', '/')}.py):", *["    " + t for t in twin],
-            *[line for name in ex.keep for line in
-              ["", f"and {name}, which it calls:",
-               *["    " + t for t in source.plain_source(ex.module, name).splitlines()]]],
-            "", f"The check's launch: grid {grid}, block ({fused.THREADS},); {words};",
-            *textwrap.wrap(described, 94)]
+            "", f"Its twin, the plain code it must equal ({path}):", *["    " + t for t in twin]]
+    for name in ex.keep:
+        owner = _written_by(ex.module, name)
+        if owner is None:
+            head += ["", f"and {name}, which it calls:",
+                     *["    " + t for t in source.plain_source(ex.module, name).splitlines()]]
+        else:
+            head += ["", *textwrap.wrap(
+                f"and {name}, which it calls: exercise {owner.number:02d} ({owner.name}) writes "
+                f"it, so its code is not shown here. What it computes, from {path}:", 94),
+                *["    " + t for t in _computes(ex.module, name)]]
+    head += ["", *textwrap.wrap(f"The check's launch: grid {grid}, block ({fused.THREADS},); "
+                                f"{words};", 94), *textwrap.wrap(described, 94)]
     body = "\n    " + TODO + "\n"
     before = "\n".join(lines).strip("\n")
     parts = [_comment(head), "", before] if before else [_comment(head), ""]
@@ -162,10 +172,26 @@ def make(ex: Exercise, hard: bool = False) -> str:
     return "\n".join(p for p in parts if p is not None) + "\n"
 
 
+def _written_by(module: str, name: str) -> Exercise | None:
+    """The exercise (not a kernel's) whose learner writes function ``name`` of ``module``."""
+    return next((e for e in EXERCISES if e.kind != "kernel" and e.module == module
+                 and name in e.write), None)
+
+
+def _computes(module: str, name: str) -> list[str]:
+    """What a function computes, without its code: its signature and docstring, then the
+    derivation of the module's docstring."""
+    code = source.plain_source(module, name)
+    fn = ast.parse(code).body[0]
+    end = fn.body[0].end_lineno if source.is_docstring(fn.body[0]) else fn.lineno
+    return [*code.splitlines()[:end], *textwrap.dedent("\n".join(
+        source.derivation(module))).splitlines()]
+
+
 def _describe(value) -> str:
     if isinstance(value, numpy.ndarray):
         return f"{value.dtype} {tuple(value.shape)}"
-    return f"= {value!r}" if not isinstance(value, numpy.generic) else f"= {value.item()!r}"
+    return f"= {source.number(value.item() if isinstance(value, numpy.generic) else value)}"
 
 
 def unwritten(path: Path) -> bool:
@@ -319,6 +345,8 @@ def _fault_words(fault: dict, path: Path, text: str) -> str:
     lines = text.splitlines()
     line = int(fault.get("line") or 0)
     out = f"{fault.get('what')}" + (f" ({', '.join(where)})" if where else "")
+    if fault.get("timed_out"):
+        out += "; it was stopped at the time limit (--time-limit)"
     if 0 < line <= len(lines):
         out = f"{path.name}, line {line}: " + out + f"\n    {lines[line - 1].strip()}"
     return out

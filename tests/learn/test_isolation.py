@@ -244,3 +244,47 @@ def test_watch_checks_a_fix_saved_during_a_hanging_check(folder, capsys):
     assert time.monotonic() - started < 30, out
     assert "saved again during the check" in out and "linear passes" in out, out
     assert path.exists()
+
+
+KERNEL = by_name("kernel_dropout")
+KERNEL_BODY = "    // TODO: write the kernel's body\n"
+
+
+def kernel_file(folder, body: str) -> Path:
+    path = Workshop(folder).start(KERNEL)
+    path.write_text(path.read_text().replace(KERNEL_BODY, body))
+    return path
+
+
+def test_a_kernel_that_never_ends_is_stopped_at_its_loop(folder):
+    path = kernel_file(folder, "    long long i = (long long)blockIdx.x * blockDim.x + "
+                               "threadIdx.x;\n    while (i < n) { }\n")
+    started = time.monotonic()
+    result = check.run_check(KERNEL, path, limit=LIMIT)
+    text = report.describe(result)
+    assert time.monotonic() - started < 60, text        # the first compilation included
+    assert result.status == "fail", text
+    line = line_of(path, "while (i < n)")
+    assert f"{path.name}, line {line}: has run" in text and "without ending" in text, text
+    assert "block (0, 0, 0)" in text and "thread (" in text and "--time-limit" in text, text
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_stops_a_hanging_kernel_check_at_once(folder, tmp_path):
+    path = kernel_file(folder, "    while (true) { }\n")
+    check.run_check(KERNEL, path, limit=LIMIT)             # compiled once, outside the timing
+    command = subprocess.Popen([sys.executable, "-m", "minitfm.learn", "--dir", str(folder),
+                                "check", "kernel_dropout", "--time-limit", "300"], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2.0)
+    assert command.poll() is None, command.communicate()
+    children = Path(f"/proc/{command.pid}/task/{command.pid}/children").read_text().split()
+    assert children, "the check runs the kernel in a process of its own"
+    command.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    out, err = command.communicate(timeout=20)
+    assert time.monotonic() - started < 5 and command.returncode == 130, (out, err)
+    deadline = time.monotonic() + 5
+    while not all(gone(int(pid)) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(gone(int(pid)) for pid in children), "the kernel's process outlived the command"
