@@ -1,19 +1,26 @@
-"""The workshop's checks: how long one exercise's check takes, each exercise written with the
-library's own code (a pass) and with one of its named mistakes (a failure, diagnosed).
+"""The workshop's checks as a learner runs them: ``python -m minitfm.learn check NAME``, the whole
+command (the interpreter's start, the imports, the learner's process, the verdict), each
+exercise written with the library's own code (a pass) and with one of its named mistakes (a
+failure, diagnosed).
 
     python benchmarks/bench_learn.py [--rounds 3] [--only NAME]
 
-Each check runs as ``python -m minitfm.learn check`` runs it, in this process, in a folder of its
-own; a kernel's first check compiles it (a few tenths of a second with g++), so the kernels are
-timed once compiled, as a learner's second check is. Printed: the fastest of ``--rounds`` runs of
-each, passed and failed. On a 2-core AMD EPYC without AVX-512 (Zen 3), 2026-12-02: every check
-under 2 s; the slowest, the decoder stack, 1.6 s (its two gradient checks perturb some 1,500
-numbers four times each).
+Printed for each: the fastest of ``--rounds`` runs, wall-clock seconds and CPU seconds (the
+command's and its children's, user and system). A kernel's first check compiles it, so the
+kernels are timed once compiled, as a learner's second check is. To measure the AVX2 code paths
+on an AVX-512 machine, run it as
+
+    OPENBLAS_CORETYPE=Haswell NUMBA_CPU_NAME=haswell \\
+        NPY_DISABLE_CPU_FEATURES="X86_V4 AVX512_ICL AVX512_SPR" python benchmarks/bench_learn.py
+
+(the commands it starts inherit the environment; it prints which SIMD extensions NumPy uses).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -21,10 +28,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from minitfm import backend, placement  # noqa: E402
-from minitfm.learn import check, kernels, source  # noqa: E402
+import numpy  # noqa: E402
+
+from minitfm.learn import kernels, source  # noqa: E402
 from minitfm.learn.exercises import EXERCISES  # noqa: E402
 from minitfm.learn.workshop import Workshop, make  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def written(folder: Path, ex, mistake=None) -> Path:
@@ -45,13 +55,22 @@ def written(folder: Path, ex, mistake=None) -> Path:
     return path
 
 
-def fastest(ex, path: Path, rounds: int) -> tuple[float, str]:
-    best, status = float("inf"), ""
-    for _ in range(rounds):
-        started = time.perf_counter()
-        status = check.run_check(ex, path).status
-        best = min(best, time.perf_counter() - started)
-    return best, status
+def timed(ex, folder: Path) -> tuple[float, float, int]:
+    """One ``check`` command: (wall seconds, CPU seconds of it and its children, status)."""
+    before = os.times()
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "minitfm.learn", "--dir", str(folder), "check",
+                           ex.name], cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + \
+        (after.children_system - before.children_system)
+    return wall, cpu, done.returncode
+
+
+def fastest(ex, folder: Path, rounds: int) -> tuple[float, float, int]:
+    runs = [timed(ex, folder) for _ in range(rounds)]
+    return min(r[0] for r in runs), min(r[1] for r in runs), runs[-1][2]
 
 
 def main() -> None:
@@ -59,22 +78,33 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", default="")
     args = parser.parse_args()
-    backend.use("numpy")
-    placement.limit_blas_threads(1)
-    print(f"{'exercise':<18} {'pass':>8} {'a mistake':>10}")
-    worst = 0.0
+    umath = numpy._core._multiarray_umath             # what numpy.show_runtime() reads
+    print("NumPy's SIMD dispatch targets in use:", " ".join(
+        f for f in umath.__cpu_dispatch__ if umath.__cpu_features__[f]) or "the baseline only")
+    print(f"{'exercise':<18} {'pass: wall':>11} {'CPU':>6}   {'a mistake: wall':>16} {'CPU':>6}")
+    worst_wall = worst_cpu = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         for ex in EXERCISES:
             if args.only not in ex.name:
                 continue
             folder = Path(tmp) / ex.name
-            right = fastest(ex, written(folder, ex), args.rounds)
-            wrong = fastest(ex, written(folder, ex, ex.mistakes[0]), args.rounds) \
-                if ex.mistakes else (float("nan"), "")
-            assert right[1] == "pass" and wrong[1] in ("fail", ""), (ex.name, right, wrong)
-            worst = max(worst, right[0], wrong[0] if wrong[1] else 0.0)
-            print(f"{ex.name:<18} {right[0]:>7.2f}s {wrong[0]:>9.2f}s", flush=True)
-    print(f"the slowest check: {worst:.2f} s")
+            written(folder, ex)
+            if ex.kind == "kernel":
+                timed(ex, folder)                       # compiled once, as a second check
+            right = fastest(ex, folder, args.rounds)
+            wrong = (float("nan"), float("nan"), 1)
+            if ex.mistakes:
+                written(folder, ex, ex.mistakes[0])
+                if ex.kind == "kernel":
+                    timed(ex, folder)
+                wrong = fastest(ex, folder, args.rounds)
+            assert right[2] == 0 and wrong[2] == 1, (ex.name, right, wrong)
+            for wall, cpu in (right[:2], wrong[:2]):
+                if wall == wall:
+                    worst_wall, worst_cpu = max(worst_wall, wall), max(worst_cpu, cpu)
+            print(f"{ex.name:<18} {right[0]:>10.2f}s {right[1]:>5.2f}s   {wrong[0]:>15.2f}s "
+                  f"{wrong[1]:>5.2f}s", flush=True)
+    print(f"the slowest check: {worst_wall:.2f} s wall, {worst_cpu:.2f} s of CPU")
 
 
 if __name__ == "__main__":
