@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import numbers
 import re
 import textwrap
 from pathlib import Path
@@ -24,7 +25,8 @@ from minitfm import files
 from minitfm.data import reading
 
 __all__ = ["TODO", "module_source", "blanked", "plain_source", "derivation", "unwritten",
-           "unwritten_text", "undefined", "filled", "FAST_PATH_PARAGRAPHS", "is_docstring"]
+           "unwritten_text", "undefined", "filled", "FAST_PATH_PARAGRAPHS", "is_docstring",
+           "number"]
 
 TODO = "not written yet: replace this line with your code"
 # docstring paragraphs about the fast paths: an exercise has the plain code alone
@@ -36,6 +38,16 @@ DERIVATION_HEADS = ("Backward", "Backward:")
 def module_source(module: str) -> str:
     """The text of a module of the library (``minitfm.layers.layernorm``)."""
     return Path(importlib.import_module(module).__file__).read_text(encoding="utf-8")
+
+
+def number(value) -> str:
+    """A number as an exercise shows it: an integer whole, a real to five significant digits
+    (1.4286; 0.1 for float32's 0.100000001), a truth value as Python writes it."""
+    if isinstance(value, bool) or type(value).__name__ in ("bool", "bool_"):
+        return str(bool(value))
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    return f"{float(value):.5g}"
 
 
 def _paragraphs(text: str) -> list[str]:
@@ -61,17 +73,58 @@ def docstring_for_exercise(doc: str, hard: bool) -> str:
     derivation of the backward pass."""
     paragraphs = _drop(_paragraphs(doc), FAST_PATH_PARAGRAPHS)
     if hard:
-        paragraphs = _drop(paragraphs, DERIVATION_HEADS)
-        paragraphs = [_without_backward_lines(p) for p in paragraphs]
+        paragraphs = _without_derivation(paragraphs)
     return "\n\n".join(p for p in paragraphs if p.strip())
 
 
+def _without_derivation(paragraphs: list[str]) -> list[str]:
+    """The paragraphs without the derivation: a paragraph that starts with "Backward" and the
+    indented ones after it (but its closing prose on something else), and the backward lines
+    of a paragraph that gives both passes."""
+    kept, dropping = [], False
+    for paragraph in paragraphs:
+        starts = paragraph.lstrip("\n")
+        if not starts[:1].isspace():
+            dropping = starts.startswith(DERIVATION_HEADS)
+            if dropping:
+                kept.append(_closing_prose(paragraph))
+                continue
+        if not dropping:
+            kept.append(_without_backward_lines(paragraph))
+    return kept
+
+
+# words of the backward pass: prose that closes a derivation and speaks of them is part of it
+BACKWARD_WORDS = re.compile(r"backward|gradient|jacobian|derivative|\bd\w+/d", re.I)
+
+
+def _closing_prose(paragraph: str) -> str:
+    """The prose that closes a derivation paragraph after its formulas, where it speaks of
+    something else (attention's: "Attention dropout (...) zeroes whole weights", to which the
+    forward formulas point with "see below"); "" where there is none, where it goes on with a
+    sentence of the derivation, or where it speaks of the backward pass."""
+    lines = paragraph.strip("\n").splitlines()
+    indented = [i for i, line in enumerate(lines) if line[:1].isspace()]
+    tail = lines[(indented[-1] if indented else 0) + 1:]
+    text = " ".join(line.strip() for line in tail)
+    if not text or not text[0].isupper() or BACKWARD_WORDS.search(text):
+        return ""
+    return "\n".join(tail)
+
+
+def _backward_line(line: str) -> bool:
+    """Whether a line inside a paragraph starts the backward pass's formulas ("Backward: ...",
+    or "backward: ..." under a forward formula)."""
+    text = line.lstrip()
+    return text.startswith(DERIVATION_HEADS) or text.startswith("backward:")
+
+
 def _without_backward_lines(paragraph: str) -> str:
-    """A paragraph that mixes the forward and backward formulas (``Backward:`` on a line of its
-    own inside it), cut before the backward ones."""
+    """A paragraph that mixes the forward and backward formulas (a backward line inside it, as
+    :func:`_backward_line` says), cut before the backward ones."""
     lines = paragraph.splitlines()
     for i, line in enumerate(lines):
-        if line.lstrip().startswith(DERIVATION_HEADS) and i:
+        if i and _backward_line(line):
             return "\n".join(lines[:i]).rstrip()
     return paragraph
 
@@ -87,7 +140,7 @@ def derivation(module: str) -> list[str]:
             inside = paragraph.startswith(DERIVATION_HEADS)
             if not inside:
                 for k, line in enumerate(paragraph.splitlines()):   # "Backward:" inside one
-                    if line.lstrip().startswith(DERIVATION_HEADS) and k:
+                    if k and _backward_line(line):
                         found += paragraph.splitlines()[k:]
                         break
         if inside:

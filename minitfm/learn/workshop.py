@@ -14,7 +14,6 @@ file is written whole or not at all.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import importlib
 import json
@@ -23,13 +22,11 @@ from pathlib import Path
 
 from minitfm import backend, files
 from minitfm.data import DataError
-from minitfm.learn import kernels, source
+from minitfm.learn import kernels, source, todo
 from minitfm.learn.check import ALL_CASES, case_sizes, constants, gradients, run_case
 from minitfm.learn.exercises import EXERCISES, Exercise
-from minitfm.learn.learner import recorders, substituted
-from minitfm.learn.modelcheck import model_batch, model_cases, model_loss
 
-__all__ = ["Workshop", "STATES", "todo_lines", "header"]
+__all__ = ["Workshop", "STATES", "header", "make", "hint"]
 
 STATES = ("not started", "started", "written", "passing")
 PROGRESS = "progress.json"
@@ -175,139 +172,12 @@ def make(ex: Exercise, hard: bool = False) -> str:
     """The exercise's file, from the library's source as it is now."""
     if ex.kind == "kernel":
         return kernels.make(ex, hard)
-    todos = {name: todo_lines(ex, name, call) for name, call in calls(ex).items()}
+    todos = {name: todo.todo_lines(ex, name, call) for name, call in todo.calls(ex).items()}
     for name, words in ex.todo.items():
-        todos[name] = [line for w in words for line in textwrap.wrap(w, 90)] + \
+        todos[name] = [line for w in words for line in textwrap.wrap(w, todo.WIDTH)] + \
             [f"Check it: python -m minitfm.learn check {ex.name}"]
     return source.blanked(ex.module, ex.write, ex.keep, hard=hard, todos=todos,
                           header=header(ex, hard), borrow=ex.borrow)
-
-
-def calls(ex: Exercise) -> dict:
-    """For each function to write, one call the library makes of it in the exercise's check:
-    ``(case name, bound arguments, result)``."""
-    if ex.kind == "optim":
-        return {}
-    library = importlib.import_module(ex.module)
-    found: dict = {}
-    models = model_cases(ex) if ex.kind == "model" else {}
-    with backend.using("numpy"):
-        for case_name in ex.cases:
-            functions, seen = recorders(library, ex.write)
-            if ex.kind == "model":
-                case = models[case_name]
-                with substituted(library, functions):
-                    model_loss(library, case, *model_batch(case, 0))
-            else:
-                case = ALL_CASES[case_name]
-                with constants(ex, library):
-                    run_case(case, case_sizes(ex, case), 0, library, functions)
-            for name, (arguments, result) in seen.items():
-                found.setdefault(name, (case_name, arguments, result))
-    return found
-
-
-PARAMETERS = {
-    "out": "None in the check; in a model, arrays to write the gradients into (you may leave "
-           "it: the workshop's train writes what you return there)",
-    "dq_out": "None in the check: return new arrays (a model passes views to write into; the "
-              "workshop's train writes what you return there)",
-    "dk_out": "as dq_out", "dv_out": "as dq_out",
-    "sublayer_backward": "the sub-layer's backward: sublayer_backward(df, cache.sublayer) -> "
-                         "(dh, *rest), rest its other gradients",
-    "dloss": "the gradient of the loss with respect to loss_sum",
-}
-OUTPUT_WORDS = "the gradient of the loss with respect to the forward pass's output"
-
-
-def _shape(value) -> str:
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value).__name__
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-        return str(tuple(int(s) for s in value.shape)) if value.ndim else "a number (0-d)"
-    if value is None:
-        return "None"
-    if isinstance(value, (bool, int, float, str)):
-        return repr(value)
-    if isinstance(value, dict):
-        return "{" + ", ".join(f'"{k}": {_shape(v)}' for k, v in list(value.items())[:8]) + \
-            (", ..." if len(value) > 8 else "") + "}"
-    if isinstance(value, (list, tuple)):
-        kinds = sorted({type(v).__name__ for v in value})
-        return f"a {type(value).__name__} of {len(value)} {'/'.join(kinds)}"
-    if callable(value):
-        return "a function"
-    return type(value).__name__
-
-
-def _field_comments(ex: Exercise, class_name: str) -> dict:
-    """The comments beside a cache class's fields in the library's source: field -> words."""
-    text = source.module_source(ex.module)
-    lines = text.splitlines()
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.ClassDef) and node.name == class_name:
-            found = {}
-            for item in node.body:
-                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-                    line = lines[item.lineno - 1]
-                    found[item.target.id] = line.split("#", 1)[1].strip() if "#" in line else ""
-            return found
-    return {}
-
-
-def _cache_lines(ex: Exercise, cache, indent: str, depth: int = 0) -> list[str]:
-    comments = _field_comments(ex, type(cache).__name__)
-    out = []
-    for name in cache._fields:
-        value = getattr(cache, name)
-        words = comments.get(name, "")
-        if isinstance(value, tuple) and hasattr(value, "_fields"):
-            words = f"{type(value).__module__.rsplit('.', 1)[-1]}.{type(value).__name__}" + \
-                (f": {words}" if words else "")
-        out += _row(f"{indent}.{name}", _shape(value), words)
-        if depth == 0 and isinstance(value, tuple) and hasattr(value, "_fields") and \
-                type(value).__module__ == ex.module:
-            out += _cache_lines(ex, value, indent + "  ", depth + 1)
-    return out
-
-
-def _row(name: str, shape: str, words: str, width: int = 86) -> list[str]:
-    """A TODO's row: the name, its shape, the words wrapped under each other."""
-    lead = f"{name:<16} {shape:<15} "
-    if len(lead) > 33:
-        lead = f"{name} {shape}  "
-    wrapped = textwrap.wrap(words, max(30, width - len(lead))) or [""]
-    return [(lead + wrapped[0]).rstrip()] + [" " * len(lead) + w for w in wrapped[1:]]
-
-
-def todo_lines(ex: Exercise, name: str, call) -> list[str]:
-    """The TODO of function ``name``: every input, cache field and output with its shape in
-    one call of the check, and how to check it."""
-    case_name, arguments, result = call
-    lines = [f"TODO: write {name}. In the check's case \"{case_name}\" it gets:"]
-    first = True
-    for param, value in arguments.items():
-        if isinstance(value, tuple) and hasattr(value, "_fields"):
-            lines.append(f"  {param:<14} {type(value).__name__}, from the forward pass:")
-            lines += _cache_lines(ex, value, "    ")
-        else:
-            words = PARAMETERS.get(param, OUTPUT_WORDS if first else "")
-            lines += _row(f"  {param}", _shape(value), words)
-        first = False
-    lines.append("and returns:")
-    case = ALL_CASES[case_name]
-    if isinstance(result, tuple) and not hasattr(result, "_fields"):
-        names = [""] * len(result)
-        if ex.kind == "layer" and len(result) == len(case.d_inputs) + 1 \
-                and isinstance(result[-1], dict):
-            names = [f"d{n}" if n else "None" for n in case.d_inputs] + [
-                "the parameters' gradients" if result[-1] else "no parameters"]
-        lines += [f"  {_shape(v)}" + (f"   {n}" if n and n != "None" else "")
-                  for v, n in zip(result, names)]
-    else:
-        lines.append(f"  {_shape(result)}")
-    lines.append(f"Check it: python -m minitfm.learn check {ex.name}")
-    return lines
 
 
 def hint(ex: Exercise, k: int) -> str:
@@ -340,7 +210,8 @@ def shapes_hint(ex: Exercise) -> str:
     with backend.using("numpy"), constants(ex, library):
         arrays, _, _, result = run_case(case, case_sizes(ex, case), 0, library, {})
     grads = gradients(case, result)
-    pairs = "; ".join(f"{name} {_shape(arrays[name])} -> d{name} {_shape(g)}"
+    pairs = "; ".join(f"{name} {todo.value_text(arrays[name])} -> d{name} "
+                      f"{todo.value_text(g)}"
                       for name, g in grads.items())
     return (f"in the case \"{case.name}\": {pairs}. A gradient has the shape of what it "
             f"differentiates; where a parameter meets every row, its gradient sums over the "
