@@ -295,10 +295,12 @@ EXERCISES = [
                   "from 1), times self.factor: self.d_model and self.warmup are the "
                   "equation's; time_fraction is for other schedules: leave it."],
               "coefficients": [
-                  "TODO: return (b1, b2, step_size, v_scale, keep) for update `step`: b1, b2 "
-                  "and keep as given, step_size and v_scale such that the equation above holds "
-                  "(the bias corrections of m and v). state: None in the check and in train "
-                  "(a loss scaler's, under mixed precision): leave it."],
+                  "TODO: return (b1, b2, step_size, v_scale, keep) for update `step` (counted "
+                  "from 1): b1, b2 and keep as given, and step_size and v_scale the numbers "
+                  "that make step_size * m / (sqrt(v) * v_scale + eps) equal lr * m_hat / "
+                  "(sqrt(v_hat) + eps), m_hat and v_hat the bias-corrected moments of Adam "
+                  "(Algorithm 1, at the top of this file). state: None in the check and in the "
+                  "workshop's train (a loss scaler's, under mixed precision): leave it."],
               "adam_step": [
                   "TODO: one Adam step, in place: m and v updated, then p; p, g, m and v are "
                   "arrays of one shape (in the check (3, 4) and (5,), float64), b1, b2, eps, "
