@@ -46,9 +46,9 @@ PARAMETERS = {
     "out": "None in the check: return new arrays. In a model, the arrays to write the gradients "
            "into, by grads' names: overwrite and return them (" + RULE + "), or leave it: the "
            "workshop's train writes what you return there",
-    "dq_out": "None in the check: return a new array. In a model, a view of the merged heads to "
-              f"write dq into and return ({RULE}), or leave it: the workshop's train writes "
-              "what you return there",
+    "dq_out": "None in this call: return a new array. Given (self_backward and cross_backward "
+              "pass views of their merged heads, and the library's read them after), write dq "
+              f"there and return it ({RULE})",
     "dk_out": "as dq_out, for dk", "dv_out": "as dq_out, for dv",
     "sublayer_backward": "the sub-layer's backward: sublayer_backward(df, cache.sublayer) -> "
                          "(dh, *rest), rest its other gradients",
