@@ -11,13 +11,20 @@ from pathlib import Path
 import numpy
 
 from minitfm.learn import diagnose
+from minitfm.learn.alternatives import Alternatives, edited
 from minitfm.learn.exercises import Exercise
-from minitfm.learn.learner import edited_function
+from minitfm.learn.locate import Region
 from minitfm.learn.report import ArrayResult, CaseResult
 
 __all__ = ["check_optim", "SCHEDULE_STEPS", "schedule_values", "adam_run"]
 
+WARMUP = 4000
 SCHEDULE_STEPS = (1, 2, 10, 1000, 3999, 4000, 4001, 8000, 100000)
+# the schedule's two branches, for the diagnosis: where the rate is wrong
+BRANCHES = [Region(f"during the warm-up (steps below {WARMUP})",
+                   numpy.array(SCHEDULE_STEPS) < WARMUP),
+            Region(f"after the warm-up (steps above {WARMUP})",
+                   numpy.array(SCHEDULE_STEPS) > WARMUP)]
 # the two arrays' gradients: of order 1, and of order 1e-8, where sqrt(v_hat) is near eps (1e-9),
 # so that eps in the wrong place (inside the root, or left out) changes the update
 GRADIENT_SCALES = (1.0, 1e-8)
@@ -26,7 +33,7 @@ GRADIENT_SCALES = (1.0, 1e-8)
 def schedule_values(schedule_cls, call=None):
     """A schedule class's learning rates at :data:`SCHEDULE_STEPS` (``call``: its ``__call__``
     replaced)."""
-    schedule = schedule_cls(d_model=512, warmup=4000)
+    schedule = schedule_cls(d_model=512, warmup=WARMUP)
     fn = call or type(schedule).__call__
     return numpy.array([fn(schedule, s) for s in SCHEDULE_STEPS], dtype=numpy.float64)
 
@@ -38,21 +45,23 @@ def check_optim(ex: Exercise, learned: dict, path: Path, seed: int = 0,
     optim = importlib.import_module(ex.module)
     results = []
 
-    result = CaseResult("the paper's schedule, d_model 512, warmup 4000", {"d": 512})
+    result = CaseResult(f"the paper's schedule, d_model 512, warmup {WARMUP}, at steps "
+                        f"{', '.join(map(str, SCHEDULE_STEPS))}", {})
     results.append(result)
     right = schedule_values(optim.LRSchedule)
     mine = learned.get("schedule")
     if isinstance(mine, dict):
         result.problem = str(mine.get("not_written") or mine.get("error"))
     else:
-        alternatives = {m.label: schedule_values(optim.LRSchedule, edited_function(
-            optim, m.function, m.old, m.new)) for m in ex.mistakes
-            if m.function == "LRSchedule.__call__"}
+        def schedule(mistakes):
+            return {"lr": schedule_values(optim.LRSchedule,
+                                          edited(optim, mistakes)["LRSchedule.__call__"])}
+        alternatives = Alternatives(schedule, [m for m in ex.mistakes
+                                               if m.function == "LRSchedule.__call__"],
+                                    regions=BRANCHES)
         _compare(result, "lr", mine, right, tolerance, alternatives,
-                 {"sqrt(d_model)": math.sqrt(512), "sqrt(warmup)": math.sqrt(4000)})
-        if result.arrays and not result.arrays[0].ok:
-            result.arrays[0].diagnosis = (result.arrays[0].diagnosis or "") + \
-                f" (at steps {', '.join(map(str, SCHEDULE_STEPS))})"
+                 {"sqrt(d_model)": math.sqrt(512), "sqrt(warmup)": math.sqrt(WARMUP)},
+                 {"lr": mine}, labels={0: ("step", SCHEDULE_STEPS)})
 
     result = CaseResult("Adam, three updates of two arrays (beta1 0.9, beta2 0.98, eps 1e-9; "
                         "p1's gradients of order 1e-8, where eps counts)", {})
@@ -64,21 +73,20 @@ def check_optim(ex: Exercise, learned: dict, path: Path, seed: int = 0,
         result.problem = str(mine.get("not_written") or mine.get("error") or
                              "your Adam gave no updates")
         return results
-    alternatives = {}
-    for m in ex.mistakes:
-        if m.function in ("coefficients", "adam_step"):
-            parts = {"coefficients": optim.coefficients, "adam_step": optim.adam_step}
-            parts[m.function] = edited_function(optim, m.function, m.old, m.new)
-            with numpy.errstate(all="ignore"):
-                alternatives[m.label] = adam_run(parts["coefficients"], parts["adam_step"],
-                                                 seed)
+    def adam(mistakes):
+        parts = {"coefficients": optim.coefficients, "adam_step": optim.adam_step,
+                 **edited(optim, mistakes)}
+        return adam_run(parts["coefficients"], parts["adam_step"], seed)
+    alternatives = Alternatives(adam, [m for m in ex.mistakes
+                                       if m.function in ("coefficients", "adam_step")])
     for name in right:
-        _compare(result, name, mine.get(name), right[name], 1e-10,
-                 {k: v[name] for k, v in alternatives.items()}, {"1 - beta1": 0.1})
+        _compare(result, name, mine.get(name), right[name], 1e-10, alternatives,
+                 {"1 - beta1": 0.1}, mine)
     return results
 
 
-def _compare(result: CaseResult, name, mine, right, tolerance, alternatives, extra) -> None:
+def _compare(result: CaseResult, name, mine, right, tolerance, alternatives: Alternatives,
+             extra, yours: dict, labels=None) -> None:
     if not isinstance(mine, numpy.ndarray) or mine.dtype.kind not in "fiu":
         item = ArrayResult(name, math.inf, False)
         result.arrays.append(item)
@@ -92,8 +100,10 @@ def _compare(result: CaseResult, name, mine, right, tolerance, alternatives, ext
     result.arrays.append(item)
     if not item.ok:
         item.first = diagnose.first_wrong(mine, right, tolerance) if mine is not None else None
-        item.diagnosis = diagnose.diagnose(name, mine, right, mistakes=alternatives,
-                                           known=diagnose.quantities({}, extra))
+        item.diagnosis = diagnose.diagnose(name, mine, right,
+                                           known=diagnose.quantities({}, extra), labels=labels,
+                                           noun="value",
+                                           **alternatives.about(name, right, yours))
 
 
 def adam_run(coefficients, adam_step, seed) -> dict:

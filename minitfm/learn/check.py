@@ -29,7 +29,6 @@ import contextlib
 import dataclasses
 import importlib
 import inspect
-import itertools
 import math
 import time
 from pathlib import Path
@@ -41,8 +40,10 @@ from minitfm.gradcheck.cases import CASES, MODEL_CASES
 from minitfm.gradcheck.check import STEPS, TOLERANCE, five_point, smallest_error
 from minitfm.learn import diagnose, kernels, source, worker
 from minitfm.learn.adamcheck import check_optim
+from minitfm.learn.alternatives import (Alternatives, cache_of, cache_regions, edited,
+                                        field_swaps, mask_regions, regroup_renamed)
 from minitfm.learn.exercises import Exercise
-from minitfm.learn.learner import edited_function, recorders, substituted
+from minitfm.learn.learner import recorders, substituted
 from minitfm.learn.modelcheck import check_model
 from minitfm.learn.report import ArrayResult, CaseResult, Report
 
@@ -172,62 +173,29 @@ def _kind(value) -> str:
     return worker.describe(value)
 
 
-# ---- the named mistakes, for the diagnosis -----------------------------------------------------
+# ---- what the library gives with a mistake made, for the diagnosis ---------------------------
 
-def _cache_of(args) -> tuple:
-    """The first named-tuple argument of a call (its cache), and where it is."""
-    for i, a in enumerate(args):
-        if isinstance(a, tuple) and hasattr(a, "_fields"):
-            return i, a
-    return None, None
+def _alternatives(ex: Exercise, case, sizes, seed, library, arrays) -> Alternatives:
+    """The case's results with each named mistake of the exercise made, and with the cache's
+    fields read in one another's places; and the case's masks."""
+    def run(functions=None, mistakes=()):
+        with numpy.errstate(all="ignore"), constants(ex, library):     # edited under them too
+            functions = functions or edited(library, mistakes)
+            return gradients(case, run_case(case, sizes, seed, library, functions)[3])
 
-
-def _field_swap(fn, use: str, instead: str):
-    """The library's ``fn`` reading its cache's field ``use`` in place of ``instead``."""
-    def run(*args, **kwargs):
-        i, cache = _cache_of(args)
-        if cache is not None and hasattr(cache, use) and hasattr(cache, instead):
-            args = list(args)
-            args[i] = cache._replace(**{instead: getattr(cache, use)})
-        return fn(*args, **kwargs)
-    return run
-
-
-def _array_fields(cache) -> list[str]:
-    return [f for f in cache._fields if hasattr(getattr(cache, f), "shape")
-            and getattr(getattr(cache, f), "ndim", 0) > 0]
-
-
-def _mistakes(ex: Exercise, case, sizes, seed, library, cache_sample) -> dict:
-    """label -> the gradients the library gives with that mistake made, for this case."""
-    with numpy.errstate(all="ignore"), constants(ex, library):
-        return _mistakes_made(ex, case, sizes, seed, library, cache_sample)
-
-
-def _mistakes_made(ex: Exercise, case, sizes, seed, library, cache_sample) -> dict:
-    found = {}
-    for mistake in ex.mistakes:
+    caches = _recorded_caches(ex, case, sizes, seed, library)
+    swaps = {}
+    for label, functions in field_swaps(library, caches).items():
         try:
-            fn = edited_function(library, mistake.function, mistake.old, mistake.new)
-            _, _, _, result = run_case(case, sizes, seed, library, {mistake.function: fn})
-            found[mistake.label] = gradients(case, result)
-        except Exception:           # a mistake that does not apply to this case (pre-LN only)
+            swaps[label] = run(functions)
+        except Exception:               # a field this case's code cannot take in another's place
             continue
-    for name, cache in cache_sample.items():
-        fields = _array_fields(cache)
-        for use, instead in itertools.permutations(fields, 2):
-            a, b = getattr(cache, use), getattr(cache, instead)
-            if a.shape != b.shape or a is b or numpy.array_equal(a, b):
-                continue
-            label = (f"it reads cache.{use} where cache.{instead} belongs (the wrong cache "
-                     f"field)")
-            try:
-                fn = _field_swap(getattr(library, name), use, instead)
-                _, _, _, result = run_case(case, sizes, seed, library, {name: fn})
-                found[label] = gradients(case, result)
-            except Exception:
-                continue
-    return found
+    specs = case.arrays if isinstance(case.arrays, dict) else {}
+    regions = mask_regions(specs, arrays)
+    for cache in caches.values():
+        regions += cache_regions(_reachable({"cache": cache}))
+    return Alternatives(lambda mistakes: run(mistakes=mistakes), ex.mistakes, swaps,
+                        regions=regions)
 
 
 def _axis_names(case, name) -> tuple[str, ...] | None:
@@ -243,7 +211,7 @@ def _recorded_caches(ex: Exercise, case, sizes, seed, library) -> dict:
     functions, seen = recorders(library, [n for n in ex.write if "." not in n])
     with constants(ex, library):
         run_case(case, sizes, seed, library, functions)
-    caches = {name: _cache_of(tuple(arguments.values()))[1]
+    caches = {name: cache_of(tuple(arguments.values()))[1]
               for name, (arguments, _) in seen.items()}
     return {name: cache for name, cache in caches.items() if cache is not None}
 
@@ -299,20 +267,19 @@ def check_layer(ex: Exercise, learned: dict, path: Path, seed: int = 0,
                 item.diagnosis = fault
                 continue
             if alternatives is None:
-                caches = _recorded_caches(ex, case, sizes, seed, library)
-                alternatives = _mistakes(ex, case, sizes, seed, library, caches)
+                alternatives = _alternatives(ex, case, sizes, seed, library, arrays)
             a = a.real if a.dtype.kind == "c" else a
             item.first = diagnose.first_wrong(a, r, tolerance)
             item.diagnosis = diagnose.diagnose(
-                name, a, r, others=right,
-                mistakes={label: grads.get(name) for label, grads in alternatives.items()},
+                name, a, r, others={**right, diagnose.PASSED_THROUGH: g},
                 known=diagnose.quantities(sizes, ex.quantities),
-                axis_names=_axis_names(case, name))
+                axis_names=_axis_names(case, name), **alternatives.about(name, r, mine))
             if fault is not None:
                 item.diagnosis = fault + ("; and " + item.diagnosis if item.diagnosis else "")
+        regroup_renamed(result.arrays, mine, right)
         if result.ok:
-            result.note = _confirmed(case, sizes, seed, arrays, g, right, ex, library,
-                                     result.note)
+            result.confirmed = _confirmed(case, sizes, seed, arrays, g, right, ex, library,
+                                          None)
     return results
 
 

@@ -2,13 +2,8 @@
 that has a backward pass, Adam with the paper's schedule, the whole encoder-decoder backward,
 then four CUDA kernels. Each row names the library's module, the functions the learner writes
 (their bodies blanked), the functions kept beside them (the forward pass), the gradient checks
-that judge it (``minitfm.gradcheck``'s cases, by name) and its named mistakes.
-
-A named mistake is a typical wrong line, given as an edit of the library's own code (the
-function, the text, its wrong replacement): the diagnosis runs the library's backward with that
-edit on the learner's inputs, and where the learner's gradient equals the result, it names the
-mistake. The tests plant these and other mistakes in the library's code and hold the diagnosis
-to naming each; an edit whose text the library no longer has fails a test.
+that judge it (``minitfm.gradcheck``'s cases, by name); its named mistakes, typical wrong lines
+the diagnosis names, are in ``mistakes.py``, by the exercise's name.
 """
 
 from __future__ import annotations
@@ -17,18 +12,9 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from minitfm import philox
+from minitfm.learn.mistakes import MISTAKES, Mistake
 
-__all__ = ["Mistake", "Exercise", "EXERCISES", "by_name", "ORDER"]
-
-
-@dataclass(frozen=True)
-class Mistake:
-    """``label``: what the diagnosis says; in function ``function`` of the exercise's module the
-    text ``old`` (found exactly once) becomes ``new``."""
-    label: str
-    function: str
-    old: str
-    new: str
+__all__ = ["Exercise", "EXERCISES", "by_name", "ORDER"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +25,9 @@ class Exercise:
     ``step``: the chain-rule step, the second hint. ``borrow``: names the exercise imports from
     the library instead of copying (not part of the exercise: a mask's random numbers).
     ``quantities``: name -> value of the case's numbers beyond its sizes (a dropout's scale),
-    for the diagnosis of a constant factor. ``sizes``: the sizes the check runs its cases at
+    for the diagnosis of a constant factor, or a size's key -> its name where it is not the
+    usual one (a stack's n, its number of layers). ``mistakes``: the named mistakes
+    (``mistakes.MISTAKES``). ``sizes``: the sizes the check runs its cases at
     (over the gradient checks' own, where the case has them), and for the model ``config``,
     the config's fields ("*": every case; a case's name: that case's): all distinct, none 2,
     none the square of another, so that no size written in place of another passes by
@@ -79,12 +67,13 @@ def dropout_scale(p: float) -> float:
 
 
 KEEP_P = {"1/(1-p), the dropout's scale": dropout_scale(0.3)}
+LAYERS = {"n": "the number of layers n"}        # a stack's n (a loss's n is its rows)
 ATTENTION_CASES = ("attention (padding mask)", "attention (causal mask)", "attention (dropout)",
                    "multi-head self-attention", "multi-head self-attention (dropout)",
                    "multi-head cross-attention", "multi-head cross-attention (dropout)")
 
 
-def _stack(name: str, title: str, cases: tuple[str, ...], extra: tuple[Mistake, ...] = ()):
+def _stack(name: str, title: str, cases: tuple[str, ...]):
     """An exercise of a stack of layers (encoder, decoder, decoder-only)."""
     return Exercise(
         name, title, f"minitfm.layers.{name}", ("layer_backward", "stack_backward"),
@@ -92,16 +81,7 @@ def _stack(name: str, title: str, cases: tuple[str, ...], extra: tuple[Mistake, 
         "Run the forward pass backwards: the final LayerNorm first (pre-LN), then the layers "
         "from the last to the first, and in each layer its sub-layers from the last to the "
         "first, each residual.backward taking the gradient the one after it gave.",
-        mistakes=(
-            Mistake("the final LayerNorm's backward is skipped (pre-LN): dy must go through "
-                    "layernorm.backward first", "stack_backward",
-                    "dy, g = layernorm.backward(dy, cache.ln", "_, g = layernorm.backward(dy, "
-                    "cache.ln"),
-            Mistake("the layers in the forward order: the backward pass visits them from the "
-                    "last to the first", "stack_backward",
-                    "for i in reversed(range(len(cache.layers))):",
-                    "for i in range(len(cache.layers)):"),
-            *extra))
+        quantities=LAYERS)
 
 
 EXERCISES = [
@@ -115,32 +95,19 @@ EXERCISES = [
         "embedding", "token embedding, scaled by sqrt(d_model)", "minitfm.layers.embedding",
         ("backward",), ("Cache", "param_shapes", "forward"), ("embedding",),
         "Row n of y is row ids[n] of the table times the scale: each table row gets the sum of "
-        "the scaled dy rows of the tokens that chose it (a token may occur several times).",
-        mistakes=(Mistake("the rows are assigned, not added: a token that occurs several times "
-                          "must get the sum of its rows' gradients (a scatter-add)", "backward",
-                          "backend.scatter_add(dtable, cache.ids.reshape(-1), scaled)",
-                          "dtable[cache.ids.reshape(-1)] = scaled"),)),
+        "the scaled dy rows of the tokens that chose it (a token may occur several times)."),
     Exercise(
         "positional", "positions: the sinusoids, and a learned table", "minitfm.layers.positional",
         ("backward", "learned_backward"),
         ("forward", "learned_forward", "LearnedCache", "learned_param_shapes"),
         ("positional", "positional (learned)"),
         "y = x + P: the sum passes dy through to x unchanged; the learned table's row offset+t "
-        "gets dy[:, t] summed over the batch, and every other row 0.",
-        mistakes=(Mistake("the learned table's rows are not summed over the batch (one "
-                          "sequence's gradient only)", "learned_backward",
-                          "dy.reshape(-1, length, dy.shape[-1]).sum(axis=0)",
-                          "dy.reshape(-1, length, dy.shape[-1])[0]"),
-                  Mistake("the gradient lands on the wrong rows of the table: row offset + t "
-                          "was used by position t", "learned_backward",
-                          "dtable[cache.offset:cache.offset + length]", "dtable[:length]"))),
+        "gets dy[:, t] summed over the batch, and every other row 0."),
     Exercise(
         "dropout", "inverted dropout", "minitfm.layers.dropout", ("backward",),
         ("Cache", "forward", "apply"), ("dropout",),
         "y = x * m / (1 - p) element by element, m and 1/(1-p) constants: dx = dy * m / (1 - p), "
         "the same mask and scale as the forward pass.",
-        mistakes=(Mistake("the mask is not applied: only the scale 1/(1-p)", "backward",
-                          "apply(dy, cache.keep, cache.scale)", "dy * cache.scale"),),
         borrow=("keep_mask",), quantities=KEEP_P),
     Exercise(
         "inputs", "the input layer: embedding, positions, dropout", "minitfm.layers.inputs",
@@ -150,50 +117,18 @@ EXERCISES = [
         "Undo the forward pass's steps in reverse order: dropout's backward, then the "
         "positions' (the learned table's gradient), then word dropout's mask on the "
         "embedding's share only, then the embedding's scatter-add.",
-        mistakes=(Mistake("dropout's backward is skipped: dy must go through the dropout's "
-                          "mask and scale first", "backward",
-                          "dx, _ = dropout.backward(dy, cache.dropout)", "dx = dy"),
-                  Mistake("word dropout's mask is not applied to the embedding's gradient",
-                          "backward",
-                          "dx = dropout.apply(dx, cache.words.keep, cache.words.scale)",
-                          "pass")),
         quantities={**KEEP_P, "1/(1-p_w), word dropout's scale": dropout_scale(0.4)}),
     Exercise(
         "layernorm", "layer normalization", "minitfm.layers.layernorm", ("backward",),
         ("Cache", "param_shapes", "forward"), ("layernorm",),
         "With g = dy * gamma the gradient of xhat, dx follows xhat = (x - mu) * rstd through "
-        "three paths: xhat itself, the mean mu, and the variance inside rstd.",
-        mistakes=(
-            Mistake("term 1 of dx is missing: g, the direct path through xhat", "backward",
-                    "g *= rstd ", "g = (g - dy * gamma) * rstd "),
-            Mistake("term 1 of dx has the wrong sign: g, the direct path through xhat",
-                    "backward", "g *= rstd ", "g = (g - 2 * dy * gamma) * rstd "),
-            Mistake("term 2 of dx is missing: -mean(g), the path through the mean mu", "backward",
-                    "g -= mean_g ", "g -= 0.0 * mean_g "),
-            Mistake("term 3 of dx is missing: -xhat * mean(g * xhat), the path through the "
-                    "variance", "backward", "g -= xhat * mean_gx", "g -= 0.0 * xhat * mean_gx"),
-            Mistake("term 2 of dx has the wrong sign: -mean(g), the path through the mean",
-                    "backward", "g -= mean_g ", "g += mean_g "),
-            Mistake("term 3 of dx has the wrong sign: -xhat * mean(g * xhat), the path through "
-                    "the variance", "backward", "g -= xhat * mean_gx", "g += xhat * mean_gx"),
-            Mistake("the final scale rstd of dx is missing", "backward", "g *= rstd ",
-                    "g *= 1.0 "),
-            Mistake("gamma is missing from term 1: g = dy * gamma is the gradient of xhat",
-                    "backward", "g = dy * gamma ", "g = dy * 1.0 "),
-            Mistake("dgamma sums dy alone: it is sum_rows dy * xhat", "backward",
-                    "dy.reshape(-1, d), xhat.reshape(-1, d))",
-                    "dy.reshape(-1, d), 0 * xhat.reshape(-1, d) + 1)"))),
+        "three paths: xhat itself, the mean mu, and the variance inside rstd."),
     Exercise(
         "feedforward", "position-wise feed-forward network", "minitfm.layers.feedforward",
         ("backward",), ("Cache", "param_shapes", "forward"),
         ("feedforward", "feedforward (ReLU dropout)"),
         "Back through the second linear layer, the ReLU dropout's mask, the ReLU (the gradient "
         "passes where h > 0), then the first linear layer.",
-        mistakes=(Mistake("the ReLU's backward is missing: the gradient passes only where "
-                          "h > 0 (a > 0)", "backward", "da *= cache.a > 0 ", "da *= 1.0 "),
-                  Mistake("the ReLU dropout's backward is skipped: its mask and scale",
-                          "backward", "da, _ = dropout.backward(da, cache.dropout)",
-                          "pass")),
         quantities=KEEP_P),
     Exercise(
         "softmax", "the scaled, masked softmax of attention's scores", "minitfm.layers.softmax",
@@ -201,16 +136,6 @@ EXERCISES = [
         ("softmax (scaled, padding mask)", "softmax (scaled, no mask)"),
         "dP_j/dz_i = P_j (1[i = j] - P_i): contract it with dP over j, then the chain rule "
         "through z = s * c + m gives the factor c.",
-        mistakes=(
-            Mistake("the softmax Jacobian's first term is missing: P * dP", "backward",
-                    "dp -= backend.xp.einsum", "dp = 0 * dp - backend.xp.einsum"),
-            Mistake("the softmax Jacobian's second term is missing: -P * rowsum(dP * P)",
-                    "backward", "dp -= backend.xp.einsum", "dp -= 0.0 * backend.xp.einsum"),
-            Mistake("the second term has the wrong sign: dS = P * (dP - rowsum(dP * P))",
-                    "backward", "dp -= backend.xp.einsum", "dp += backend.xp.einsum"),
-            Mistake("the rowsum is over the wrong axis: each row sums over its keys (the last "
-                    "axis)", "backward", '"...ts,...ts->...t", dp, p)[..., None]',
-                    '"...ts,...ts->...s", dp, p)[..., None, :]')),
         quantities={"the scale c = 0.7": 0.7}),
     Exercise(
         "attention", "scaled dot-product and multi-head attention", "minitfm.layers.attention",
@@ -220,12 +145,6 @@ EXERCISES = [
         "Back through O = P' V (dV and dP'), the attention dropout, the softmax "
         "(softmax.backward folds in 1/sqrt(d_k)), then S = Q K^T: dQ = dS K, dK = dS^T Q; the "
         "multi-head layers wrap this between their projections' linear backward passes.",
-        mistakes=(
-            Mistake("dV uses P, the weights before dropout: O = P' V with P' = dropout(P) "
-                    "(cache.p_dropped)", "sdpa_backward", "cache.p_dropped.swapaxes(-1, -2)",
-                    "cache.p.swapaxes(-1, -2)"),
-            Mistake("the attention dropout's backward is skipped on dP", "sdpa_backward",
-                    "dp, _ = dropout.backward(dp, cache.dropout)", "pass")),
         quantities=KEEP_P),
     Exercise(
         "residual", "the residual connection with LayerNorm", "minitfm.layers.residual",
@@ -233,25 +152,13 @@ EXERCISES = [
         ("residual + LN (post-LN)", "residual + LN (pre-LN)"),
         "The \"+\" of the forward pass is a fan-out backwards: x reaches the output along the "
         "identity and through the sub-layer, so dx is the sum of both paths' gradients.",
-        mistakes=(
-            Mistake("the identity path is missing (pre-LN): dx = dy + the sub-layer path's",
-                    "backward", "dx += dy ", "dx += 0.0 * dy "),
-            Mistake("the identity path is missing (post-LN): dx = ds + the sub-layer path's",
-                    "backward", "dx += ds ", "dx += 0.0 * ds "),
-            Mistake("the identity path adds dy (post-LN): the sum s = x + F(x) is below the "
-                    "LayerNorm, so it adds ds = LN'(dy)", "backward", "dx += ds ", "dx += dy "),
-            Mistake("the dropout's backward is skipped on the sub-layer's path", "backward",
-                    "df, _ = dropout.backward(ds, cache.dropout)", "df = ds")),
         quantities={"1/(1-p), the dropout's scale": dropout_scale(0.2)},
         derivation="post-LN: ds = LN'(dy); dx = ds + F'(Dropout'(ds)); pre-LN: dx = dy + "
                    "LN'(F'(Dropout'(dy)))"),
     _stack("encoder", "the encoder layer and stack",
            ("encoder stack (post-LN)", "encoder stack (pre-LN)")),
     _stack("decoder", "the decoder layer and stack",
-           ("decoder stack (post-LN)", "decoder stack (pre-LN)"),
-           (Mistake("dmemory is not summed over the layers: every layer's cross-attention "
-                    "reads the encoder output", "stack_backward",
-                    "dmemory += dm", "dmemory = dm"),)),
+           ("decoder stack (post-LN)", "decoder stack (pre-LN)")),
     Exercise(
         "decoder_only", "the decoder-only stack (the language model)",
         "minitfm.layers.decoder_only", ("stack_backward",), ("stack_forward", "param_shapes"),
@@ -259,24 +166,14 @@ EXERCISES = [
         "The forward pass is the encoder stack's under a causal mask, and a mask is a constant "
         "of the forward pass: what does the backward pass of that stack need to know of it?",
         derivation="the forward pass is encoder.stack_forward under a causal mask, a constant: "
-                   "the backward pass is encoder.stack_backward's"),
+                   "the backward pass is encoder.stack_backward's",
+        quantities=LAYERS),
     Exercise(
         "loss", "label-smoothed cross-entropy with its log-softmax", "minitfm.layers.loss",
         ("backward",), ("Cache", "forward"),
         ("label-smoothed cross-entropy", "label-smoothed cross-entropy (no smoothing)"),
         "Since the smoothed target q sums to 1, dloss/dz_j = sum_k q_k (p_j - [j = k]) = "
-        "p_j - q_j: the softmax minus the target, times dloss, and 0 on padding rows.",
-        mistakes=(
-            Mistake("label smoothing is ignored: the target q puts 1 - eps on y and eps/(V-1) "
-                    "on each other class", "backward", "off = smoothing / (v - 1)",
-                    "off, smoothing = 0.0, 0.0"),
-            Mistake("padding rows are not zeroed: a row whose target is padding has no loss "
-                    "and no gradient", "backward",
-                    "weight = dloss if keep is None else dloss * keep", "weight = dloss + 0 * "
-                    "keep"),
-            Mistake("p is not normalised: the cache holds exp(z - max), which inv_total turns "
-                    "into the softmax", "backward", "inv_total[:, None] * weight_col",
-                    "weight_col"))),
+        "p_j - q_j: the softmax minus the target, times dloss, and 0 on padding rows."),
     Exercise(
         "output", "the output layer: tied projection and loss, in chunks",
         "minitfm.layers.output", ("forward_backward",), ("logits", "project"),
@@ -307,17 +204,7 @@ EXERCISES = [
                   "step_size and v_scale numbers from coefficients. Returns nothing."]},
         step="lrate = d_model^-0.5 min(step^-0.5, step warmup^-1.5); Adam's m and v are "
              "running averages of g and g^2, divided by 1 - beta^t (their start at 0) before "
-             "p moves by lr m_hat / (sqrt(v_hat) + eps).",
-        mistakes=(
-            Mistake("no bias correction of m: divide lr by 1 - beta1^t", "coefficients",
-                    "float(lr) / (1.0 - beta1 ** step)", "float(lr)"),
-            Mistake("no bias correction of v: v_hat = v / (1 - beta2^t)", "coefficients",
-                    "1.0 / math.sqrt(1.0 - beta2 ** step)", "1.0"),
-            Mistake("v averages g, not g^2", "adam_step", "xp.multiply(g, g, out=buf)",
-                    "xp.multiply(g, 1.0, out=buf)"),
-            Mistake("the warm-up is wrong: step * warmup^-1.5 rises linearly to the peak",
-                    "LRSchedule.__call__", "step * self.warmup ** -1.5",
-                    "step * self.warmup ** -0.5"))),
+             "p moves by lr m_hat / (sqrt(v_hat) + eps)."),
     Exercise(
         "model", "the whole encoder-decoder backward", "minitfm.models.translator",
         ("_backward",), ("ForwardCache", "encoder_forward", "decoder_forward", "loss_and_grads"),
@@ -328,13 +215,6 @@ EXERCISES = [
         step="From dh, the decoder stack's backward gives dy and dmemory; the target inputs' "
              "backward adds into the target table; dmemory goes back through the encoder "
              "stack, then the source inputs.",
-        mistakes=(
-            Mistake("the encoder gets no gradient: dmemory must go back through the encoder "
-                    "stack", "_backward", "encoder.stack_backward(dmemory,",
-                    "encoder.stack_backward(0 * dmemory,"),
-            Mistake("the source table is zeroed over the target's uses: with a shared table "
-                    "(share_embeddings) the uses add up", "_backward",
-                    "if src_name != tgt_name:", "if True:")),
         config={"*": dict(n_layers=3, d_model=20, n_heads=4, d_ff=10, src_vocab=11,
                           tgt_vocab=11),
                 "model (separate embeddings)": dict(tgt_vocab=13)}),
@@ -349,9 +229,6 @@ EXERCISES = [
         "minitfm.layers.softmax", ("softmax_backward",), ("backward",), kind="kernel",
         kernel="BACKWARD",
         quantities={"the scale c": 0.5},
-        mistakes=(Mistake("the row's sum of dP * P is not reduced over the block: each thread "
-                          "used its own share (block_sum adds the threads' shares)",
-                          "softmax_backward", "dot = block_sum(dot, scratch);", ""),),
         step="A block per row: each thread adds dP * P over its share of the row, block_sum "
              "adds the shares (it ends with a barrier), then each thread writes its share of "
              "dS = (dP - dot) * P * scale."),
@@ -359,27 +236,12 @@ EXERCISES = [
         "kernel_layernorm", "CUDA: LayerNorm's forward, a block per row",
         "minitfm.layers.layernorm", ("layernorm_forward",), ("forward",), kind="kernel",
         kernel="FORWARD",
-        mistakes=(Mistake("the mean is not reduced over the block: each thread used its own "
-                          "share of the row's sum (block_sum adds the threads' shares)",
-                          "layernorm_forward", "float mu = block_sum(s, scratch) / d;",
-                          "float mu = s / d;"),
-                  Mistake("the variance is not reduced over the block: each thread used its "
-                          "own share of the squares", "layernorm_forward",
-                          "sqrtf((float)d / (block_sum(ss, scratch) + d_eps))",
-                          "sqrtf((float)d / (ss + d_eps))")),
         step="A block per row: sum the row (block_sum) for the mean, then the squares of "
              "x - mu for the variance, then write xhat, y and (thread 0) rstd."),
     Exercise(
         "kernel_loss", "CUDA: the label-smoothed loss and its gradient, a block per row",
         "minitfm.layers.loss", ("smoothed_loss",), ("_row_losses", "backward"), kind="kernel",
         kernel="KERNEL",
-        mistakes=(Mistake("the target's own term of the gradient is missing: dz_y also gets "
-                          "-(1 - eps - eps/(V-1)) * weight", "smoothed_loss",
-                          "if (j == y) d -= (1.0f - smoothing - off) * weight;", ""),
-                  Mistake("padding rows are not zeroed: keep is 0 on a row whose target is "
-                          "pad_id", "smoothed_loss",
-                          "float keep = (pad_id >= 0 && y == pad_id) ? 0.0f : 1.0f;",
-                          "float keep = 1.0f;")),
         step="A block per row: the row's max (block_max), the sums of exp(z - max) and of "
              "z - max (block_sum), the loss from them, then dz = weight * (p - q) over the row."),
 ]
@@ -396,7 +258,8 @@ SIZES = {"linear": ROWS, "embedding": ROWS, "positional": ROWS, "dropout": ROWS,
          "decoder_only": STACKS, "loss": dict(n=5, v=7),
          "output": dict(n=11, d=6, v=7),         # chunks of 4 rows: 4, 4 and 3 (constants)
          "model": dict(batch=6, src_len=7, tgt_len=8)}
-EXERCISES = [dataclasses.replace(e, sizes=SIZES.get(e.name, {})) for e in EXERCISES]
+EXERCISES = [dataclasses.replace(e, sizes=SIZES.get(e.name, {}),
+                                 mistakes=MISTAKES.get(e.name, ())) for e in EXERCISES]
 ORDER = [e.name for e in EXERCISES]
 
 

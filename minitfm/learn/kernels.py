@@ -26,7 +26,9 @@ import numpy
 
 from minitfm import backend, cudahost, fused
 from minitfm.learn import diagnose, source, worker
+from minitfm.learn.alternatives import Alternatives
 from minitfm.learn.exercises import EXERCISES, Exercise, dropout_scale
+from minitfm.learn.locate import Region
 from minitfm.learn.report import ArrayResult, CaseResult, Report
 
 __all__ = ["make", "check", "unwritten", "launch", "TODO", "kernel_of", "shapes_hint",
@@ -276,14 +278,14 @@ def check(ex: Exercise, path: Path, seed: int = 0, limit: float = worker.LIMIT, 
             if not item.ok:
                 item.first = diagnose.first_wrong(a, r, max(allowed, 1e-12)) \
                     if a.dtype.kind == "f" else _first_unequal(a, r)
-                if alternatives is None:
-                    alternatives = _mistakes(ex, kernel, grid, seed)
+                if alternatives is None:        # two mistakes at once: a compile each, spared
+                    alternatives = Alternatives(_mistaken(ex, kernel, grid, seed), ex.mistakes,
+                                                pairs=False, regions=_regions(kernel, args),
+                                                same=TOLERANCE)
                 if a.dtype.kind == "f":
                     item.diagnosis = diagnose.diagnose(
-                        name, a, r, known=diagnose.quantities({}, ex.quantities),
-                        mistakes={label: made.get(name) for label, made in alternatives.items()})
-                    if item.diagnosis and "elements are wrong" in item.diagnosis:
-                        item.diagnosis += _rows_words(a, r)
+                        name, a, r, known=diagnose.quantities({}, ex.quantities), noun="output",
+                        **alternatives.about(name, r, yours))
     return Report(ex, path, "pass" if result.ok else "fail", [result])
 
 
@@ -297,20 +299,35 @@ def outputs(kernel, args, reference) -> list:
     return found
 
 
-def _mistakes(ex: Exercise, kernel, grid, seed) -> dict:
-    """label -> the outputs of the library's kernel with that named mistake made."""
-    found = {}
-    for mistake in ex.mistakes:
+def _mistaken(ex: Exercise, kernel, grid, seed):
+    """The outputs of the library's kernel with named mistakes made, for the diagnosis (an
+    error where they do not apply)."""
+    def run(mistakes) -> dict:
         text = kernel.source
-        if text.count(mistake.old) != 1:
-            continue
-        edited = cudahost.HostKernel(text.replace(mistake.old, mistake.new), kernel.name)
+        for mistake in mistakes:
+            if text.count(mistake.old) != 1:
+                raise LookupError(f"{kernel.name} has {text.count(mistake.old)} copies of "
+                                  f"{mistake.old!r}")
+            text = text.replace(mistake.old, mistake.new)
         _, args, _ = launch(ex, seed)
-        try:
-            edited(grid, (fused.THREADS,), args)
-        except (cudahost.KernelFault, cudahost.BuildError):
-            continue
-        found[mistake.label] = {name: a for name, a, _ in outputs(kernel, args, args)}
+        cudahost.HostKernel(text, kernel.name)(grid, (fused.THREADS,), args)
+        return {name: a for name, a, _ in outputs(kernel, args, args)}
+    return run
+
+
+def _regions(kernel, args) -> list[Region]:
+    """The launch's masks, for the diagnosis: where a bool array (dropout's keep) is false and
+    true, and the rows whose target is the padding id."""
+    named = {p.name: a for p, a in zip(kernel.host.params, args)}
+    found = []
+    for name, a in named.items():
+        if isinstance(a, numpy.ndarray) and a.dtype == bool:
+            found += [Region(f"where {name} is false (the element dropped)", ~a),
+                      Region(f"where {name} is true (the element kept)", a)]
+    if isinstance(named.get("targets"), numpy.ndarray) and "pad_id" in named:
+        padding = named["targets"] == int(named["pad_id"])
+        found += [Region("on the padding rows (target = pad_id)", padding),
+                  Region("off the padding rows (target != pad_id)", ~padding)]
     return found
 
 
@@ -325,14 +342,6 @@ def _first_unequal(a, r):
         return None
     index = tuple(int(i) for i in off[0])
     return index, float(a[index]), float(r[index])
-
-
-def _rows_words(a, r) -> str:
-    """Which rows (first axis) of a 2-D output are wrong, when only some are."""
-    if a.ndim != 2:
-        return ""
-    wrong = [i for i in range(a.shape[0]) if cudahost.compare_outputs(a[i], r[i]) > TOLERANCE]
-    return f"; wrong rows: {wrong}" if 0 < len(wrong) < a.shape[0] else ""
 
 
 def _fault_words(fault: dict, path: Path, text: str) -> str:

@@ -13,8 +13,9 @@ from minitfm import backend
 from minitfm.gradcheck.cases import MODEL_CASES, model_case, translation_batch
 from minitfm.gradcheck.check import STEPS, TOLERANCE, smallest_error
 from minitfm.learn import diagnose
+from minitfm.learn.alternatives import Alternatives, edited, regroup_renamed
 from minitfm.learn.exercises import Exercise
-from minitfm.learn.learner import edited_function, substituted
+from minitfm.learn.learner import substituted
 from minitfm.learn.report import ArrayResult, CaseResult
 from minitfm.models import DROPOUTS
 
@@ -93,20 +94,24 @@ def check_model(ex: Exercise, learned: dict, path: Path, seed: int = 0,
                                   f"an array of {a.dtype}, where {right[name].dtype} belongs")
                 continue
             if alternatives is None:
-                alternatives = {}
-                for mistake in ex.mistakes:
-                    fn = edited_function(library, mistake.function, mistake.old, mistake.new)
-                    with substituted(library, {mistake.function: fn}):
-                        alternatives[mistake.label] = model_loss(library, case, params,
-                                                                 batch)[1]
+                alternatives = Alternatives(_mistaken(library, case, params, batch),
+                                            ex.mistakes)
             item.first = diagnose.first_wrong(a, right[name], tolerance)
             item.diagnosis = diagnose.diagnose(
-                name, a, right[name], others=right,
-                mistakes={k: v.get(name) for k, v in alternatives.items()},
-                known=diagnose.quantities(result.sizes))
+                name, a, right[name], others=right, known=diagnose.quantities(result.sizes),
+                **alternatives.about(name, right[name], mine))
+        regroup_renamed(result.arrays, mine, right)
         if result.ok:
-            result.note = _directional(loss, params, mine, seed)
+            result.confirmed = _directional(loss, params, mine, seed)
     return results
+
+
+def _mistaken(library, case, params: dict, batch: tuple):
+    """The model's gradients on the case with named mistakes made (for the diagnosis)."""
+    def run(mistakes):
+        with substituted(library, edited(library, mistakes)):
+            return model_loss(library, case, params, batch)[1]
+    return run
 
 
 def _directional(loss, params, grads, seed) -> str:
