@@ -61,8 +61,27 @@ def indices_words(found: list[int], values=None) -> str:
     return _joined(items)
 
 
+IN = {"b", "h", "n", "row"}          # "only in rows 1 and 3", but "only at positions 3 and 4"
+
+
 def _axis_words(axis: int, ndim: int, found: list[int], axis_names, labels) -> str:
-    """"the first sequence of the batch (b = 0)", "positions 3 and 4", "steps 4001 and 8000"."""
+    """"in the first sequence of the batch (b = 0)", "at positions 3 and 4", "at steps 4001
+    and 8000"."""
+    return ("only in " if _name_of(axis, axis_names, labels) in IN else "only at ") + \
+        _indices_named(axis, ndim, found, axis_names, labels)
+
+
+def _name_of(axis: int, axis_names, labels) -> str | None:
+    """The letter of an axis ("b"), "row" for an unnamed first axis, else None."""
+    if labels and axis in labels:
+        return None
+    if axis_names and axis < len(axis_names):
+        return axis_names[axis]
+    return "row" if axis == 0 else None
+
+
+def _indices_named(axis: int, ndim: int, found: list[int], axis_names, labels) -> str:
+    """Indices of an axis with the axis's noun: "positions 3 and 4 (t)", "rows 0 and 2"."""
     if labels and axis in labels:
         noun, values = labels[axis]
         return f"{_plural(noun, len(found))} {indices_words(found, values)}"
@@ -134,7 +153,7 @@ def where(a, r, axis_names=None, regions=None, labels=None, equal=None, factor=N
         box &= hit.reshape([-1 if i == axis else 1 for i in range(wrong.ndim)])
         found = [int(i) for i in numpy.flatnonzero(hit)]
         if 1 < wrong.shape[axis] and len(found) < wrong.shape[axis]:
-            said.append("only at " + _axis_words(axis, wrong.ndim, found, axis_names, labels))
+            said.append(_axis_words(axis, wrong.ndim, found, axis_names, labels))
     if region is not None:
         words, mask = region
         if (wrong == mask).all():

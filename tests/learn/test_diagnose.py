@@ -147,7 +147,7 @@ def test_where_it_is_wrong_in_words():
     a[0] *= 3.0
     words = diagnose("x", a, r, axis_names=("b", "t", "d"), known=KNOWN)
     assert "20 of 60 elements are wrong, the others right" in words
-    assert "only at the first sequence of the batch (b = 0)" in words
+    assert "only in the first sequence of the batch (b = 0)" in words
     assert "yours is 3 times the right value there" in words
     assert "mask" not in words and "index" not in words and "?" not in words
     hidden = np.zeros((3, 5), dtype=bool)

@@ -147,7 +147,7 @@ PLANTED = {
         ("where", "backward", [("dz -= off * weight_col", "dz -= off * dloss")],
          ("elements are wrong", "wrong exactly on the padding rows (where cache.keep is 0)")),
         ("where", "backward", [("return dz, {}", "dz[2] *= 2\n    return dz, {}")],
-         ("7 of 35 elements are wrong", "only at row 2", "yours is 2 times the right value "
+         ("7 of 35 elements are wrong", "only in row 2", "yours is 2 times the right value "
           "there (a factor 2 too many)"))],
     "output": [
         ("sign", "forward_backward", [(LAST, SCALED.format(-1) + LAST)], "the wrong sign"),
@@ -157,7 +157,7 @@ PLANTED = {
         ("where", "forward_backward", [("dh[part], g = linear.backward(dz, c_out)",
                                         "_, g = linear.backward(dz, c_out)"),
                                        ("dh = xp.empty_like(h)", "dh = xp.zeros_like(h)")],
-         ("elements are wrong", "only at rows 4 to 10 (n)"))],
+         ("elements are wrong", "only in rows 4 to 10 (n)"))],
     "adam": [
         ("pair", "coefficients", [("float(lr) / (1.0 - beta1 ** step)", "float(lr)"),
                                   ("1.0 / math.sqrt(1.0 - beta2 ** step)", "1.0")],
@@ -199,7 +199,7 @@ PLANTED = {
         ("race", "smoothed_loss", [("    __syncthreads();\n    float total", "    float total")],
          "a race"),
         ("where", "smoothed_loss", [("if (j == y) d -=", "if (j == y + 1) d -=")],
-         ("6 of 1200 elements are wrong", "only at rows 0, 2 and 3"))],
+         ("6 of 1200 elements are wrong", "only in rows 0, 2 and 3"))],
 }
 # the classes of mistake each exercise must have planted (its own or named) at least once
 CLASSES = {"layernorm": {"sign", "constant", "pair"}, "softmax": {"sign"},
