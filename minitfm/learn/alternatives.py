@@ -1,7 +1,7 @@
 """What the library gives with a typical mistake made, for the diagnosis of a wrong array
 (:mod:`minitfm.learn.diagnose`). Host-only code.
 
-For one case of a check: each named mistake of the exercise (:class:`~minitfm.learn.exercises.
+For one case of a check: each named mistake of the exercise (:class:`~minitfm.learn.mistakes.
 Mistake`, an edit of the library's own code) made on the case's inputs; the share of each term
 of the derivation in the right result (the right result less the result with the term left
 out), from which the diagnosis finds a term with the wrong sign or a constant off; two named
@@ -177,10 +177,8 @@ def _pattern(names: list[str], place: int, value: str) -> str:
     parts = [name.split(".") for name in names]
     shown = [value if i == place else parts[0][i] if len({p[i] for p in parts}) == 1 else "*"
              for i in range(len(parts[0]))]
-    while len(shown) > place + 1 and shown[-1] == "*" and shown[-2] == "*":
-        shown.pop()
-    return ".".join(shown[:place + 1] + (["*"] if len(shown) > place + 1 and "*" in
-                                         shown[place + 1:] else shown[place + 1:]))
+    after = shown[place + 1:]
+    return ".".join(shown[:place + 1] + (["*"] if "*" in after else after))
 
 
 def _under(name: str, names: list[str], place: int) -> bool:

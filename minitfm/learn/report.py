@@ -15,7 +15,7 @@ from minitfm.learn.exercises import Exercise
 
 __all__ = ["ArrayResult", "CaseResult", "Report", "describe", "LINES"]
 
-LINES = 40              # the most lines a failing report of one planted mistake takes
+LINES = 40              # the most lines a failing report takes (a case's exception apart)
 WIDTH = 96              # the width the diagnoses are wrapped to
 SHOWN = 8               # a case with more arrays shows its wrong ones only, by diagnosis
 
