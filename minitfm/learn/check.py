@@ -25,10 +25,7 @@ such, with the learner's line where it is known, and never passes.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import importlib
-import inspect
 import math
 import time
 from pathlib import Path
@@ -36,141 +33,19 @@ from pathlib import Path
 import numpy
 
 from minitfm import backend
-from minitfm.gradcheck.cases import CASES, MODEL_CASES
 from minitfm.gradcheck.check import STEPS, TOLERANCE, five_point, smallest_error
-from minitfm.learn import diagnose, kernels, source, worker
+from minitfm.learn import child, diagnose, kernels, source, worker
 from minitfm.learn.adamcheck import check_optim
 from minitfm.learn.alternatives import (Alternatives, cache_of, cache_regions, edited,
                                         field_swaps, mask_regions, regroup_renamed)
+from minitfm.learn.cases import (ALL_CASES, case_sizes, constants, gradients, kind, reachable,
+                                 run_case)
 from minitfm.learn.exercises import Exercise
-from minitfm.learn.learner import recorders, substituted
+from minitfm.learn.learner import recorders
 from minitfm.learn.modelcheck import check_model
 from minitfm.learn.report import ArrayResult, CaseResult, Report
 
-__all__ = ["run_check", "run_case", "gradients", "check_layer", "ALL_CASES", "constants",
-           "outcome_words", "in_place", "case_sizes"]
-
-ALL_CASES = {case.name: case for case in [*CASES, *MODEL_CASES]}
-
-
-def case_sizes(ex: Exercise, case) -> dict:
-    """A layer case's sizes in the exercise's check: the case's, with the exercise's over those
-    it has (``ex.sizes``)."""
-    return {**case.sizes, **{k: v for k, v in ex.sizes.items() if k in case.sizes}}
-
-
-# ---- a case, run ------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def constants(ex: Exercise, *modules):
-    """The exercise's module constants (``ex.constants``: the output layer's chunk) set in each
-    of ``modules`` that has them, for the block."""
-    old = [(m, name, getattr(m, name)) for m in modules for name in ex.constants
-           if hasattr(m, name)]
-    try:
-        for module, name, _ in old:
-            setattr(module, name, ex.constants[name])
-        yield
-    finally:
-        for module, name, value in old:
-            setattr(module, name, value)
-
-
-def _reachable(named: dict) -> dict:
-    """path -> array for every array reachable from ``named`` (name -> object) through named
-    tuples, dicts, lists and tuples; an array reached twice keeps its first path."""
-    found, seen = {}, set()
-
-    def walk(obj, path, depth):
-        if depth > 8:
-            return
-        if isinstance(obj, numpy.ndarray):
-            if id(obj) not in seen:
-                seen.add(id(obj))
-                found[path] = obj
-        elif isinstance(obj, tuple) and hasattr(obj, "_fields"):
-            for field in obj._fields:
-                walk(getattr(obj, field), f"{path}.{field}", depth + 1)
-        elif isinstance(obj, dict):
-            for key, value in obj.items():
-                walk(value, f'{path}["{key}"]', depth + 1)
-        elif isinstance(obj, (list, tuple)):
-            for i, value in enumerate(obj):
-                walk(value, f"{path}[{i}]", depth + 1)
-    for name, obj in named.items():
-        walk(obj, name, 0)
-    return found
-
-
-@contextlib.contextmanager
-def in_place(named: dict, changed: list):
-    """Appends to ``changed`` the paths of the arrays reachable from ``named`` whose bytes the
-    block changed."""
-    arrays = _reachable(named)
-    before = {path: a.tobytes() for path, a in arrays.items()}
-    yield
-    changed += [path for path, a in arrays.items() if a.tobytes() != before[path]]
-
-
-def _argument_names(fn) -> tuple[str, str]:
-    """What a backward calls its gradient and its cache (``dy``, ``cache``)."""
-    try:
-        names = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        names = []
-    return (names + ["dy", "cache"])[0], (names[1:] + ["cache"])[0]
-
-
-def run_case(case, sizes: dict, seed: int, library, functions: dict, changed=None):
-    """The case's draw, forward and backward with ``functions`` in the library module: the
-    arrays, the forward's output, dL/dout and the backward's result. ``changed``: a list, to
-    which the arrays the backward changed in place are added by name."""
-    rng = backend.host_rng(seed)
-    arrays = case.draw(rng, sizes)
-    originals = {n: getattr(library, n) for n in functions}
-    replaced = {id(f): functions[n] for n, f in originals.items()}
-    run = dataclasses.replace(case, backward=replaced.get(id(case.backward), case.backward))
-    with substituted(library, functions):
-        out, cache = run.forward(arrays, sizes)
-        g = backend.to_device(rng.standard_normal(numpy.shape(out)), dtype="float64")
-        dy = g.copy() if g.ndim else g
-        dy_name, cache_name = _argument_names(case.backward)
-        watched = {dy_name: dy, cache_name: cache, "the inputs": arrays}
-        with in_place(watched if changed is not None else {}, changed if changed is not None
-                      else []):
-            result = run.backward(dy, cache)
-    return arrays, out, g, result
-
-
-def gradients(case, result) -> dict:
-    """The case's gradients by name from a backward's result (ValueError, saying what is
-    wrong, if it has the wrong form)."""
-    if not isinstance(result, tuple) or not result or not isinstance(result[-1], dict):
-        raise ValueError(f"your backward returns {_form(result)}; the contract is a tuple: the "
-                         f"gradients of the inputs, then a dict of the parameters' gradients "
-                         f"(`return dx, {{...}}`; a layer without parameters returns "
-                         f"`dx, {{}}`)")
-    *d_inputs, grads = result
-    if len(d_inputs) != len(case.d_inputs):
-        raise ValueError(f"your backward returns {len(d_inputs)} input gradient(s) before the "
-                         f"dict, where {len(case.d_inputs)} are expected "
-                         f"({', '.join(str(n) for n in case.d_inputs)})")
-    named = {n: d for n, d in zip(case.d_inputs, d_inputs) if n is not None}
-    return {**named, **grads}
-
-
-def _form(value) -> str:
-    if isinstance(value, tuple):
-        return "a tuple of " + (", ".join(_kind(v) for v in value) or "nothing")
-    return _kind(value)
-
-
-def _kind(value) -> str:
-    if isinstance(value, worker.Other):
-        return value.what
-    if isinstance(value, numpy.ndarray):
-        return f"an array {tuple(value.shape)}"
-    return worker.describe(value)
+__all__ = ["run_check", "check_layer"]
 
 
 # ---- what the library gives with a mistake made, for the diagnosis ---------------------------
@@ -193,7 +68,7 @@ def _alternatives(ex: Exercise, case, sizes, seed, library, arrays) -> Alternati
     specs = case.arrays if isinstance(case.arrays, dict) else {}
     regions = mask_regions(specs, arrays)
     for cache in caches.values():
-        regions += cache_regions(_reachable({"cache": cache}))
+        regions += cache_regions(reachable({"cache": cache}))
     return Alternatives(lambda mistakes: run(mistakes=mistakes), ex.mistakes, swaps,
                         regions=regions)
 
@@ -289,7 +164,7 @@ def _array_fault(a, r) -> str | None:
     if a is None:
         return "missing: your backward gives None for it"
     if not isinstance(a, numpy.ndarray):
-        return f"not an array: your backward gives {_kind(a)} for it"
+        return f"not an array: your backward gives {kind(a)} for it"
     if a.dtype.kind == "c":
         return (f"complex numbers ({a.dtype}): the gradient of a real loss is real (a complex "
                 f"value crept in: a square root of a negative number, or a complex constant?)")
@@ -334,26 +209,6 @@ def _confirmed(case, sizes, seed, arrays, g, grads, ex, library, note) -> str | 
 
 # ---- one check ------------------------------------------------------------------------------
 
-def outcome_words(outcome: worker.Outcome, what: str = "your code") -> str:
-    """A child's run that gave no result (:class:`~minitfm.learn.worker.Outcome`), in words."""
-    where = f"\n{outcome.where}" if outcome.where else ""
-    if outcome.status == "timeout":
-        doing = {"compile": "the compiler did not finish", "load": "loading your file did "
-                 "not finish"}.get(outcome.phase, f"{what} did not return")
-        return (f"{doing} within {outcome.limit:g} s (the time limit: --time-limit), and was "
-                f"stopped; where it was:{where or ' (not known)'}\n(an endless loop, or a "
-                f"loop whose condition never turns false?)")
-    if outcome.status == "raised":
-        return outcome.message
-    if outcome.status == "signal":
-        return f"{what} crashed its process ({worker.signal_name(outcome.code)}){where}"
-    if outcome.status == "exit":
-        return (f"{what} ended its process (exit status {outcome.code}) before the check had "
-                f"its results: a function of the exercise returns its results, it does not "
-                f"end the program{where}")
-    return f"{what} did not finish ({outcome.status})"
-
-
 def _file_problem(ex: Exercise, path: Path) -> Report | None:
     """A report for a file that is not there or not written, read without running it."""
     if not path.exists():
@@ -388,12 +243,13 @@ def run_check(ex: Exercise, path: Path, seed: int = 0, limit: float = worker.LIM
         report = kernels.check(ex, path, seed, limit, cancel)
         report.seconds = time.perf_counter() - started
         return report
-    outcome = worker.run(ex.kind, {"exercise": ex.name, "path": str(path), "seed": seed},
+    task = {"layer": child.layer, "model": child.model, "optim": child.optim}[ex.kind]
+    outcome = worker.run(task, {"exercise": ex.name, "path": str(path), "seed": seed},
                          limit=limit, cancel=cancel)
     if outcome.status == "cancelled":
         return Report(ex, path, "cancelled")
     if not outcome.done:
-        return Report(ex, path, "fail", message=outcome_words(outcome),
+        return Report(ex, path, "fail", message=worker.outcome_words(outcome),
                       seconds=time.perf_counter() - started)
     learned = outcome.value if isinstance(outcome.value, dict) else {}
     if "error" in learned:

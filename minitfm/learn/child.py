@@ -17,9 +17,11 @@ import numpy
 
 from minitfm import backend
 from minitfm.learn import adamcheck, learner
+from minitfm.learn.cases import ALL_CASES, case_sizes, constants, run_case
 from minitfm.learn.exercises import by_name
+from minitfm.learn.modelcheck import model_batch, model_cases, model_loss
 
-__all__ = ["TASKS", "task", "loaded"]
+__all__ = ["layer", "model", "optim", "loaded"]
 
 
 def loaded(payload: dict):
@@ -43,7 +45,6 @@ def _failure(exc: Exception, ex, path) -> dict:
 def layer(payload: dict, channel) -> dict:
     """Each of the exercise's gradient checks run with the learner's functions: per case the
     forward's output, the backward's result as returned, and what it changed in place."""
-    from minitfm.learn.check import ALL_CASES, case_sizes, constants, run_case
     found = loaded(payload)
     if isinstance(found, dict):
         return found
@@ -66,7 +67,6 @@ def layer(payload: dict, channel) -> dict:
 
 def model(payload: dict, channel) -> dict:
     """Each model case's loss and gradients with the learner's backward."""
-    from minitfm.learn.modelcheck import model_batch, model_cases, model_loss
     found = loaded(payload)
     if isinstance(found, dict):
         return found
@@ -105,46 +105,3 @@ def optim(payload: dict, channel) -> dict:
         except Exception as exc:
             out["adam"] = _failure(exc, ex, path)
     return out
-
-
-def kernel(payload: dict, channel) -> dict:
-    """The learner's kernel compiled (a phase of its own, under the compiler's limit) and
-    launched in several orders: its outputs, or its fault."""
-    from minitfm import cudahost
-    from minitfm.learn import kernels, source
-    ex, path = by_name(payload["exercise"]), Path(payload["path"])
-    try:
-        text = source.text_of(path)
-    except source.NotUTF8 as exc:
-        return {"error": f"{path.name}, line {exc.lineno}: {exc.msg}"}
-    mine = cudahost.HostKernel(text, kernels.kernel_of(ex).name)
-    channel.phase("compile", payload["compile_limit"])
-    try:
-        mine.library
-    except (cudahost.BuildError, cudahost.Unsupported) as exc:
-        return {"error": kernels.learner_lines(str(exc), path)}
-    channel.phase("run", payload["limit"] + 1.0)     # the launch's own limit comes first
-    grid, args, _ = kernels.launch(ex, payload["seed"])
-    try:
-        cudahost.checked_launch(mine, grid, (kernels.THREADS,), args, seeds=kernels.SEEDS,
-                                **kernels.time_limit(payload["limit"]))
-    except cudahost.KernelFault as exc:
-        return {"fault": {"what": exc.what, "line": exc.line,
-                          "block": list(exc.block) if exc.block is not None else None,
-                          "thread": list(exc.thread) if exc.thread is not None else None,
-                          "timed_out": bool(getattr(exc, "timed_out", False))}}
-    except (TypeError, ValueError) as exc:
-        return {"error": str(exc)}
-    kernel_ = kernels.kernel_of(ex)
-    return {"outputs": {name: a for name, a, _ in kernels.outputs(kernel_, args, args)}}
-
-
-TASKS = {"layer": layer, "model": model, "optim": optim, "kernel": kernel}
-
-
-def task(name: str):
-    """The task ``name``: a check's, or one of ``train``'s (:data:`minitfm.learn.train.TASKS`)."""
-    if name in TASKS:
-        return TASKS[name]
-    from minitfm.learn import train
-    return train.TASKS[name]

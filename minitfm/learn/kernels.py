@@ -27,12 +27,12 @@ import numpy
 from minitfm import backend, cudahost, fused
 from minitfm.learn import diagnose, source, worker
 from minitfm.learn.alternatives import Alternatives
-from minitfm.learn.exercises import EXERCISES, Exercise, dropout_scale
+from minitfm.learn.exercises import EXERCISES, Exercise, by_name, dropout_scale
 from minitfm.learn.locate import Region
 from minitfm.learn.report import ArrayResult, CaseResult, Report
 
 __all__ = ["make", "check", "unwritten", "launch", "TODO", "kernel_of", "shapes_hint",
-           "third_hint", "body_of", "with_body", "outputs", "learner_lines", "time_limit"]
+           "third_hint", "body_of", "with_body", "outputs", "learner_lines", "run_kernel"]
 
 TODO = "// TODO: write the kernel's body"
 TOLERANCE = 1e-5
@@ -223,11 +223,33 @@ def learner_lines(message: str, path: Path) -> str:
     return message.replace("kernel.cu:", f"{path.name}:")
 
 
-def time_limit(seconds: float) -> dict:
-    """The keyword that puts a launch under a time limit, where the host execution has it."""
-    if "time_limit" in inspect.signature(cudahost.checked_launch).parameters:
-        return {"time_limit": seconds}
-    return {}
+def run_kernel(payload: dict, channel) -> dict:
+    """The learner's side of a kernel check (run in a process of its own by :func:`check`):
+    the kernel compiled (a phase of its own, under the compiler's limit) and launched in
+    several orders; its outputs, or its fault."""
+    ex, path = by_name(payload["exercise"]), Path(payload["path"])
+    try:
+        text = source.text_of(path)
+    except source.NotUTF8 as exc:
+        return {"error": f"{path.name}, line {exc.lineno}: {exc.msg}"}
+    mine = cudahost.HostKernel(text, kernel_of(ex).name)
+    channel.phase("compile", payload["compile_limit"])
+    try:
+        mine.library
+    except (cudahost.BuildError, cudahost.Unsupported) as exc:
+        return {"error": learner_lines(str(exc), path)}
+    channel.phase("run", payload["limit"] + 1.0)     # the launch's own limit comes first
+    grid, args, _ = launch(ex, payload["seed"])
+    try:
+        cudahost.checked_launch(mine, grid, (THREADS,), args, seeds=SEEDS,
+                                time_limit=payload["limit"])
+    except cudahost.KernelFault as exc:
+        return {"fault": {"what": exc.what, "line": exc.line, "timed_out": exc.timed_out,
+                          "block": list(exc.block) if exc.block is not None else None,
+                          "thread": list(exc.thread) if exc.thread is not None else None}}
+    except (TypeError, ValueError) as exc:
+        return {"error": str(exc)}
+    return {"outputs": {name: a for name, a, _ in outputs(kernel_of(ex), args, args)}}
 
 
 def check(ex: Exercise, path: Path, seed: int = 0, limit: float = worker.LIMIT, cancel=None):
@@ -241,14 +263,13 @@ def check(ex: Exercise, path: Path, seed: int = 0, limit: float = worker.LIMIT, 
         text = source.text_of(path)
     except source.NotUTF8 as exc:
         return Report(ex, path, "error", message=f"{path.name}, line {exc.lineno}: {exc.msg}")
-    outcome = worker.run("kernel", {"exercise": ex.name, "path": str(path), "seed": seed,
+    outcome = worker.run(run_kernel, {"exercise": ex.name, "path": str(path), "seed": seed,
                                     "limit": limit, "compile_limit": COMPILE_LIMIT},
                          limit=limit, cancel=cancel)
     if outcome.status == "cancelled":
         return Report(ex, path, "cancelled")
     if not outcome.done:
-        from minitfm.learn.check import outcome_words
-        return Report(ex, path, "fail", message=outcome_words(outcome, "your kernel"))
+        return Report(ex, path, "fail", message=worker.outcome_words(outcome, "your kernel"))
     mine = outcome.value if isinstance(outcome.value, dict) else {}
     if "error" in mine:
         return Report(ex, path, "error", message=str(mine["error"]))
@@ -345,7 +366,7 @@ def _first_unequal(a, r):
 
 
 def _fault_words(fault: dict, path: Path, text: str) -> str:
-    """A fault of the learner's kernel (:func:`minitfm.learn.child.kernel`'s), at its line."""
+    """A fault of the learner's kernel (:func:`run_kernel`'s), at its line."""
     where = []
     if fault.get("block") is not None:
         where.append(f"block {tuple(fault['block'])}")

@@ -30,7 +30,7 @@ import numpy
 
 from minitfm import backend
 from minitfm.learn import source
-from minitfm.learn.check import ALL_CASES, case_sizes, constants, run_case
+from minitfm.learn.cases import ALL_CASES, case_sizes, constants, run_case
 from minitfm.learn.exercises import Exercise
 from minitfm.learn.learner import substituted
 from minitfm.learn.modelcheck import model_batch, model_cases, model_loss

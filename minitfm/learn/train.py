@@ -39,8 +39,7 @@ from minitfm.learn.exercises import EXERCISES, Exercise, by_name
 from minitfm.learn.learner import load, substituted, where_in
 from minitfm.models import translator
 
-__all__ = ["main", "train", "LearnerCode", "OUT_PARAMETERS", "copy_config", "TASKS",
-           "plain_numpy"]
+__all__ = ["main", "train", "LearnerCode", "OUT_PARAMETERS", "copy_config", "plain_numpy"]
 
 OUT_PARAMETERS = ("out", "dq_out", "dk_out", "dv_out")
 ACCUMULATES = {"embedding": ("table",), "inputs": ("table",)}
@@ -209,9 +208,6 @@ def _probe_task(payload: dict, channel) -> dict:
     return found
 
 
-TASKS = {"train": _run_task, "probe": _probe_task}
-
-
 # ---- the command (the checking side) -----------------------------------------------------------
 
 def _library_update(params, batch) -> tuple[float, dict]:
@@ -239,9 +235,9 @@ def main(workshop, steps: int | None = None, seed: int = 0, limit: float | None 
     layers = [e for e in EXERCISES if e.kind != "kernel"]
     passing = [e for e in layers if workshop.state(e, data) == "passing"]
     if not passing:
-        print(f"none of your code passes its check yet: every exercise would run the "
-              f"library's code, so there is nothing of yours to train. Pass an exercise first "
-              f"(python -m minitfm.learn start, then check or watch), then train on it.")
+        print("none of your code passes its check yet: every exercise would run the "
+              "library's code, so there is nothing of yours to train. Pass an exercise first "
+              "(python -m minitfm.learn start, then check or watch), then train on it.")
         return exits.FAILED
     library_only = [e.name for e in layers if e not in passing]
     print(f"the copy task, {steps} updates of {TASK_DEFAULTS['copy']['batch_size']} sequences, "
@@ -269,12 +265,11 @@ def main(workshop, steps: int | None = None, seed: int = 0, limit: float | None 
             apart.append((step, max(loss_apart, grads_apart), message))
             print(f"{step:>6}  {library['losses'][step - 1]:>10.6f}  {message['loss']:>10.6f}"
                   f"  {loss:>20.6f}  {grads_apart:.1e}", flush=True)
-        outcome = worker.run("train", {"paths_by_exercise": paths, "paths": list(paths.values()),
+        outcome = worker.run(_run_task, {"paths_by_exercise": paths, "paths": list(paths.values()),
                                        "steps": steps, "seed": seed},
                              limit=limit or 5 * spent + 60, on_message=row)
         if not outcome.done:
-            from minitfm.learn.check import outcome_words
-            print(outcome_words(outcome, "the run on your code"))
+            print(worker.outcome_words(outcome, "the run on your code"))
             return exits.FAILED
         yours = outcome.value if isinstance(outcome.value, dict) else {}
         if "error" in yours:
@@ -304,12 +299,11 @@ def _name_the_parting(paths: dict, message: dict, limit: float) -> int:
     """Each passing exercise alone in the library's place on the update where the runs part:
     which part, and where."""
     loss, right = _library_update(message["params"], message["batch"])
-    outcome = worker.run("probe", {"paths_by_exercise": paths, "paths": list(paths.values()),
+    outcome = worker.run(_probe_task, {"paths_by_exercise": paths, "paths": list(paths.values()),
                                    "params": message["params"], "batch": message["batch"]},
                          limit=limit)
     if not outcome.done:
-        from minitfm.learn.check import outcome_words
-        print(outcome_words(outcome, "your code"))
+        print(worker.outcome_words(outcome, "your code"))
         return exits.FAILED
     named = 0
     for name, found in (outcome.value or {}).items():

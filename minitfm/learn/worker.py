@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy
 
 __all__ = ["Outcome", "Other", "run", "encode", "decode", "LIMIT", "learner_lines",
-           "LearnerExit"]
+           "LearnerExit", "outcome_words", "signal_name", "describe"]
 
 LIMIT = 10.0            # seconds: a check of the library's own code takes well under one
 GRACE = 2.0             # seconds after a phase's limit before the child is killed from outside
@@ -200,7 +200,7 @@ def _die_with(parent: int) -> None:
         os._exit(137)
 
 
-def _child(task: str, payload: dict, conn, dump_path: str, limit: float, parent: int) -> None:
+def _child(task, payload: dict, conn, dump_path: str, limit: float, parent: int) -> None:
     real_exit = os._exit
     if hasattr(os, "setpgid"):
         try:
@@ -221,8 +221,7 @@ def _child(task: str, payload: dict, conn, dump_path: str, limit: float, parent:
         os._exit = learner_exit
         try:
             channel.phase("run", limit)
-            from minitfm.learn import child         # imported here: spawn starts bare
-            result = child.task(task)(payload, channel)
+            result = task(payload, channel)
             _flush()
             channel.send({"done": result})
         except BaseException as exc:                # noqa: B036 (the learner's exits too)
@@ -281,9 +280,9 @@ def _kill(process) -> None:
     process.join()
 
 
-def run(task: str, payload: dict, *, limit: float = LIMIT, cancel=None, on_message=None
-        ) -> Outcome:
-    """Run ``child.task(task)(payload, channel)`` in a child (see the module's docstring):
+def run(task, payload: dict, *, limit: float = LIMIT, cancel=None, on_message=None) -> Outcome:
+    """Run ``task(payload, channel)`` in a child (see the module's docstring; ``task`` a function
+    of a module, so that a child started fresh finds it by name):
     its :class:`Outcome`. ``cancel()``: asked every few hundredths of a second, True ends the
     child at once ("cancelled"); ``on_message(tree)``: each message the task sends before its
     result."""
@@ -395,3 +394,23 @@ def signal_name(code: int | None) -> str:
                "SIGBUS": "a bus error", "SIGILL": "an illegal instruction (a trap)",
                "SIGKILL": "killed (out of memory?)"}.get(name, "")
     return name + (f", {meaning}" if meaning else "")
+
+
+def outcome_words(outcome: Outcome, what: str = "your code") -> str:
+    """A child's run that gave no result (:class:`~minitfm.learn.worker.Outcome`), in words."""
+    where = f"\n{outcome.where}" if outcome.where else ""
+    if outcome.status == "timeout":
+        doing = {"compile": "the compiler did not finish", "load": "loading your file did "
+                 "not finish"}.get(outcome.phase, f"{what} did not return")
+        return (f"{doing} within {outcome.limit:g} s (the time limit: --time-limit), and was "
+                f"stopped; where it was:{where or ' (not known)'}\n(an endless loop, or a "
+                f"loop whose condition never turns false?)")
+    if outcome.status == "raised":
+        return outcome.message
+    if outcome.status == "signal":
+        return f"{what} crashed its process ({signal_name(outcome.code)}){where}"
+    if outcome.status == "exit":
+        return (f"{what} ended its process (exit status {outcome.code}) before the check had "
+                f"its results: a function of the exercise returns its results, it does not "
+                f"end the program{where}")
+    return f"{what} did not finish ({outcome.status})"

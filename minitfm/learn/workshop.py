@@ -23,7 +23,7 @@ from pathlib import Path
 from minitfm import backend, files
 from minitfm.data import DataError
 from minitfm.learn import kernels, source, todo
-from minitfm.learn.check import ALL_CASES, case_sizes, constants, gradients, run_case
+from minitfm.learn.cases import ALL_CASES, case_sizes, constants, gradients, run_case
 from minitfm.learn.exercises import EXERCISES, Exercise
 
 __all__ = ["Workshop", "STATES", "header", "make", "hint"]

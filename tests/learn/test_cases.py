@@ -10,7 +10,7 @@ import math
 import pytest
 
 from minitfm.learn import adamcheck, kernels
-from minitfm.learn.check import ALL_CASES, case_sizes
+from minitfm.learn.cases import ALL_CASES, case_sizes
 from minitfm.learn.exercises import EXERCISES, by_name
 from minitfm.learn.modelcheck import model_cases
 

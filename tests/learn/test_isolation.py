@@ -2,7 +2,6 @@
 change the verdict, and what it does wrong beyond its values (an endless loop, an exit, a crash,
 a gradient of the wrong kind, a change in place, a patch of numpy) is named, never passed."""
 
-import os
 import signal
 import subprocess
 import sys
