@@ -8,8 +8,11 @@ sub-layers, each wrapped in a residual connection with layer normalization (see 
     x = Residual(x, FeedForward(x))
 with a final layer normalization ("ln") after the stack with pre-LN. Only the mask differs: the
 encoder's hides padded source keys, this one hides the future (there is no padding: every
-position of a block is text). So the forward and backward passes here are the encoder stack's,
-given the causal mask; the mask is a constant, so the backward pass does not see it.
+position of a block is text). So the forward pass here is the encoder stack's, given the causal
+mask.
+
+Backward: the encoder stack's. The mask is a constant of the forward pass, so the backward pass
+does not see it.
 
 Parameter names, relative to the stack ("layers." in the language model): the encoder stack's,
     {i}.attn.{w_qkv,b_qkv,w_o,b_o}   {i}.ln1.{gamma,beta}

@@ -8,8 +8,8 @@ Pre-LN (optional; trains more stably in deep stacks, and needs a final LN after 
     y = x + Dropout(F(LN(x)))
     backward: dx = dy + LN'(F'(Dropout'(dy)))
 
-In both the residual branch adds the identity's gradient to the sub-layer's: the "+" of the
-forward pass becomes a fan-out of the gradient in the backward pass.
+Backward, in both: the residual branch adds the identity's gradient to the sub-layer's; the "+"
+of the forward pass becomes a fan-out of the gradient in the backward pass.
 
 Parameters: those of the LayerNorm, "gamma" and "beta". The sub-layer F is an input, a function
 ``sublayer(h) -> (out, cache)`` holding its own parameters; the backward pass takes the matching

@@ -14,9 +14,8 @@ from pathlib import Path
 from minitfm.learn import source
 from minitfm.learn.exercises import Exercise
 
-__all__ = ["LearnerError", "NotWritten", "location", "where_in", "load", "edited_function",
-           "substituted", "functions_of", "defined_in", "lookup", "not_written", "unwritten_name",
-           "recorders"]
+__all__ = ["LearnerError", "NotWritten", "location", "where_in", "load", "substituted",
+           "functions_of", "defined_in", "lookup", "not_written", "unwritten_name", "recorders"]
 
 
 class LearnerError(Exception):
@@ -64,18 +63,6 @@ def load(path: Path, name: str):
     except Exception as exc:
         raise LearnerError(where_in(exc, path)) from None
     return module
-
-
-def edited_function(module, name: str, old: str, new: str):
-    """The library's plain function ``name`` of ``module`` with ``old`` replaced by ``new``
-    (found exactly once), compiled in a copy of the module's namespace."""
-    text = source.plain_source(module.__name__, name)
-    if text.count(old) != 1:
-        raise LookupError(f"{module.__name__}.{name} has {text.count(old)} copies of {old!r}")
-    namespace = dict(vars(module))
-    exec(compile(text.replace(old, new), f"<{module.__name__}.{name}, edited>", "exec"),
-         namespace)
-    return namespace[name.split(".")[-1]]
 
 
 @contextlib.contextmanager
