@@ -3,8 +3,8 @@ then train a model on your own code.
 
     python -m minitfm.learn list                 the exercises in reading order, and progress
     python -m minitfm.learn start                the next exercise, into ./workshop
-    python -m minitfm.learn check                the current one: every gradient held to finite
-                                                 differences, a wrong one diagnosed
+    python -m minitfm.learn check                the current one: every gradient held to the
+                                                 library's, a wrong one diagnosed
     python -m minitfm.learn watch                check at every save, on to the next as each passes
     python -m minitfm.learn hint NAME            the shapes, the chain-rule step, the derivation
     python -m minitfm.learn solution NAME        the library's own code, once it passes
@@ -14,14 +14,20 @@ then train a model on your own code.
 
 Every exercise is made from the library's source when it is started (``source.py``): a layer's
 file with its forward pass, its cache and its derivation, and its backward pass's body replaced
-by a TODO naming every input, cache field and output with its shape. Twenty-one exercises
-(``exercises.py``): every layer of ``minitfm/layers/`` with a backward pass, Adam with the
-paper's schedule, the whole encoder-decoder backward, and four CUDA kernels, which run on the
-CPU (``kernels.py``, :mod:`minitfm.cudahost`). A check (``check.py``) runs the gradient checks of
-:mod:`minitfm.gradcheck` with the learner's code in place of the library's (``learner.py``: the
-learner's file loaded and put in place; the whole model's and Adam's checks in
-``modelcheck.py`` and ``adamcheck.py``) and diagnoses each wrong gradient from the two arrays
-(``diagnose.py``): a constant factor and which, a transpose, a sum missing over an axis, a term
-of the derivation missing or with the wrong sign, the wrong cache field. The folder and its progress: ``workshop.py``; training on the learner's code:
-``train.py``. Host-only code: the workshop runs on NumPy.
+by a TODO naming every input, cache field and output with its shape (``todo.py``).
+Twenty-one exercises (``exercises.py``; their named mistakes in ``mistakes.py``): every layer of
+``minitfm/layers/`` with a backward pass, Adam with the paper's schedule, the whole
+encoder-decoder backward, and four CUDA kernels, which run on the CPU (``kernels.py``,
+:mod:`minitfm.cudahost`).
+
+A check runs the learner's file in a process of its own, under a time limit (``worker.py``; what
+runs there, ``child.py``, loading the file with ``learner.py``; what comes back, plain data,
+``wire.py``), and judges what comes back on the checking side, where none of the learner's code
+runs: the gradient checks of :mod:`minitfm.gradcheck` at sizes where no coincidence passes
+(``cases.py``, ``check.py``; the whole model's and Adam's in ``modelcheck.py`` and
+``adamcheck.py``), each wrong array diagnosed from the two arrays (``diagnose.py``, with what the
+library gives with each mistake made, ``alternatives.py``, and where it is wrong,
+``locate.py``), and the report on a screen (``report.py``). The folder and its progress:
+``workshop.py``; training on the learner's code: ``train.py``. Host-only code: the workshop runs
+on NumPy.
 """

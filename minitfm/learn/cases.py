@@ -13,7 +13,7 @@ import numpy
 
 from minitfm import backend
 from minitfm.gradcheck.cases import CASES, MODEL_CASES
-from minitfm.learn import worker
+from minitfm.learn import wire
 from minitfm.learn.exercises import Exercise
 from minitfm.learn.learner import substituted
 
@@ -136,8 +136,8 @@ def _form(value) -> str:
 
 
 def kind(value) -> str:
-    if isinstance(value, worker.Other):
+    if isinstance(value, wire.Other):
         return value.what
     if isinstance(value, numpy.ndarray):
         return f"an array {tuple(value.shape)}"
-    return worker.describe(value)
+    return wire.describe(value)
