@@ -14,6 +14,8 @@ on an AVX-512 machine, run it as
         NPY_DISABLE_CPU_FEATURES="X86_V4 AVX512_ICL AVX512_SPR" python benchmarks/bench_learn.py
 
 (the commands it starts inherit the environment; it prints which SIMD extensions NumPy uses).
+On a 2-core Intel Xeon (AVX-512), 2026-12-07: every check 0.32-0.38 s of CPU, the whole model's
+0.57 s; with the AVX2 paths forced as above, 0.32-0.37 s and 0.50 s.
 """
 
 from __future__ import annotations
