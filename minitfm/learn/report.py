@@ -7,6 +7,7 @@ a case that is right takes one line; :data:`LINES` bounds a report of one mistak
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ __all__ = ["ArrayResult", "CaseResult", "Report", "describe", "LINES"]
 
 LINES = 40              # the most lines a failing report takes (a case's exception apart)
 WIDTH = 96              # the width the diagnoses are wrapped to
+COMPILER = re.compile(r"\S+:\d+:\d+: ")     # a compiler's message: file:line:column:
 SHOWN = 8               # a case with more arrays shows its wrong ones only, by diagnosis
 
 
@@ -222,6 +224,19 @@ def _short(case: CaseResult, label) -> list[str]:
                     2)
 
 
+def _message(message: str, indent: str) -> list[str]:
+    """A message's lines indented, its prose wrapped to the screen; lines of code (indented
+    already, or a compiler's) kept as they are."""
+    out = []
+    for line in message.splitlines():
+        if line[:1].isspace() or len(line) + len(indent) <= WIDTH or COMPILER.match(line):
+            out.append((indent + line).rstrip())
+        else:
+            out += textwrap.wrap(line, WIDTH, initial_indent=indent, subsequent_indent=indent,
+                                 break_on_hyphens=False, break_long_words=False)
+    return out
+
+
 def describe(report: Report) -> str:
     """The report as the learner reads it: a failing one in at most :data:`LINES` lines, where
     its cases' problems do not take more themselves."""
@@ -230,7 +245,7 @@ def describe(report: Report) -> str:
     label = _gradient_label if ex.kind in ("layer", "model") else str
     lines = [f"{ex.number:02d} {ex.name}: {ex.title} ({report.path})"]
     if report.message:
-        lines += ["", textwrap.indent(report.message, "  ")]
+        lines += ["", *_message(report.message, "  ")]
     shorts = [_short(case, label) for case in report.cases]
     said: set = set()               # the diagnoses of the wrong arrays shown above
     for k, case in enumerate(report.cases):
