@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from minitfm import backend
 from minitfm.gradcheck.check import TOLERANCE, check_case, check_gradients, random_params
-from minitfm.gradcheck.cases import MODEL_CASES, _model, translation_batch
+from minitfm.gradcheck.cases import MODEL_CASES, model_case, translation_batch
 from minitfm.layers import loss as loss_layer
 from minitfm.layers import output
 from minitfm.models import DROPOUTS, translator
@@ -85,8 +85,8 @@ def test_a_gradient_a_millionth_of_the_loss_is_resolved_and_an_error_in_it_caugh
     gradients ~1e-6 of the loss, which 1e-4 resolves to only 2e-6 (rounding); the widest step
     resolves them, and still fails them once off by 1e-4. (The tiny preset at its own widths,
     d_model 8: the model checks' narrower draw at this seed has no such gradient.)"""
-    case = _model("model (separate embeddings)", translator,
-                  TINY.replace(share_embeddings=False, tgt_vocab=9), translation_batch)
+    case = model_case("model (separate embeddings)", translator,
+                      TINY.replace(share_embeddings=False, tgt_vocab=9), translation_batch)
     sizes = {**case.sizes, "batch": 2, "src_len": 2, "tgt_len": 2}
     rng = backend.host_rng(21)
     arrays = case.draw(rng, sizes)
