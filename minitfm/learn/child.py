@@ -42,6 +42,18 @@ def _failure(exc: Exception, ex, path) -> dict:
     return {"error": learner.where_in(exc, path)}
 
 
+def _each_case(ex, path, run) -> dict:
+    """``run(name)`` for each of the exercise's cases: its result, or the learner's failure."""
+    cases = {}
+    with backend.using("numpy"), numpy.errstate(all="ignore"):
+        for name in ex.cases:
+            try:
+                cases[name] = run(name)
+            except Exception as exc:
+                cases[name] = _failure(exc, ex, path)
+    return {"cases": cases}
+
+
 def layer(payload: dict, channel) -> dict:
     """Each of the exercise's gradient checks run with the learner's functions: per case the
     forward's output, the backward's result as returned, and what it changed in place."""
@@ -50,19 +62,14 @@ def layer(payload: dict, channel) -> dict:
         return found
     ex, path, module, functions = found
     library = importlib.import_module(ex.module)
-    cases = {}
-    with backend.using("numpy"), numpy.errstate(all="ignore"):
-        for name in ex.cases:
-            case = ALL_CASES[name]
-            try:
-                changed: list = []
-                with constants(ex, library, module):
-                    _, out, _, result = run_case(case, case_sizes(ex, case),
-                                                 payload["seed"], library, functions, changed)
-                cases[name] = {"out": out, "result": result, "changed": changed}
-            except Exception as exc:
-                cases[name] = _failure(exc, ex, path)
-    return {"cases": cases}
+
+    def run(name):
+        case, changed = ALL_CASES[name], []
+        with constants(ex, library, module):
+            _, out, _, result = run_case(case, case_sizes(ex, case), payload["seed"], library,
+                                         functions, changed)
+        return {"out": out, "result": result, "changed": changed}
+    return _each_case(ex, path, run)
 
 
 def model(payload: dict, channel) -> dict:
@@ -70,21 +77,17 @@ def model(payload: dict, channel) -> dict:
     found = loaded(payload)
     if isinstance(found, dict):
         return found
-    ex, path, module, functions = found
+    ex, path, _, functions = found
     library = importlib.import_module(ex.module)
     write = {n: functions[n] for n in ex.write}
-    cases, found = {}, model_cases(ex)
-    with backend.using("numpy"), numpy.errstate(all="ignore"):
-        for name in ex.cases:
-            case = found[name]
-            try:
-                params, batch = model_batch(case, payload["seed"])
-                with learner.substituted(library, write):
-                    loss, grads = model_loss(library, case, params, batch)
-                cases[name] = {"loss": loss, "grads": grads}
-            except Exception as exc:
-                cases[name] = _failure(exc, ex, path)
-    return {"cases": cases}
+    cases = model_cases(ex)
+
+    def run(name):
+        params, batch = model_batch(cases[name], payload["seed"])
+        with learner.substituted(library, write):
+            loss, grads = model_loss(library, cases[name], params, batch)
+        return {"loss": loss, "grads": grads}
+    return _each_case(ex, path, run)
 
 
 def optim(payload: dict, channel) -> dict:
