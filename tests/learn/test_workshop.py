@@ -219,3 +219,10 @@ def test_the_workshops_files_damaged_unreadable_or_pipes_are_said_to_be(tmp_path
     mine.unlink()
     mine.write_bytes(text)
     assert learn("list").returncode == 0
+
+
+def test_checking_an_exercise_not_started_leaves_the_current_one(folder, capsys):
+    run(folder, "start", "linear", capsys=capsys)
+    status, out = run(folder, "check", "layernorm", capsys=capsys)
+    assert status == exits.FAILED and "start the exercise first" in out.out
+    assert Workshop(folder).current().name == "linear"
