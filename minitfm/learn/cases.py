@@ -18,7 +18,7 @@ from minitfm.learn.exercises import Exercise
 from minitfm.learn.learner import substituted
 
 __all__ = ["ALL_CASES", "case_sizes", "constants", "in_place", "reachable", "run_case", "gradients",
-           "kind"]
+           "kind", "array_fault"]
 
 ALL_CASES = {case.name: case for case in [*CASES, *MODEL_CASES]}
 
@@ -104,11 +104,12 @@ def run_case(case, sizes: dict, seed: int, library, functions: dict, changed=Non
         out, cache = run.forward(arrays, sizes)
         g = backend.to_device(rng.standard_normal(numpy.shape(out)), dtype="float64")
         dy = g.copy() if g.ndim else g
-        dy_name, cache_name = _argument_names(case.backward)
-        watched = {dy_name: dy, cache_name: cache, "the inputs": arrays}
-        with in_place(watched if changed is not None else {}, changed if changed is not None
-                      else []):
+        if changed is None:
             result = run.backward(dy, cache)
+        else:
+            dy_name, cache_name = _argument_names(case.backward)
+            with in_place({dy_name: dy, cache_name: cache, "the inputs": arrays}, changed):
+                result = run.backward(dy, cache)
     return arrays, out, g, result
 
 
@@ -141,3 +142,21 @@ def kind(value) -> str:
     if isinstance(value, numpy.ndarray):
         return f"an array {tuple(value.shape)}"
     return wire.describe(value)
+
+
+def array_fault(a, r) -> str | None:
+    """What is wrong with a gradient's kind (not its values), ``r`` the right one: None for an
+    array of real numbers of the right type."""
+    if a is None:
+        return "missing: your backward gives None for it"
+    if not isinstance(a, numpy.ndarray):
+        return f"not an array: your backward gives {kind(a)} for it"
+    if a.dtype.kind == "c":
+        return (f"complex numbers ({a.dtype}): the gradient of a real loss is real (a complex "
+                f"value crept in: a square root of a negative number, or a complex constant?)")
+    if a.dtype.kind != "f":
+        return f"an array of {a.dtype}: a gradient is an array of {r.dtype}"
+    if a.dtype != r.dtype:
+        return (f"an array of {a.dtype}, where the check's arrays are {r.dtype}: a gradient "
+                f"has its input's type (an array made with another dtype?)")
+    return None

@@ -38,8 +38,8 @@ from minitfm.learn import child, diagnose, kernels, source, worker
 from minitfm.learn.adamcheck import check_optim
 from minitfm.learn.alternatives import (Alternatives, cache_of, cache_regions, edited,
                                         field_swaps, mask_regions, regroup_renamed)
-from minitfm.learn.cases import (ALL_CASES, case_sizes, constants, gradients, kind, reachable,
-                                 run_case)
+from minitfm.learn.cases import (ALL_CASES, array_fault, case_sizes, constants, gradients,
+                                 reachable, run_case)
 from minitfm.learn.exercises import Exercise
 from minitfm.learn.learner import recorders
 from minitfm.learn.modelcheck import check_model
@@ -130,7 +130,7 @@ def check_layer(ex: Exercise, learned: dict, path: Path, seed: int = 0,
         alternatives = None
         for name in right:
             a, r = mine.get(name), right[name]
-            fault = _array_fault(a, r)
+            fault = array_fault(a, r)
             error = diagnose.distance(a, r) if fault is None else float("inf")
             item = ArrayResult(name, error, error <= tolerance)
             if isinstance(a, numpy.ndarray) and a.shape != r.shape:
@@ -156,24 +156,6 @@ def check_layer(ex: Exercise, learned: dict, path: Path, seed: int = 0,
             result.confirmed = _confirmed(case, sizes, seed, arrays, g, right, ex, library,
                                           None)
     return results
-
-
-def _array_fault(a, r) -> str | None:
-    """What is wrong with a gradient's kind (not its values): None for an array of real numbers
-    of the right type."""
-    if a is None:
-        return "missing: your backward gives None for it"
-    if not isinstance(a, numpy.ndarray):
-        return f"not an array: your backward gives {kind(a)} for it"
-    if a.dtype.kind == "c":
-        return (f"complex numbers ({a.dtype}): the gradient of a real loss is real (a complex "
-                f"value crept in: a square root of a negative number, or a complex constant?)")
-    if a.dtype.kind != "f":
-        return f"an array of {a.dtype}: a gradient is an array of {r.dtype}"
-    if a.dtype != r.dtype:
-        return (f"an array of {a.dtype}, where the check's arrays are {r.dtype}: a gradient "
-                f"has its input's type (an array made with another dtype?)")
-    return None
 
 
 def _confirmed(case, sizes, seed, arrays, g, grads, ex, library, note) -> str | None:

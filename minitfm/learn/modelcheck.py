@@ -14,6 +14,7 @@ from minitfm.gradcheck.cases import MODEL_CASES, model_case, translation_batch
 from minitfm.gradcheck.check import STEPS, TOLERANCE, smallest_error
 from minitfm.learn import diagnose
 from minitfm.learn.alternatives import Alternatives, edited, regroup_renamed
+from minitfm.learn.cases import array_fault
 from minitfm.learn.exercises import Exercise
 from minitfm.learn.learner import substituted
 from minitfm.learn.report import ArrayResult, CaseResult
@@ -81,17 +82,15 @@ def check_model(ex: Exercise, learned: dict, path: Path, seed: int = 0,
         alternatives = None
         for name in right:
             a = mine.get(name)
-            ok_kind = isinstance(a, numpy.ndarray) and a.dtype == right[name].dtype
-            error = diagnose.distance(a, right[name]) if ok_kind else float("inf")
+            fault = array_fault(a, right[name])
+            error = diagnose.distance(a, right[name]) if fault is None else float("inf")
             ok = error <= tolerance
             item = ArrayResult(name, error, ok)
             result.arrays.append(item)
             if ok:
                 continue
-            if not ok_kind:
-                item.diagnosis = (f"not an array of {right[name].dtype}: {a!r:.40}"
-                                  if not isinstance(a, numpy.ndarray) else
-                                  f"an array of {a.dtype}, where {right[name].dtype} belongs")
+            if fault is not None:
+                item.diagnosis = fault
                 continue
             if alternatives is None:
                 alternatives = Alternatives(_mistaken(library, case, params, batch),
