@@ -12,9 +12,9 @@ the arrays the child sends back. A child:
   also dies with the command if the command is killed;
 - reads nothing from the terminal (its standard input is empty) and prints to the command's
   output, so a learner's ``print`` shows;
-- runs a task in phases (loading the file, compiling a kernel, running), each under its own
-  limit; past it the child writes the stack of the running code (Python's ``faulthandler``:
-  even a loop in compiled code), from which the learner's line is read, and is killed;
+- runs a task in phases (compiling a kernel, running), each under its own limit; past it the
+  child writes the stack of the running code (Python's ``faulthandler``: even a loop in
+  compiled code), from which the learner's line is read, and is killed;
 - ends in one of the ways of :class:`Outcome`: a result, an exception it raised (with the
   learner's line), an exit of its own (``sys.exit``, ``os._exit``), a signal (a crash), the time
   limit, or a cancel (``watch``: the file saved again).
@@ -177,6 +177,16 @@ def _context():
     return multiprocessing.get_context(method)
 
 
+def _start(process) -> None:
+    """The child started in a process group of its own (both sides set it: no race)."""
+    process.start()
+    if hasattr(os, "setpgid"):
+        try:
+            os.setpgid(process.pid, process.pid)
+        except OSError:
+            pass
+
+
 def _kill(process) -> None:
     """The child and its process group, killed and reaped."""
     if process.pid is None:
@@ -207,12 +217,7 @@ def run(task, payload: dict, *, limit: float = LIMIT, cancel=None, on_message=No
     for stream in (sys.stdout, sys.stderr):     # a forked child would print it again
         stream.flush()
     try:
-        process.start()
-        if hasattr(os, "setpgid"):
-            try:
-                os.setpgid(process.pid, process.pid)    # both sides set it: no race
-            except OSError:
-                pass
+        _start(process)
         send.close()
         deadline = time.monotonic() + phase_limit + GRACE
         while True:
@@ -244,19 +249,12 @@ def run(task, payload: dict, *, limit: float = LIMIT, cancel=None, on_message=No
                 break
             if time.monotonic() > deadline:
                 _kill(process)
-                return Outcome("timeout", where=learner_lines(dump_path, payload), phase=phase,
-                               limit=phase_limit)
+                return Outcome("timeout", where=learner_lines(_dumped(dump_path), payload),
+                               phase=phase, limit=phase_limit)
         process.join(GRACE)
         if process.is_alive():
             _kill(process)
-        code = process.exitcode
-        where = learner_lines(dump_path, payload)
-        dumped = Path(dump_path).read_text(encoding="utf-8", errors="replace")
-        if dumped.startswith("Timeout ("):
-            return Outcome("timeout", where=where, phase=phase, limit=phase_limit)
-        if code is not None and code < 0:
-            return Outcome("signal", code=code, where=where)
-        return Outcome("exit", code=code, where=where)
+        return _ended(process.exitcode, _dumped(dump_path), payload, phase, phase_limit)
     finally:
         if process.pid is not None and process.exitcode is None:
             _kill(process)
@@ -267,18 +265,32 @@ def run(task, payload: dict, *, limit: float = LIMIT, cancel=None, on_message=No
             pass
 
 
+def _ended(code: int | None, dumped: str, payload: dict, phase: str, limit: float) -> Outcome:
+    """How a child that sent no result ended: its exit code and the stack it dumped, if any."""
+    where = learner_lines(dumped, payload)
+    if dumped.startswith("Timeout ("):                  # faulthandler's, at the phase's limit
+        return Outcome("timeout", where=where, phase=phase, limit=limit)
+    if code is not None and code < 0:
+        return Outcome("signal", code=code, where=where)
+    return Outcome("exit", code=code, where=where)
+
+
+def _dumped(path: str) -> str:
+    """What the child's faulthandler wrote ("" where it wrote nothing, or it is unreadable)."""
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
 FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>\S+)', re.M)
 
 
-def learner_lines(dump_path: str, payload: dict) -> str:
+def learner_lines(dumped: str, payload: dict) -> str:
     """The innermost line of the learner's file(s) in the stack the child dumped (its
-    faulthandler's), with its text: ``"01_linear.py, line 52, in backward:\\n    ..."``."""
-    try:
-        text = Path(dump_path).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
+    faulthandler's text), with its text: ``"01_linear.py, line 52, in backward:\\n    ..."``."""
     files = {str(Path(p).resolve()) for p in payload.get("paths", [payload.get("path")]) if p}
-    for match in FRAME.finditer(text):
+    for match in FRAME.finditer(dumped):
         if str(Path(match["file"]).resolve()) in files:
             line = int(match["line"])
             try:
@@ -311,8 +323,8 @@ def outcome_words(outcome: Outcome, what: str = "your code") -> str:
     """A child's run that gave no result (:class:`~minitfm.learn.worker.Outcome`), in words."""
     where = f"\n{outcome.where}" if outcome.where else ""
     if outcome.status == "timeout":
-        doing = {"compile": "the compiler did not finish", "load": "loading your file did "
-                 "not finish"}.get(outcome.phase, f"{what} did not return")
+        doing = "the compiler did not finish" if outcome.phase == "compile" else \
+            f"{what} did not return"
         return (f"{doing} within {outcome.limit:g} s (the time limit: --time-limit), and was "
                 f"stopped; where it was:{where or ' (not known)'}\n(an endless loop, or a "
                 f"loop whose condition never turns false?)")
