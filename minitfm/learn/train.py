@@ -27,6 +27,7 @@ import inspect
 import math
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy
@@ -210,16 +211,23 @@ def _probe_task(payload: dict, channel) -> dict:
 
 # ---- the command (the checking side) -----------------------------------------------------------
 
-def _library_update(params, batch) -> tuple[float, dict]:
-    stats, grads = translator.loss_and_grads(params, copy_config(), *batch)
-    return float(stats["loss"]), grads
+@dataclass
+class Update:
+    """One of the learner's updates sent from its run (``sent``: its step, loss, parameters,
+    batch and gradients), with the library's loss and gradients on those parameters and that
+    batch, and how far apart the two are (relative: the worse of the loss and the gradients)."""
+    sent: dict
+    loss: float
+    right: dict
+    apart: float
 
 
-def _parting(yours: float, grads: dict, params, batch) -> tuple[float, float, float, dict]:
-    """``(loss, loss apart, gradients apart, right gradients)`` of the library's code on the
-    learner's parameters and batch."""
-    loss, right = _library_update(params, batch)
-    return loss, _difference(yours, loss), _gradients_apart(grads, right), right
+def _on_the_library(sent: dict) -> Update:
+    """The library's code on the parameters and batch the learner's run sent."""
+    stats, right = translator.loss_and_grads(sent["params"], copy_config(), *sent["batch"])
+    loss = float(stats["loss"])
+    return Update(sent, loss, right, max(_difference(sent["loss"], loss),
+                                          _gradients_apart(sent["grads"], right)))
 
 
 def _gradients_apart(grads, right) -> float:
@@ -254,19 +262,20 @@ def main(workshop, steps: int | None = None, seed: int = 0, limit: float | None 
               f"parameters at every {LOG_EVERY}th update", flush=True)
         print(f"{'update':>6}  {'library':>10}  {'yours':>10}  {'the library on yours':>20}  "
               f"its gradients' difference", flush=True)
-        apart: list = []
+        updates: list[Update] = []
 
-        def row(message):
-            if not isinstance(message, dict) or "step" not in message:
+        def row(sent):
+            if not isinstance(sent, dict) or "step" not in sent:
                 return
-            step = int(message["step"])
-            loss, loss_apart, grads_apart, _ = _parting(message["loss"], message["grads"],
-                                                        message["params"], message["batch"])
-            apart.append((step, max(loss_apart, grads_apart), message))
-            print(f"{step:>6}  {library['losses'][step - 1]:>10.6f}  {message['loss']:>10.6f}"
-                  f"  {loss:>20.6f}  {grads_apart:.1e}", flush=True)
-        outcome = worker.run(_run_task, {"paths_by_exercise": paths, "paths": list(paths.values()),
-                                       "steps": steps, "seed": seed},
+            update = _on_the_library(sent)
+            updates.append(update)
+            step = int(sent["step"])
+            print(f"{step:>6}  {library['losses'][step - 1]:>10.6f}  {sent['loss']:>10.6f}  "
+                  f"{update.loss:>20.6f}  {_gradients_apart(sent['grads'], update.right):.1e}",
+                  flush=True)
+        outcome = worker.run(_run_task, {"paths_by_exercise": paths,
+                                         "paths": list(paths.values()), "steps": steps,
+                                         "seed": seed},
                              limit=limit or 5 * spent + 60, on_message=row)
         if not outcome.done:
             print(worker.outcome_words(outcome, "the run on your code"))
@@ -277,30 +286,37 @@ def main(workshop, steps: int | None = None, seed: int = 0, limit: float | None 
             return exits.FAILED
         print(f"exact match on 500 held-out sequences: the library's "
               f"{100 * library['exact_match']:.1f} %, yours {100 * yours['exact_match']:.1f} %")
-        mine = ", ".join(e.name for e in passing)
-        parted = [(step, far, message) for step, far, message in apart if far > SAME]
+        parted = [update for update in updates if update.apart > SAME]
         if not parted:
-            worst = max((far for _, far, _ in apart), default=0.0)
-            gap = max(_difference(a, b) for a, b in zip(yours["losses"], library["losses"]))
-            print(f"your code ({mine}) computes the library's losses and gradients within "
-                  f"float32 rounding (at most {worst:.1e} apart on the same parameters)" +
-                  (", and its run is the library's bit for bit" if gap == 0 else
-                   f"; the two runs part by up to {gap:.1e}, as float32 rounding grows over "
-                   f"the updates") + (f"; the library's code ran for {', '.join(library_only)}"
-                                      if library_only else ""))
+            _agreed(passing, library_only, updates, yours, library)
             return exits.DONE
-        step, far, message = parted[0]
-        print(f"your code parts from the library's on the same parameters (by {far:.1e} at "
-              f"update {step}): each of your passing exercises alone on that update:")
-        return _name_the_parting(paths, message, limit or worker.LIMIT * 3)
+        print(f"your code parts from the library's on the same parameters (by "
+              f"{parted[0].apart:.1e} at update {parted[0].sent['step']}): each of your passing "
+              f"exercises alone on that update:")
+        return _name_the_parting(paths, parted[0], limit or worker.LIMIT * 3)
 
 
-def _name_the_parting(paths: dict, message: dict, limit: float) -> int:
+def _agreed(passing, library_only, updates, yours, library) -> None:
+    """Say that the learner's code computes the library's losses and gradients, and how far
+    the two runs part by float32 rounding."""
+    worst = max((update.apart for update in updates), default=0.0)
+    gap = max(_difference(a, b) for a, b in zip(yours["losses"], library["losses"]))
+    print(f"your code ({', '.join(e.name for e in passing)}) computes the library's losses and "
+          f"gradients within float32 rounding (at most {worst:.1e} apart on the same "
+          f"parameters)" +
+          (", and its run is the library's bit for bit" if gap == 0 else
+           f"; the two runs part by up to {gap:.1e}, as float32 rounding grows over the "
+           f"updates") + (f"; the library's code ran for {', '.join(library_only)}"
+                          if library_only else ""))
+
+
+def _name_the_parting(paths: dict, update: Update, limit: float) -> int:
     """Each passing exercise alone in the library's place on the update where the runs part:
     which part, and where."""
-    loss, right = _library_update(message["params"], message["batch"])
+    loss, right = update.loss, update.right
     outcome = worker.run(_probe_task, {"paths_by_exercise": paths, "paths": list(paths.values()),
-                                   "params": message["params"], "batch": message["batch"]},
+                                       "params": update.sent["params"],
+                                       "batch": update.sent["batch"]},
                          limit=limit)
     if not outcome.done:
         print(worker.outcome_words(outcome, "your code"))
