@@ -18,7 +18,7 @@ from minitfm.learn.exercises import Exercise
 from minitfm.learn.learner import substituted
 
 __all__ = ["ALL_CASES", "case_sizes", "constants", "in_place", "reachable", "run_case", "gradients",
-           "kind", "array_fault"]
+           "kind", "array_fault", "case_problem"]
 
 ALL_CASES = {case.name: case for case in [*CASES, *MODEL_CASES]}
 
@@ -159,4 +159,14 @@ def array_fault(a, r) -> str | None:
     if a.dtype != r.dtype:
         return (f"an array of {a.dtype}, where the check's arrays are {r.dtype}: a gradient "
                 f"has its input's type (an array made with another dtype?)")
+    return None
+
+
+def case_problem(yours) -> str | None:
+    """What the learner's process says went wrong in one case (its words: not written, or an
+    exception at their line), or None where it sent the case's results."""
+    if not isinstance(yours, dict) or not yours:
+        return "no result came back for this case"
+    if "not_written" in yours or "error" in yours:
+        return str(yours.get("not_written") or yours.get("error"))
     return None

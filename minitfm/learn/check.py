@@ -38,8 +38,8 @@ from minitfm.learn import child, diagnose, kernels, source, worker
 from minitfm.learn.adamcheck import check_optim
 from minitfm.learn.alternatives import (Alternatives, cache_of, cache_regions, edited,
                                         field_swaps, mask_regions, regroup_renamed)
-from minitfm.learn.cases import (ALL_CASES, array_fault, case_sizes, constants, gradients,
-                                 reachable, run_case)
+from minitfm.learn.cases import (ALL_CASES, array_fault, case_problem, case_sizes, constants,
+                                 gradients, reachable, run_case)
 from minitfm.learn.exercises import Exercise
 from minitfm.learn.learner import recorders
 from minitfm.learn.modelcheck import check_model
@@ -104,27 +104,16 @@ def check_layer(ex: Exercise, learned: dict, path: Path, seed: int = 0,
         sizes = case_sizes(ex, case)
         result = CaseResult(case_name, sizes)
         results.append(result)
-        yours = learned.get(case_name) or {"error": "no result came back for this case"}
-        if "not_written" in yours or "error" in yours:
-            result.problem = str(yours.get("not_written") or yours.get("error"))
+        yours = learned.get(case_name)
+        result.problem = case_problem(yours)
+        if result.problem:
             continue
         allowed: list = []
         with constants(ex, library):
             arrays, out_r, g, right = run_case(case, sizes, seed, library, {}, allowed)
         right = gradients(case, right)
-        out = yours.get("out")
-        if not isinstance(out, (numpy.ndarray, float)) or diagnose.distance(out, out_r) > 1e-12:
-            result.note = ("your forward pass gives other outputs than the library's: the check "
-                           "holds your backward to the library's forward")
-        try:
-            mine = gradients(case, yours.get("result"))
-        except ValueError as exc:
-            result.problem = str(exc)
-            continue
-        extra = [n for n in mine if n not in right]
-        if extra:
-            result.problem = (f"your backward returns gradients named {', '.join(extra)}, "
-                              f"which the layer does not have (it has {', '.join(right)})")
+        mine = _yours(case, yours, out_r, right, result)
+        if mine is None:
             continue
         result.changed = [c for c in yours.get("changed", []) if c not in allowed]
         alternatives = None
@@ -153,12 +142,31 @@ def check_layer(ex: Exercise, learned: dict, path: Path, seed: int = 0,
                 item.diagnosis = fault + ("; and " + item.diagnosis if item.diagnosis else "")
         regroup_renamed(result.arrays, mine, right)
         if result.ok:
-            result.confirmed = _confirmed(case, sizes, seed, arrays, g, right, ex, library,
-                                          None)
+            result.confirmed = _confirmed(case, sizes, seed, arrays, g, right, ex, library)
     return results
 
 
-def _confirmed(case, sizes, seed, arrays, g, grads, ex, library, note) -> str | None:
+def _yours(case, yours: dict, out_r, right: dict, result: CaseResult) -> dict | None:
+    """The learner's gradients by name, a note in ``result`` where their forward pass gives
+    other outputs; None, with ``result.problem`` said, where their result has the wrong form."""
+    out = yours.get("out")
+    if not isinstance(out, (numpy.ndarray, float)) or diagnose.distance(out, out_r) > 1e-12:
+        result.note = ("your forward pass gives other outputs than the library's: the check "
+                       "holds your backward to the library's forward")
+    try:
+        mine = gradients(case, yours.get("result"))
+    except ValueError as exc:
+        result.problem = str(exc)
+        return None
+    extra = [n for n in mine if n not in right]
+    if extra:
+        result.problem = (f"your backward returns gradients named {', '.join(extra)}, which the "
+                          f"layer does not have (it has {', '.join(right)})")
+        return None
+    return mine
+
+
+def _confirmed(case, sizes, seed, arrays, g, grads, ex, library) -> str:
     """Finite differences of the library's forward along one random direction of all the
     inputs at once, against the gradients (the library's, which the learner's equal): a dozen
     forward passes, at the gradient checks' steps until one agrees."""
@@ -184,9 +192,8 @@ def _confirmed(case, sizes, seed, arrays, g, grads, ex, library, note) -> str | 
         return 0.0 if scale == 0.0 else abs(analytic - numeric) / scale
     worst = smallest_error(error, STEPS, case.tolerance)
     verdict = "agree" if worst <= case.tolerance else "do not agree"
-    words = (f"finite differences along a random direction of the inputs {verdict} (relative "
-             f"error {worst:.1e})")
-    return f"{note}; {words}" if note else words
+    return (f"finite differences along a random direction of the inputs {verdict} (relative "
+            f"error {worst:.1e})")
 
 
 # ---- one check ------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from minitfm.gradcheck.cases import MODEL_CASES, model_case, translation_batch
 from minitfm.gradcheck.check import STEPS, TOLERANCE, smallest_error
 from minitfm.learn import diagnose
 from minitfm.learn.alternatives import Alternatives, edited, regroup_renamed
-from minitfm.learn.cases import array_fault
+from minitfm.learn.cases import array_fault, case_problem
 from minitfm.learn.exercises import Exercise
 from minitfm.learn.learner import substituted
 from minitfm.learn.report import ArrayResult, CaseResult
@@ -71,9 +71,9 @@ def check_model(ex: Exercise, learned: dict, path: Path, seed: int = 0,
             return model_loss(library, case, changed or params, batch)
 
         _, right = loss()
-        yours = learned.get(case_name) or {"error": "no result came back for this case"}
-        if "not_written" in yours or "error" in yours:
-            result.problem = str(yours.get("not_written") or yours.get("error"))
+        yours = learned.get(case_name)
+        result.problem = case_problem(yours)
+        if result.problem:
             continue
         mine = yours.get("grads")
         if not isinstance(mine, dict):
