@@ -37,7 +37,6 @@ __all__ = ["make", "check", "unwritten", "launch", "TODO", "kernel_of", "shapes_
 TODO = "// TODO: write the kernel's body"
 TOLERANCE = 1e-5
 SEEDS = (0, 1, 2)                   # the orders a launch runs in: natural, then two drawn
-THREADS = fused.THREADS
 COMPILE_LIMIT = 300.0               # seconds: a compiler on a busy machine, the first time
 
 
@@ -225,14 +224,11 @@ def learner_lines(message: str, path: Path) -> str:
 
 def run_kernel(payload: dict, channel) -> dict:
     """The learner's side of a kernel check (run in a process of its own by :func:`check`):
-    the kernel compiled (a phase of its own, under the compiler's limit) and launched in
-    several orders; its outputs, or its fault."""
+    the kernel's text as the check read it (the lines its faults name) compiled, a phase of
+    its own under the compiler's limit, and launched in several orders; its outputs, or its
+    fault."""
     ex, path = by_name(payload["exercise"]), Path(payload["path"])
-    try:
-        text = source.text_of(path)
-    except source.NotUTF8 as exc:
-        return {"error": f"{path.name}, line {exc.lineno}: {exc.msg}"}
-    mine = cudahost.HostKernel(text, kernel_of(ex).name)
+    mine = cudahost.HostKernel(payload["text"], kernel_of(ex).name)
     channel.phase("compile", payload["compile_limit"])
     try:
         mine.library
@@ -241,7 +237,7 @@ def run_kernel(payload: dict, channel) -> dict:
     channel.phase("run", payload["limit"] + 1.0)     # the launch's own limit comes first
     grid, args, _ = launch(ex, payload["seed"])
     try:
-        cudahost.checked_launch(mine, grid, (THREADS,), args, seeds=SEEDS,
+        cudahost.checked_launch(mine, grid, (fused.THREADS,), args, seeds=SEEDS,
                                 time_limit=payload["limit"])
     except cudahost.KernelFault as exc:
         return {"fault": {"what": exc.what, "line": exc.line, "timed_out": exc.timed_out,
@@ -263,8 +259,9 @@ def check(ex: Exercise, path: Path, seed: int = 0, limit: float = worker.LIMIT, 
         text = source.text_of(path)
     except source.NotUTF8 as exc:
         return Report(ex, path, "error", message=f"{path.name}, line {exc.lineno}: {exc.msg}")
-    outcome = worker.run(run_kernel, {"exercise": ex.name, "path": str(path), "seed": seed,
-                                    "limit": limit, "compile_limit": COMPILE_LIMIT},
+    outcome = worker.run(run_kernel, {"exercise": ex.name, "path": str(path), "text": text,
+                                      "seed": seed, "limit": limit,
+                                      "compile_limit": COMPILE_LIMIT},
                          limit=limit, cancel=cancel)
     if outcome.status == "cancelled":
         return Report(ex, path, "cancelled")
