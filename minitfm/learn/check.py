@@ -86,8 +86,7 @@ def _recorded_caches(ex: Exercise, case, sizes, seed, library) -> dict:
     functions, seen = recorders(library, [n for n in ex.write if "." not in n])
     with constants(ex, library):
         run_case(case, sizes, seed, library, functions)
-    caches = {name: cache_of(tuple(arguments.values()))[1]
-              for name, (arguments, _) in seen.items()}
+    caches = {name: cache_of(tuple(calls[0][1].values()))[1] for name, calls in seen.items()}
     return {name: cache for name, cache in caches.items() if cache is not None}
 
 

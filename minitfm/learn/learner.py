@@ -127,19 +127,20 @@ def unwritten_name(exc: BaseException, ex: Exercise) -> str:
     return ", ".join(ex.write)
 
 
-def recorders(library, names) -> tuple[dict, dict]:
-    """The library's functions ``names`` wrapped to keep their first call: ``(functions,
-    seen)``, ``functions`` to put in the library's module (:func:`substituted`), ``seen``
-    filled with name -> (the call's arguments by name, defaults too; its result)."""
+def recorders(library, names, tag=lambda: None) -> tuple[dict, dict]:
+    """The library's functions ``names`` wrapped to keep every call: ``(functions, seen)``,
+    ``functions`` to put in the library's module (:func:`substituted`), ``seen`` filled with
+    name -> [(``tag()`` at the call, the call's arguments by name with the defaults, its
+    result)], in the order of the calls."""
     seen: dict = {}
 
     def recorder(name, fn):
         def run(*args, **kwargs):
+            bound = inspect.signature(fn).bind(*args, **kwargs)
+            bound.apply_defaults()
+            arguments, mark = dict(bound.arguments), tag()
             result = fn(*args, **kwargs)
-            if name not in seen:
-                bound = inspect.signature(fn).bind(*args, **kwargs)
-                bound.apply_defaults()
-                seen[name] = (dict(bound.arguments), result)
+            seen.setdefault(name, []).append((mark, arguments, result))
             return result
         return run
     return {n: recorder(n, getattr(library, n)) for n in names}, seen

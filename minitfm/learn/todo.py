@@ -23,7 +23,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib
-import inspect
 import textwrap
 
 import numpy
@@ -32,7 +31,7 @@ from minitfm import backend
 from minitfm.learn import source
 from minitfm.learn.cases import ALL_CASES, case_sizes, constants, run_case
 from minitfm.learn.exercises import Exercise
-from minitfm.learn.learner import substituted
+from minitfm.learn.learner import recorders, substituted
 from minitfm.learn.modelcheck import model_batch, model_cases, model_loss
 
 __all__ = ["calls", "todo_lines", "value_text", "WIDTH"]
@@ -126,7 +125,8 @@ def calls(ex: Exercise) -> dict:
     models = model_cases(ex) if ex.kind == "model" else {}
     with backend.using("numpy"):
         for case_name in ex.cases:
-            functions, seen, phase = _recorders(library, ex.write)
+            phase = {"backward": True}          # False while the case's forward pass runs
+            functions, seen = recorders(library, ex.write, lambda: phase["backward"])
             if ex.kind == "model":
                 case = models[case_name]
                 with substituted(library, functions):
@@ -147,25 +147,6 @@ def calls(ex: Exercise) -> dict:
                 backward = [(arguments, result) for late, arguments, result in made if late]
                 found.setdefault(name, (case_name, *(backward or [made[0][1:]])[0]))
     return found
-
-
-def _recorders(library, names) -> tuple[dict, dict, dict]:
-    """The library's functions ``names`` wrapped to keep every call: ``(functions, seen,
-    phase)``, ``seen`` filled with name -> [(in the backward pass, arguments by name with the
-    defaults, result)], ``phase["backward"]`` set by the caller."""
-    seen: dict = {}
-    phase = {"backward": True}
-
-    def recorder(name, fn):
-        def run(*args, **kwargs):
-            bound = inspect.signature(fn).bind(*args, **kwargs)
-            bound.apply_defaults()
-            arguments, late = dict(bound.arguments), phase["backward"]
-            result = fn(*args, **kwargs)
-            seen.setdefault(name, []).append((late, arguments, result))
-            return result
-        return run
-    return {n: recorder(n, getattr(library, n)) for n in names}, seen, phase
 
 
 # ---- the rows ------------------------------------------------------------------------------------
