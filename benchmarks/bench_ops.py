@@ -18,7 +18,7 @@ benchmark counts them:
   backend does: dropout masks come from Philox computed with array operations (``philox``),
   the embedding's scatter-add is a sorted segment sum (``backend``). One per call is the lower
   bound: cuBLAS, CUB and CuPy's scans may run several kernels for one call. Counted three
-  times: the plain array code in float32, ``--kernels fused`` (minitfm.fused: the double runs
+  times: the plain array code in float32, ``--kernels fused`` (minitfm.speed.fused: the double runs
   each kernel's twin as one launch) in float32, and fused with ``--precision fp16`` (mixed
   precision: casts to float16 around the products, the loss scaler), the last beside the budget
   of :data:`LAUNCH_BUDGET` launches per update; and the device-to-host copies of an update (none
@@ -46,7 +46,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from op_counter import TALLY, counting_backend  # noqa: E402
 
-from minitfm import backend, fused, rows  # noqa: E402
+from minitfm import backend  # noqa: E402
+from minitfm.speed import fused, rows  # noqa: E402
 from minitfm.layers import output  # noqa: E402
 from minitfm.models import base, translator  # noqa: E402
 from minitfm.training import loop  # noqa: E402
@@ -160,8 +161,8 @@ def launch_run(cupy, cfg: translator.Config, batches: list, steps: int, update_f
     by_module = collections.Counter()
     for site, n in counted.launch_sites.items():
         by_module[module_of(site)] += n
-    if "fused" in by_module:                    # every kernel is launched by fused.Kernel
-        by_module["fused kernels"] = by_module.pop("fused")
+    if "speed.fused" in by_module:                    # every kernel is launched by fused.Kernel
+        by_module["fused kernels"] = by_module.pop("speed.fused")
     by_module["device_to_host"] = counted.device_to_host
     return by_module
 

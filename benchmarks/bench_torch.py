@@ -35,7 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_train import BATCHES, make_batch, make_step, matmul_peak, step_flops  # noqa: E402
 
-from minitfm import backend, cli, placement, rows  # noqa: E402
+from minitfm import backend, cli, placement  # noqa: E402
+from minitfm.speed import rows  # noqa: E402
 from minitfm.models import translator  # noqa: E402
 
 

@@ -34,8 +34,8 @@ import subprocess
 import sys
 import time
 
-from minitfm import (backend, cli, flat, fused, gradscale, mixed, optim, options, placement,
-                     rows)
+from minitfm import backend, cli, flat, gradscale, optim, options, placement
+from minitfm.speed import fused, mixed, rows
 from minitfm.models import base, translator
 
 BATCHES = {"toy": (128, 24, 24), "small": (128, 24, 24), "base": (128, 32, 32)}

@@ -24,7 +24,8 @@ import bench_torch
 import bench_train
 import gpu_check_device as device
 
-from minitfm import backend, flat, fused, optim
+from minitfm import backend, flat, optim
+from minitfm.speed import fused
 from minitfm.models import translator
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -230,7 +230,7 @@ def set_precision(choice: str | None = None) -> tuple[str, str]:
     projection); a batched ``matmul`` (attention's ``Q K^T`` and ``P V``) stays float32. None:
     ``tf32`` on a GPU of compute capability 8.0 or higher, else ``fp32``. NumPy's products are
     float32 only, and an older GPU has no TF32: ``tf32`` there raises :class:`BackendError`.
-    float64 products (gradient checks) are never affected. ``fp16``: :mod:`minitfm.mixed`."""
+    float64 products (gradient checks) are never affected. ``fp16``: :mod:`minitfm.speed.mixed`."""
     global _precision
     if choice not in (None, *PRECISIONS):
         why = " (NumPy has no bfloat16, CuPy's batched products none: docs/gpu.md)"

@@ -4,7 +4,7 @@ already in the environment wins, so a user's own setting is kept.
 
 ``OPENBLAS_THREAD_TIMEOUT``: OpenBLAS's threads wait for work spinning, 2^28 cycles (about 0.1 s)
 after each product, before they sleep. Between the products of a training step they then never
-sleep, and keep every core but one busy-waiting where the row passes (:mod:`minitfm.rows`) would
+sleep, and keep every core but one busy-waiting where the row passes (:mod:`minitfm.speed.rows`) would
 run: a ``small`` step on two cores took 0.836 s with them spinning and 0.764 s at 2^16 cycles
 (about 25 us, which still bridges back-to-back products); the plain code, 0.83 s either way.
 

@@ -32,7 +32,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from minitfm import backend, distributed, exits, fused, gradscale, limits, placement, rows
+from minitfm import backend, distributed, exits, gradscale, limits, placement
+from minitfm.speed import fused, rows
 from minitfm.exits import UsageError
 from minitfm.models.translator import Config
 from minitfm.options import Words
@@ -100,8 +101,8 @@ def place(threads: int | None, cap: int | None, precision: str | None = None,
     environment or its share of the cores, at most ``cap``) for the active backend, set the
     precision of its float32 products (``--precision``; None: the backend's default for its
     device, :func:`minitfm.backend.set_precision`), choose the fast path or the plain code
-    (``--kernels``: on CuPy the fused kernels, :func:`minitfm.fused.use`, plain by default; on
-    NumPy the row passes on the worker's threads, :func:`minitfm.rows.use`, the default), and
+    (``--kernels``: on CuPy the fused kernels, :func:`minitfm.speed.fused.use`, plain by default; on
+    NumPy the row passes on the worker's threads, :func:`minitfm.speed.rows.use`, the default), and
     print them as the run's first line
     (rank 0; not with ``announce=False``, for output that must be the command's text alone).
     Call it after the backend is chosen and before any array is made."""

@@ -5,7 +5,7 @@ Clipping (Pascanu et al., 2013): when the global L2 norm of all gradients exceed
 scale them all down so that it equals ``max_norm``; a non-finite norm leaves them as they are,
 for the caller to see.
 
-Dynamic loss scaling (mixed precision, minitfm.mixed), as PyTorch's ``GradScaler`` does it:
+Dynamic loss scaling (mixed precision, minitfm.speed.mixed), as PyTorch's ``GradScaler`` does it:
 the loss gradient is multiplied by a scale S, so that the small gradients of the backward pass
 survive float16 (whose smallest number is 6e-8), and the gradients are divided by S before
 clipping and the update. S starts at 2^16; an update whose gradients are not all finite (S was
@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import math
 
-from minitfm import backend, flat, fused
+from minitfm import backend, flat
+from minitfm.speed import fused
 
 __all__ = ["clip_grad_norm", "clip_factor", "LossScaler", "decide", "INITIAL_SCALE",
            "GROWTH_INTERVAL"]

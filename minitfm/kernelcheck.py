@@ -7,7 +7,7 @@ tolerance. The tolerances allow for sums taken in another order (a block of thre
 row in a tree, the array code from left to right) and nothing more: float32 rounding of sums of
 a few thousand terms (under mixed precision, a float16 rounding that such a sum tips: 2e-3).
 Dropout masks must be equal, bit for bit: the kernels draw the Philox
-stream the plain code draws. Every kernel of :data:`minitfm.fused.KERNELS` must have run in some
+stream the plain code draws. Every kernel of :data:`minitfm.speed.fused.KERNELS` must have run in some
 case.
 
 On CuPy's test double (no GPU) the kernels' twins run in their place, so the comparison checks
@@ -35,7 +35,8 @@ import sys
 import time
 import warnings
 
-from minitfm import backend, cudahost, flat, fused, gradscale, optim, philox
+from minitfm import backend, cudahost, flat, gradscale, optim, philox
+from minitfm.speed import fused
 from minitfm.argtypes import Parser
 from minitfm.cli import report_errors
 from minitfm.layers import attention, dropout, feedforward, layernorm, linear, loss, residual

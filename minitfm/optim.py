@@ -32,11 +32,10 @@ keys. The update works in place: the parameter arrays are never reallocated, so 
 a reference to them (the model, a weight-tied view) sees the new values, and float32 parameters
 stay float32 (every scalar is a Python float, which does not promote an array's dtype).
 
-Array math goes through ``backend.xp``, so the same code runs on NumPy and on CuPy. Fused
-(``--kernels fused``, on CuPy, flat buffers): the Adam step is one kernel over the four buffers;
-its twin is ``adam_step``. On NumPy (``--kernels fused``, the default there) the flat update runs
-on blocks of the buffers on the worker's threads (:mod:`minitfm.rows`), bit for bit the plain
-update. (Clipping and loss scaling, before the update: :mod:`minitfm.gradscale`.)
+Array math goes through ``backend.xp``, so the same code runs on NumPy and on CuPy. The fast
+paths of the flat update (one kernel, or blocks of the buffers on the worker's threads) are in
+``minitfm/speed/optim.py``. (Clipping and loss scaling, before the update:
+:mod:`minitfm.gradscale`.)
 """
 
 from __future__ import annotations
@@ -45,10 +44,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from minitfm import backend, flat, fused, rows
+from minitfm import backend, flat
 
 __all__ = ["Adam", "LRSchedule", "WarmupDecaySchedule", "Cooldown", "run_progress",
-           "decays_by_default", "adam_step", "coefficients"]
+           "decays_by_default", "adam_step", "coefficients", "flat_step", "flat_update"]
 
 
 def _check_same_keys(expected: dict, given: dict, what: str) -> None:
@@ -263,21 +262,12 @@ class Adam:
         decay = float(lr) * self.weight_decay             # AdamW: p -= lr * weight_decay * p
         state = None if scaler is None else scaler.state
         buffers = flat.buffer_of(params, grads, self.m, self.v)
-        if buffers is not None and fused.active(*buffers):
-            p, g, m, v = buffers
-            mask = self._flat_decay_mask(params) if decay and self.decayed else p
-            ADAM(fused.grid_for(p.size), (p, g, m, v, mask, fused.i64(p.size), fused.i32(
-                mask is not p), fused.f32(1.0 - decay), fused.f64(self.beta1),
-                fused.f64(self.beta2), fused.f32(self.eps), fused.i64(self.step),
-                fused.f64(lr), p if state is None else state, fused.i32(state is not None)))
+        if buffers is not None:
+            decays = self._flat_decay_mask(params) if decay and self.decayed else None
+            flat_update(*buffers, decays, self, lr, decay, state)
             return
         b1, b2, step_size, v_scale, keep = coefficients(self.beta1, self.beta2, self.step, lr,
                                                         1.0 - decay, state)
-        if buffers is not None:
-            decays = self._flat_decay_mask(params) if decay and self.decayed else None
-            step = rows_flat_step if rows.active(*buffers) else flat_step
-            step(*buffers, decays, keep, b1, b2, self.eps, step_size, v_scale)
-            return
         for name, p in params.items():
             if decay and name in self.decayed:
                 p *= keep
@@ -356,45 +346,9 @@ def flat_step(p, g, m, v, decays, keep, b1, b2, eps: float, step_size, v_scale) 
     adam_step(p, g, m, v, b1, b2, eps, step_size, v_scale)
 
 
-ADAM_SOURCE = r"""
-// AdamW over flat buffers: the operations of adam_step, one element a thread
-extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, const bool* decays,
-        long long n, int decay, float keep, double beta1, double beta2, float eps, long long step,
-        double lr, const float* scaler, int scaled) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n || (scaled && scaler[3] != 0.0f)) return;       // a skipped update: no change
-    double t = scaled ? fmax((double)step - scaler[2], 1.0) : (double)step;
-    float b1 = (float)beta1, c1 = (float)(1.0 - beta1), b2 = (float)beta2, c2 = (float)(1.0 - beta2);
-    float step_size = (float)(lr / (1.0 - pow(beta1, t))), v_scale = (float)(1.0 / sqrt(1.0 - pow(beta2, t)));
-    float pi = (decay && decays[i]) ? p[i] * keep : p[i], gi = g[i];
-    float mi = m[i] * b1 + gi * c1, vi = v[i] * b2 + gi * gi * c2;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = pi - mi / (sqrtf(vi) * v_scale + eps) * step_size;
-}
-"""
-
-
-def _adam_twin(p, g, m, v, decays, n, decay, keep, b1, b2, eps, step, lr, state, scaled):
-    b1, b2, step_size, v_scale, keep = coefficients(float(b1), float(b2), int(step), float(lr),
-                                                    float(keep), state if scaled else None)
-    flat_step(p, g, m, v, decays if decay else None, keep, b1, b2, float(eps), step_size, v_scale)
-
-
-ADAM = fused.Kernel("adam", ADAM_SOURCE, _adam_twin)
-
-
-# ---- row passes (CPU) -------------------------------------------------------------------------
-
-def rows_flat_step(p, g, m, v, decays, keep, b1, b2, eps: float, step_size, v_scale) -> None:
-    """:func:`flat_step` on blocks of the buffers, on the worker's threads.
-
-    adam_step is a dozen passes over four buffers: over whole buffers (tens of MB) each reads back
-    from memory what the last one wrote, on a block it finds it in the core's cache. Element-wise,
-    on blocks set by the size alone: the plain update's bits, with any number of threads.
-    """
-    def block(part):
-        flat_step(p[part], g[part], m[part], v[part], None if decays is None else decays[part],
-                  keep, b1, b2, eps, step_size, v_scale)
-
-    rows.map_rows(block, p.size, 5 * p.itemsize)    # a row: p, g, m, v and adam_step's scratch
+def flat_update(p, g, m, v, decays, adam: Adam, lr: float, decay: float, state=None) -> None:
+    """Update ``adam.step`` of ``adam`` over flat buffers, in place: :func:`flat_step` with the
+    step's :func:`coefficients` (``decay``: lr * weight_decay; ``state``: a loss scaler's)."""
+    b1, b2, step_size, v_scale, keep = coefficients(adam.beta1, adam.beta2, adam.step, lr,
+                                                    1.0 - decay, state)
+    flat_step(p, g, m, v, decays, keep, b1, b2, adam.eps, step_size, v_scale)

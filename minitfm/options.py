@@ -25,7 +25,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from minitfm import backend, beam, fused, gradscale
+from minitfm import backend, beam, gradscale
+from minitfm.speed import fused
 from minitfm.argtypes import duration, integer, number, phase, positive_int, vocab_size
 from minitfm.training import phases
 from minitfm.training.state import TrainOptions

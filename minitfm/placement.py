@@ -20,7 +20,7 @@ that applies:
    thread; ``train_lm.py --sample`` neither).
 
 The number is applied with threadpoolctl before the first matrix product, and the row passes
-outside the products (:mod:`minitfm.rows`, chosen by ``cli.place``) use as many; :func:`place`
+outside the products (:mod:`minitfm.speed.rows`, chosen by ``cli.place``) use as many; :func:`place`
 returns it, with the reason, as a :class:`Placement` whose :meth:`~Placement.describe` is the
 ``placement: ...`` line every trainer prints first.
 """

@@ -118,7 +118,7 @@ def process_choices_restored():
     """The precision, the kernels and the row passes a test chooses are the process's (as a
     command's are): put back afterwards, so that no other test runs in fp16 or with fused kernels
     by chance."""
-    from minitfm import fused, rows
+    from minitfm.speed import fused, rows
     precision, kernels, on_host = backend.precision(), fused.choice(), fused.on_host()
     row_passes = rows.state()
     yield

@@ -15,7 +15,8 @@ import sys
 import numpy as np
 import pytest
 
-from minitfm import cudahost, fused
+from minitfm import cudahost
+from minitfm.speed import fused
 from minitfm.cudahost import build
 
 i32, i64, f32 = np.int32, np.int64, np.float32

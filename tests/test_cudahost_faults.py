@@ -19,7 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitfm import cudahost, fused
+from minitfm import cudahost
+from minitfm.speed import fused
+from minitfm.speed import softmax as fast_softmax
 from minitfm.cudahost import rewrite
 from minitfm.layers import softmax
 
@@ -93,6 +95,7 @@ CHILD = """
 import json, time
 import numpy as np
 from minitfm import cudahost
+from minitfm.speed import softmax as fast_softmax
 from tests.test_cudahost_faults import NEVER_ENDING
 found = {}
 for name, (source, grid, block) in NEVER_ENDING.items():
@@ -261,7 +264,7 @@ extern "C" __global__ void k(float* y) {
 def test_a_barrier_in_a_branch_around_a_call_is_named_at_the_branch():
     """The softmax backward kernel with its block_sum called by the first warp alone: the
     barrier inside block_sum waits for threads that ended the kernel."""
-    source = softmax.BACKWARD_SOURCE.replace(
+    source = fast_softmax.BACKWARD_SOURCE.replace(
         "dot = block_sum(dot, scratch);", "if (threadIdx.x < 32) dot = block_sum(dot, scratch);")
     branch = line_of(source, "if (threadIdx.x < 32) dot = block_sum")
     barrier = line_of(source, "__syncthreads();")                # block_sum's first

@@ -25,6 +25,10 @@ import numpy as np
 import pytest
 
 from minitfm.data import EncodedCorpus
+from minitfm.speed import layernorm as fast_layernorm
+from minitfm.speed import loss as fast_loss
+from minitfm.speed import residual as fast_residual
+from minitfm.speed import softmax as fast_softmax
 from tests.conftest import default_kernels
 from tests.test_train_wmt import TINY, corpus, corpus_args  # noqa: F401  (a fixture)
 
@@ -156,8 +160,8 @@ def test_a_compiled_loop_that_does_not_load_is_compiled_again_and_said_once(tmp_
 
     assert train("first") == ""
     (folder,) = (tmp_path / "numba").iterdir()
-    loops = ["layernorm.forward_rows", "softmax.normalize_rows", "loss.finish_rows",
-             "residual.add_dropped_rows"]
+    loops = ["fast_layernorm.forward_loop", "fast_softmax.normalize_loop", "fast_loss.finish_loop",
+             "fast_residual.add_dropped_loop"]
     first, second, third = (next(folder.glob(f"{loop}-*.1.nbc")) for loop in loops[:3])
     index = next(folder.glob(f"{loops[3]}-*.nbi"))
     swapped = first.read_bytes()

@@ -22,9 +22,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitfm import backend, checkpoint, cudahost, fused, kernelcheck
+from minitfm import backend, checkpoint, cudahost, kernelcheck
+from minitfm.speed import fused
 from minitfm.cudahost import build
 from minitfm.layers import layernorm
+from minitfm.speed import layernorm as fast_layernorm
 
 from tests.conftest import cupy_double_env, default_kernels
 from tests.test_gpu_commands import WMT_TINY
@@ -56,7 +58,7 @@ def test_a_fused_call_is_one_launch_on_the_double(cupy_backend):
 
 
 def test_fused_kernels_run_on_cupy_only(numpy_backend):
-    """On NumPy ``fused`` chooses the row passes (minitfm.rows): no kernel runs there."""
+    """On NumPy ``fused`` chooses the row passes (minitfm.speed.rows): no kernel runs there."""
     fused.use("plain")
     with pytest.raises(backend.BackendError, match="unknown kernels 'fast'"):
         fused.use("fast")
@@ -257,7 +259,7 @@ def fault_row(out: str, case: str) -> str:
 
 
 def test_a_wrong_sign_in_a_kernel_is_caught_by_name(numpy_backend, monkeypatch, capsys):
-    planted(layernorm.BACKWARD, "float g = dy[row + c] * gamma[c] - mean_g;",
+    planted(fast_layernorm.BACKWARD, "float g = dy[row + c] * gamma[c] - mean_g;",
             "float g = dy[row + c] * gamma[c] + mean_g;", monkeypatch)      # term 2's sign
     status, out = host_check(capsys)
     differs = [line.split()[:2] for line in out.splitlines() if "DIFFERS" in line]
@@ -269,7 +271,7 @@ BLOCK_SUM_STORE = "    if (lane == 0) scratch[warp] = v;\n    __syncthreads();\n
 
 
 def test_a_barrier_in_a_branch_is_caught_as_a_deadlock(numpy_backend, monkeypatch, capsys):
-    planted(layernorm.FORWARD, BLOCK_SUM_STORE,
+    planted(fast_layernorm.FORWARD, BLOCK_SUM_STORE,
             "    if (lane == 0) scratch[warp] = v;\n    if (warp == 0) __syncthreads();\n",
             monkeypatch)
     status, out = host_check(capsys)
@@ -281,7 +283,7 @@ def test_a_barrier_in_a_branch_is_caught_as_a_deadlock(numpy_backend, monkeypatc
 
 
 def test_an_index_one_past_a_row_is_caught(numpy_backend, monkeypatch, capsys):
-    planted(layernorm.FORWARD, "for (int c = threadIdx.x; c < d; c += blockDim.x) {\n"
+    planted(fast_layernorm.FORWARD, "for (int c = threadIdx.x; c < d; c += blockDim.x) {\n"
                                "        float v = xhat[row + c] * r;",
             "for (int c = threadIdx.x; c <= d; c += blockDim.x) {\n"
             "        float v = xhat[row + c] * r;", monkeypatch)
@@ -289,7 +291,7 @@ def test_an_index_one_past_a_row_is_caught(numpy_backend, monkeypatch, capsys):
     assert status == 1 and fault_row(out, "layernorm").startswith(
         "kernel layernorm_forward, block (0, 0, 0), thread (0, 0, 0): reads gamma[512], outside "
         "its 512 elements"), out
-    line = next(i for i, text in enumerate(layernorm.FORWARD.source.splitlines(), 1)
+    line = next(i for i, text in enumerate(fast_layernorm.FORWARD.source.splitlines(), 1)
                 if "v = v * gamma[c] + beta[c];" in text)
     assert f"line {line} of the kernel's source: v = v * gamma[c] + beta[c];" in out
 
@@ -297,7 +299,7 @@ def test_an_index_one_past_a_row_is_caught(numpy_backend, monkeypatch, capsys):
 def test_a_removed_barrier_is_caught_as_a_race_on_shared_memory(numpy_backend, monkeypatch,
                                                                 capsys):
     free_again = "    __syncthreads();                                  // scratch is free again\n"
-    planted(layernorm.FORWARD, free_again, "", monkeypatch)
+    planted(fast_layernorm.FORWARD, free_again, "", monkeypatch)
     status, out = host_check(capsys)
     assert status == 1 and fault_row(out, "layernorm").startswith(
         "kernel layernorm_forward, block (0, 0, 0), thread (0, 0, 0): writes __shared__ "

@@ -26,7 +26,7 @@ FLOORS = [      # top to bottom: (name, the modules and packages on it)
      ["minitfm.training", "minitfm.decode", "minitfm.ensemble", "minitfm.beam", "minitfm.batched",
       "minitfm.sampling", "minitfm.generation", "minitfm.export", "minitfm.checkpoint",
       "minitfm.usable", "minitfm.optim", "minitfm.gradscale", "minitfm.distributed",
-      "minitfm.placement", "minitfm.devices", "minitfm.bleu"]),
+      "minitfm.placement", "minitfm.devices", "minitfm.bleu", "minitfm.speed"]),
     ("models", ["minitfm.models"]),
     ("layers, data, special ids", ["minitfm.layers", "minitfm.data", "minitfm.ids",
                                    "minitfm.tasks", "minitfm.flat"]),

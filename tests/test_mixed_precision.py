@@ -229,7 +229,7 @@ def test_the_float16_products_read_every_layout_cublas_is_given(cupy_backend):
     """mixed.matmul on CuPy calls cuBLAS gemmEx itself (float16 A and B, float32 C): each
     operand C- or F-contiguous (W or W^T), the result new, C-contiguous or a transposed view;
     against float32 products of the same float16 values on the host."""
-    from minitfm import mixed
+    from minitfm.speed import mixed
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal(s).astype(np.float16) for s in ((5, 3), (3, 4)))
     expected = a.astype(np.float32) @ b.astype(np.float32)

@@ -8,8 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitfm import flat, gradscale, optim, rows
+from minitfm import flat, gradscale, optim
+from minitfm.speed import rows
 from minitfm.layers import embedding
+from minitfm.speed import embedding as fast_embedding
+from minitfm.speed import optim as fast_optim
 
 # the Adam pass's row is five float32 numbers (p, g, m, v and adam_step's scratch)
 PER_BLOCK = rows.BLOCK_BYTES // 20
@@ -70,7 +73,7 @@ def adam_steps(n, weight_decay, steps=3, dtype=np.float32, scaler=None):
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
 @pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
 def test_adam_row_pass_gives_the_plain_bits(row_passes, monkeypatch, size, weight_decay):
-    passes = calls(monkeypatch, optim, "rows_flat_step")
+    passes = calls(monkeypatch, fast_optim, "rows_flat_step")
     blocks = calls(monkeypatch, rows, "blocks")
     fast = adam_steps(size, weight_decay)
     assert len(passes) == 3
@@ -94,7 +97,7 @@ def test_adam_row_pass_gives_the_same_bits_on_one_and_two_threads():
 
 def test_adam_row_pass_with_a_loss_scaler_gives_the_plain_bits(row_passes, monkeypatch):
     """The loss scaler's coefficients are 0-d arrays, its skipped update a no-op on each block."""
-    passes = calls(monkeypatch, optim, "rows_flat_step")
+    passes = calls(monkeypatch, fast_optim, "rows_flat_step")
     size = SIZES["no multiple of a block"]
     fast = adam_steps(size, 0.1, scaler=gradscale.LossScaler(1.0))
     assert len(passes) == 3
@@ -105,7 +108,7 @@ def test_adam_row_pass_with_a_loss_scaler_gives_the_plain_bits(row_passes, monke
 
 
 def test_float64_adam_takes_the_plain_path(row_passes, monkeypatch):
-    passes = calls(monkeypatch, optim, "rows_flat_step")
+    passes = calls(monkeypatch, fast_optim, "rows_flat_step")
     assert not rows.active(np.zeros(2, np.float64))
     adam_steps(SIZES["one block"], 0.1, dtype=np.float64)
     assert passes == []
@@ -145,8 +148,8 @@ def id_cases(rng):
 @pytest.mark.parametrize("case", ["uniform", "one id", "skewed"])
 def test_embedding_row_pass_gives_the_plain_bits(row_passes, monkeypatch, case, out_init):
     ids = id_cases(np.random.default_rng(0))[case]
-    d = 2 * embedding.ROW_PASS_MIN // ids.size            # large enough for the row pass
-    passes = calls(monkeypatch, embedding, "rows_scatter_add")
+    d = 2 * fast_embedding.ROW_PASS_MIN // ids.size            # large enough for the row pass
+    passes = calls(monkeypatch, fast_embedding, "rows_scatter_add")
     fast = embedding_backward(ids, d, 1, out_init)
     assert len(passes) == 1
     rows.use(False, 1)
@@ -173,7 +176,7 @@ def test_sorted_scatter_add_is_add_at_bit_for_bit(n, vocab, d, heavy, seed):
     ids = np.where(rng.random(n) < heavy, 0, rng.integers(0, vocab, n))
     values = (rng.standard_normal((n, d)) * 10.0 ** rng.integers(-4, 4, (n, 1))).astype(np.float32)
     table = (rng.standard_normal((vocab, d)) * 10.0 ** rng.integers(-4, 4, (vocab, 1)))
-    assert_add_at_bits(embedding.rows_scatter_add, table.astype(np.float32), ids, values)
+    assert_add_at_bits(fast_embedding.rows_scatter_add, table.astype(np.float32), ids, values)
 
 
 def test_sorted_scatter_add_counts_negative_ids_from_the_end_as_add_at_does():
@@ -181,7 +184,7 @@ def test_sorted_scatter_add_counts_negative_ids_from_the_end_as_add_at_does():
     ids = np.array([-1, 4, 4, -1, 0, -5, 2] * 5)
     values = rng.standard_normal((ids.size, 3)).astype(np.float32)
     table = rng.standard_normal((5, 3)).astype(np.float32)
-    assert_add_at_bits(embedding.rows_scatter_add, table, ids, values)
+    assert_add_at_bits(fast_embedding.rows_scatter_add, table, ids, values)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -190,7 +193,7 @@ def test_sorted_scatter_add_counts_negative_ids_from_the_end_as_add_at_does():
 def test_embedding_compiled_loop_gives_the_plain_bits(monkeypatch, case, out_init, threads):
     ids = id_cases(np.random.default_rng(0))[case]
     rows.use(True, threads, compiled=True)
-    passes = calls(monkeypatch, embedding, "loops_scatter_add")
+    passes = calls(monkeypatch, fast_embedding, "loops_scatter_add")
     fast = embedding_backward(ids, 3, 1, out_init)          # any size: a table of 3 columns
     assert len(passes) == 1
     rows.use(False, 1)
@@ -208,7 +211,7 @@ def test_compiled_scatter_add_is_add_at_bit_for_bit(n, vocab, d, threads, seed):
     values = (rng.standard_normal((n, d)) * 10.0 ** rng.integers(-4, 4, (n, 1))).astype(np.float32)
     table = rng.standard_normal((vocab, d)).astype(np.float32)
     rows.use(True, threads, compiled=True)
-    assert_add_at_bits(embedding.loops_scatter_add, table, ids, values)
+    assert_add_at_bits(fast_embedding.loops_scatter_add, table, ids, values)
 
 
 @pytest.mark.parametrize("bad", [5, -6])
@@ -216,7 +219,7 @@ def test_compiled_scatter_add_refuses_an_id_outside_the_table_as_add_at_does(bad
     target, values = np.zeros((5, 2), np.float32), np.ones((3, 2), np.float32)
     rows.use(True, 2, compiled=True)
     with pytest.raises(IndexError):
-        embedding.loops_scatter_add(target, np.array([0, bad, 1]), values)
+        fast_embedding.loops_scatter_add(target, np.array([0, bad, 1]), values)
 
 
 PLAIN_CASES = {"few numbers": ((32, 24), 2, np.float32),       # the sort's cost outweighs add.at's
@@ -230,7 +233,7 @@ def test_embedding_takes_the_plain_path_where_the_pass_does_not_pay_or_apply(
     shape, d, dtype = PLAIN_CASES[what]
     ids = np.random.default_rng(0).integers(0, 50, shape)
     _, cache = embedding.forward(ids, {"table": np.zeros((50, d), dtype)})
-    passes = calls(monkeypatch, embedding, "rows_scatter_add")
+    passes = calls(monkeypatch, fast_embedding, "rows_scatter_add")
     _, grads = embedding.backward(np.ones(shape + (d,), dtype), cache)
     dtable = grads["table"]
     assert passes == [] and dtable.dtype == dtype

@@ -1,4 +1,4 @@
-"""The row passes (minitfm.rows): blocks that depend on the shape alone, shared among threads,
+"""The row passes (minitfm.speed.rows): blocks that depend on the shape alone, shared among threads,
 and the passes of the loss, LayerNorm and the residual connection held to the plain code: bit
 for bit, but for the sums over rows (dgamma, dbeta), held to float32 rounding of their terms."""
 
@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from minitfm import backend, rows
+from minitfm import backend
+from minitfm.speed import rows
 from minitfm.layers import layernorm, linear, loss, residual
 
 MODES = [(True, 1), (True, 2), (True, 3)]       # three threads on any machine: the pool's order

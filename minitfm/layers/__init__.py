@@ -84,7 +84,7 @@ kernel, a row pass on the CPU's cores or a float16 product replaces some of it, 
 sits below the plain code in the same file, under the same derivation, takes the same arguments
 and gives the same results; which one runs is chosen per call, outside the plain function:
 ``@paths.fast`` marks it, and a chooser registered beside the fast paths (``@forward.chooser``)
-reads ``--kernels``, ``--precision`` and the arrays' types (:mod:`minitfm.paths`). float64, the
+reads ``--kernels``, ``--precision`` and the arrays' types (:mod:`minitfm.speed.policy`). float64, the
 gradient checks' type, runs the plain code of every layer, and so does float32 under ``--kernels
 plain`` (at ``--precision fp32``). A composite's plain code calls the other layers' functions,
 each choosing its own path; a pass that fuses several layers (post-LN's residual add and

@@ -25,13 +25,10 @@ W_Q over the decoder state and W_KV = [W_K | W_V] over the encoder output (cross
 head reads its d_k = d_model / h columns. As row t of causal attention reads positions <= t alone,
 ``self_step`` and ``cross_step`` decode a position at a time, over the keys and values kept so far.
 
-The softmax, its scale and mask, each way: ``softmax.py``, with its fast paths.
+The softmax, its scale and mask, each way: ``softmax.py``.
 
-Fused (``--kernels fused``): on CuPy the softmax is one kernel each way (``softmax.py``); on
-NumPy (the default there) the scaled dot-product attention runs on blocks of the batch on the
-worker's threads (:mod:`minitfm.rows`), each block the plain code's operations, the softmax's
-compiled loops where Numba is installed (within float32 rounding), else its plain lines (the
-same bits).
+The fast paths (scaled dot-product attention on blocks of the batch, the softmax's own) are in
+``minitfm/speed/attention.py`` and ``minitfm/speed/softmax.py``.
 """
 
 from __future__ import annotations
@@ -39,7 +36,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from minitfm import backend, fused, paths, rows
+from minitfm import backend
 from minitfm.layers import dropout, linear, positional, softmax
 
 MASKED = -1e9
@@ -77,7 +74,6 @@ class SdpaCache(NamedTuple):
     scale: float            # 1 / sqrt(d_k)
 
 
-@paths.fast
 def sdpa_forward(q, k, v, mask=None, o_out=None, p_drop=0.0, rng=None):
     """q (B, H, T, d_k), k and v (B, H, S, d_k), mask broadcastable to (B, H, T, S); ``o_out``:
     where to write O (B, H, T, d_k), e.g. a view of merged heads (``heads_buffer``); ``p_drop``:
@@ -90,7 +86,6 @@ def sdpa_forward(q, k, v, mask=None, o_out=None, p_drop=0.0, rng=None):
     return o, SdpaCache(q, k, v, p, p_dropped, c_drop, scale)
 
 
-@paths.fast
 def sdpa_backward(do, cache: SdpaCache, dq_out=None, dk_out=None, dv_out=None):
     """Return ``(dq, dk, dv, {})`` (no parameters: the mask is a constant), written into
     ``dq_out``, ``dk_out``, ``dv_out`` when given, e.g. views of merged heads (``heads_buffer``)."""
@@ -102,71 +97,6 @@ def sdpa_backward(do, cache: SdpaCache, dq_out=None, dk_out=None, dv_out=None):
     ds = softmax.backward(dp, p, cache.scale)                   # (B, H, T, S)
     dq = xp.matmul(ds, k, out=dq_out)                           # (B, H, T, d_k)
     dk = xp.matmul(ds.swapaxes(-1, -2), q, out=dk_out)          # (B, H, S, d_k)
-    return dq, dk, dv, {}
-
-
-# ---- row passes (CPU) ------------------------------------------------------------------------
-
-@sdpa_forward.chooser
-def _forward_path(q, k, v, mask=None, o_out=None, p_drop=0.0, rng=None):
-    dropping = p_drop != 0.0 and rng is not None
-    return _rows_forward if _row_blocks(q, k, dropping) else None
-
-
-@sdpa_backward.chooser
-def _backward_path(do, cache: SdpaCache, dq_out=None, dk_out=None, dv_out=None):
-    dropping = cache.dropout is not None
-    return _rows_backward if _row_blocks(cache.q, cache.k, dropping) else None
-
-
-def _row_blocks(q, k, dropping: bool) -> list[slice] | None:
-    """The blocks of the batch the row passes below run on, or None: the plain code for beam
-    search's 5-D scores, a decoding step's one query (too little to share) and attention dropout
-    (one stream draws its mask); an empty batch has no blocks, and runs the plain code too."""
-    if dropping or q.ndim != 4 or q.shape[2] == 1 or not rows.active(q, k) or fused.active(q):
-        return None
-    return _blocks(q, k)
-
-
-def _blocks(q, k) -> list[slice]:
-    """The blocks of the batch, sized by an element's arrays in the backward pass (the larger)."""
-    (b, h, t, d_k), s = q.shape, k.shape[2]     # P, dP (T, S); q, dO, dQ; k, v, dK, dV (S, d_k)
-    return rows.blocks(b, h * (2 * t * s + (3 * t + 4 * s) * d_k) * q.itemsize)
-
-
-def _rows_forward(q, k, v, mask=None, o_out=None, p_drop=0.0, rng=None):
-    """``sdpa_forward`` without dropout (``p_drop``, ``rng``: chosen only where none is drawn)
-    on blocks of the batch shared among the worker's threads (``minitfm.rows``), a block's scores
-    in a core's cache from Q K^T to P V (NumPy alone runs on one core, sweeping all (B, H, T, S)
-    scores): the same operations per element, the same bits."""
-    xp, scale = backend.xp, 1.0 / math.sqrt(q.shape[-1])
-    p = xp.empty(q.shape[:3] + k.shape[2:3], dtype=q.dtype)     # (B, H, T, S), a slice a block
-    o = xp.empty(q.shape, dtype=q.dtype) if o_out is None else o_out     # (B, H, T, d_k)
-    own_mask = mask is not None and mask.ndim == 4 and mask.shape[0] > 1     # one per element
-    soft = softmax.forward.path(p, scale, mask)   # asked here: on a block the plain code is chosen
-
-    def block(r):
-        xp.matmul(q[r], k[r].swapaxes(-1, -2), out=p[r])                # the scores, in P
-        soft(p[r], scale, mask[r] if own_mask else mask)
-        xp.matmul(p[r], v[r], out=o[r])
-    rows.run(block, _blocks(q, k))
-    return o, SdpaCache(q, k, v, p, p, None, scale)
-
-
-def _rows_backward(do, cache: SdpaCache, dq_out=None, dk_out=None, dv_out=None):
-    """``sdpa_backward`` without dropout on blocks of the batch, as ``_rows_forward``."""
-    xp, q, k, v, p = backend.xp, cache.q, cache.k, cache.v, cache.p
-    dq, dk, dv = (xp.empty(a.shape, dtype=a.dtype) if out is None else out
-                  for a, out in ((q, dq_out), (k, dk_out), (v, dv_out)))
-    # asked here (on a block the plain code is chosen); dP is made of P's shape and type
-    soft = softmax.backward.path(p, p, cache.scale)
-
-    def block(r):
-        xp.matmul(p[r].swapaxes(-1, -2), do[r], out=dv[r])              # (b, H, S, d_k)
-        ds = soft(do[r] @ v[r].swapaxes(-1, -2), p[r], cache.scale)      # (b, H, T, S)
-        xp.matmul(ds, k[r], out=dq[r])                                  # (b, H, T, d_k)
-        xp.matmul(ds.swapaxes(-1, -2), q[r], out=dk[r])                 # (b, H, S, d_k)
-    rows.run(block, _blocks(q, k))
     return dq, dk, dv, {}
 
 

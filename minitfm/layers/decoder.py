@@ -60,17 +60,17 @@ def param_shapes(cfg) -> dict[str, tuple[int, ...]]:
 def layer_forward(x, memory, p, self_mask, cross_mask, cfg, rng):
     """x (B, T, d_model), memory (B, S, d_model)."""
     sa, ca, ff = subdict(p, "self_attn."), subdict(p, "cross_attn."), subdict(p, "ff.")
-    x, c_sa = residual.forward(             # each sub-layer's last bias: the residual's kernel
+    x, c_sa = residual.forward(
         x, lambda h: attention.self_forward(h, sa, self_mask, cfg.n_heads,
-                                         cfg.attention_dropout, rng, add_bias=False),
-        subdict(p, "ln1."), cfg.dropout, rng, cfg.pre_ln, bias=sa["b_o"])
+                                            cfg.attention_dropout, rng),
+        subdict(p, "ln1."), cfg.dropout, rng, cfg.pre_ln)
     x, c_ca = residual.forward(
         x, lambda h: attention.cross_forward(h, memory, ca, cross_mask, cfg.n_heads,
-                                          cfg.attention_dropout, rng, add_bias=False),
-        subdict(p, "ln2."), cfg.dropout, rng, cfg.pre_ln, bias=ca["b_o"])
+                                             cfg.attention_dropout, rng),
+        subdict(p, "ln2."), cfg.dropout, rng, cfg.pre_ln)
     x, c_ff = residual.forward(
-        x, lambda h: feedforward.forward(h, ff, cfg.relu_dropout, rng, add_bias=False),
-        subdict(p, "ln3."), cfg.dropout, rng, cfg.pre_ln, bias=ff["b2"])
+        x, lambda h: feedforward.forward(h, ff, cfg.relu_dropout, rng),
+        subdict(p, "ln3."), cfg.dropout, rng, cfg.pre_ln)
     return x, LayerCache(c_sa, c_ca, c_ff)
 
 

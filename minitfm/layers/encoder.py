@@ -49,13 +49,12 @@ def layer_forward(x, p, mask, cfg, rng):
     """x (B, S, d_model); ``cfg`` supplies n_heads, dropout, attention_dropout, relu_dropout,
     pre_ln."""
     attn, ff = subdict(p, "attn."), subdict(p, "ff.")
-    x, c_attn = residual.forward(           # each sub-layer's last bias: the residual's kernel
-        x, lambda h: attention.self_forward(h, attn, mask, cfg.n_heads,
-                                         cfg.attention_dropout, rng, add_bias=False),
-        subdict(p, "ln1."), cfg.dropout, rng, cfg.pre_ln, bias=attn["b_o"])
+    x, c_attn = residual.forward(
+        x, lambda h: attention.self_forward(h, attn, mask, cfg.n_heads, cfg.attention_dropout, rng),
+        subdict(p, "ln1."), cfg.dropout, rng, cfg.pre_ln)
     x, c_ff = residual.forward(
-        x, lambda h: feedforward.forward(h, ff, cfg.relu_dropout, rng, add_bias=False),
-        subdict(p, "ln2."), cfg.dropout, rng, cfg.pre_ln, bias=ff["b2"])
+        x, lambda h: feedforward.forward(h, ff, cfg.relu_dropout, rng),
+        subdict(p, "ln2."), cfg.dropout, rng, cfg.pre_ln)
     return x, LayerCache(c_attn, c_ff)
 
 

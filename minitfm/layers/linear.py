@@ -12,20 +12,14 @@ Parameters: "w" (d_in, d_out) and "b" (d_out,); without "b" the layer has no bia
 be any 2-D view, e.g. the transposed embedding matrix when the output projection is tied to the
 embedding: ``forward(h, {"w": E.T})`` then ``dE = grads["w"].T``.
 
-Mixed precision (``--precision fp16``, minitfm.mixed): the three products take float16 operands
-(x, W and dY cast, W from the update's float16 copy of the parameters), sum in float32 and give
-float32 results (dW straight into the float32 gradient buffer). The cache keeps the float16 x,
-half the memory of x. Fused (``--kernels fused``): dY's float16 copy and db, its column sums,
-come from one kernel. On NumPy (``--kernels fused``, the default there) the bias add and db stay
-the plain code, whole-array: each is one operation, one sweep of memory already, which blocks of
-rows (minitfm.rows) made slower, not faster; the feed-forward's row pass adds its b1.
+The float16 products of ``--precision fp16`` are in ``minitfm/speed/linear.py``.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from minitfm import backend, fused, mixed, paths
+from minitfm import backend
 
 
 class Cache(NamedTuple):
@@ -38,11 +32,9 @@ def param_shapes(d_in: int, d_out: int) -> dict[str, tuple[int, ...]]:
     return {"w": (d_in, d_out), "b": (d_out,)}
 
 
-@paths.fast
 def forward(x, p, add_bias=True):
     """Return ``(x @ p["w"] + p["b"], cache)``; with ``add_bias=False``, ``x @ p["w"]``: the caller
-    adds b with its own work (the residual connection's kernel), b's gradient is still this
-    layer's."""
+    adds b itself, and b's gradient is still this layer's."""
     w, b = p["w"], p.get("b")
     d_in, d_out = w.shape
     # one (N, d_in) @ (d_in, d_out) product: a stacked (B, T, d_in) @ w would run B small ones
@@ -52,7 +44,6 @@ def forward(x, p, add_bias=True):
     return y, Cache(x, w, b is not None)
 
 
-@paths.fast
 def backward(dy, cache: Cache, out=None):
     """Return ``(dx, {"w": dw, "b": db})`` (no ``"b"`` when the forward had no bias)."""
     xp = backend.xp
@@ -64,82 +55,3 @@ def backward(dy, cache: Cache, out=None):
     if cache.has_bias:
         grads["b"] = dy2.sum(axis=0, out=None if out is None else out["b"])   # (d_out,)
     return dx, grads
-
-
-# ---- mixed precision: the products in float16 --------------------------------------------------
-
-@forward.chooser
-def _forward_path(x, p, add_bias=True):
-    return _half_forward if mixed.enabled(x, p["w"]) else None
-
-
-@backward.chooser
-def _backward_path(dy, cache: Cache, out=None):
-    return _half_backward if cache.x.dtype == mixed.HALF else None
-
-
-def _half_forward(x, p, add_bias=True):
-    """``forward`` under mixed precision: x and W in float16, x kept so for the backward pass."""
-    w, b = p["w"], p.get("b")
-    d_in, d_out = w.shape
-    x = mixed.half(x)
-    y = mixed.matmul(x.reshape(-1, d_in), mixed.half_of(w)).reshape(*x.shape[:-1], d_out)
-    if b is not None and add_bias:
-        y += b
-    return y, Cache(x, w, b is not None)
-
-
-def _half_backward(dy, cache: Cache, out=None):
-    """``backward`` under mixed precision: the products of float16 dY, W and x; dY's float16
-    copy and db one kernel (``--kernels fused``)."""
-    d_in, d_out = cache.w.shape
-    xp = backend.xp
-    dy2 = dy.reshape(-1, d_out)                             # (N, d_out)
-    grads = {}
-    if cache.has_bias and fused.active(dy2):
-        dy2 = xp.ascontiguousarray(dy2)
-        dy16 = xp.empty(dy2.shape, dtype=mixed.HALF)
-        grads["b"] = xp.empty(d_out, dtype=dy2.dtype) if out is None else out["b"]
-        BIAS_HALF((-(-d_out // 32),), (dy2, grads["b"], dy16, fused.i64(dy2.shape[0]),
-                                       fused.i32(d_out)))
-    else:
-        dy16 = mixed.half(dy2)
-        if cache.has_bias:
-            grads["b"] = dy2.sum(axis=0, out=None if out is None else out["b"])
-    dx = mixed.matmul(dy16, mixed.half_of(cache.w).T)                         # (N, d_in)
-    grads["w"] = mixed.matmul(cache.x.reshape(-1, d_in).T, dy16,              # (d_in, d_out)
-                              out=None if out is None else out["w"])
-    return dx.reshape(cache.x.shape), grads
-
-
-BIAS_HALF_SOURCE = fused.HALF + r"""
-// db = sum_rows dy and dy16 = dy in float16, one pass over dy (N, d): a block per 32 columns,
-// 8 rows at a time, the 8 partial sums of a column added in a fixed order
-extern "C" __global__ void bias_grad_half(const float* dy, float* db, half_bits* dy16,
-                                          long long rows, int d) {
-    __shared__ float partial[8][33];
-    int c = blockIdx.x * 32 + (threadIdx.x & 31), lane = threadIdx.x >> 5;
-    float s = 0.0f;
-    if (c < d) {
-        for (long long r = lane; r < rows; r += 8) {
-            float g = dy[r * d + c];
-            dy16[r * d + c] = float_to_half(g);
-            s += g;
-        }
-    }
-    partial[lane][threadIdx.x & 31] = s;
-    __syncthreads();
-    if (lane == 0 && c < d) {
-        for (int k = 1; k < 8; ++k) s += partial[k][threadIdx.x];
-        db[c] = s;
-    }
-}
-"""
-
-
-def _bias_half_twin(dy, db, dy16, rows, d):
-    dy16[...] = mixed.half(dy)
-    dy.sum(axis=0, out=db)
-
-
-BIAS_HALF = fused.Kernel("bias_grad_half", BIAS_HALF_SOURCE, _bias_half_twin)

@@ -20,7 +20,7 @@ embedding's other uses).
 
 from __future__ import annotations
 
-from minitfm import backend, mixed
+from minitfm import backend
 from minitfm.layers import linear, loss
 
 LOGIT_CHUNK = 1 << 24    # logits computed at once, in elements (64 MiB in float32)
@@ -34,8 +34,6 @@ def logits(h, p):
 def project(h, w):
     """h (..., d) @ w (d, V), the table's transpose or a contiguous copy of it kept for many
     decoding steps."""
-    if mixed.enabled(h):                        # float16 operands, as in training
-        return linear.forward(h, {"w": w})[0]
     return h @ w
 
 

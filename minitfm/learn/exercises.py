@@ -21,7 +21,8 @@ __all__ = ["Exercise", "EXERCISES", "by_name", "ORDER"]
 class Exercise:
     """One exercise: ``kind`` "layer" (a gradient check of ``cases``), "optim" (Adam and the
     schedule against the library's update), "model" (the whole backward) or "kernel" (CUDA C
-    run on the CPU, ``kernel`` the library's :class:`minitfm.fused.Kernel` by module and name).
+    run on the CPU, ``kernel`` the library's :class:`minitfm.speed.fused.Kernel` by its dotted
+    name, ``minitfm.speed.<layer>.NAME``, and ``module`` the layer whose plain code its twin runs).
     ``step``: the chain-rule step, the second hint. ``borrow``: names the exercise imports from
     the library instead of copying (not part of the exercise: a mask's random numbers).
     ``quantities``: name -> value of the case's numbers beyond its sizes (a dropout's scale),
@@ -108,7 +109,7 @@ EXERCISES = [
         ("Cache", "forward", "apply"), ("dropout",),
         "y = x * m / (1 - p) element by element, m and 1/(1-p) constants: dx = dy * m / (1 - p), "
         "the same mask and scale as the forward pass.",
-        borrow=("keep_mask",), quantities=KEEP_P),
+        quantities=KEEP_P),
     Exercise(
         "inputs", "the input layer: embedding, positions, dropout", "minitfm.layers.inputs",
         ("backward",), ("Cache", "param_shapes", "forward"),
@@ -148,7 +149,7 @@ EXERCISES = [
         quantities=KEEP_P),
     Exercise(
         "residual", "the residual connection with LayerNorm", "minitfm.layers.residual",
-        ("backward",), ("Cache", "forward", "_add_dropped"),
+        ("backward",), ("Cache", "forward", "add_dropped"),
         ("residual + LN (post-LN)", "residual + LN (pre-LN)"),
         "The \"+\" of the forward pass is a fan-out backwards: x reaches the output along the "
         "identity and through the sub-layer, so dx is the sum of both paths' gradients.",
@@ -221,13 +222,13 @@ EXERCISES = [
     Exercise(
         "kernel_dropout", "CUDA: dropout's backward, an element a thread",
         "minitfm.layers.dropout", ("dropout_backward",), ("apply",), kind="kernel",
-        kernel="BACKWARD", quantities=KEEP_P,
+        kernel="minitfm.speed.dropout.BACKWARD", quantities=KEEP_P,
         step="One thread per element: i from the block and thread index; the threads past the "
              "end (the last block's) must do nothing."),
     Exercise(
         "kernel_softmax", "CUDA: the softmax's backward, a block per row",
         "minitfm.layers.softmax", ("softmax_backward",), ("backward",), kind="kernel",
-        kernel="BACKWARD",
+        kernel="minitfm.speed.softmax.BACKWARD",
         quantities={"the scale c": 0.5},
         step="A block per row: each thread adds dP * P over its share of the row, block_sum "
              "adds the shares (it ends with a barrier), then each thread writes its share of "
@@ -235,13 +236,13 @@ EXERCISES = [
     Exercise(
         "kernel_layernorm", "CUDA: LayerNorm's forward, a block per row",
         "minitfm.layers.layernorm", ("layernorm_forward",), ("forward",), kind="kernel",
-        kernel="FORWARD",
+        kernel="minitfm.speed.layernorm.FORWARD",
         step="A block per row: sum the row (block_sum) for the mean, then the squares of "
              "x - mu for the variance, then write xhat, y and (thread 0) rstd."),
     Exercise(
         "kernel_loss", "CUDA: the label-smoothed loss and its gradient, a block per row",
-        "minitfm.layers.loss", ("smoothed_loss",), ("_row_losses", "backward"), kind="kernel",
-        kernel="KERNEL",
+        "minitfm.layers.loss", ("smoothed_loss",), ("row_losses", "backward"), kind="kernel",
+        kernel="minitfm.speed.loss.KERNEL",
         step="A block per row: the row's max (block_max), the sums of exp(z - max) and of "
              "z - max (block_sum), the loss from them, then dz = weight * (p - q) over the row."),
 ]

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy
 
-from minitfm import backend, cudahost, fused
+from minitfm import backend, cudahost
+from minitfm.speed import fused
 from minitfm.learn import diagnose, source, worker
 from minitfm.learn.alternatives import Alternatives
 from minitfm.learn.exercises import EXERCISES, Exercise, by_name, dropout_scale
@@ -41,7 +42,9 @@ COMPILE_LIMIT = 300.0               # seconds: a compiler on a busy machine, the
 
 
 def kernel_of(ex: Exercise) -> fused.Kernel:
-    return getattr(importlib.import_module(ex.module), ex.kernel)
+    """The library's kernel of a kernel exercise (``ex.kernel``, ``minitfm.speed.<layer>.NAME``)."""
+    module, name = ex.kernel.rsplit(".", 1)
+    return getattr(importlib.import_module(module), name)
 
 
 def _signature_span(text: str, name: str) -> tuple[int, int, int]:
@@ -143,7 +146,8 @@ def make(ex: Exercise, hard: bool = False) -> str:
     grid, args, words = launch(ex)
     params = [p.name for p in kernel.host.params]
     described = ", ".join(f"{name} {_describe(a)}" for name, a in zip(params, args))
-    path = f"{ex.module.replace('.', '/')}.py"
+    path, layer = (f"{module.replace('.', '/')}.py" for module in (kernel.twin.__module__,
+                                                                    ex.module))
     head = [f"Exercise {ex.number:02d}, {ex.name}: {ex.title}.",
             f"Write the body of {kernel.name} where it says TODO. The check runs it on the CPU",
             "(minitfm.cudahost: each thread a fiber, blocks one after another, in several "
@@ -155,12 +159,12 @@ def make(ex: Exercise, hard: bool = False) -> str:
     for name in ex.keep:
         owner = _written_by(ex.module, name)
         if owner is None:
-            head += ["", f"and {name}, which it calls:",
+            head += ["", f"and {name} ({layer}), which it calls:",
                      *["    " + t for t in source.plain_source(ex.module, name).splitlines()]]
         else:
             head += ["", *textwrap.wrap(
                 f"and {name}, which it calls: exercise {owner.number:02d} ({owner.name}) writes "
-                f"it, so its code is not shown here. What it computes, from {path}:", 94),
+                f"it, so its code is not shown here. What it computes, from {layer}:", 94),
                 *["    " + t for t in _computes(ex.module, name)]]
     head += ["", *textwrap.wrap(f"The check's launch: grid {grid}, block ({fused.THREADS},); "
                                 f"{words};", 94), *textwrap.wrap(described, 94)]

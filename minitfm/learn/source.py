@@ -2,14 +2,14 @@
 blanked, and the pieces the workshop shows (a function's plain source, a docstring's
 derivation). Host-only code: it reads and writes text.
 
-What an exercise file keeps of its module, in the module's order: the docstring (without its
-paragraphs on the fast paths, and with ``hard`` without the derivation of the backward pass),
-the imports the kept code uses, and the top-level definitions that the functions to write and
-the forward passes beside them need, found by following the names they use (never a fast
-path's: a decorator line, which picks a fast path, is dropped, and what only it names is not
-kept). A function to write keeps its signature (and, unless ``hard``, its docstring); its body
-becomes a TODO that names every input, cache field and output with its shape, then
-``raise NotImplementedError(TODO)``, so an untouched exercise says that it is not written.
+What an exercise file keeps of its module, in the module's order: the docstring (with ``hard``
+without the derivation of the backward pass, and without its pointer to the module's fast paths
+in ``minitfm/speed/``, which are not part of an exercise), the imports the kept code uses, and
+the top-level definitions that the functions to write and the forward passes beside them need,
+found by following the names they use. A function to write keeps its signature (and, unless
+``hard``, its docstring); its body becomes a TODO that names every input, cache field and output
+with its shape, then ``raise NotImplementedError(TODO)``, so an untouched exercise says that it
+is not written.
 """
 
 from __future__ import annotations
@@ -25,13 +25,11 @@ from minitfm import files
 from minitfm.data import reading
 
 __all__ = ["TODO", "module_source", "blanked", "plain_source", "derivation", "unwritten",
-           "unwritten_text", "undefined", "filled", "FAST_PATH_PARAGRAPHS", "is_docstring",
-           "number"]
+           "unwritten_text", "undefined", "filled", "is_docstring", "number"]
 
 TODO = "not written yet: replace this line with your code"
-# docstring paragraphs about the fast paths: an exercise has the plain code alone
-FAST_PATH_PARAGRAPHS = ("Fused", "Row passes", "Compiled", "Mixed precision", "Numba",
-                        "On NumPy", "Where Numba")
+# where a docstring points at its module's fast paths: an exercise has the plain code alone
+SPEED = re.compile(r"\bminitfm[./]speed\b")
 DERIVATION_HEADS = ("Backward", "Backward:")
 
 
@@ -54,24 +52,10 @@ def _paragraphs(text: str) -> list[str]:
     return re.split(r"\n[ \t]*\n", text.strip("\n"))
 
 
-def _drop(paragraphs: list[str], heads: tuple[str, ...]) -> list[str]:
-    """The paragraphs but those that start with one of ``heads`` at the margin, each with the
-    indented paragraphs that follow it (its formulas)."""
-    kept, dropping = [], False
-    for paragraph in paragraphs:
-        starts = paragraph.lstrip("\n")
-        at_margin = not starts[:1].isspace()
-        if at_margin:
-            dropping = starts.startswith(heads)
-        if not dropping:
-            kept.append(paragraph)
-    return kept
-
-
 def docstring_for_exercise(doc: str, hard: bool) -> str:
-    """A module docstring without its fast-path paragraphs, and with ``hard`` without the
-    derivation of the backward pass."""
-    paragraphs = _drop(_paragraphs(doc), FAST_PATH_PARAGRAPHS)
+    """A module docstring without the paragraph that points at its fast paths (in
+    ``minitfm/speed/``), and with ``hard`` without the derivation of the backward pass."""
+    paragraphs = [p for p in _paragraphs(doc) if not SPEED.search(p)]
     if hard:
         paragraphs = _without_derivation(paragraphs)
     return "\n\n".join(p for p in paragraphs if p.strip())
@@ -164,21 +148,10 @@ def _defined(node: ast.stmt) -> set[str]:
     return names
 
 
-def fast_path_decorator(decorator: ast.expr) -> bool:
-    """Whether a decorator belongs to the fast paths (``@paths.fast``, ``@forward.chooser``, a
-    compiled loop's ``@compiled.kernel``): an exercise leaves it out."""
-    text = ast.unparse(decorator)
-    return text.startswith(("paths.", "compiled.")) or text.endswith(".chooser")
-
-
 def _used(node: ast.AST) -> set[str]:
-    """The names a definition reads, outside its fast-path decorators and its annotations."""
+    """The names a definition reads, outside its annotations."""
     skip: set[int] = set()
     for n in ast.walk(node):
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            for d in n.decorator_list:
-                if fast_path_decorator(d):
-                    skip |= {id(x) for x in ast.walk(d)}
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for a in [*n.args.args, *n.args.kwonlyargs, *n.args.posonlyargs,
                       n.args.vararg, n.args.kwarg]:
@@ -242,10 +215,8 @@ def _is_future(node) -> bool:
 # ---- the text -------------------------------------------------------------------------------
 
 def _segment(lines: list[str], node: ast.AST) -> str:
-    """A definition's source lines, with its decorators but those of the fast paths."""
-    kept = [d for d in getattr(node, "decorator_list", []) if not fast_path_decorator(d)]
-    head = ["@" + ast.unparse(d) for d in kept]
-    return "\n".join(head + lines[node.lineno - 1:node.end_lineno])
+    """A definition's source lines, its decorators first."""
+    return "\n".join(lines[_decorator_start(node) - 1:node.end_lineno])
 
 
 def _find(tree: ast.Module, dotted: str):
@@ -302,21 +273,19 @@ def blanked(module: str, write: tuple[str, ...], keep: tuple[str, ...] = (), *,
         piece = _segment(lines, node)
         for name, fn in blank.items():
             if node.lineno <= fn.lineno and fn.end_lineno <= node.end_lineno:
-                head = ["@" + ast.unparse(d) for d in getattr(node, "decorator_list", [])
-                        if not fast_path_decorator(d)] if node is not fn else []
-                before = "\n".join(lines[node.lineno - 1:_decorator_start(fn) - 1])
+                before = "\n".join(lines[_decorator_start(node) - 1:fn.lineno - 1])
                 new = _blank_body(lines, fn, (todos or {}).get(name, []), keep_doc=not hard)
                 after = "\n".join(lines[fn.end_lineno:node.end_lineno])
-                piece = "\n".join(p for p in (*head, before, new, after) if p)
+                piece = "\n".join(p for p in (before, new, after) if p)
         out.append(piece)
     text = _join(out)
     ast.parse(text)                 # what is written compiles
     return text
 
 
-def _decorator_start(fn) -> int:
+def _decorator_start(node) -> int:
     """The first line of a definition's decorators, or of the definition."""
-    return min([d.lineno for d in fn.decorator_list] + [fn.lineno])
+    return min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
 
 
 def _join(pieces: list[str]) -> str:
@@ -332,8 +301,8 @@ def _join(pieces: list[str]) -> str:
 
 
 def plain_source(module: str, name: str) -> str:
-    """The library's own code of a function (``name`` or ``Class.method``), decorators left
-    out: what ``solution`` shows."""
+    """The library's own code of a function (``name`` or ``Class.method``), with its
+    decorators: what ``solution`` shows."""
     text = module_source(module)
     fn = _find(ast.parse(text), name)
     return textwrap.dedent(_segment(text.splitlines(), fn))

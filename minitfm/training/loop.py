@@ -12,7 +12,7 @@ The update never waits for the device: parameters, gradients and Adam's moments 
 (:mod:`minitfm.flat`), so accumulating, clipping and Adam are a few whole-buffer operations;
 token counts are read from the host batches, and the loss, the gradient norm and the finite
 checks only when a log line is written. The loop never asks which model it trains: the config
-does (``models.of(cfg)``). Under mixed precision (``--precision fp16``, minitfm.mixed) the
+does (``models.of(cfg)``). Under mixed precision (``--precision fp16``, minitfm.speed.mixed) the
 products read a float16 copy of the parameters made for the update, the loss is scaled, and the
 gradients are unscaled, checked and the update skipped on the device when they overflowed
 (``state.scaler``, minitfm.gradscale).
@@ -36,7 +36,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 from tqdm import tqdm
 
-from minitfm import backend, flat, mixed, models
+from minitfm import backend, flat, models
+from minitfm.speed import mixed
 from minitfm.gradscale import clip_grad_norm
 from minitfm.models import DROPOUTS
 from minitfm.training.divergence import DivergenceWatch

@@ -157,7 +157,7 @@ def test_fused_kernels_cut_the_launches_and_nothing_waits(bench, numpy_backend):
     assert result["launches_by_module_fused"]["fused kernels"] > 0
     assert result["launches_fused"] < result["launches"] / 3, result
     # fp16: float16 casts and GEMMs in mixed, the scaler's kernels; no float32 product left
-    assert result["launches_by_module_fp16"]["mixed"] > 0
+    assert result["launches_by_module_fp16"]["speed.mixed"] > 0
     assert result["launches_fp16"] < result["launches"] / 3, result
 
 

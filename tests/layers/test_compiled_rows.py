@@ -1,4 +1,4 @@
-"""The layers' compiled loops (minitfm.compiled, run by the row passes where Numba is installed)
+"""The layers' compiled loops (minitfm.speed.compiled, run by the row passes where Numba is installed)
 held to the plain code: equal up to float32 rounding of sums taken in another order, the same
 bits on one thread or three, and their Python source, run by the interpreter in float64, equal
 to the plain float64 code (the loop's math, apart from the compiler)."""
@@ -6,8 +6,10 @@ to the plain float64 code (the loop's math, apart from the compiler)."""
 import numpy as np
 import pytest
 
-from minitfm import backend, compiled, rows
+from minitfm import backend
+from minitfm.speed import compiled, rows
 from minitfm.layers import feedforward, layernorm, loss, residual
+from minitfm.speed import layernorm as fast_layernorm
 
 SHAPES = [(5, 16), (128, 24, 64), (3001, 40), (2, 3, 7), (64, 512)]
 EPS32 = np.finfo(np.float32).eps
@@ -88,9 +90,9 @@ def test_layernorm_loops_in_the_interpreter_equal_the_plain_float64_code():
     y_plain, cache = layernorm.forward(x, {"gamma": gamma, "beta": beta})
     dx_plain, grads = layernorm.backward(dy, cache)
     y, xhat, rstd, dx = (np.empty_like(a) for a in (x, x, cache.rstd, x))
-    layernorm.forward_rows.python(x, gamma, beta, y, xhat, rstd, 12 * layernorm.EPS)
+    fast_layernorm.forward_loop.python(x, gamma, beta, y, xhat, rstd, 12 * layernorm.EPS)
     dgamma, dbeta = np.zeros(12), np.zeros(12)
-    layernorm.backward_rows.python(dy, xhat, rstd, gamma, dx, dgamma, dbeta)
+    fast_layernorm.backward_loop.python(dy, xhat, rstd, gamma, dx, dgamma, dbeta)
     for result, plain in [(y, y_plain), (xhat, cache.xhat), (rstd, cache.rstd), (dx, dx_plain),
                           (dgamma, grads["gamma"]), (dbeta, grads["beta"])]:
         np.testing.assert_allclose(result, plain, rtol=1e-12, atol=1e-12)
@@ -102,15 +104,15 @@ def test_compiled_loops_take_small_arrays_and_leave_float64_to_the_plain_code():
     p = {"gamma": np.ones(8, np.float32), "beta": np.zeros(8, np.float32)}
     assert rows.compiled(x) and not rows.active(x)
     called = []
-    original = layernorm.forward_rows
+    original = fast_layernorm.forward_loop
     try:
-        layernorm.forward_rows = lambda *a: called.append(a[0].dtype) or original(*a)
+        fast_layernorm.forward_loop = lambda *a: called.append(a[0].dtype) or original(*a)
         layernorm.forward(x, p)
         layernorm.forward(x.astype(np.float64), {k: v.astype(np.float64) for k, v in p.items()})
         rows.use(True, 2, compiled=False)
         layernorm.forward(x, p)
     finally:
-        layernorm.forward_rows = original
+        fast_layernorm.forward_loop = original
     assert called == [np.float32]
 
 

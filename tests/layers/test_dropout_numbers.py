@@ -7,8 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitfm import backend, rows
+from minitfm import backend
+from minitfm.speed import rows
 from minitfm.layers import dropout, residual
+from minitfm.speed import dropout as fast_dropout
 
 
 @pytest.fixture(autouse=True)
@@ -27,7 +29,7 @@ def test_compiled_numbers_are_random_raws_numbers(seed, skip, n, threads):
     ours, theirs = np.random.PCG64(seed), np.random.PCG64(seed)
     ours.advance(skip)
     theirs.advance(skip)
-    got = dropout.pcg64_numbers(ours, n)
+    got = fast_dropout.pcg64_numbers(ours, n)
     assert got.dtype == np.uint64
     np.testing.assert_array_equal(got, theirs.random_raw(n))
     assert ours.state == theirs.state
@@ -40,7 +42,7 @@ def test_masks_drawn_by_the_compiled_loop_are_the_plain_masks(shape):
     rows.use(True, 2, compiled=True)
     ours, theirs = backend.rng(3, 1), backend.rng(3, 1)
     for p in (0.1, 0.3):
-        keep, scale = dropout.keep_mask(ours, shape, p)
+        keep, scale = fast_dropout.loops_keep_mask(ours, shape, p)
         expected, expected_scale = backend.dropout_keep(theirs, shape, p)
         np.testing.assert_array_equal(keep, expected)
         assert scale == expected_scale and keep.shape == shape
@@ -49,8 +51,8 @@ def test_masks_drawn_by_the_compiled_loop_are_the_plain_masks(shape):
 
 def test_the_row_passes_draw_their_masks_with_the_compiled_loop(monkeypatch):
     numbers = []
-    real = dropout.pcg64_numbers
-    monkeypatch.setattr(dropout, "pcg64_numbers",
+    real = fast_dropout.pcg64_numbers
+    monkeypatch.setattr(fast_dropout, "pcg64_numbers",
                         lambda bits, n: numbers.append(n) or real(bits, n))
     x, f = (np.ones((64, 32), np.float32) for _ in range(2))
     rows.use(True, 2, compiled=True)

@@ -1,4 +1,4 @@
-"""The feed-forward network's row passes (minitfm.rows: b1 + ReLU forward, the ReLU's and its
+"""The feed-forward network's row passes (minitfm.speed.rows: b1 + ReLU forward, the ReLU's and its
 dropout's backward) against its plain code, bit for bit, on one thread and on two; and the
 linear layer, whose bias add and db stay plain, giving the same bits with the passes on or off.
 Bits are compared as integers, so that -0.0 against 0.0 and NaN payloads count too."""
@@ -6,8 +6,10 @@ Bits are compared as integers, so that -0.0 against 0.0 and NaN payloads count t
 import numpy as np
 import pytest
 
-from minitfm import backend, fused, rows
+from minitfm import backend
+from minitfm.speed import fused, rows
 from minitfm.layers import dropout, feedforward, linear
+from minitfm.speed import feedforward as fast_feedforward
 
 SMALL_BLOCK = 1 << 12       # forces many blocks on small arrays: a ragged last one among them
 
@@ -137,7 +139,7 @@ def test_bias_relu_rows_keep_signed_zeros_and_nans(threads, monkeypatch):
     def bias_relu():
         a = h.copy()
         if rows.active(a, b):
-            return feedforward.bias_relu_rows(a, b)
+            return fast_feedforward.bias_relu_rows(a, b)
         a += b
         return np.maximum(a, 0, out=a)
 
@@ -169,7 +171,7 @@ def test_relu_backward_rows_keep_signed_zeros_and_nans(threads, monkeypatch, p_d
     def relu_dropout_backward():        # backward's lines between its two products
         dh = da.copy()
         if rows.active(dh, a):
-            return feedforward.relu_dropout_backward_rows(dh, cache)
+            return fast_feedforward.relu_dropout_backward_rows(dh, cache)
         if c_drop is not None:
             dh, _ = dropout.backward(dh, c_drop)
         dh *= a > 0

@@ -5,8 +5,9 @@ rounding, the same bits on one thread or three."""
 import numpy as np
 import pytest
 
-from minitfm import rows
+from minitfm.speed import policy, rows
 from minitfm.layers import attention, softmax
+from minitfm.speed import softmax as fast_softmax
 
 from tests.layers.test_compiled_rows import each_thread_count
 
@@ -78,26 +79,26 @@ def test_compiled_loops_equal_the_plain_code(shape, masked):
     mask = {"padding": padding(b, ns, 7), "causal": attention.causal_mask(t, np.float32),
             None: None}[masked]
     rows.use(True, 1, min_bytes=0, compiled=True)
-    assert softmax.forward.path(s, 0.125, mask) == softmax.loops_forward
-    assert softmax.backward.path(dp, s, 0.125) == softmax.loops_backward
+    assert policy.path(softmax.forward, s, 0.125, mask) == fast_softmax.loops_forward
+    assert policy.path(softmax.backward, dp, s, 0.125) == fast_softmax.loops_backward
     p = softmax.forward(s.copy(), 0.125, mask)
-    plain = softmax.forward.plain(s.copy(), 0.125, mask)
+    plain = policy.plain_function(softmax.forward)(s.copy(), 0.125, mask)
     assert np.all(np.abs(p - plain) <= forward_bound(s, 0.125, mask, plain))
     if mask is not None:
         assert np.all(p[np.broadcast_to(mask, p.shape) < 0] == 0.0)
     ds = softmax.backward(dp.copy(), plain, 0.125)
-    assert np.all(np.abs(ds - softmax.backward.plain(dp.copy(), plain, 0.125))
+    assert np.all(np.abs(ds - policy.plain_function(softmax.backward)(dp.copy(), plain, 0.125))
                   <= backward_bound(dp, plain, 0.125))
 
 
 def test_the_bounds_catch_a_wrong_loop():
     s, dp = random((4, 2, 6, 6), 8), random((4, 2, 6, 6), 9)
     rows.use(True, 1, min_bytes=0, compiled=True)
-    plain = softmax.forward.plain(s.copy(), 0.5)
-    p = softmax.loops_forward(s.copy(), 0.5)
+    plain = policy.plain_function(softmax.forward)(s.copy(), 0.5)
+    p = fast_softmax.loops_forward(s.copy(), 0.5)
     assert not np.all(np.abs(p * (1 + 40 * EPS32) - plain) <= forward_bound(s, 0.5, None, plain))
-    ds = softmax.loops_backward(dp.copy(), plain, 0.5)
-    off = softmax.backward.plain(dp.copy(), plain, 0.5 * (1 + 40 * EPS32))
+    ds = fast_softmax.loops_backward(dp.copy(), plain, 0.5)
+    off = policy.plain_function(softmax.backward)(dp.copy(), plain, 0.5 * (1 + 40 * EPS32))
     assert not np.all(np.abs(ds - off) <= backward_bound(dp, plain, 0.5))
 
 
@@ -132,27 +133,27 @@ def test_loops_in_the_interpreter_equal_the_plain_float64_code():
     s, dp = random((2, 3, 4, 7), 15, np.float64), random((2, 3, 4, 7), 16, np.float64)
     mask = np.broadcast_to(padding(2, 7, 17).astype(np.float64), s.shape)
     p = s.copy()
-    softmax.shift_rows.python(p, mask, True, 0.3)
+    fast_softmax.shift_loop.python(p, mask, True, 0.3)
     np.exp(p, out=p)
-    softmax.normalize_rows.python(p)
+    fast_softmax.normalize_loop.python(p)
     plain = softmax.forward(s.copy(), 0.3, mask)
     np.testing.assert_allclose(p, plain, rtol=1e-12, atol=1e-300)
     ds = dp.copy()
-    softmax.backward_rows.python(ds, plain, 0.3)
+    fast_softmax.backward_loop.python(ds, plain, 0.3)
     np.testing.assert_allclose(ds, softmax.backward(dp.copy(), plain, 0.3), rtol=1e-12,
                                atol=1e-15)
 
 
 def test_float64_beam_scores_and_plain_runs_take_the_plain_lines():
     def paths(s, mask=None):
-        return softmax.forward.path(s, 1.0, mask), softmax.backward.path(s, s, 1.0)
+        return policy.path(softmax.forward, s, 1.0, mask), policy.path(softmax.backward, s, s, 1.0)
 
-    plain = (softmax.forward.plain, softmax.backward.plain)
+    plain = (policy.plain_function(softmax.forward), policy.plain_function(softmax.backward))
     rows.use(True, 2, min_bytes=0, compiled=True)
     assert paths(random((2, 2, 3, 3), 1, np.float64)) == plain
     assert paths(random((2, 2, 2, 3, 3), 1)) == plain
     assert paths(random((2, 2, 3, 3), 1), random((2, 1, 1, 1, 3), 2)) == (plain[0],
-                                                                        softmax.loops_backward)
+                                                                        fast_softmax.loops_backward)
     rows.use(True, 2, min_bytes=0, compiled=False)
     assert paths(random((2, 2, 3, 3), 1)) == plain
     rows.use(False, 1)

@@ -4,7 +4,7 @@ A GPU's tensor cores multiply float16 matrices many times faster than float32 on
 products in float32. Mixed precision (Micikevicius et al., "Mixed Precision Training", 2018) uses
 them where the work is and keeps float32 wherever precision matters:
 
-- the products of every linear layer and of the output projection (``layers/linear.py``) take
+- the products of every linear layer and of the output projection (``layers/linear.py``, its float16 path in ``speed/linear.py``) take
   float16 copies of their two operands, sum in float32 and give a float32 result (on CuPy:
   cuBLAS ``gemmEx`` with float16 A and B, float32 C and ``CUBLAS_COMPUTE_32F``, the call CuPy's
   own float16 ``dot`` makes, ``cupy/_core/_routines_linalg.pyx`` ``tensordot_core_v11``, but

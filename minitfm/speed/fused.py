@@ -4,16 +4,17 @@ On a GPU every array operation is a kernel launch (10-30 us of host time each, w
 array's size) and a round trip through device memory. A layer written as plain array code, which
 is what a learner reads and what NumPy runs, costs a few launches per line; a *fused kernel*
 computes the same thing in one launch, reading its inputs once. Each fused kernel here is CUDA
-C++ source in the file of the layer it serves (``layers/dropout.py``, ``layers/layernorm.py``,
-``layers/attention.py``, ``layers/feedforward.py``, ``layers/residual.py``, ``layers/loss.py``,
-``optim.py``), right below the plain code, which stays the reference: a kernel has a *twin*, a
-function of the kernel's own arguments that computes its outputs with the plain array code.
+C++ source in the fast-path file of the layer it serves (``speed/dropout.py``,
+``speed/layernorm.py``, ``speed/softmax.py``, ``speed/feedforward.py``, ``speed/residual.py``,
+``speed/loss.py``, ``speed/linear.py``, ``speed/optim.py``, ``speed/gradscale.py``); the plain
+code in ``layers/`` stays the reference: a kernel has a *twin*, a function of the kernel's own
+arguments that computes its outputs with the plain array code, the plain functions imported.
 
 ``--kernels fused|plain`` chooses (:func:`use`); on CuPy ``plain`` is the default until a run on
 a real GPU has shown every kernel equal to its twin (``python -m minitfm.kernelcheck``, ``pytest
 -m gpu``). Fused kernels run on CuPy only, on float32 arrays; on NumPy ``fused`` chooses the CPU's
-fast path instead, the row passes of :mod:`minitfm.rows` (the default there), and float64
-(the gradient checks) runs the plain code whatever the choice.
+fast path instead, the row passes of :mod:`minitfm.speed.rows` (the default there), and float64
+(the gradient checks) runs the plain code whatever the choice (:mod:`minitfm.speed.policy`).
 
 A :class:`Kernel` is compiled by CuPy (``cupy.RawKernel``, NVRTC) on first use, once per device,
 with ``--fmad=false`` so that ``a * b + c`` rounds twice, as the plain code's two operations do.
@@ -31,6 +32,7 @@ from __future__ import annotations
 import math
 
 from minitfm import backend, cudahost
+from minitfm.speed import policy
 
 __all__ = ["CHOICES", "use", "choice", "on_host", "active", "Kernel", "KERNELS", "OPTIONS", "HALF",
            "grid_for", "THREADS", "BLOCK_REDUCE", "i32", "i64", "u32", "u64", "f32", "f64"]
@@ -41,7 +43,6 @@ THREADS = 256                   # threads per block, for every kernel here
 
 _choice = "plain"
 _on_host = False        # the kernels' source runs on the CPU (minitfm.cudahost), over NumPy arrays
-_twins_running = 0      # > 0 while a twin runs: the layers it calls run their plain code
 
 
 def use(kernels: str, on_host: bool = False) -> None:
@@ -70,7 +71,7 @@ def active(*arrays) -> bool:
     """Whether a layer given ``arrays`` runs its fused kernel: ``--kernels fused``, on CuPy (or
     on NumPy with the kernels on the host), with float32 arrays (float64, the gradient checks'
     type, always runs the plain code)."""
-    if _choice != "fused" or _twins_running or not (_on_host or backend.is_gpu()):
+    if _choice != "fused" or policy.plain_here() or not (_on_host or backend.is_gpu()):
         return False
     float32 = backend.xp.float32
     return all(a.dtype == float32 for a in arrays)
@@ -185,12 +186,8 @@ class Kernel:
 
     def run_twin(self, *args) -> None:
         """The twin on the kernel's arguments, with every layer it calls on its plain code."""
-        global _twins_running
-        _twins_running += 1
-        try:
+        with policy.plain():
             self.twin(*args)
-        finally:
-            _twins_running -= 1
 
     def run_on_host(self, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0,
                     check: bool = False) -> None:

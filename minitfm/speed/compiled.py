@@ -1,4 +1,4 @@
-"""Host-only: compiled loops for the row passes (:mod:`minitfm.rows`), through Numba.
+"""Host-only: compiled loops for the row passes (:mod:`minitfm.speed.rows`), through Numba.
 
 A NumPy pass over a block of rows is a dozen calls, each a sweep of the block, and a thread
 takes Python's lock (the GIL) back between two calls: on two cores, two threads running such

@@ -33,7 +33,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from minitfm import backend
-from minitfm import compiled as _numba
+from minitfm.speed import policy
+from minitfm.speed import compiled as _numba
 
 __all__ = ["BLOCK_BYTES", "MIN_BYTES", "use", "enabled", "threads", "chosen", "active",
            "compiled", "state", "blocks", "run", "map_rows"]
@@ -58,14 +59,13 @@ _min_bytes = MIN_BYTES
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 _pool_lock = threading.Lock()
-_inside = threading.local()     # .block: this thread is running a block of a row pass
 
 
 def use(enabled: bool, threads: int = 1, min_bytes: int = MIN_BYTES,
         compiled: bool = True) -> None:
     """Run the row passes (``enabled``) on ``threads`` threads, or the plain code; passes over
     fewer than ``min_bytes`` in all run the plain code (tests take 0: every pass), except the
-    layers' compiled loops (``compiled``, where Numba is installed: :mod:`minitfm.compiled`),
+    layers' compiled loops (``compiled``, where Numba is installed: :mod:`minitfm.speed.compiled`),
     which take every size; with ``compiled=False`` the row passes run NumPy on their blocks."""
     global _enabled, _threads, _min_bytes, _compiled
     if threads < 1:
@@ -91,7 +91,7 @@ def threads() -> int:
 def chosen(*arrays) -> bool:
     """Whether the row passes are chosen for ``arrays``: on NumPy, float32, and not already
     inside a block (there a layer runs its plain code on the block), whatever their size."""
-    if not _enabled or backend.name != "numpy" or getattr(_inside, "block", False):
+    if not _enabled or backend.name != "numpy" or policy.plain_here():
         return False
     return all(a.dtype == backend.xp.float32 for a in arrays)
 
@@ -150,9 +150,7 @@ def run(fn, parts: list) -> list:
     errors: list = []
 
     def work() -> None:
-        outer = getattr(_inside, "block", False)
-        _inside.block = True            # the layers called on a block run their plain code
-        try:
+        with policy.plain():            # the layers called on a block run their plain code
             for i in iter(lambda: next(taken), None):
                 if i >= len(parts):
                     return
@@ -162,8 +160,6 @@ def run(fn, parts: list) -> list:
                     errors.append((i, exc))
                 finally:
                     finished[i].set()
-        finally:
-            _inside.block = outer
 
     helpers = min(_threads, len(parts)) - 1
     for _ in range(helpers):

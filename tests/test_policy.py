@@ -1,0 +1,105 @@
+"""The one place that chooses a call's path (minitfm/speed/policy.py): a route in the plain
+function's place once a chooser is registered, the plain code for float64 and inside
+``policy.plain()``, and the plain function itself, with no route, where nothing is registered."""
+
+import json
+import subprocess
+import sys
+import threading
+import types
+
+import numpy as np
+import pytest
+
+from minitfm.speed import policy
+from tests.conftest import ROOT
+
+
+def _module_with(plain):
+    """A module holding ``plain`` as its function ``f`` (registration replaces module attributes)."""
+    module = types.ModuleType("minitfm_policy_probe")
+    plain.__module__ = module.__name__
+    module.f = plain
+    sys.modules[module.__name__] = module
+    return module
+
+
+@pytest.fixture
+def probe():
+    calls = []
+
+    def f(x, scale=1.0):
+        calls.append("plain")
+        return x * scale
+
+    module = _module_with(f)
+
+    def fast(x, scale=1.0):
+        calls.append("fast")
+        return x * scale
+
+    @policy.fast_path(module.f)
+    def choose(x, scale=1.0):
+        return fast if x.dtype == np.float32 else None
+
+    yield module, f, fast, calls
+    del sys.modules[module.__name__]
+    del policy.ROUTES[f"{module.__name__}.f"]
+
+
+def test_a_registered_chooser_routes_calls_and_keeps_the_plain_function(probe):
+    module, plain, fast, calls = probe
+    assert module.f is not plain and policy.plain_function(module.f) is plain
+    module.f(np.ones(3, np.float32))
+    module.f(np.ones(3, np.int64))
+    assert calls == ["fast", "plain"]
+    assert policy.path(module.f, np.ones(3, np.float32)) is fast
+    assert policy.path(module.f, np.ones(3, np.int64)) is plain
+
+
+def test_float64_and_plain_blocks_run_the_plain_code(probe):
+    module, plain, fast, calls = probe
+    module.f(np.ones(3, np.float64))
+    with policy.plain():
+        module.f(np.ones(3, np.float32))
+        assert policy.path(module.f, np.ones(3, np.float32)) is plain
+    assert calls == ["plain", "plain"]
+    module.f(np.ones(3, np.float32))
+    assert calls[-1] == "fast"
+
+
+def test_plain_holds_in_the_thread_that_entered_it_alone(probe):
+    module, plain, fast, calls = probe
+    seen = []
+    with policy.plain():
+        worker = threading.Thread(target=lambda: seen.append(policy.path(module.f,
+                                                                         np.ones(2, np.float32))))
+        worker.start()
+        worker.join()
+    assert seen == [fast]
+
+
+def test_a_chooser_must_take_the_plain_functions_arguments():
+    def g(x, p, eps=1e-5):
+        return x
+
+    module = _module_with(g)
+    try:
+        with pytest.raises(TypeError, match="must take its arguments"):
+            @policy.fast_path(module.f)
+            def choose(x, p):
+                return None
+        assert module.f is g
+    finally:
+        del sys.modules[module.__name__]
+
+
+def test_without_the_speed_package_a_layer_is_its_plain_function():
+    """The book alone: importing the layers and the models imports nothing of minitfm.speed, and
+    ``layernorm.forward`` is the textbook's function, no route in between."""
+    code = ("import json, sys; from minitfm.layers import layernorm; from minitfm import models; "
+            "print(json.dumps([any(m.startswith('minitfm.speed') for m in sys.modules), "
+            "hasattr(layernorm.forward, 'plain'), layernorm.forward.__module__]))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    assert json.loads(out) == [False, False, "minitfm.layers.layernorm"]
