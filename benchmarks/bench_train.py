@@ -34,8 +34,8 @@ import subprocess
 import sys
 import time
 
-from minitfm import (backend, cli, flat, fused, gradscale, mixed, optim, options, placement,
-                     rows)
+from minitfm import backend, flat, fused, gradscale, mixed, optim, options, placement, rows
+from minitfm.cli import placing
 from minitfm.models import base, translator
 
 BATCHES = {"toy": (128, 24, 24), "small": (128, 24, 24), "base": (128, 32, 32)}
@@ -197,7 +197,7 @@ def main(argv=None) -> int:
     if args.breakdown and backend.is_gpu():
         parser.error("--breakdown times NumPy operations: run it with the numpy backend")
     if args.worker:
-        cli.reuse_freed_memory()             # as the training scripts do
+        placing.reuse_freed_memory()         # as the training scripts do
         kernels = args.kernels or ("plain" if backend.is_gpu() else "fused")   # the commands'
         fused.use(kernels)
         rows.use(kernels == "fused" and not backend.is_gpu(), placement.available_cores())

@@ -38,7 +38,7 @@ import numpy
 from minitfm import checkpoint, files, usable
 from minitfm.training import stops, validation
 from minitfm.checkpoint import Checkpoint, CheckpointError
-from minitfm.cli import report_errors
+from minitfm.cli.reporting import report_errors
 from minitfm.exits import UsageError
 from minitfm.argtypes import Parser, positive_int
 from minitfm.training.rundir import BEST_NAME, WriteFailed

@@ -22,9 +22,9 @@ status                meaning
 
 Every command (``train_toy.py``, ``train_lm.py``, ``train_wmt.py``, ``python -m minitfm.translate``,
 ``average``, ``plot``, ``gradcheck``, ``kernelcheck``, ``export``, ``learn``; ``launch`` refuses
-with the same line and status) reports through :func:`minitfm.cli.report_errors`, which prints
-one ``error:`` line (no traceback) and exits with :func:`status_of` the error. A new error class
-lands in a row by subclassing one named here (a bad option: :class:`UsageError`).
+with the same line and status) reports through :func:`minitfm.cli.reporting.report_errors`,
+which prints one ``error:`` line (no traceback) and exits with :func:`status_of` the error. A new
+error class lands in a row by subclassing one named here (a bad option: :class:`UsageError`).
 argparse's own usage errors exit with 2 as well.
 """
 

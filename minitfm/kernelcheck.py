@@ -37,7 +37,7 @@ import warnings
 
 from minitfm import backend, cudahost, flat, fused, gradscale, optim, philox
 from minitfm.argtypes import Parser
-from minitfm.cli import report_errors
+from minitfm.cli.reporting import report_errors
 from minitfm.layers import attention, dropout, feedforward, layernorm, linear, loss, residual
 
 __all__ = ["CASES", "HOST_TOLERANCES", "compare", "prepare_host", "main"]

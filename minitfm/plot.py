@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from minitfm import backend, files
-from minitfm.cli import report_errors
+from minitfm.cli.reporting import report_errors
 from minitfm.exits import UsageError
 from minitfm.layers import positional
 from minitfm.models import translator as model

@@ -42,7 +42,8 @@ from typing import BinaryIO, TextIO
 from tqdm import tqdm
 
 from minitfm import batched, checkpoint, limits, options, usable
-from minitfm.cli import placement_defaults, report_errors, select_backend
+from minitfm.cli.placing import placement_defaults, select_backend
+from minitfm.cli.reporting import report_errors
 from minitfm.data.reading import DataError, not_utf8, open_bytes, stream_lines, text_stream
 from minitfm.data.vocab import Vocab
 from minitfm.ensemble import Ensemble

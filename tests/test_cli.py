@@ -1,4 +1,4 @@
-"""minitfm.cli's process settings: keeping freed memory saves a step its page faults. And the
+"""minitfm.cli.placing's process settings: keeping freed memory saves a step its page faults. And the
 commands: the installed ones point at each command's main, and the scripts at the top of
 the repository run the same commands."""
 
@@ -17,9 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = """
 import resource, sys
 import numpy as np
-from minitfm import cli
+from minitfm.cli import placing
 if sys.argv[1] == "reuse":
-    assert cli.reuse_freed_memory() is True
+    assert placing.reuse_freed_memory() is True
 faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 before = faults()
 for _ in range(50):

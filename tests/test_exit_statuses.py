@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitfm import checkpoint, cli, exits
+from minitfm import checkpoint, exits
+from minitfm.cli import reporting
 from minitfm.training.rundir import HOLDER_NAME, LOCK_NAME
 from tests.test_translate import vocab, write_checkpoint  # noqa: F401  (a fixture)
 
@@ -123,8 +124,8 @@ def test_out_of_memory_names_the_device_its_memory_and_what_to_lower(cupy_backen
     """Never "out of memory: ...; use smaller sizes", which said nothing of the GPU. Here the
     device's own error (the CuPy double's memory is bounded, as a GPU's)."""
     total = cupy_backend.cuda.runtime.getDeviceProperties(0)["totalGlobalMem"]
-    status = cli.report_errors(lambda: cupy_backend.zeros(total + 1, dtype="uint8") is None,
-                               sizes="--max-tokens")
+    status = reporting.report_errors(
+        lambda: cupy_backend.zeros(total + 1, dtype="uint8") is None, sizes="--max-tokens")
     err = capsys.readouterr().err
     assert status == exits.FAILED and err.count("error:") == 1 and "Traceback" not in err
     name = cupy_backend.cuda.runtime.getDeviceProperties(0)["name"].decode()

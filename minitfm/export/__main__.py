@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from minitfm import limits, options
 from minitfm.argtypes import Parser, positive_int
-from minitfm.cli import report_errors
+from minitfm.cli.reporting import report_errors
 from minitfm.export import source
 from minitfm.export.source import ExportError
 

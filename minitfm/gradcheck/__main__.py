@@ -8,7 +8,8 @@ import math
 import sys
 
 from minitfm import backend, exits, gradcheck, options
-from minitfm.cli import placement_defaults, report_errors, select_backend
+from minitfm.cli.placing import placement_defaults, select_backend
+from minitfm.cli.reporting import report_errors
 from minitfm.exits import UsageError
 from minitfm.gradcheck.cases import CASES, MODEL_CASES
 from minitfm.gradcheck.check import STEP, TOLERANCE, check_case

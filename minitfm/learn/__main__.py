@@ -22,7 +22,7 @@ import time
 
 from minitfm import exits, placement
 from minitfm.argtypes import Parser, integer, number, positive_int
-from minitfm.cli import report_errors
+from minitfm.cli.reporting import report_errors
 from minitfm.exits import UsageError
 from minitfm.learn import check as checking
 from minitfm.learn import report as reporting
