@@ -34,8 +34,8 @@ import subprocess
 import sys
 import time
 
-from minitfm import backend, flat, fused, gradscale, mixed, optim, options, placement, rows
-from minitfm.cli import placing
+from minitfm import backend, flat, fused, gradscale, mixed, optim, placement, rows
+from minitfm.cli import options, placing
 from minitfm.models import base, translator
 
 BATCHES = {"toy": (128, 24, 24), "small": (128, 24, 24), "base": (128, 32, 32)}

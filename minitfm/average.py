@@ -39,8 +39,8 @@ from minitfm import checkpoint, files, usable
 from minitfm.training import stops, validation
 from minitfm.checkpoint import Checkpoint, CheckpointError
 from minitfm.cli.reporting import report_errors
-from minitfm.exits import UsageError
-from minitfm.argtypes import Parser, positive_int
+from minitfm.cli.exits import UsageError
+from minitfm.cli.argtypes import Parser, positive_int
 from minitfm.training.rundir import BEST_NAME, WriteFailed
 
 __all__ = ["average", "average_checkpoints", "save_average", "best_checkpoints", "main"]

@@ -36,7 +36,7 @@ import time
 import warnings
 
 from minitfm import backend, cudahost, flat, fused, gradscale, optim, philox
-from minitfm.argtypes import Parser
+from minitfm.cli.argtypes import Parser
 from minitfm.cli.reporting import report_errors
 from minitfm.layers import attention, dropout, feedforward, layernorm, linear, loss, residual
 

@@ -47,8 +47,9 @@ import sys
 import threading
 from pathlib import Path
 
-from minitfm import exits, placement
-from minitfm.exits import UsageError
+from minitfm import placement
+from minitfm.cli import exits
+from minitfm.cli.exits import UsageError
 from minitfm.training.stops import HANGUP_VARIABLE
 
 __all__ = ["main", "find_mpiexec", "check_counts", "MAX_WORKERS_PER_CORE", "FILES_PER_WORKER",

@@ -35,11 +35,11 @@ from typing import NamedTuple
 
 from minitfm import backend, files
 from minitfm.cli.reporting import report_errors
-from minitfm.exits import UsageError
+from minitfm.cli.exits import UsageError
 from minitfm.layers import positional
 from minitfm.models import translator as model
 from minitfm.optim import LRSchedule
-from minitfm.argtypes import Parser, integer, number, positive_int
+from minitfm.cli.argtypes import Parser, integer, number, positive_int
 
 __all__ = [
     "PlotError", "attention_maps", "plot_attention", "plot_positional", "plot_lr_schedule",

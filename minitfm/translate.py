@@ -41,15 +41,16 @@ from typing import BinaryIO, TextIO
 
 from tqdm import tqdm
 
-from minitfm import batched, checkpoint, limits, options, usable
+from minitfm import batched, checkpoint, usable
+from minitfm.cli import limits, options
 from minitfm.cli.placing import placement_defaults, select_backend
 from minitfm.cli.reporting import report_errors
 from minitfm.data.reading import DataError, not_utf8, open_bytes, stream_lines, text_stream
 from minitfm.data.vocab import Vocab
 from minitfm.ensemble import Ensemble
-from minitfm.exits import UsageError
+from minitfm.cli.exits import UsageError
 from minitfm.models import translator as model
-from minitfm.argtypes import Parser, positive_int
+from minitfm.cli.argtypes import Parser, positive_int
 from minitfm.training.stops import interrupts_deferred
 
 __all__ = ["TranslateError", "load_translator", "load_translators", "encode_lines",
@@ -262,7 +263,7 @@ def decoding_estimate(params: dict | Ensemble, cfg: model.Config, rows: int,
 def check_sizes(args: argparse.Namespace, params: dict | Ensemble, cfg: model.Config) -> None:
     """``--beam`` x ``--batch-size`` rows of beam search, each up to ``--max-len`` tokens (the
     model's ``max_len`` by default), fit in the memory left once the model (or ensemble) is
-    loaded, before any input is read (minitfm.limits); ``--nbest`` is at most ``--beam`` and
+    loaded, before any input is read (minitfm.cli.limits); ``--nbest`` is at most ``--beam`` and
     costs nothing more."""
     longest = args.max_len or cfg.max_len        # the output's length: the model's, by default
     limits.check_fits("beam search", {

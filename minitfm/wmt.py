@@ -19,13 +19,14 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-from minitfm import average, backend, beam, checkpoint, distributed, files, limits, translate
+from minitfm import average, backend, beam, checkpoint, distributed, files, translate
+from minitfm.cli import limits
 from minitfm.bleu import BleuScore, corpus_bleu
 from minitfm.data import (BatchPlan, CleanOptions, DataError, EncodedCorpus, ParallelText,
                           SubwordDropout, Vocab, cached_joint_vocab, clean_parallel,
                           encode_corpus, prepare_wmt14, read_parallel, read_parallel_files,
                           require_pairs)
-from minitfm.exits import UsageError
+from minitfm.cli.exits import UsageError
 from minitfm.models import translator as model
 from minitfm.models.translator import Config
 from minitfm.training import phases, validation
@@ -50,7 +51,7 @@ def train_positions(args: argparse.Namespace, cfg: Config) -> int:
 
 
 def check_sizes(args: argparse.Namespace, cfg: Config) -> None:
-    """The size options against the memory there is, before any data is read (minitfm.limits):
+    """The size options against the memory there is, before any data is read (minitfm.cli.limits):
     training on token-count batches, then the test's beam search with the model state kept;
     ``cfg``: the model of the options, with a vocabulary of ``--vocab-size``."""
     sizes = {"--vocab-size": (args.vocab_size, range(8, args.vocab_size + 1)),

@@ -18,10 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 FLOORS = [      # top to bottom: (name, the modules and packages on it)
     ("front ends", ["train_toy", "train_wmt", "train_lm", "minitfm.commands", "minitfm.cli",
-                    "minitfm.exits", "minitfm.translate", "minitfm.average", "minitfm.plot",
-                    "minitfm.gradcheck", "minitfm.kernelcheck", "minitfm.wmt",
-                    "minitfm.export.__main__", "minitfm.launch", "minitfm.limits", "minitfm.options",
-                    "minitfm.argtypes", "minitfm.learn"]),
+                    "minitfm.translate", "minitfm.average", "minitfm.plot", "minitfm.gradcheck",
+                    "minitfm.kernelcheck", "minitfm.wmt", "minitfm.export.__main__",
+                    "minitfm.launch", "minitfm.learn"]),
     ("training, decoding, sampling, export",
      ["minitfm.training", "minitfm.decode", "minitfm.ensemble", "minitfm.beam", "minitfm.batched",
       "minitfm.sampling", "minitfm.generation", "minitfm.export", "minitfm.checkpoint",

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitfm import backend, exits
-from minitfm.cli import placing
+from minitfm import backend
+from minitfm.cli import exits, placing
 from minitfm.models import translator
 
 from .conftest import cupy_double, cupy_double_env

@@ -8,8 +8,8 @@ from unittest import mock
 
 import pytest
 
-from minitfm import checkpoint, exits
-from minitfm.cli import reporting
+from minitfm import checkpoint
+from minitfm.cli import exits, reporting
 from minitfm.commands import train_toy as commands_train_toy
 from minitfm.training.rundir import LOG_NAME
 

@@ -1,7 +1,7 @@
 """Where a command runs: the backend it chose, each worker's placement (its GPU or its BLAS
 threads, ``--threads``), the precision of its products, the fast path or the plain code
 (``--kernels``), and a process that keeps the memory of freed arrays. The options themselves are
-in :mod:`minitfm.options`.
+in :mod:`minitfm.cli.options`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import ctypes
 import os
 
 from minitfm import backend, distributed, fused, gradscale, placement, rows
-from minitfm.exits import UsageError
-from minitfm.options import Words
+from minitfm.cli.exits import UsageError
+from minitfm.cli.options import Words
 
 __all__ = ["KERNELS_VARIABLE", "reuse_freed_memory", "select_backend", "placement_defaults",
            "place"]

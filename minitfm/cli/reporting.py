@@ -1,7 +1,7 @@
 """How every command's ``main()`` ends: its errors, the signals it gets, and standard output
 that fails.
 
-- an error prints one ``error:`` line and exits with the status of :mod:`minitfm.exits`, the
+- an error prints one ``error:`` line and exits with the status of :mod:`minitfm.cli.exits`, the
   one table for every command (2 bad usage or input, 1 a run-time failure); a file that cannot
   be written names the file and the reason;
 - Ctrl-C, SIGTERM or SIGHUP outside training ends the command at once with one line
@@ -21,7 +21,8 @@ import signal
 import sys
 from collections.abc import Callable
 
-from minitfm import distributed, exits
+from minitfm import distributed
+from minitfm.cli import exits
 from minitfm.training.stops import StopRequests, describe_signal, raise_if_lost
 
 __all__ = ["EXIT_INTERRUPTED", "report_errors", "OutputFailed", "describe_stdout"]
@@ -30,7 +31,7 @@ EXIT_INTERRUPTED = exits.for_signal(signal.SIGINT)   # 130, the shell's code for
 
 
 def report_errors(run: Callable[[], int], sizes: str | None = None) -> int:
-    """``run()``'s exit status; an error in the table of :mod:`minitfm.exits` prints one
+    """``run()``'s exit status; an error in the table of :mod:`minitfm.cli.exits` prints one
     ``error: ...`` line and gives its status there (2 bad usage or input, 1 a run-time failure);
     out of memory, it names the device, its memory and ``sizes``, the options to lower.
 

@@ -14,10 +14,11 @@ import signal
 import sys
 import time
 
-from minitfm import distributed, limits
-from minitfm.exits import UsageError
+from minitfm import distributed
+from minitfm.cli import limits
+from minitfm.cli.exits import UsageError
 from minitfm.models.translator import Config
-from minitfm.options import Words
+from minitfm.cli.options import Words
 from minitfm.training.rundir import RunDirectory
 from minitfm.training.state import TrainState, config_field
 from minitfm.training.stops import describe_signal

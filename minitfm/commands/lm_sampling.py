@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from minitfm import checkpoint, generation, limits, usable
-from minitfm.cli import placing
+from minitfm import checkpoint, generation, usable
+from minitfm.cli import limits, placing
 from minitfm.data import tokenizers
-from minitfm.exits import UsageError
+from minitfm.cli.exits import UsageError
 from minitfm.models import lm
 
 

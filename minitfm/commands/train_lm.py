@@ -29,14 +29,14 @@ import sys
 import time
 from collections.abc import Sequence
 
-from minitfm import distributed, exits, limits, options
-from minitfm.cli import placing, reporting, runs
+from minitfm import distributed
+from minitfm.cli import exits, limits, options, placing, reporting, runs
 from minitfm.commands import lm_sampling
 from minitfm.data import text as textdata
 from minitfm.data import tokenizers
-from minitfm.exits import UsageError
+from minitfm.cli.exits import UsageError
 from minitfm.models import lm
-from minitfm.argtypes import Parser, integer, number, positive_int
+from minitfm.cli.argtypes import Parser, integer, number, positive_int
 from minitfm.training import loop, phases
 from minitfm.training.run import Run
 from minitfm.training.validation import evaluate
@@ -154,7 +154,7 @@ def model_config(args: argparse.Namespace, vocab: int) -> lm.LMConfig:
 
 def check_sizes(args: argparse.Namespace) -> None:
     """Every size option against sentencepiece's limits and the memory there is, before any data
-    is read (minitfm.limits): training, then sampling with the model state kept."""
+    is read (minitfm.cli.limits): training, then sampling with the model state kept."""
     bpe = args.tokenizer == "bpe"
     if bpe:
         limits.check_vocab_for_corpus(args.vocab_size, [args.data])

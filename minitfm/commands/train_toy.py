@@ -19,14 +19,14 @@ import argparse
 import sys
 import time
 
-from minitfm import backend, distributed, exits, limits, options, tasks
-from minitfm.cli import placing, reporting, runs
+from minitfm import backend, distributed, tasks
+from minitfm.cli import exits, limits, options, placing, reporting, runs
 from minitfm.decode import greedy
-from minitfm.exits import UsageError
+from minitfm.cli.exits import UsageError
 from minitfm.models import translator
 from minitfm.models.translator import PRESETS, Config
-from minitfm.argtypes import Parser, integer, positive_int
-from minitfm.options import Words
+from minitfm.cli.argtypes import Parser, integer, positive_int
+from minitfm.cli.options import Words
 from minitfm.training import loop, phases
 from minitfm.training.run import Run
 
@@ -93,7 +93,7 @@ def model_config(args: argparse.Namespace) -> Config:
 
 
 def check_sizes(args: argparse.Namespace, cfg: Config) -> None:
-    """The size options against the memory there is, before any work (minitfm.limits): the
+    """The size options against the memory there is, before any work (minitfm.cli.limits): the
     training batches, then the greedy decoding of the held-out set, the model state kept."""
     sizes = {"--batch-size": (args.batch_size, range(1, args.batch_size + 1)),
              "--length": (args.length, range(1, args.length + 1)),

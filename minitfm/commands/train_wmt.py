@@ -52,13 +52,13 @@ import sys
 import time
 from collections.abc import Sequence
 
-from minitfm import backend, distributed, exits, options, wmt
-from minitfm.cli import placing, reporting, runs
+from minitfm import backend, distributed, wmt
+from minitfm.cli import exits, options, placing, reporting, runs
 from minitfm.data import epoch_batches, eval_arrays, read_parallel, token_batches
-from minitfm.exits import UsageError
+from minitfm.cli.exits import UsageError
 from minitfm.models import translator as model
-from minitfm.argtypes import Parser, integer, positive_int
-from minitfm.options import Words
+from minitfm.cli.argtypes import Parser, integer, positive_int
+from minitfm.cli.options import Words
 from minitfm.training import loop, phases
 from minitfm.training.run import Run
 

@@ -32,7 +32,8 @@ from pathlib import Path
 
 import numpy
 
-from minitfm import backend, exits, fused, optim, placement, rows, tasks
+from minitfm import backend, fused, optim, placement, rows, tasks
+from minitfm.cli import exits
 from minitfm.commands.train_toy import TASK_DEFAULTS
 from minitfm.decode import greedy
 from minitfm.learn import diagnose, worker
