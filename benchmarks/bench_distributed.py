@@ -122,7 +122,7 @@ def make_batch(cfg, batch: int, length: int, seed: int):
 
 def mpiexec() -> str:
     from minitfm.cli.exits import UsageError
-    from minitfm.launch import find_mpiexec
+    from minitfm.cli.launch import find_mpiexec
     try:
         return find_mpiexec()
     except UsageError as exc:

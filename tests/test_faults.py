@@ -24,7 +24,8 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from minitfm import backend, batched, checkpoint, translate, wmt
+from minitfm import backend, batched, checkpoint, translate
+from minitfm.cli import wmt
 from minitfm.cli import exits
 from minitfm.training import rundir, validation
 from minitfm.training.rundir import LOG_NAME

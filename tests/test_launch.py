@@ -18,7 +18,8 @@ import time
 
 import pytest
 
-from minitfm import checkpoint, launch
+from minitfm import checkpoint
+from minitfm.cli import launch
 from minitfm.cli.exits import UsageError
 from minitfm.training.stops import HANGUP_VARIABLE, StopRequests
 

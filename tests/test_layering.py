@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOORS = [      # top to bottom: (name, the modules and packages on it)
     ("front ends", ["train_toy", "train_wmt", "train_lm", "minitfm.commands", "minitfm.cli",
                     "minitfm.translate", "minitfm.average", "minitfm.plot", "minitfm.gradcheck",
-                    "minitfm.kernelcheck", "minitfm.wmt", "minitfm.export.__main__",
+                    "minitfm.kernelcheck", "minitfm.export.__main__",
                     "minitfm.launch", "minitfm.learn"]),
     ("training, decoding, sampling, export",
      ["minitfm.training", "minitfm.decode", "minitfm.ensemble", "minitfm.beam", "minitfm.batched",
