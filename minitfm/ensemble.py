@@ -25,7 +25,7 @@ encoding (``decode.init_kv_cache``, ``batched.admit``), the step (``decode.step`
 source check ask the ensemble, which runs each member on its part of the cache.
 
 The members must share the vocabulary and its special ids (the same sentencepiece model: see
-``translate.load_translators``); their sizes may differ. The output limit is the smallest
+``translation.load_translators``); their sizes may differ. The output limit is the smallest
 ``max_len`` among them.
 """
 

@@ -24,9 +24,8 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from minitfm import backend, batched, checkpoint, translate
-from minitfm.cli import wmt
-from minitfm.cli import exits
+from minitfm import backend, batched, checkpoint, translation
+from minitfm.cli import exits, translate, wmt
 from minitfm.training import rundir, validation
 from minitfm.training.rundir import LOG_NAME
 from minitfm.training.state import TrainOptions
@@ -275,7 +274,8 @@ def test_length_limit_for_train_valid_and_test():
     validation.evaluate(params, cfg, valid)
     sources = [[5] * n for n in (cfg.max_len - 2, cfg.max_len - 1, cfg.max_len)]
     warnings = []
-    encoded = [translate.encode_lines(_Pieces(), cfg, [" ".join("x" * n)], warn=warnings.append)[0]
+    encoded = [translation.encode_lines(_Pieces(), cfg, [" ".join("x" * n)],
+                                        warn=warnings.append)[0]
                for n in map(len, sources)]
     assert [len(ids) for ids in encoded] == [cfg.max_len - 2, cfg.max_len - 1, cfg.max_len - 1]
     assert len(warnings) == 1 and "line 1" in warnings[0]

@@ -46,6 +46,7 @@ from minitfm.training.divergence import TrainingDiverged
 from minitfm.training.plan import PlanError
 from minitfm.training.rundir import (LockUnsupported, NotARunDirectory, RunDirectoryBusy,
                                      WriteFailed)
+from minitfm.translation import TranslateError
 
 __all__ = ["DONE", "FAILED", "BAD_INPUT", "UsageError", "OutOfMemoryAfterTraining",
            "BAD_INPUT_ERRORS", "FAILURES", "status_of", "for_signal", "message",
@@ -91,7 +92,7 @@ def after_training(what: str, checkpoint: str | None, step: int, sizes: str,
 FAILURES = (TrainingDiverged, WriteFailed, MemoryError)
 BAD_INPUT_ERRORS = (
     UsageError, PlanError, DataError, CheckpointError, BackendError, PlacementError, ExportError,
-    RunDirectoryBusy, LockUnsupported, NotARunDirectory,
+    RunDirectoryBusy, LockUnsupported, NotARunDirectory, TranslateError,
     # a path the user named that cannot be used as asked
     FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError,
     # a file whose text is not UTF-8, or whose JSON does not parse

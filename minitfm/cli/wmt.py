@@ -19,8 +19,8 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-from minitfm import average, backend, beam, checkpoint, distributed, files, translate
-from minitfm.cli import limits
+from minitfm import average, backend, beam, checkpoint, distributed, files, translation
+from minitfm.cli import limits, translate
 from minitfm.bleu import BleuScore, corpus_bleu
 from minitfm.data import (BatchPlan, CleanOptions, DataError, EncodedCorpus, ParallelText,
                           SubwordDropout, Vocab, cached_joint_vocab, clean_parallel,
@@ -188,9 +188,9 @@ def bleu_metric(vocab: Vocab, valid: ParallelText, args: argparse.Namespace):
     references = valid.tgt[:args.valid_bleu_sentences]
 
     def valid_bleu(params: dict, cfg: Config) -> dict:
-        hypotheses = translate.translate_texts(params, cfg, vocab, sources, beam=1, alpha=0.0,
-                                               batch_size=args.eval_batch_size,
-                                               warn=lambda message: None)
+        hypotheses = translation.translate_texts(params, cfg, vocab, sources, beam=1, alpha=0.0,
+                                                 batch_size=args.eval_batch_size,
+                                                 warn=lambda message: None)
         return {"valid_bleu": corpus_bleu(hypotheses, references,
                                           tokenize=args.bleu_tokenize).bleu}
     return valid_bleu
@@ -206,12 +206,12 @@ def score_test(params: dict, cfg: Config, vocab: Vocab, test: ParallelText, stem
     with writing(hyp_path, "hypotheses", advice) as hyp_file, \
             writing(score_path, "scores", advice) as score_file:
         started = time.perf_counter()
-        hypotheses = translate.translate_texts(params, cfg, vocab, test.src, beam=args.beam,
-                                               alpha=args.lenpen,
-                                               batch_size=args.eval_batch_size,
-                                               progress=not args.quiet,
-                                               lenpen_form=args.lenpen_form,
-                                               stopping=args.stopping)
+        hypotheses = translation.translate_texts(params, cfg, vocab, test.src, beam=args.beam,
+                                                 alpha=args.lenpen,
+                                                 batch_size=args.eval_batch_size,
+                                                 progress=not args.quiet,
+                                                 lenpen_form=args.lenpen_form,
+                                                 stopping=args.stopping)
         seconds = time.perf_counter() - started
         score = corpus_bleu(hypotheses, test.tgt, tokenize=args.bleu_tokenize)
         record = {**score.to_dict(), **info, "test_src": str(test.src_path),
@@ -373,8 +373,8 @@ def score_checkpoint(args: argparse.Namespace) -> int:
                          "--test-ref FILE, or --prepare DIR")
     paths = [args.checkpoint, *args.ensemble]
     try:
-        params, cfg, vocab = translate.load_translators(paths)
-    except translate.TranslateError as exc:
+        params, cfg, vocab = translation.load_translators(paths)
+    except translation.TranslateError as exc:
         raise UsageError(str(exc)) from exc
     check_decoding(args, {}, lambda v: limits.Estimate(), lambda v: cfg, lambda v, rows:
                    translate.decoding_estimate(params, cfg, rows))
