@@ -4,7 +4,7 @@ Models trained apart (another seed, another recipe) make different errors; decod
 them at once, each step's next-token distribution the mean of theirs, is more accurate than any
 one (Multi30k: two 60-minute ``small`` models, 41.40 and 41.56 BLEU on validation alone, 42.52
 together; docs: *Recipes and results*). Averaging checkpoints of one run
-(:mod:`minitfm.average`) costs nothing at decoding time but gains only within one run; an
+(:mod:`minitfm.averaging`) costs nothing at decoding time but gains only within one run; an
 ensemble of N models costs N times the decoding work.
 
 The mean is of probabilities, as fairseq's ensembles take it:

@@ -19,7 +19,7 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-from minitfm import average, backend, beam, checkpoint, distributed, files, translation
+from minitfm import averaging, backend, beam, checkpoint, distributed, files, translation
 from minitfm.cli import limits, translate
 from minitfm.bleu import BleuScore, corpus_bleu
 from minitfm.data import (BatchPlan, CleanOptions, DataError, EncodedCorpus, ParallelText,
@@ -231,7 +231,7 @@ def model_to_test(args: argparse.Namespace, state: TrainState) -> tuple[dict, st
     checkpoints, or of the ``--average-best`` best by validation, saved as ``averaged.npz``; when
     there is only one to average, the final parameters (with ``--average-best``, the best)."""
     if args.average_best:
-        best = average.best_checkpoints([args.out], args.average_best)
+        best = averaging.best_checkpoints([args.out], args.average_best)
         say(f"the {len(best)} best by {state.record.metric}: " + ", ".join(
             f"step {c.step} ({validation.recorded_metric(c)[1]:.4g})" for c in best))
         if len(best) == 1:
@@ -248,7 +248,7 @@ def model_to_test(args: argparse.Namespace, state: TrainState) -> tuple[dict, st
         chosen = f"--last {args.average_last}"
     path = os.path.join(args.out, "averaged.npz")
     try:
-        params, last = average.save_average(paths, path)
+        params, last = averaging.save_average(paths, path)
     except files.ReadError:
         raise                           # a checkpoint the disk did not give back: said as such
     except OSError as exc:
