@@ -346,8 +346,7 @@ def test_bad_backend_variable_is_an_error_message(command, tmp_path):
     ("plot", "--d-model", "-4"),
 ])
 def test_bad_option_values_are_usage_errors_naming_the_option(command, option, value, capsys):
-    from minitfm import plot
-    from minitfm.cli import average
+    from minitfm.cli import average, plot
     mains = {"train_wmt": lambda argv: train_wmt.main(["--trainpref", "x", *argv]),
              "translate": lambda argv: translate.main(["--checkpoint", "x", *argv]),
              "train_toy": lambda argv: load_toy().main(argv),

@@ -24,7 +24,7 @@ FLOORS = [      # top to bottom: (name, the modules and packages on it)
     ("training, decoding, sampling, export",
      ["minitfm.training", "minitfm.decode", "minitfm.ensemble", "minitfm.beam", "minitfm.batched",
       "minitfm.sampling", "minitfm.generation", "minitfm.translation", "minitfm.averaging",
-      "minitfm.export", "minitfm.checkpoint", "minitfm.usable", "minitfm.optim",
+      "minitfm.plotting", "minitfm.export", "minitfm.checkpoint", "minitfm.usable", "minitfm.optim",
       "minitfm.gradscale", "minitfm.distributed", "minitfm.placement", "minitfm.devices",
       "minitfm.bleu"]),
     ("models", ["minitfm.models"]),

@@ -42,6 +42,7 @@ from minitfm.checkpoint import CheckpointError
 from minitfm.data import DataError
 from minitfm.export.source import ExportError
 from minitfm.placement import PlacementError
+from minitfm.plotting import PlotError
 from minitfm.training.divergence import TrainingDiverged
 from minitfm.training.plan import PlanError
 from minitfm.training.rundir import (LockUnsupported, NotARunDirectory, RunDirectoryBusy,
@@ -92,7 +93,7 @@ def after_training(what: str, checkpoint: str | None, step: int, sizes: str,
 FAILURES = (TrainingDiverged, WriteFailed, MemoryError)
 BAD_INPUT_ERRORS = (
     UsageError, PlanError, DataError, CheckpointError, BackendError, PlacementError, ExportError,
-    RunDirectoryBusy, LockUnsupported, NotARunDirectory, TranslateError,
+    RunDirectoryBusy, LockUnsupported, NotARunDirectory, TranslateError, PlotError,
     # a path the user named that cannot be used as asked
     FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError,
     # a file whose text is not UTF-8, or whose JSON does not parse
