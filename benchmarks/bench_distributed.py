@@ -121,8 +121,8 @@ def make_batch(cfg, batch: int, length: int, seed: int):
 # ---- the driver ---------------------------------------------------------------------------
 
 def mpiexec() -> str:
-    from minitfm.exits import UsageError
-    from minitfm.launch import find_mpiexec
+    from minitfm.cli.exits import UsageError
+    from minitfm.cli.launch import find_mpiexec
     try:
         return find_mpiexec()
     except UsageError as exc:

@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def parse_args(argv=None):
-    from minitfm import options
+    from minitfm.cli import options
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("checkpoint", help="a trained translator (train_wmt.py), e.g. averaged.npz")
     p.add_argument("source", help="source sentences, one per line (.gz allowed)")

@@ -38,10 +38,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from threadpoolctl import threadpool_limits
 
-    from minitfm import batched, bleu, decode, translate
+    from minitfm import batched, bleu, decode, translation
     from minitfm.data.corpus import read_lines
 
-    params, cfg, vocab = translate.load_translator(args.checkpoint)
+    params, cfg, vocab = translation.load_translator(args.checkpoint)
     lines, refs = read_lines(args.source), read_lines(args.reference)
     ids = [s[:cfg.max_len - 1] for s in vocab.encode(lines)]
     rows = [0]

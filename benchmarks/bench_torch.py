@@ -35,8 +35,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_train import BATCHES, make_batch, make_step, matmul_peak, step_flops  # noqa: E402
 
-from minitfm import backend, cli, placement  # noqa: E402
+from minitfm import backend, placement  # noqa: E402
 from minitfm.speed import rows  # noqa: E402
+from minitfm.cli import placing  # noqa: E402
 from minitfm.models import translator  # noqa: E402
 
 
@@ -166,7 +167,7 @@ def main(argv=None) -> int:
     cores = placement.available_cores()
     torch.set_num_threads(cores)
     placement.limit_blas_threads(cores)
-    cli.reuse_freed_memory()                 # as the training scripts do; for both contenders
+    placing.reuse_freed_memory()             # as the training scripts do; for both contenders
 
     batch, src_len, tgt_len = BATCHES[args.preset]
     cfg = translator.Config.preset(args.preset, attention_dropout=args.extra_dropout,

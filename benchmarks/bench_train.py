@@ -34,7 +34,8 @@ import subprocess
 import sys
 import time
 
-from minitfm import backend, cli, flat, gradscale, optim, options, placement
+from minitfm import backend, flat, gradscale, optim, placement
+from minitfm.cli import options, placing
 from minitfm.speed import fused, mixed, rows
 from minitfm.models import base, translator
 
@@ -197,7 +198,7 @@ def main(argv=None) -> int:
     if args.breakdown and backend.is_gpu():
         parser.error("--breakdown times NumPy operations: run it with the numpy backend")
     if args.worker:
-        cli.reuse_freed_memory()             # as the training scripts do
+        placing.reuse_freed_memory()         # as the training scripts do
         kernels = args.kernels or ("plain" if backend.is_gpu() else "fused")   # the commands'
         fused.use(kernels)
         rows.use(kernels == "fused" and not backend.is_gpu(), placement.available_cores())

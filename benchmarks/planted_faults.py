@@ -347,7 +347,7 @@ FAULTS: list[Fault] = [
           "the run directory"),
 
     # ---- signals ---------------------------------------------------------------------------------
-    Fault("signal-exit-status-without-128", "minitfm/cli.py",
+    Fault("signal-exit-status-without-128", "minitfm/cli/runs.py",
           "    return 128 + signum\n",
           "    return signum\n",
           (EXIT_STATUSES + "::test_train_toy_signal",),

@@ -4,7 +4,7 @@ Models trained apart (another seed, another recipe) make different errors; decod
 them at once, each step's next-token distribution the mean of theirs, is more accurate than any
 one (Multi30k: two 60-minute ``small`` models, 41.40 and 41.56 BLEU on validation alone, 42.52
 together; docs: *Recipes and results*). Averaging checkpoints of one run
-(:mod:`minitfm.average`) costs nothing at decoding time but gains only within one run; an
+(:mod:`minitfm.averaging`) costs nothing at decoding time but gains only within one run; an
 ensemble of N models costs N times the decoding work.
 
 The mean is of probabilities, as fairseq's ensembles take it:
@@ -25,7 +25,7 @@ encoding (``decode.init_kv_cache``, ``batched.admit``), the step (``decode.step`
 source check ask the ensemble, which runs each member on its part of the cache.
 
 The members must share the vocabulary and its special ids (the same sentencepiece model: see
-``translate.load_translators``); their sizes may differ. The output limit is the smallest
+``translation.load_translators``); their sizes may differ. The output limit is the smallest
 ``max_len`` among them.
 """
 

@@ -36,9 +36,9 @@ import time
 import warnings
 
 from minitfm import backend, cudahost, flat, gradscale, optim, philox
+from minitfm.cli.argtypes import Parser
+from minitfm.cli.reporting import report_errors
 from minitfm.speed import fused
-from minitfm.argtypes import Parser
-from minitfm.cli import report_errors
 from minitfm.layers import attention, dropout, feedforward, layernorm, linear, loss, residual
 
 __all__ = ["CASES", "HOST_TOLERANCES", "compare", "prepare_host", "main"]

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 from threadpoolctl import ThreadpoolController
 
-from minitfm import backend, cli
+from minitfm import backend
+from minitfm.cli import placing
 
 settings.register_profile("default", deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
@@ -47,7 +48,7 @@ PYCACHE, SESSION_PYCACHE = "PYTHONPYCACHEPREFIX", "MINITFM_TESTS_PYCACHE"
 # take, and some 150 processes train. The compiled loops and the row passes are the subject of
 # their own tests (tests/layers/test_compiled_rows.py, tests/test_rows.py, ...), and the tests
 # of the default choice start their commands without the variable (see ``default_kernels``).
-KERNELS = cli.KERNELS_VARIABLE
+KERNELS = placing.KERNELS_VARIABLE
 
 
 def default_kernels(env=None) -> dict:

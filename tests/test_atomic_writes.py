@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitfm import average, checkpoint, exits, files
+from minitfm import checkpoint, files
+from minitfm.cli import average, exits
 from minitfm.training import rundir
 from minitfm.models import lm
 from tests.test_train_wmt import sentence_pairs, write_split

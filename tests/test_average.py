@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minitfm import checkpoint, models
-from minitfm.average import average, average_checkpoints, main
+from minitfm.averaging import average, average_checkpoints
+from minitfm.cli.average import main
 from minitfm.checkpoint import CheckpointError
 from minitfm.models import lm, translator
 from minitfm.usable import UnusableCheckpoint

@@ -28,7 +28,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "minitfm"
 # threads), the fused kernels' execution on the CPU (cudahost/: C++ run over NumPy's
 # memory), and the workshop (learn/: its checks run on NumPy, in float64): they never do the
 # model's array math.
-HOST_SIDE = {"backend.py", "checkpoint.py", "usable.py", "average.py", "plot.py", "tasks.py",
+HOST_SIDE = {"backend.py", "checkpoint.py", "usable.py", "averaging.py", "plotting.py", "tasks.py",
              "devices.py", "compiled.py",
              "placement.py"}
 

@@ -1,6 +1,7 @@
-"""minitfm.cli's process settings: keeping freed memory saves a step its page faults. And the
-commands: the installed ones point at each command's main, and the scripts at the top of
-the repository run the same commands."""
+"""minitfm.cli.placing's process settings: keeping freed memory saves a step its page faults. And the
+commands: the installed ones point at each command's main, the scripts at the top of the
+repository run the same commands, and so does ``python -m minitfm.X`` for the commands whose code
+lives in minitfm/cli/."""
 
 import importlib
 import re
@@ -17,9 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = """
 import resource, sys
 import numpy as np
-from minitfm import cli
+from minitfm.cli import placing
 if sys.argv[1] == "reuse":
-    assert cli.reuse_freed_memory() is True
+    assert placing.reuse_freed_memory() is True
 faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 before = faults()
 for _ in range(50):
@@ -72,3 +73,11 @@ def test_the_scripts_at_the_top_run_the_commands(script):
                           cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"usage: {script} ") and "--max-steps" in done.stdout
+
+
+@pytest.mark.parametrize("command", ["translate", "average", "plot", "launch"])
+def test_python_m_runs_the_commands_of_the_cli_package(command):
+    done = subprocess.run([sys.executable, "-m", f"minitfm.{command}", "--help"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: python -m minitfm.{command}")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from minitfm import checkpoint
-from minitfm.launch import FILES_PER_WORKER, LAUNCHER_FILES, MAX_WORKERS_PER_CORE
+from minitfm.cli.launch import FILES_PER_WORKER, LAUNCHER_FILES, MAX_WORKERS_PER_CORE
 from minitfm.placement import available_cores
 
 from .test_distributed import mpi  # noqa: F401  (a fixture)

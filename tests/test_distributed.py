@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 
 from minitfm import distributed, flat
 from minitfm.distributed import STOP_ERROR, DistributedError, World, describe_stops, shard
-from minitfm.exits import UsageError
-from minitfm.launch import find_mpiexec
+from minitfm.cli.exits import UsageError
+from minitfm.cli.launch import find_mpiexec
 
 from .conftest import cupy_device_available
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minitfm import batched, beam as search
-from minitfm import decode, translate
+from minitfm import decode, translation
 from minitfm.commands import train_wmt
 from minitfm.data.vocab import train_vocab
 from minitfm.ensemble import Ensemble
@@ -125,11 +125,11 @@ def test_translate_decodes_an_ensemble_and_refuses_another_vocabulary(tmp_path, 
     lines = TEXT[:3]
     code, out = run(["--checkpoint", a, "--ensemble", b, "--beam", "2"], "\n".join(lines) + "\n")
     assert code == 0
-    ens, ens_cfg, _ = translate.load_translators([a, b])
+    ens, ens_cfg, _ = translation.load_translators([a, b])
     assert isinstance(ens, Ensemble) and len(ens) == 2
-    expected = translate.translate_lines(ens, ens_cfg, vocab, lines, beam=2)
+    expected = translation.translate_lines(ens, ens_cfg, vocab, lines, beam=2)
     assert out.splitlines() == [hyps[0][0] for hyps in expected]
-    alone = translate.translate_lines(*translate.load_translators([a]), lines, beam=2)
+    alone = translation.translate_lines(*translation.load_translators([a]), lines, beam=2)
     assert expected != alone                # the second model changes the search
     other = train_vocab(TEXT[::-1] * 4, 36, hard_vocab_limit=False, num_threads=1)
     c = write_checkpoint(tmp_path / "c.npz", other)

@@ -1,4 +1,4 @@
-"""One exit-status table for every command (minitfm.exits), through the real command lines:
+"""One exit-status table for every command (minitfm.cli.exits), through the real command lines:
 0 done, 1 a run-time failure, 2 bad usage or bad input, 128 + the signal's number; an error is
 one ``error:`` line, never a traceback, and leaves every file saved before it as it was."""
 
@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitfm import checkpoint, cli, exits
+from minitfm import checkpoint
+from minitfm.cli import exits, reporting
 from minitfm.training.rundir import HOLDER_NAME, LOCK_NAME
 from tests.test_translate import vocab, write_checkpoint  # noqa: F401  (a fixture)
 
@@ -84,7 +85,7 @@ def test_the_table():
     assert (exits.DONE, exits.FAILED, exits.BAD_INPUT) == (0, 1, 2)
     assert exits.for_signal(signal.SIGINT) == 130 and exits.for_signal(signal.SIGTERM) == 143
     from minitfm.checkpoint import CheckpointError
-    from minitfm.exits import UsageError
+    from minitfm.cli.exits import UsageError
     from minitfm.training.divergence import TrainingDiverged
     from minitfm.training.rundir import RunDirectoryBusy, WriteFailed
     for error in (UsageError("x"), CheckpointError("x"), FileNotFoundError("x"),
@@ -123,8 +124,8 @@ def test_out_of_memory_names_the_device_its_memory_and_what_to_lower(cupy_backen
     """Never "out of memory: ...; use smaller sizes", which said nothing of the GPU. Here the
     device's own error (the CuPy double's memory is bounded, as a GPU's)."""
     total = cupy_backend.cuda.runtime.getDeviceProperties(0)["totalGlobalMem"]
-    status = cli.report_errors(lambda: cupy_backend.zeros(total + 1, dtype="uint8") is None,
-                               sizes="--max-tokens")
+    status = reporting.report_errors(
+        lambda: cupy_backend.zeros(total + 1, dtype="uint8") is None, sizes="--max-tokens")
     err = capsys.readouterr().err
     assert status == exits.FAILED and err.count("error:") == 1 and "Traceback" not in err
     name = cupy_backend.cuda.runtime.getDeviceProperties(0)["name"].decode()

@@ -24,7 +24,8 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from minitfm import backend, batched, checkpoint, exits, translate, wmt
+from minitfm import backend, batched, checkpoint, translation
+from minitfm.cli import exits, translate, wmt
 from minitfm.training import rundir, validation
 from minitfm.training.rundir import LOG_NAME
 from minitfm.training.state import TrainOptions
@@ -273,7 +274,8 @@ def test_length_limit_for_train_valid_and_test():
     validation.evaluate(params, cfg, valid)
     sources = [[5] * n for n in (cfg.max_len - 2, cfg.max_len - 1, cfg.max_len)]
     warnings = []
-    encoded = [translate.encode_lines(_Pieces(), cfg, [" ".join("x" * n)], warn=warnings.append)[0]
+    encoded = [translation.encode_lines(_Pieces(), cfg, [" ".join("x" * n)],
+                                        warn=warnings.append)[0]
                for n in map(len, sources)]
     assert [len(ids) for ids in encoded] == [cfg.max_len - 2, cfg.max_len - 1, cfg.max_len - 1]
     assert len(warnings) == 1 and "line 1" in warnings[0]
@@ -344,7 +346,7 @@ def test_bad_backend_variable_is_an_error_message(command, tmp_path):
     ("plot", "--d-model", "-4"),
 ])
 def test_bad_option_values_are_usage_errors_naming_the_option(command, option, value, capsys):
-    from minitfm import average, plot
+    from minitfm.cli import average, plot
     mains = {"train_wmt": lambda argv: train_wmt.main(["--trainpref", "x", *argv]),
              "translate": lambda argv: translate.main(["--checkpoint", "x", *argv]),
              "train_toy": lambda argv: load_toy().main(argv),

@@ -18,8 +18,9 @@ import time
 
 import pytest
 
-from minitfm import checkpoint, launch
-from minitfm.exits import UsageError
+from minitfm import checkpoint
+from minitfm.cli import launch
+from minitfm.cli.exits import UsageError
 from minitfm.training.stops import HANGUP_VARIABLE, StopRequests
 
 from .test_distributed import ENV, ROOT, TIMEOUT, finish, mpi  # noqa: F401  (mpi: a fixture)

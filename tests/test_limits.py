@@ -1,4 +1,4 @@
-"""Tests of minitfm.limits: size options checked against the libraries' limits and the memory
+"""Tests of minitfm.cli.limits: size options checked against the libraries' limits and the memory
 there is, before any work. Through the real command lines: absurd sizes end at once with status
 2 and one ``error:`` line giving the estimate, the memory available and what fits. Directly: the
 estimates of known small configs, byte for byte, and the largest value that fits."""
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from minitfm import argtypes, backend, limits
+from minitfm import backend
+from minitfm.cli import argtypes, limits
 from minitfm.models import lm, translator
 from tests.test_translate import write_checkpoint
 

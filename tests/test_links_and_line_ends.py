@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from minitfm import exits
+from minitfm.cli import exits
 from minitfm.data.reading import MAX_LINE_BYTES
 from tests.test_train_wmt import TINY, corpus, corpus_args, sentence_pairs  # noqa: F401
 from tests.test_translate import ckpt, vocab  # noqa: F401  (fixtures)

@@ -1,6 +1,6 @@
-"""One vocabulary for the three trainers (minitfm/options.py): an option two trainers share reads
-the same in both, old names still work and say the new one, the time limit has one unit, and the
-parsed options become the one object the training loop is told."""
+"""One vocabulary for the three trainers (minitfm/cli/options.py): an option two trainers share
+reads the same in both, old names still work and say the new one, the time limit has one unit, and
+the parsed options become the one object the training loop is told."""
 
 import argparse
 import itertools
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from minitfm import options
+from minitfm.cli import options
 from minitfm.commands import train_lm, train_toy, train_wmt
 from minitfm.training.state import TrainOptions
 

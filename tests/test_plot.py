@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from minitfm import checkpoint, plot
+from minitfm import checkpoint, plotting
+from minitfm.cli import plot
 from minitfm.models import translator
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -30,7 +31,7 @@ def test_attention_maps_are_softmax_weights():
     params = translator.init_params(cfg, seed=0, dtype=np.float64)
     src = np.array([[4, 5, 6, 3], [7, 3, 0, 0]])                       # second one padded
     tgt_in = np.array([[2, 8, 9], [2, 10, 4]])
-    maps = plot.attention_maps(params, cfg, src, tgt_in)
+    maps = plotting.attention_maps(params, cfg, src, tgt_in)
     shapes = {"encoder": (2, 2, 4, 4), "decoder_self": (2, 2, 3, 3), "cross": (2, 2, 3, 4)}
     for kind, shape in shapes.items():
         assert len(maps[kind]) == cfg.n_layers
@@ -45,7 +46,7 @@ def test_attention_maps_are_softmax_weights():
 
 @needs_matplotlib
 def test_positional_png(tmp_path):
-    assert_png(plot.plot_positional(tmp_path / "pe.png", d_model=64, length=50))
+    assert_png(plotting.plot_positional(tmp_path / "pe.png", d_model=64, length=50))
 
 
 @needs_matplotlib
@@ -67,7 +68,7 @@ def test_curves_png_tolerates_missing_keys_and_names_the_lines_it_skips(tmp_path
               json.dumps({"loss": 1.0}), "not json", ""]
     log.write_bytes(("\n".join(lines) + "\n").encode() + b'{"step": 30, "lo\xff"\n'
                     + b'{"step": 30, "loss": 0.1')                          # cut by a crash
-    read = plot.read_log(log)
+    read = plotting.read_log(log)
     assert len(read.records) == 31
     assert read.skipped == [(32, 'no numeric "step"'), (33, "not JSON"), (35, "not UTF-8"),
                             (36, "cut short: no line end")]
@@ -87,13 +88,13 @@ def test_training_minutes_of_steps_and_of_the_validations_after_them():
     records = [{"step": 1, "loss": 3.0, "elapsed": 30.0}, {"step": 2, "loss": 2.0, "elapsed": 90.0},
                {"step": 2, "valid_bleu": 5.0}, {"step": 3, "valid_bleu_beam4": 6.0},
                {"step": 3, "loss": 1.0, "elapsed": 120.0}]
-    assert plot.training_minutes(records) == {1: 0.5, 2: 1.5, 3: 2.0}
-    minutes = plot.training_minutes(records)
-    assert plot._series(records, "valid_bleu", minutes) == ([1.5], [5.0])
-    assert plot._series(records, "valid_bleu_beam4", minutes) == ([2.0], [6.0])
-    assert plot._series(records, "loss") == ([1, 2, 3], [3.0, 2.0, 1.0])
-    assert plot._metric_panels({"run": records}) == [("valid_bleu", ["valid_bleu",
-                                                                     "valid_bleu_beam4"])]
+    assert plotting.training_minutes(records) == {1: 0.5, 2: 1.5, 3: 2.0}
+    minutes = plotting.training_minutes(records)
+    assert plotting._series(records, "valid_bleu", minutes) == ([1.5], [5.0])
+    assert plotting._series(records, "valid_bleu_beam4", minutes) == ([2.0], [6.0])
+    assert plotting._series(records, "loss") == ([1, 2, 3], [3.0, 2.0, 1.0])
+    assert plotting._metric_panels({"run": records}) == [("valid_bleu", ["valid_bleu",
+                                                                         "valid_bleu_beam4"])]
 
 
 @needs_matplotlib
@@ -130,7 +131,7 @@ def test_attention_pngs_from_a_checkpoint(tmp_path):
     assert plot.main(args + ["--beam", "2"]) == 0                   # the model's own translation
     names = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert names == sorted(f"attention_{kind}_layer{i}.png"
-                           for kind in plot.ATTENTION_KINDS for i in (0, 1))
+                           for kind in plotting.ATTENTION_KINDS for i in (0, 1))
     for png in (tmp_path / "out").iterdir():
         assert_png(png)
     assert plot.main(args + ["--layer", "5"]) == 2
@@ -138,5 +139,5 @@ def test_attention_pngs_from_a_checkpoint(tmp_path):
 
 def test_missing_matplotlib_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)               # import now fails
-    with pytest.raises(plot.PlotError, match=r"pip install -e '\.\[plot\]'"):
-        plot.plot_positional(tmp_path / "pe.png")
+    with pytest.raises(plotting.PlotError, match=r"pip install -e '\.\[plot\]'"):
+        plotting.plot_positional(tmp_path / "pe.png")

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitfm import backend, cli, exits
+from minitfm import backend
+from minitfm.cli import exits, placing
 from minitfm.models import translator
 
 from .conftest import cupy_double, cupy_double_env
@@ -75,7 +76,7 @@ def test_an_older_gpu_runs_fp32_and_refuses_tf32(double, monkeypatch):
 
 def test_the_command_line_names_the_option(numpy_backend):
     with pytest.raises(exits.UsageError, match=r"^--precision tf32: tf32 runs on a GPU"):
-        cli.place(None, 1, "tf32", announce=False)
+        placing.place(None, 1, "tf32", announce=False)
 
 
 def run(args: list, env: dict) -> subprocess.CompletedProcess:

@@ -17,7 +17,8 @@ import sys
 import numpy as np
 import pytest
 
-from minitfm import checkpoint, exits, usable
+from minitfm import checkpoint, usable
+from minitfm.cli import exits
 from minitfm.models import translator
 from minitfm.training.rundir import LOCK_NAME, LOG_NAME, REPLACED_NAME, RUN_FILES, RUN_INFO_NAME
 from tests.test_faults import ENV, ROOT, TOY, assert_clean_error, finish, snapshot, toy

@@ -9,7 +9,8 @@ import json
 import signal
 import time
 
-from minitfm import checkpoint, exits
+from minitfm import checkpoint
+from minitfm.cli import exits
 from minitfm.training import record as record_module, rundir
 from minitfm.training.rundir import LOG_NAME, RUN_INFO_NAME
 from tests.test_faults import finish, toy, wait_for

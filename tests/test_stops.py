@@ -6,7 +6,8 @@ import signal
 
 import pytest
 
-from minitfm import cli, distributed
+from minitfm import distributed
+from minitfm.cli import reporting
 from minitfm.training import stops
 
 
@@ -92,7 +93,7 @@ def test_a_command_whose_ctrl_c_was_lost_stops_at_its_next_line(capsys):
             print(n)
             printed.append(n)
         return 0
-    assert cli.report_errors(run) == 130
+    assert reporting.report_errors(run) == 130
     out, err = capsys.readouterr()
     assert printed == [] and out == "" and err == "interrupted\n"
 

@@ -8,7 +8,8 @@ from unittest import mock
 
 import pytest
 
-from minitfm import checkpoint, cli, exits
+from minitfm import checkpoint
+from minitfm.cli import exits, reporting
 from minitfm.commands import train_toy as commands_train_toy
 from minitfm.training.rundir import LOG_NAME
 
@@ -58,7 +59,7 @@ def test_interrupt_and_resume_from_the_command_line(train_toy, tmp_path, capsys,
 
     original = train_toy.tasks.train_batches
     monkeypatch.setattr(train_toy.tasks, "train_batches", interrupted_batches)
-    assert train_toy.main(SHORT_COPY + run) == cli.EXIT_INTERRUPTED
+    assert train_toy.main(SHORT_COPY + run) == reporting.EXIT_INTERRUPTED
     assert "interrupted at step 12" in capsys.readouterr().out
     assert [step for step, _ in checkpoint.list_checkpoints(tmp_path)] == [12]
 

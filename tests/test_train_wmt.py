@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from minitfm import checkpoint, exits, optim
+from minitfm import checkpoint, optim
+from minitfm.cli import exits
 from minitfm.bleu import corpus_bleu
 from minitfm.commands import train_wmt
 

@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from minitfm import checkpoint, translate
+from minitfm import checkpoint, translation
+from minitfm.cli import translate
 from minitfm.models import lm, translator
 from minitfm.data.vocab import train_vocab
 
@@ -117,9 +118,9 @@ def test_missing_checkpoint_and_bad_options(tmp_path, ckpt, capsys):
 
 
 def test_translate_lines_api(ckpt):
-    params, cfg, vocab = translate.load_translator(ckpt)
-    results = translate.translate_lines(params, cfg, vocab, ["a man", "", "two dogs"], beam=2,
-                                        nbest=2)
+    params, cfg, vocab = translation.load_translator(ckpt)
+    results = translation.translate_lines(params, cfg, vocab, ["a man", "", "two dogs"], beam=2,
+                                          nbest=2)
     assert [len(r) for r in results] == [2, 1, 2]
     assert results[1] == [("", 0.0)]
     assert all(isinstance(text, str) and isinstance(score, float) for r in results for text, score in r)

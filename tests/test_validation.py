@@ -18,7 +18,8 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from minitfm import average, checkpoint, exits, optim
+from minitfm import checkpoint, optim
+from minitfm.cli import average, exits
 from minitfm.commands import train_lm as commands_train_lm
 from minitfm.commands import train_toy
 from minitfm.training import phases, validation

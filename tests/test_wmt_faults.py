@@ -124,7 +124,7 @@ def test_memory_running_out_after_training_says_the_training_is_saved(corpus, tm
     do the rest alone and what to lower there -- not the training's sizes."""
     out = tmp_path / "wmt"
     done = subprocess.run(
-        [sys.executable, "-c", OUT_OF_MEMORY_IN, "minitfm.wmt.score_test",
+        [sys.executable, "-c", OUT_OF_MEMORY_IN, "minitfm.cli.wmt.score_test",
          str(ROOT / "train_wmt.py"), *corpus_args(corpus), *TINY, "--max-steps", "3",
          "--out", str(out)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and done.stderr.count("error:") == 1, done.stderr

@@ -4,5 +4,5 @@ front end over the library (its options, its data, the run's first and last line
 Each runs as ``python train_wmt.py`` from a clone (the scripts at the top of the repository call
 these modules), as ``minitfm-train-wmt`` once installed, or as
 ``python -m minitfm.commands.train_wmt``. Their shared options are declared once, in
-:mod:`minitfm.options`; what they share besides, in :mod:`minitfm.cli`.
+:mod:`minitfm.cli.options`; what they share besides, in :mod:`minitfm.cli`.
 """

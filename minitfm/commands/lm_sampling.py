@@ -8,9 +8,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from minitfm import checkpoint, cli, generation, limits, usable
+from minitfm import checkpoint, generation, usable
+from minitfm.cli import limits, placing
 from minitfm.data import tokenizers
-from minitfm.exits import UsageError
+from minitfm.cli.exits import UsageError
 from minitfm.models import lm
 
 
@@ -56,9 +57,9 @@ def stream_sample(params: dict, cfg: lm.LMConfig, tokenizer, prompt, args: argpa
 
 def run_sampling(args: argparse.Namespace, threads_cap: int | None) -> int:
     """``train_lm.py --sample``: stream text from ``--checkpoint``."""
-    cli.select_backend(args.backend, "numpy")
-    cli.place(args.threads, threads_cap, args.precision, announce=False,
-              kernels=args.kernels)    # output: the text alone
+    placing.select_backend(args.backend, "numpy")
+    placing.place(args.threads, threads_cap, args.precision, announce=False,
+                  kernels=args.kernels)    # output: the text alone
     checked = usable.load(args.checkpoint, lm.KIND, with_optimizer=False)
     tokenizer = stored_tokenizer(checked.ckpt.vocab_id, checked.ckpt.vocab_model,
                                  checked.ckpt.path)

@@ -29,13 +29,14 @@ import sys
 import time
 from collections.abc import Sequence
 
-from minitfm import cli, distributed, exits, limits, options
+from minitfm import distributed
+from minitfm.cli import exits, limits, options, placing, reporting, runs
 from minitfm.commands import lm_sampling
 from minitfm.data import text as textdata
 from minitfm.data import tokenizers
-from minitfm.exits import UsageError
+from minitfm.cli.exits import UsageError
 from minitfm.models import lm
-from minitfm.argtypes import Parser, integer, number, positive_int
+from minitfm.cli.argtypes import Parser, integer, number, positive_int
 from minitfm.training import loop, phases
 from minitfm.training.run import Run
 from minitfm.training.validation import evaluate
@@ -58,7 +59,7 @@ TRAINER = options.Trainer(
                   dropout=_CPU.dropout, lr=6e-3, lr_factor=1.0, min_lr=6e-4, warmup=100,
                   schedule="cosine", weight_decay=0.1, max_steps=1000, seed=0, log_every=10,
                   valid_every=0, save_every=0, keep_last=2, keep_best=0, patience=0,
-                  **cli.placement_defaults("numpy", THREADS), **cli.run_defaults("lm")),
+                  **placing.placement_defaults("numpy", THREADS), **runs.run_defaults("lm")),
     choices=dict(best_metric=("loss",)),
     # the options that define a run: --resume refuses to change them
     defining=("tokenizer", "vocab_size", "block_size", "batch_size", "layers", "d_model",
@@ -153,7 +154,7 @@ def model_config(args: argparse.Namespace, vocab: int) -> lm.LMConfig:
 
 def check_sizes(args: argparse.Namespace) -> None:
     """Every size option against sentencepiece's limits and the memory there is, before any data
-    is read (minitfm.limits): training, then sampling with the model state kept."""
+    is read (minitfm.cli.limits): training, then sampling with the model state kept."""
     bpe = args.tokenizer == "bpe"
     if bpe:
         limits.check_vocab_for_corpus(args.vocab_size, [args.data])
@@ -202,9 +203,9 @@ def train_batches(tokens, args: argparse.Namespace):
 
 def run_training(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    cli.reuse_freed_memory()
-    chosen = cli.select_backend(args.backend, "numpy")
-    cli.place(args.threads, THREADS, args.precision, kernels=args.kernels)  # the first line
+    placing.reuse_freed_memory()
+    chosen = placing.select_backend(args.backend, "numpy")
+    placing.place(args.threads, THREADS, args.precision, kernels=args.kernels)  # the first line
     check_sizes(args)
     with Run(options.train_options(args, TRAINER), lm.KIND) as run:   # a resume: checked now
         resumed = run.resumed_vocab()
@@ -233,7 +234,7 @@ def run_training(args: argparse.Namespace) -> int:
               f"run {args.out}")
         state = loop.train(run, train_batches(data.train, args))
     if state.interrupted:
-        return cli.stopped(state, args.out)
+        return runs.stopped(state, args.out)
     with exits.after_training("the samples", state.last_checkpoint, state.step,
                               "--max-new-tokens", f"sample alone with python train_lm.py "
                               f"--sample --checkpoint {state.last_checkpoint}"):
@@ -264,13 +265,13 @@ def finish(args: argparse.Namespace, state, cfg: lm.LMConfig, tokenizer, prompt,
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.sample:
-        return cli.report_errors(lambda: lm_sampling.run_sampling(args, SAMPLING_THREADS),
-                                 sizes="--max-new-tokens")
+        return reporting.report_errors(
+            lambda: lm_sampling.run_sampling(args, SAMPLING_THREADS), sizes="--max-new-tokens")
 
     def in_its_directory() -> int:
-        with cli.run_directory(args, "lm"):
+        with runs.run_directory(args, "lm"):
             return run_training(args)
-    return cli.report_errors(in_its_directory, sizes="--batch-size or --block-size")
+    return reporting.report_errors(in_its_directory, sizes="--batch-size or --block-size")
 
 
 if __name__ == "__main__":

@@ -19,13 +19,14 @@ import argparse
 import sys
 import time
 
-from minitfm import backend, cli, distributed, exits, limits, options, tasks
+from minitfm import backend, distributed, tasks
+from minitfm.cli import exits, limits, options, placing, reporting, runs
 from minitfm.decode import greedy
-from minitfm.exits import UsageError
+from minitfm.cli.exits import UsageError
 from minitfm.models import translator
 from minitfm.models.translator import PRESETS, Config
-from minitfm.argtypes import Parser, integer, positive_int
-from minitfm.options import Words
+from minitfm.cli.argtypes import Parser, integer, positive_int
+from minitfm.cli.options import Words
 from minitfm.training import loop, phases
 from minitfm.training.run import Run
 
@@ -50,8 +51,9 @@ TRAINER = options.Trainer(
             *options.PLACEMENT, *options.RUN),
     defaults=dict(preset="toy", layers=PRESET, d_model=PRESET, heads=PRESET, d_ff=PRESET,
                   label_smoothing=0.1, seed=0, log_every=10, valid_every=0, save_every=0,
-                  keep_last=2, keep_best=0, patience=0, **cli.placement_defaults("numpy", THREADS),
-                  **cli.run_defaults("toy-<task>")),
+                  keep_last=2, keep_best=0, patience=0,
+                  **placing.placement_defaults("numpy", THREADS),
+                  **runs.run_defaults("toy-<task>")),
     by="task", varying=TASK_DEFAULTS,
     choices=dict(preset=tuple(PRESETS), best_metric=("acc",)),
     defining=("task", "vocab", "length", "preset", "layers", "d_model", "heads", "d_ff",
@@ -87,11 +89,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def model_config(args: argparse.Namespace) -> Config:
-    return cli.model_config(args.preset, tasks.model_vocab(args.vocab), args)
+    return runs.model_config(args.preset, tasks.model_vocab(args.vocab), args)
 
 
 def check_sizes(args: argparse.Namespace, cfg: Config) -> None:
-    """The size options against the memory there is, before any work (minitfm.limits): the
+    """The size options against the memory there is, before any work (minitfm.cli.limits): the
     training batches, then the greedy decoding of the held-out set, the model state kept."""
     sizes = {"--batch-size": (args.batch_size, range(1, args.batch_size + 1)),
              "--length": (args.length, range(1, args.length + 1)),
@@ -123,10 +125,10 @@ def show(symbols) -> str:
 
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    cli.reuse_freed_memory()
+    placing.reuse_freed_memory()
     world = distributed.world()      # several workers (mpiexec): rank 0 writes and reports
-    chosen = cli.select_backend(args.backend, "numpy")
-    cli.place(args.threads, THREADS, args.precision, kernels=args.kernels)  # the first line
+    chosen = placing.select_backend(args.backend, "numpy")
+    placing.place(args.threads, THREADS, args.precision, kernels=args.kernels)  # the first line
     cfg = model_config(args)
     if args.length + 2 > cfg.max_len:      # the target: BOS, the symbols, EOS
         raise UsageError(f"--length {args.length} is too long for the {args.preset} preset's "
@@ -153,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
             args.task, vocab=args.vocab, length=args.length, batch_size=args.batch_size,
             seed=args.seed))
     if state.interrupted:
-        return cli.stopped(state, args.out)
+        return runs.stopped(state, args.out)
     if world.is_root:
         with exits.after_training("the held-out examples", state.last_checkpoint, state.step,
                                   "--eval-size", "lower --eval-size and continue with --resume "
@@ -187,9 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
     def in_its_directory() -> int:
-        with cli.run_directory(args, f"toy-{args.task}"):
+        with runs.run_directory(args, f"toy-{args.task}"):
             return run(args)
-    return cli.report_errors(in_its_directory, sizes="--batch-size (or --eval-size)")
+    return reporting.report_errors(in_its_directory, sizes="--batch-size (or --eval-size)")
 
 
 if __name__ == "__main__":

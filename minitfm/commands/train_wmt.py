@@ -52,12 +52,14 @@ import sys
 import time
 from collections.abc import Sequence
 
-from minitfm import backend, cli, distributed, exits, options, wmt
+from minitfm import backend, distributed
+from minitfm.cli import wmt
+from minitfm.cli import exits, options, placing, reporting, runs
 from minitfm.data import epoch_batches, eval_arrays, read_parallel, token_batches
-from minitfm.exits import UsageError
+from minitfm.cli.exits import UsageError
 from minitfm.models import translator as model
-from minitfm.argtypes import Parser, integer, positive_int
-from minitfm.options import Words
+from minitfm.cli.argtypes import Parser, integer, positive_int
+from minitfm.cli.options import Words
 from minitfm.training import loop, phases
 from minitfm.training.run import Run
 
@@ -83,8 +85,8 @@ TRAINER = options.Trainer(
                   dropout=PRESET, label_smoothing=PRESET, dropout_start=0.0,
                   dropout_start_margin=0.02, lr_factor=1.0, weight_decay=0.0, min_lr=0.0,
                   seed=0, log_every=10, keep_last=5, keep_best=0, patience=0,
-                  **options.SEARCH_DEFAULTS, **cli.placement_defaults("auto", None),
-                  **cli.run_defaults("wmt-<preset>")),
+                  **options.SEARCH_DEFAULTS, **placing.placement_defaults("auto", None),
+                  **runs.run_defaults("wmt-<preset>")),
     by="preset", varying=PRESET_DEFAULTS,
     choices=dict(preset=tuple(PRESET_DEFAULTS), best_metric=("bleu", "loss")),
     # the options that define a run: --resume refuses to change them
@@ -219,7 +221,7 @@ def start(run: Run, args: argparse.Namespace):
     world = distributed.world()
     with world.root_first():         # rank 0 prepares and caches the data, the others read it
         vocab, corpora, test = wmt.prepare_data(args)
-    cfg = cli.model_config(args.preset, vocab.size, args)
+    cfg = runs.model_config(args.preset, vocab.size, args)
     if "valid" in corpora:
         wmt.check_valid_lengths(corpora["valid"], cfg, args.validpref)
     if test is not None:
@@ -254,17 +256,17 @@ def start(run: Run, args: argparse.Namespace):
 
 def run_training(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    cli.reuse_freed_memory()
+    placing.reuse_freed_memory()
     world = distributed.world()
     with Run(options.train_options(args, TRAINER), model.KIND) as run:  # a resume: checked now
         if world.is_root:
-            wmt.check_sizes(args, cli.model_config(args.preset, args.vocab_size, args))
+            wmt.check_sizes(args, runs.model_config(args.preset, args.vocab_size, args))
         else:
             args.quiet = True
         batches, cfg, vocab, test = start(run, args)
         state = loop.train(run, batches)
     if state.interrupted:
-        return cli.stopped(state, args.out)
+        return runs.stopped(state, args.out)
     if not world.is_root:            # the final evaluation is rank 0's
         return 0
     if state.out_of_time:
@@ -291,18 +293,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
 
     def run() -> int:
-        chosen = cli.select_backend(args.backend, "auto")
+        chosen = placing.select_backend(args.backend, "auto")
         world = distributed.world()
-        cli.place(args.threads, None, args.precision, kernels=args.kernels)  # the first line
+        placing.place(args.threads, None, args.precision, kernels=args.kernels)  # the first line
         if args.preset in ("base", "big") and backend.name == "numpy" and not args.eval_only:
             print(f"warning: the {args.preset} preset on the CPU ({chosen}) will take days; "
                   f"train it on a CUDA GPU with --backend cupy (pip install -e '.[gpu]')",
                   file=sys.stderr)
         if args.eval_only:
             return wmt.score_checkpoint(args) if world.is_root else 0
-        with cli.run_directory(args, f"wmt-{args.preset}"):
+        with runs.run_directory(args, f"wmt-{args.preset}"):
             return run_training(args)
-    return cli.report_errors(run, sizes="--max-tokens (or --max-len)")
+    return reporting.report_errors(run, sizes="--max-tokens (or --max-len)")
 
 
 if __name__ == "__main__":

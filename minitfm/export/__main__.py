@@ -7,9 +7,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from minitfm import limits, options
-from minitfm.argtypes import Parser, positive_int
-from minitfm.cli import report_errors
+from minitfm.cli import limits, options
+from minitfm.cli.argtypes import Parser, positive_int
+from minitfm.cli.reporting import report_errors
 from minitfm.export import source
 from minitfm.export.source import ExportError
 

@@ -37,5 +37,5 @@ The package: ``check.py`` the checker (:class:`~minitfm.gradcheck.check.Case`: s
 forward, backward, tolerance; :func:`~minitfm.gradcheck.check.check_case`), ``cases.py`` the
 table of cases, one row each (``CASES`` for the layers, ``MODEL_CASES`` for the whole models; a
 new layer adds one row), ``__main__.py`` the command line. Exit status 1 if any check fails, 2
-for a bad option (minitfm/exits.py).
+for a bad option (minitfm/cli/exits.py).
 """

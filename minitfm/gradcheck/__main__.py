@@ -7,12 +7,14 @@ import argparse
 import math
 import sys
 
-from minitfm import backend, exits, gradcheck, options
-from minitfm.cli import placement_defaults, report_errors, select_backend
-from minitfm.exits import UsageError
+from minitfm import backend, gradcheck
+from minitfm.cli import exits, options
+from minitfm.cli.placing import placement_defaults, select_backend
+from minitfm.cli.reporting import report_errors
+from minitfm.cli.exits import UsageError
 from minitfm.gradcheck.cases import CASES, MODEL_CASES
 from minitfm.gradcheck.check import STEP, TOLERANCE, check_case
-from minitfm.argtypes import Parser, integer, number
+from minitfm.cli.argtypes import Parser, integer, number
 
 
 def main(argv=None) -> int:

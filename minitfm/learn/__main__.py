@@ -20,10 +20,11 @@ import sys
 import textwrap
 import time
 
-from minitfm import exits, placement
-from minitfm.argtypes import Parser, integer, number, positive_int
-from minitfm.cli import report_errors
-from minitfm.exits import UsageError
+from minitfm import placement
+from minitfm.cli import exits
+from minitfm.cli.argtypes import Parser, integer, number, positive_int
+from minitfm.cli.reporting import report_errors
+from minitfm.cli.exits import UsageError
 from minitfm.learn import check as checking
 from minitfm.learn import report as reporting
 from minitfm.learn import kernels, source, worker

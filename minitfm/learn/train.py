@@ -32,7 +32,8 @@ from pathlib import Path
 
 import numpy
 
-from minitfm import backend, exits, optim, placement, tasks
+from minitfm import backend, optim, placement, tasks
+from minitfm.cli import exits
 from minitfm.speed import fused, rows
 from minitfm.commands.train_toy import TASK_DEFAULTS
 from minitfm.decode import greedy

@@ -71,7 +71,7 @@ class Model(Protocol):
                     attention: bool = True) -> tuple[int, int]:
         """``(device, host)`` bytes one training batch of ``rows`` rows of ``src_len`` inputs and
         ``tgt_len`` targets takes beyond the model state, for the memory check before a run
-        (:mod:`minitfm.limits`); ``attention=False`` leaves out the ``B H T^2`` score terms,
+        (:mod:`minitfm.cli.limits`); ``attention=False`` leaves out the ``B H T^2`` score terms,
         which depend on the sentence lengths."""
 
     def logits(self, params: dict, cfg, h) -> Any:

@@ -2,9 +2,9 @@
 
 :class:`TrainOptions` is how to train: the trainers' shared options, one field per option of
 the same name (``--max-steps`` is ``max_steps``, ``--time-limit`` is ``time_limit``, in
-seconds), built once from the parsed command line (``minitfm.options.train_options``) and
+seconds), built once from the parsed command line (``minitfm.cli.options.train_options``) and
 carried unchanged into the loop. The commands check every option before any work
-(:mod:`minitfm.options`); a program that builds its own options is trusted with them.
+(:mod:`minitfm.cli.options`); a program that builds its own options is trusted with them.
 
 :class:`TrainState` is where a run stands: everything a checkpoint stores (the parameters,
 Adam's moments, the step, the seed, the data position ``(epoch, batches consumed in it)``, the

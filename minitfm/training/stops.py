@@ -7,7 +7,7 @@ a block that must not be cut (``stops.held()``, or :func:`interrupts_deferred` f
 at the end of that block. Once stopping, further signals are counted and ignored, so that a second
 Ctrl-C cannot cut the final save short.
 
-Under ``python -m minitfm.launch`` (:mod:`minitfm.launch`), SIGUSR1 stands for SIGHUP, which
+Under ``python -m minitfm.launch`` (:mod:`minitfm.cli.launch`), SIGUSR1 stands for SIGHUP, which
 ``mpiexec`` does not pass on: it is taken, and reported, as SIGHUP.
 
 Workers of a distributed run never raise where a signal arrives (``always_held``): at the end of

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy
 import pytest
 
-from minitfm import exits
+from minitfm.cli import exits
 from minitfm.learn import __main__ as learn
 from minitfm.learn import check, report, wire, worker
 from minitfm.learn.exercises import by_name

@@ -2,7 +2,7 @@
 bit; a passing exercise that computes something else in the model is caught on the same
 parameters."""
 
-from minitfm import exits
+from minitfm.cli import exits
 from minitfm.learn import __main__ as learn
 from minitfm.learn import train
 from minitfm.learn.exercises import EXERCISES, by_name

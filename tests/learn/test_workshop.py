@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from minitfm import exits
+from minitfm.cli import exits
 from minitfm.learn import __main__ as learn
 from minitfm.learn.exercises import EXERCISES, by_name
 from minitfm.learn.workshop import Workshop

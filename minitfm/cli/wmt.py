@@ -19,13 +19,14 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-from minitfm import average, backend, beam, checkpoint, distributed, files, limits, translate
+from minitfm import averaging, backend, beam, checkpoint, distributed, files, translation
+from minitfm.cli import limits, translate
 from minitfm.bleu import BleuScore, corpus_bleu
 from minitfm.data import (BatchPlan, CleanOptions, DataError, EncodedCorpus, ParallelText,
                           SubwordDropout, Vocab, cached_joint_vocab, clean_parallel,
                           encode_corpus, prepare_wmt14, read_parallel, read_parallel_files,
                           require_pairs)
-from minitfm.exits import UsageError
+from minitfm.cli.exits import UsageError
 from minitfm.models import translator as model
 from minitfm.models.translator import Config
 from minitfm.training import phases, validation
@@ -50,7 +51,7 @@ def train_positions(args: argparse.Namespace, cfg: Config) -> int:
 
 
 def check_sizes(args: argparse.Namespace, cfg: Config) -> None:
-    """The size options against the memory there is, before any data is read (minitfm.limits):
+    """The size options against the memory there is, before any data is read (minitfm.cli.limits):
     training on token-count batches, then the test's beam search with the model state kept;
     ``cfg``: the model of the options, with a vocabulary of ``--vocab-size``."""
     sizes = {"--vocab-size": (args.vocab_size, range(8, args.vocab_size + 1)),
@@ -187,9 +188,9 @@ def bleu_metric(vocab: Vocab, valid: ParallelText, args: argparse.Namespace):
     references = valid.tgt[:args.valid_bleu_sentences]
 
     def valid_bleu(params: dict, cfg: Config) -> dict:
-        hypotheses = translate.translate_texts(params, cfg, vocab, sources, beam=1, alpha=0.0,
-                                               batch_size=args.eval_batch_size,
-                                               warn=lambda message: None)
+        hypotheses = translation.translate_texts(params, cfg, vocab, sources, beam=1, alpha=0.0,
+                                                 batch_size=args.eval_batch_size,
+                                                 warn=lambda message: None)
         return {"valid_bleu": corpus_bleu(hypotheses, references,
                                           tokenize=args.bleu_tokenize).bleu}
     return valid_bleu
@@ -205,12 +206,12 @@ def score_test(params: dict, cfg: Config, vocab: Vocab, test: ParallelText, stem
     with writing(hyp_path, "hypotheses", advice) as hyp_file, \
             writing(score_path, "scores", advice) as score_file:
         started = time.perf_counter()
-        hypotheses = translate.translate_texts(params, cfg, vocab, test.src, beam=args.beam,
-                                               alpha=args.lenpen,
-                                               batch_size=args.eval_batch_size,
-                                               progress=not args.quiet,
-                                               lenpen_form=args.lenpen_form,
-                                               stopping=args.stopping)
+        hypotheses = translation.translate_texts(params, cfg, vocab, test.src, beam=args.beam,
+                                                 alpha=args.lenpen,
+                                                 batch_size=args.eval_batch_size,
+                                                 progress=not args.quiet,
+                                                 lenpen_form=args.lenpen_form,
+                                                 stopping=args.stopping)
         seconds = time.perf_counter() - started
         score = corpus_bleu(hypotheses, test.tgt, tokenize=args.bleu_tokenize)
         record = {**score.to_dict(), **info, "test_src": str(test.src_path),
@@ -230,7 +231,7 @@ def model_to_test(args: argparse.Namespace, state: TrainState) -> tuple[dict, st
     checkpoints, or of the ``--average-best`` best by validation, saved as ``averaged.npz``; when
     there is only one to average, the final parameters (with ``--average-best``, the best)."""
     if args.average_best:
-        best = average.best_checkpoints([args.out], args.average_best)
+        best = averaging.best_checkpoints([args.out], args.average_best)
         say(f"the {len(best)} best by {state.record.metric}: " + ", ".join(
             f"step {c.step} ({validation.recorded_metric(c)[1]:.4g})" for c in best))
         if len(best) == 1:
@@ -247,7 +248,7 @@ def model_to_test(args: argparse.Namespace, state: TrainState) -> tuple[dict, st
         chosen = f"--last {args.average_last}"
     path = os.path.join(args.out, "averaged.npz")
     try:
-        params, last = average.save_average(paths, path)
+        params, last = averaging.save_average(paths, path)
     except files.ReadError:
         raise                           # a checkpoint the disk did not give back: said as such
     except OSError as exc:
@@ -372,8 +373,8 @@ def score_checkpoint(args: argparse.Namespace) -> int:
                          "--test-ref FILE, or --prepare DIR")
     paths = [args.checkpoint, *args.ensemble]
     try:
-        params, cfg, vocab = translate.load_translators(paths)
-    except translate.TranslateError as exc:
+        params, cfg, vocab = translation.load_translators(paths)
+    except translation.TranslateError as exc:
         raise UsageError(str(exc)) from exc
     check_decoding(args, {}, lambda v: limits.Estimate(), lambda v: cfg, lambda v, rows:
                    translate.decoding_estimate(params, cfg, rows))

@@ -2,7 +2,7 @@
 so that a bad one is a usage error naming the option and what it must be (status 2). NaN and
 infinity are refused wherever a finite number is meant; a time limit carries its unit
 (:func:`duration`); :func:`phase` reads a point or length of a run (a fraction, ``<N>steps``,
-``<x>epochs``, ``auto``). The options themselves are declared in :mod:`minitfm.options`.
+``<x>epochs``, ``auto``). The options themselves are declared in :mod:`minitfm.cli.options`.
 
 A command reads its options with :class:`Parser`, argparse's parser with one difference: a
 value that begins with a minus sign and a digit (``-5m``, ``-1e-3``, ``-2``) or names an
@@ -19,7 +19,7 @@ import math
 import re
 from collections.abc import Callable
 
-from minitfm import limits
+from minitfm.cli import limits
 from minitfm.training import phases
 
 __all__ = ["Parser", "integer", "number", "positive_int", "duration", "phase", "vocab_size"]
@@ -132,7 +132,7 @@ def phase(*, auto: bool = False) -> Callable[[str], float | str]:
 
 def vocab_size(text: str) -> int:
     """An argparse ``type=`` for ``--vocab-size``: an integer from 8 to sentencepiece's int32
-    limit (:data:`minitfm.limits.SENTENCEPIECE_MAX_VOCAB`)."""
+    limit (:data:`minitfm.cli.limits.SENTENCEPIECE_MAX_VOCAB`)."""
     value = integer(8)(text)
     if value > limits.SENTENCEPIECE_MAX_VOCAB:
         raise argparse.ArgumentTypeError(

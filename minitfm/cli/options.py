@@ -4,7 +4,7 @@ and ``train_lm.py`` share, and beam search's settings (``minitfm.translate``, ``
 type, which checks the value before any work, its unit and its help) and means the same in each
 command.
 
-- a value's type is one of :mod:`minitfm.argtypes` (integers and numbers in a range, a time with
+- a value's type is one of :mod:`minitfm.cli.argtypes` (integers and numbers in a range, a time with
   its unit: ``90s``, ``60m``, ``1.5h``, the time limit in one unit everywhere, a phase of a run);
   a bad value is a usage error naming the option and what it must be;
 - a trainer (:class:`Trainer`) names the shared options it has and gives its defaults in a
@@ -26,8 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from minitfm import backend, beam, gradscale
+from minitfm.cli.argtypes import duration, integer, number, phase, positive_int, vocab_size
 from minitfm.speed import fused
-from minitfm.argtypes import duration, integer, number, phase, positive_int, vocab_size
 from minitfm.training import phases
 from minitfm.training.state import TrainOptions
 

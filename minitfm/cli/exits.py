@@ -22,9 +22,9 @@ status                meaning
 
 Every command (``train_toy.py``, ``train_lm.py``, ``train_wmt.py``, ``python -m minitfm.translate``,
 ``average``, ``plot``, ``gradcheck``, ``kernelcheck``, ``export``, ``learn``; ``launch`` refuses
-with the same line and status) reports through :func:`minitfm.cli.report_errors`, which prints
-one ``error:`` line (no traceback) and exits with :func:`status_of` the error. A new error class
-lands in a row by subclassing one named here (a bad option: :class:`UsageError`).
+with the same line and status) reports through :func:`minitfm.cli.reporting.report_errors`,
+which prints one ``error:`` line (no traceback) and exits with :func:`status_of` the error. A new
+error class lands in a row by subclassing one named here (a bad option: :class:`UsageError`).
 argparse's own usage errors exit with 2 as well.
 """
 
@@ -42,10 +42,12 @@ from minitfm.checkpoint import CheckpointError
 from minitfm.data import DataError
 from minitfm.export.source import ExportError
 from minitfm.placement import PlacementError
+from minitfm.plotting import PlotError
 from minitfm.training.divergence import TrainingDiverged
 from minitfm.training.plan import PlanError
 from minitfm.training.rundir import (LockUnsupported, NotARunDirectory, RunDirectoryBusy,
                                      WriteFailed)
+from minitfm.translation import TranslateError
 
 __all__ = ["DONE", "FAILED", "BAD_INPUT", "UsageError", "OutOfMemoryAfterTraining",
            "BAD_INPUT_ERRORS", "FAILURES", "status_of", "for_signal", "message",
@@ -91,7 +93,7 @@ def after_training(what: str, checkpoint: str | None, step: int, sizes: str,
 FAILURES = (TrainingDiverged, WriteFailed, MemoryError)
 BAD_INPUT_ERRORS = (
     UsageError, PlanError, DataError, CheckpointError, BackendError, PlacementError, ExportError,
-    RunDirectoryBusy, LockUnsupported, NotARunDirectory,
+    RunDirectoryBusy, LockUnsupported, NotARunDirectory, TranslateError, PlotError,
     # a path the user named that cannot be used as asked
     FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError,
     # a file whose text is not UTF-8, or whose JSON does not parse

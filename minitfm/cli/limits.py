@@ -5,7 +5,7 @@ limits and against the memory there is, so that an absurd size ends at once with
 Library limits
 --------------
 - sentencepiece stores the vocabulary size as a C ``int32``: ``--vocab-size`` is at most
-  ``2**31 - 1`` (:data:`SENTENCEPIECE_MAX_VOCAB`, checked by ``minitfm.argtypes.vocab_size``);
+  ``2**31 - 1`` (:data:`SENTENCEPIECE_MAX_VOCAB`, checked by ``minitfm.cli.argtypes.vocab_size``);
 - a BPE vocabulary has at most one piece per character of its text (every piece but the
   specials is a character or a merge of two pieces, and each merge needs an occurrence): a plain
   text file of ``n`` bytes holds at most ``n`` characters, so ``--vocab-size`` above ``n`` plus
@@ -81,7 +81,7 @@ from dataclasses import dataclass, field
 
 from minitfm import backend, files, models
 from minitfm.data.reading import GZIP_MAGIC
-from minitfm.exits import UsageError
+from minitfm.cli.exits import UsageError
 from minitfm.ids import EOS_ID
 
 __all__ = ["SENTENCEPIECE_MAX_VOCAB", "TooLarge", "Estimate", "check_vocab_for_corpus",
