@@ -103,3 +103,25 @@ def test_without_the_speed_package_a_layer_is_its_plain_function():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
     assert json.loads(out) == [False, False, "minitfm.layers.layernorm"]
+
+
+def test_a_plain_run_imports_no_fast_path(tmp_path):
+    """``--kernels plain`` (fp32): a training run of the command, start to end, without the speed
+    package; ``--kernels fused`` imports it."""
+    code = ("import sys; from minitfm.commands import train_toy; "
+            "train_toy.main(sys.argv[2:]); print('minitfm.speed' in sys.modules)")
+    seen = {}
+    for kernels in ("plain", "fused"):
+        args = ["--max-steps", "1", "--preset", "tiny", "--eval-size", "4", "--examples", "0",
+                "--backend", "numpy", "--kernels", kernels, "--quiet",
+                "--out", str(tmp_path / kernels)]
+        out = subprocess.run([sys.executable, "-c", code, "--", *args], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout
+        seen[kernels] = out.strip().splitlines()[-1]
+    assert seen == {"plain": "False", "fused": "True"}
+
+
+def test_the_kernels_option_names_the_fast_paths_choices():
+    from minitfm.cli import options
+    from minitfm.speed import fused
+    assert options.KERNELS == fused.CHOICES

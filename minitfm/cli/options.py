@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 
 from minitfm import backend, beam, gradscale
 from minitfm.cli.argtypes import duration, integer, number, phase, positive_int, vocab_size
-from minitfm.speed import fused
 from minitfm.training import phases
 from minitfm.training.state import TrainOptions
 
@@ -68,6 +67,7 @@ class Words:
 FRACTION = number(0, 1, high_open=True)
 C_INT_MAX = 2**31 - 1           # the BLAS libraries take their thread count as a C int
 SCHEDULES = ("paper", "linear", "cosine")
+KERNELS = ("plain", "fused")    # --kernels (minitfm.speed.fused.CHOICES, held equal by a test)
 BEST_METRICS = {"loss": "valid_loss", "bleu": "valid_bleu", "acc": "valid_acc"}
 
 VOCABULARY = {option.dest: option for option in [
@@ -165,9 +165,9 @@ VOCABULARY = {option.dest: option for option in [
                         "Adam ... each in one launch); on the CPU, the row passes (the same "
                         "layers, block by block on every thread of the worker); plain: the "
                         "plain array code alone",
-           choices=fused.CHOICES, absent="$MINITFM_KERNELS, else fused on the CPU; plain on a "
-                                         "GPU until a GPU run has shown every kernel equal to "
-                                         "its plain twin"),
+           choices=KERNELS, absent="$MINITFM_KERNELS, else fused on the CPU; plain on a "
+                                   "GPU until a GPU run has shown every kernel equal to its "
+                                   "plain twin"),
     # beam search (beam.py's module docstring says what each does)
     Option("--beam", "beam size", positive_int),
     Option("--lenpen", "length penalty alpha: a finished translation Y scores "

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 
 from minitfm import backend, distributed, gradscale, placement
-from minitfm.speed import fused, rows
 from minitfm.cli.exits import UsageError
-from minitfm.cli.options import Words
+from minitfm.cli.options import KERNELS, Words
 
 __all__ = ["KERNELS_VARIABLE", "reuse_freed_memory", "select_backend", "placement_defaults",
            "place"]
@@ -88,30 +88,35 @@ def place(threads: int | None, cap: int | None, precision: str | None = None,
     if kernels is None and os.environ.get(KERNELS_VARIABLE, "").strip():
         kernels = os.environ[KERNELS_VARIABLE].strip()
         from_environment = f"{KERNELS_VARIABLE}={kernels}"
-        if kernels not in fused.CHOICES:
+        if kernels not in KERNELS:
             raise UsageError(f"{KERNELS_VARIABLE}={kernels!r}: unknown kernels {kernels!r}: set "
-                             f"it to {' or '.join(fused.CHOICES)}, or unset it")
-    try:
-        fused.use(kernels or ("fused" if on_cpu else "plain"))
-    except backend.BackendError as exc:
-        raise UsageError(f"{from_environment or f'--kernels {kernels}'}: {exc}") from exc
-    rows.use(on_cpu and fused.choice() == "fused", decided.threads or 1)
+                             f"it to {' or '.join(KERNELS)}, or unset it")
+    chosen_kernels = kernels or ("fused" if on_cpu else "plain")
+    if chosen_kernels == "fused" or chosen == "fp16" or "minitfm.speed" in sys.modules:
+        # the fast paths: imported only by a run that may choose one (or set back to the plain
+        # code where an earlier call of this process chose them)
+        from minitfm.speed import fused, rows
+        try:
+            fused.use(chosen_kernels)
+        except backend.BackendError as exc:
+            raise UsageError(f"{from_environment or f'--kernels {kernels}'}: {exc}") from exc
+        rows.use(on_cpu and chosen_kernels == "fused", decided.threads or 1)
     if announce and world.is_root:
         print(f"{decided.describe()}; precision {chosen} "
-              f"({'--precision' if precision else why}){_fast_path(on_cpu, from_environment)}",
-              flush=True)
+              f"({'--precision' if precision else why})"
+              f"{_fast_path(on_cpu, chosen_kernels, from_environment)}", flush=True)
     return decided
 
 
-def _fast_path(on_cpu: bool, source: str | None = None) -> str:
+def _fast_path(on_cpu: bool, kernels: str, source: str | None = None) -> str:
     """The run's first line's last words: what runs outside the products (on the CPU, on how
     many threads), and what chose it (``source``: the environment variable, else the option);
     nothing for a GPU's plain code, its default."""
-    if rows.enabled():
+    if kernels == "fused" and on_cpu:
+        from minitfm.speed import rows
         loops = " with compiled loops" if rows.compiled() else ""
         return (f"; row passes on {placement.count(rows.threads(), 'thread')}{loops} "
                 f"({source or '--kernels fused'})")
-    if fused.choice() == "fused":
+    if kernels == "fused":
         return "; fused kernels"
     return f"; plain array code ({source or '--kernels plain'})" if on_cpu else ""
-

@@ -15,8 +15,8 @@ function a call runs, and why.
 import inspect
 
 from minitfm.speed import (attention, decoder, dropout, embedding, encoder,  # noqa: F401
-                           feedforward, layernorm, linear, loss, optim, output, residual,
-                           softmax)
+                           feedforward, gradscale, layernorm, linear, loss, optim, output,
+                           residual, softmax)
 from minitfm.speed import fused, mixed, policy, rows  # noqa: E402  (the settings they read)
 
 __all__ = ["explain"]

@@ -28,6 +28,7 @@ them and summed by one all-reduce: one worker's update with N times the ``update
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import time
@@ -37,7 +38,6 @@ from collections.abc import Callable, Iterable, Iterator
 from tqdm import tqdm
 
 from minitfm import backend, flat, models
-from minitfm.speed import mixed
 from minitfm.gradscale import clip_grad_norm
 from minitfm.models import DROPOUTS
 from minitfm.training.divergence import DivergenceWatch
@@ -113,7 +113,7 @@ def update(run: Run, taken: list) -> dict:
     time_fraction = run.time_fraction()
     if run.plan.dropout_off(step, time_fraction, state.record.dropout_from):
         cfg = dataclasses.replace(cfg, **{name: 0.0 for name in DROPOUTS})
-    with mixed.half_copies(state.params):        # fp16: the products' copy of the parameters
+    with _half_copies(state.params):             # fp16: the products' copy of the parameters
         stats, grads = accumulate(state, cfg, micro_batches, step, state.seed,
                                   first=world.rank * len(micro_batches), tokens=tokens)
     world.allreduce_sum(grads.buffer)            # one collective: the sum over all workers
@@ -211,3 +211,12 @@ def _hooks(run: Run, stats: dict, window: LogWindow, watch: DivergenceWatch, bar
         stop_if_any_worker_asks(run.world, stops)
     stops.raise_if_lost()
     state.out_of_time = out_of_time
+
+
+def _half_copies(params):
+    """Under ``--precision fp16`` the float16 copy of ``params`` for the update's products
+    (:func:`minitfm.speed.mixed.half_copies`, imported only then); else nothing."""
+    if backend.precision() != "fp16":
+        return contextlib.nullcontext()
+    from minitfm.speed import mixed        # the float16 products: a fast path's machinery
+    return mixed.half_copies(params)
