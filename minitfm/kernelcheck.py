@@ -23,12 +23,18 @@ orders of its threads, and its outputs against its twin's on the same arguments 
 
 ``--case NAME`` (repeated: several) runs those cases alone, and reports the kernels they
 launched; on the host only those kernels are compiled.
+
+``--explain`` checks nothing: it runs one training update of a small translator (every dropout
+on, clipping) under ``--kernels`` and ``--precision`` as a command would choose them, and says
+for each layer function with a fast path which function its calls ran, and what its chooser
+reads (:func:`minitfm.speed.explain`, :mod:`minitfm.speed.policy`).
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import inspect
 import math
 import os
 import sys
@@ -38,7 +44,7 @@ import warnings
 from minitfm import backend, cudahost, flat, gradscale, optim, philox
 from minitfm.cli.argtypes import Parser
 from minitfm.cli.reporting import report_errors
-from minitfm.speed import fused
+from minitfm.speed import fused, mixed, rows
 from minitfm.layers import attention, dropout, feedforward, layernorm, linear, loss, residual
 
 __all__ = ["CASES", "HOST_TOLERANCES", "compare", "prepare_host", "main"]
@@ -265,8 +271,66 @@ def main(argv=None) -> int:
     parser.add_argument("--case", action="append", choices=list(CASES), metavar="NAME",
                         help="run this case alone, and check the kernels it launches (repeat "
                              f"it for several; default: all): {', '.join(CASES)}")
+    parser.add_argument("--explain", action="store_true",
+                        help="check nothing: say which function each layer call of one training "
+                             "update runs, and what chose it")
+    parser.add_argument("--kernels", choices=fused.CHOICES,
+                        help="with --explain: the kernels the update runs under (default: a "
+                             "command's, fused on the CPU, plain on a GPU)")
+    parser.add_argument("--precision", choices=backend.PRECISIONS,
+                        help="with --explain: the precision of the update's products (default: "
+                             "the backend's)")
     args = parser.parse_args(argv)
-    return report_errors(lambda: run(args))
+    if (args.kernels or args.precision) and not args.explain:
+        parser.error("--kernels and --precision go with --explain")
+    return report_errors(lambda: explain(args) if args.explain else run(args))
+
+
+def explain(args: argparse.Namespace) -> int:
+    """Print which function each route's calls ran in one training update, and why; 0."""
+    import minitfm.speed
+    from minitfm import tasks
+    from minitfm.models import translator
+    try:
+        backend.use(os.environ.get("MINITFM_BACKEND", "").strip() or "numpy")
+        chosen, _ = backend.set_precision(args.precision)
+        kernels = args.kernels or ("fused" if backend.name == "numpy" else "plain")
+        fused.use(kernels)
+        rows.use(backend.name == "numpy" and kernels == "fused", 1)
+    except backend.BackendError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    cfg = translator.Config.preset("toy", src_vocab=16, tgt_vocab=16, dropout=0.1,
+                                   attention_dropout=0.1, relu_dropout=0.1)
+    params = translator.init_params(cfg, seed=0)
+    src, tgt = next(iter(tasks.train_batches("copy", vocab=10, length=12, batch_size=32,
+                                             seed=0)(0)))
+    scaler = gradscale.LossScaler() if chosen == "fp16" else None
+    adam = optim.Adam(params)
+    with minitfm.speed.traced() as seen:
+        with mixed.half_copies(params):
+            _, grads = translator.loss_and_grads(params, cfg, src, tgt, backend.rng(0, 1, 0),
+                                                 loss_scale=None if scaler is None else
+                                                 scaler.scale)
+        if scaler is None:
+            gradscale.clip_grad_norm(grads, 1.0)
+        else:
+            scaler.unscale(grads, 1.0)
+        adam.update(params, grads, 1e-3, scaler)
+    print(minitfm.speed.explain().splitlines()[0].replace("settings:", "one update of the toy "
+                                                          f"translator on {backend.name}:"))
+    for name, counts in seen.items():
+        ran = ", ".join(f"{fn.replace('minitfm.', '')} x{n}" for fn, n in counts.most_common())
+        print(f"{name.replace('minitfm.', '')}: {ran or 'not called in this update'}")
+        print(f"    {_chooser_words(name)}")
+    return 0
+
+
+def _chooser_words(name: str) -> str:
+    """The first sentence of a route's chooser's docstring: what it reads."""
+    from minitfm.speed import policy
+    doc = inspect.getdoc(policy.ROUTES[name].chooser) or ""
+    return " ".join(doc.split("\n\n")[0].split())
 
 
 def run(args: argparse.Namespace) -> int:

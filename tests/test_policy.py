@@ -125,3 +125,34 @@ def test_the_kernels_option_names_the_fast_paths_choices():
     from minitfm.cli import options
     from minitfm.speed import fused
     assert options.KERNELS == fused.CHOICES
+
+
+def test_explain_names_what_each_call_ran(capsys, numpy_backend):
+    """``python -m minitfm.kernelcheck --explain``: under plain kernels every layer call ran its
+    plain code; under the row passes the layers with one ran it, each line with its chooser's
+    words."""
+    from minitfm import kernelcheck
+    from minitfm.speed import fused, rows
+    try:
+        assert kernelcheck.main(["--explain", "--kernels", "plain"]) == 0
+        plain = capsys.readouterr().out.splitlines()
+        assert kernelcheck.main(["--explain", "--kernels", "fused"]) == 0
+        fast = capsys.readouterr().out.splitlines()
+    finally:
+        fused.use("plain")
+        rows.use(False)
+    assert "--kernels plain" in plain[0] and "--kernels fused" in fast[0]
+    ran = dict(zip(plain[1::2], plain[2::2]))
+    assert len(ran) == len(policy.ROUTES)
+    assert all(": plain x" in line or line.endswith("not called in this update") for line in ran)
+    assert all(words.strip() for words in ran.values())
+    fast_lines = {line.split(":")[0]: line for line in fast[1::2]}
+    assert "speed.encoder.layer_forward" in fast_lines["layers.encoder.layer_forward"]
+    assert "speed.loss.rows_forward_backward" in fast_lines["layers.loss.forward_backward"]
+
+
+def test_kernels_without_explain_is_refused(capsys):
+    from minitfm import kernelcheck
+    with pytest.raises(SystemExit) as stop:
+        kernelcheck.main(["--kernels", "fused"])
+    assert stop.value.code == 2 and "go with --explain" in capsys.readouterr().err

@@ -79,16 +79,14 @@ workshop's checks hold a learner's backward to this rule.
 
 Fast paths
 ----------
-A layer's plain ``forward`` and ``backward`` hold the textbook's code alone. Where a fused GPU
-kernel, a row pass on the CPU's cores or a float16 product replaces some of it, that fast path
-sits below the plain code in the same file, under the same derivation, takes the same arguments
-and gives the same results; which one runs is chosen per call, outside the plain function:
-``@paths.fast`` marks it, and a chooser registered beside the fast paths (``@forward.chooser``)
-reads ``--kernels``, ``--precision`` and the arrays' types (:mod:`minitfm.speed.policy`). float64, the
-gradient checks' type, runs the plain code of every layer, and so does float32 under ``--kernels
-plain`` (at ``--precision fp32``). A composite's plain code calls the other layers' functions,
-each choosing its own path; a pass that fuses several layers (post-LN's residual add and
-LayerNorm on the same rows) is the composite's own fast path.
+A layer's plain ``forward`` and ``backward`` hold the textbook's code alone. Its fast paths live
+apart, in the file of the same name in ``minitfm/speed/``: they take the same arguments and give
+the same results, and :mod:`minitfm.speed.policy` chooses one per call, outside the plain
+function (:func:`minitfm.speed.explain` says which). float64, the gradient checks' type, runs
+the plain code of every layer, and so does a run that never imports ``minitfm.speed`` (the plain
+code chosen, at float32 precision). A composite's plain code calls the other layers'
+functions, each choosing its own path; a pass that joins several layers (post-LN's residual add
+and LayerNorm on the same rows) is the composite's own fast path.
 
 Incremental decoding
 --------------------

@@ -27,8 +27,7 @@ head reads its d_k = d_model / h columns. As row t of causal attention reads pos
 
 The softmax, its scale and mask, each way: ``softmax.py``.
 
-The fast paths (scaled dot-product attention on blocks of the batch, the softmax's own) are in
-``minitfm/speed/attention.py`` and ``minitfm/speed/softmax.py``.
+Its fast paths: ``minitfm/speed/attention.py`` and ``minitfm/speed/softmax.py``.
 """
 
 from __future__ import annotations

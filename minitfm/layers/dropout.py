@@ -14,8 +14,7 @@ a ``numpy.random.Generator`` that draws 16-bit integers as raw bytes, on CuPy th
 Philox stream (``minitfm.philox``), computed with array operations and creating no generator on
 the device. The two backends draw different masks. No parameters.
 
-The fast paths (one kernel each way on CuPy, the mask's numbers by compiled loops on the CPU)
-are in ``minitfm/speed/dropout.py``.
+Its fast paths: ``minitfm/speed/dropout.py``.
 """
 
 from __future__ import annotations

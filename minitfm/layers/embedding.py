@@ -13,7 +13,7 @@ Parameters: "table" (V, d_model). The same matrix may be used several times in o
 embedding, target embedding, output projection); each use returns its own gradient and the model
 adds them.
 
-The fast path of the scatter-add (row passes, compiled loops) is in ``minitfm/speed/embedding.py``.
+Its fast paths: ``minitfm/speed/embedding.py``.
 """
 
 from __future__ import annotations

@@ -18,8 +18,7 @@ of the feed-forward network: a regulariser for small corpora, off by default.
 
 Parameters: the two linear layers' "w" and "b", numbered: "w1", "b1", "w2", "b2".
 
-The fast paths (b1, the ReLU and its dropout one kernel or one pass over blocks of rows, each
-way) are in ``minitfm/speed/feedforward.py``.
+Its fast paths: ``minitfm/speed/feedforward.py``.
 """
 
 from __future__ import annotations

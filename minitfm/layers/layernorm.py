@@ -16,8 +16,7 @@ Backward (per row; g = dL/dxhat = dy * gamma)
 
 Parameters: "gamma" (D,) and "beta" (D,).
 
-The fast paths (a fused kernel each way, row passes, compiled loops) are in
-``minitfm/speed/layernorm.py``.
+Its fast paths: ``minitfm/speed/layernorm.py``.
 """
 
 from __future__ import annotations

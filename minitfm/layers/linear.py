@@ -12,7 +12,7 @@ Parameters: "w" (d_in, d_out) and "b" (d_out,); without "b" the layer has no bia
 be any 2-D view, e.g. the transposed embedding matrix when the output projection is tied to the
 embedding: ``forward(h, {"w": E.T})`` then ``dE = grads["w"].T``.
 
-The float16 products of ``--precision fp16`` are in ``minitfm/speed/linear.py``.
+Its fast paths: ``minitfm/speed/linear.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from minitfm import backend
 
 
 class Cache(NamedTuple):
-    x: object               # (..., d_in) the input (in float16 under mixed precision)
+    x: object               # (..., d_in) the input
     w: object               # (d_in, d_out)
     has_bias: bool
 

@@ -18,8 +18,8 @@ row normalisers 1 / sum(exp); the backward pass turns that into the gradient in 
 the normalisation and dloss in one multiplication: a (N, V) array is allocated once, and swept as
 few times as the math allows (it is the largest array of a training step). No parameters.
 
-``forward_backward`` is the two in one call, as the output layer uses them. Its fast paths (one
-kernel, or blocks of rows) are in ``minitfm/speed/loss.py``.
+``forward_backward`` is the two in one call, as the output layer uses them. Its fast paths:
+``minitfm/speed/loss.py``.
 """
 
 from __future__ import annotations

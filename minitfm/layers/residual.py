@@ -20,8 +20,7 @@ Dropout and "+= x" work in place on the sub-layer's output: see the in-place rul
 
 ``bias``: a sub-layer may leave its last bias b to the residual connection, which then computes
 x + Dropout(F'(x) + b), the same numbers (the fast path of the encoder's and decoder's layers
-does: ``minitfm/speed/encoder.py``). The fast paths (bias, dropout and add one kernel or one
-pass over blocks of rows, with post-LN's LayerNorm) are in ``minitfm/speed/residual.py``.
+does: ``minitfm/speed/encoder.py``). Its fast paths: ``minitfm/speed/residual.py``.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Backward, dP given (m is a constant: no gradient)
     ds_i = c dz_i                    attention folds 1/sqrt(d_k) in here, once for dQ and dK
 Both passes work in place: the forward overwrites the scores with P, the backward dP with ds.
 
-The fast paths (a fused kernel each way, compiled loops) are in ``minitfm/speed/softmax.py``.
+Its fast paths: ``minitfm/speed/softmax.py``.
 """
 
 from __future__ import annotations

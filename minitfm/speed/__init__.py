@@ -12,6 +12,8 @@ The machinery they share: :mod:`~minitfm.speed.fused` (a CUDA kernel and its twi
 function a call runs, and why.
 """
 
+import collections
+import contextlib
 import inspect
 
 from minitfm.speed import (attention, decoder, dropout, embedding, encoder,  # noqa: F401
@@ -19,7 +21,7 @@ from minitfm.speed import (attention, decoder, dropout, embedding, encoder,  # n
                            residual, softmax)
 from minitfm.speed import fused, mixed, policy, rows  # noqa: E402  (the settings they read)
 
-__all__ = ["explain"]
+__all__ = ["explain", "traced"]
 
 
 def _name(fn) -> str:
@@ -48,3 +50,25 @@ def explain(fn=None, *args, **kwargs) -> str:
                "its chooser chose none for these arguments")
         return f"{_name(plain_fn)} runs its plain code ({why}; {settings})"
     return f"{_name(plain_fn)} runs {_name(chosen)} ({settings})"
+
+
+@contextlib.contextmanager
+def traced():
+    """Within the block, what each route's chooser chose: ``{route: Counter({function name:
+    calls})}``, "plain" where it chose none (calls inside a twin or a row pass's block, and
+    float64 calls, run the plain code without asking a chooser, and are not counted)."""
+    seen = {name: collections.Counter() for name in policy.ROUTES}
+    saved = {}
+    for name, route in policy.ROUTES.items():
+        saved[name] = choose = route.routed.chooser
+
+        def spy(*args, _choose=choose, _counter=seen[name], **kwargs):
+            fast = _choose(*args, **kwargs)
+            _counter["plain" if fast is None else _name(fast)] += 1
+            return fast
+        route.routed.chooser = spy
+    try:
+        yield seen
+    finally:
+        for name, choose in saved.items():
+            policy.ROUTES[name].routed.chooser = choose

@@ -21,12 +21,15 @@ from minitfm.speed import fused, policy, rows
 
 @policy.fast_path(attention.sdpa_forward)
 def choose_forward(q, k, v, mask=None, o_out=None, p_drop=0.0, rng=None):
+    """The row pass on NumPy (--kernels fused), blocks of the batch: 4-D, more than one query, no
+    attention dropout."""
     dropping = p_drop != 0.0 and rng is not None
     return rows_forward if _row_blocks(q, k, dropping) else None
 
 
 @policy.fast_path(attention.sdpa_backward)
 def choose_backward(do, cache: attention.SdpaCache, dq_out=None, dk_out=None, dv_out=None):
+    """The row pass on NumPy (--kernels fused), as the forward pass chose it."""
     dropping = cache.dropout is not None
     return rows_backward if _row_blocks(cache.q, cache.k, dropping) else None
 

@@ -34,6 +34,7 @@ def apply_loop(x, keep, scale, out):
 
 @policy.fast_path(dropout.forward)
 def choose_forward(x, p, rng=None, inplace=False):
+    """The fused kernel on CuPy (--kernels fused), drawing a Philox mask."""
     if rng is None or p == 0.0:
         return None
     return fused_forward if isinstance(rng, philox.Philox) and fused.active(x) else None
@@ -41,6 +42,7 @@ def choose_forward(x, p, rng=None, inplace=False):
 
 @policy.fast_path(dropout.backward)
 def choose_backward(dy, cache: dropout.Cache | None):
+    """The fused kernel on CuPy (--kernels fused)."""
     return fused_backward if cache is not None and fused.active(dy) else None
 
 
@@ -139,6 +141,8 @@ def fused_backward(dy, cache: dropout.Cache):
 
 @policy.fast_path(dropout.keep_mask)
 def choose_keep_mask(rng, shape, p: float):
+    """The mask's numbers by the compiled loop, where the row passes run theirs (--kernels fused,
+    Numba)."""
     return loops_keep_mask if rows.compiled() else None
 
 

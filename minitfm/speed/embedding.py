@@ -24,6 +24,8 @@ WIDE_PASS = 16              # ids a pass serves at least; fewer ids left: they g
 
 @policy.fast_path(embedding.backward)
 def choose_backward(dy, cache: embedding.Cache, out=None):
+    """The scatter-add by the compiled loop (Numba) or in wide passes (large dy), on NumPy
+    (--kernels fused)."""
     # the scatter-add's arrays: dy times the scale (dy's type) and the table's gradient
     table = cache.dtype if out is None else out["table"].dtype
     if table != backend.xp.float32 or not rows.chosen(dy):

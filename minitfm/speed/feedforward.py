@@ -26,6 +26,8 @@ from minitfm.speed import dropout as fast_dropout
 
 @policy.fast_path(feedforward.forward)
 def choose_forward(x, p, p_drop=0.0, rng=None, add_bias=True):
+    """b1, ReLU and dropout: one fused kernel on CuPy, a row pass or compiled loop on NumPy
+    (--kernels fused)."""
     if fused.active(x, p["w1"]) and (rng is None or isinstance(rng, philox.Philox)):
         return fused_forward
     if rows.active(x, p["w1"], p["b1"]) or rows.compiled(x, p["w1"], p["b1"]):
@@ -35,6 +37,8 @@ def choose_forward(x, p, p_drop=0.0, rng=None, add_bias=True):
 
 @policy.fast_path(feedforward.backward)
 def choose_backward(dy, cache: feedforward.Cache, out=None):
+    """The ReLU's and dropout's backward: one fused kernel on CuPy, a row pass or compiled loop on
+    NumPy (--kernels fused)."""
     # the ReLU's backward runs on da = dy W2^T, of a's shape and dy's type, and on a
     if fused.active(dy, cache.a):
         return fused_backward

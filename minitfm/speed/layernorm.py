@@ -28,6 +28,8 @@ from minitfm.speed import compiled, fused, mixed, policy, rows
 
 @policy.fast_path(layernorm.forward)
 def choose_forward(x, p, eps=layernorm.EPS):
+    """One fused kernel on CuPy; on NumPy a compiled loop a block of rows, or a row pass over
+    large arrays (--kernels fused)."""
     if fused.active(x, p["gamma"], p["beta"]):
         return fused_forward
     if rows.compiled(x, p["gamma"], p["beta"]) or (
@@ -38,6 +40,8 @@ def choose_forward(x, p, eps=layernorm.EPS):
 
 @policy.fast_path(layernorm.backward)
 def choose_backward(dy, cache: layernorm.Cache, out=None):
+    """Two fused kernels on CuPy; on NumPy a compiled loop a block of rows, or a row pass over
+    large arrays (--kernels fused)."""
     if fused.active(dy, cache.xhat):
         return fused_backward
     if rows.compiled(dy, cache.xhat, cache.gamma) or rows.active(dy):

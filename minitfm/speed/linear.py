@@ -21,11 +21,13 @@ from minitfm.speed import fused, mixed, policy
 
 @policy.fast_path(linear.forward)
 def choose_forward(x, p, add_bias=True):
+    """The float16 products (--precision fp16)."""
     return half_forward if mixed.enabled(x, p["w"]) else None
 
 
 @policy.fast_path(linear.backward)
 def choose_backward(dy, cache: linear.Cache, out=None):
+    """The float16 products, where the forward pass kept a float16 x (--precision fp16)."""
     return half_backward if cache.x.dtype == mixed.HALF else None
 
 

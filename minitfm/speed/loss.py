@@ -22,6 +22,8 @@ from minitfm.speed import compiled, fused, policy, rows
 
 @policy.fast_path(loss_layer.forward_backward)
 def choose_forward_backward(logits, targets, smoothing, dloss=None, pad_id=None, loss_scale=None):
+    """One fused kernel on CuPy; on NumPy compiled loops a block of rows, or a row pass over large
+    arrays (--kernels fused)."""
     if fused.active(logits):
         return fused_forward_backward
     if rows.active(logits) or rows.compiled(logits):

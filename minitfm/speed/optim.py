@@ -17,6 +17,7 @@ from minitfm.speed import fused, policy, rows
 @policy.fast_path(optim.flat_update)
 def choose_flat_update(p, g, m, v, decays, adam: optim.Adam, lr: float, decay: float,
                        state=None):
+    """One fused kernel on CuPy; a row pass over large buffers on NumPy (--kernels fused)."""
     if fused.active(p, g, m, v):
         return fused_flat_update
     if rows.active(p, g, m, v):

@@ -11,6 +11,7 @@ from minitfm.speed import mixed, policy
 
 @policy.fast_path(output.project)
 def choose_project(h, w):
+    """The float16 products at decoding (--precision fp16)."""
     return half_project if mixed.enabled(h) else None
 
 

@@ -30,6 +30,8 @@ from minitfm.speed import layernorm as fast_layernorm
 
 @policy.fast_path(residual.add_dropped)
 def choose_add_dropped(x, f, p_drop, rng, bias=None):
+    """Bias, dropout and add: one fused kernel on CuPy, a row pass or compiled loop on NumPy
+    (--kernels fused)."""
     drop = rng is not None and p_drop > 0.0
     if fused.active(x, f) and (bias is not None or drop) and (
             not drop or isinstance(rng, philox.Philox)):
@@ -39,6 +41,7 @@ def choose_add_dropped(x, f, p_drop, rng, bias=None):
 
 @policy.fast_path(residual.forward)
 def choose_forward(x, sublayer, ln, p_drop, rng, pre_ln, bias=None):
+    """Post-LN: the add and the LayerNorm on the same blocks of rows, on NumPy (--kernels fused)."""
     # post-LN's add and LayerNorm on the same blocks: chosen on x, as the sub-layer's output
     # is not made yet (the pass then asks _rows_apply of both)
     return None if pre_ln or not (rows.active(x) or rows.compiled(x)) else rows_forward
@@ -46,6 +49,8 @@ def choose_forward(x, sublayer, ln, p_drop, rng, pre_ln, bias=None):
 
 @policy.fast_path(residual.backward)
 def choose_backward(dy, cache: residual.Cache, sublayer_backward, out=None):
+    """Post-LN: the LayerNorm's and the dropout's backward on the same blocks of rows, on NumPy
+    (--kernels fused)."""
     if cache.pre_ln or not (rows.active(dy) or rows.compiled(dy)):
         return None
     return rows_backward if cache.ln.xhat.dtype == dy.dtype else None

@@ -35,11 +35,13 @@ def _fast_pass(fused_pass, loops_pass, s, *others):
 
 @policy.fast_path(softmax.forward)
 def choose_forward(s, scale, mask=None):
+    """One fused kernel on CuPy; compiled loops on NumPy (--kernels fused), 4-D scores."""
     return _fast_pass(fused_forward, loops_forward, s, mask)
 
 
 @policy.fast_path(softmax.backward)
 def choose_backward(dp, p, scale):
+    """One fused kernel on CuPy; a compiled loop on NumPy (--kernels fused), 4-D scores."""
     return _fast_pass(fused_backward, loops_backward, dp, p)
 
 
