@@ -3,10 +3,10 @@
 Two measurements, printed as one JSON object and as a table:
 
 1. cached vs recomputed greedy decoding of exactly ``--tokens`` output tokens (EOS is masked so
-   that every sentence runs the full length): the cached decoder (:func:`minitfm.decode.step`)
+   that every sentence runs the full length): the cached decoder (:func:`minitfm.decoding.decode.step`)
    against re-running the whole decoder over the prefix at every step
    (``translator.decoder_forward``). Both encode the source once and must produce the same tokens.
-2. beam search throughput: :func:`minitfm.batched.translate_ids` with the paper's settings (beam 4,
+2. beam search throughput: :func:`minitfm.decoding.batched.translate_ids` with the paper's settings (beam 4,
    alpha 0.6, maximum length source + 50) over ``--sentences`` sentences.
 
 The model is the "small" preset with random weights unless ``--checkpoint`` gives a trained one.
@@ -95,7 +95,8 @@ def forbid_eos(logits, cfg):
 
 
 def greedy_cached(params, cfg, src, n_tokens):
-    from minitfm import backend, decode
+    from minitfm import backend
+    from minitfm.decoding import decode
     xp = backend.xp
     kv = decode.init_kv_cache(params, cfg, src, capacity=n_tokens)
     tokens = xp.full((src.shape[0],), cfg.bos_id, dtype=xp.int64)
@@ -126,7 +127,7 @@ def timed(fn, *args, **kwargs):
 
 
 def bench_cache(args, params, cfg, sentences) -> dict:
-    from minitfm import batched
+    from minitfm.decoding import batched
     src = batched.pad_batch(sentences[:args.greedy_sentences], cfg)
     greedy_cached(params, cfg, src[:2], 2)                             # warm up
     cached, t_cached = timed(greedy_cached, params, cfg, src, args.tokens)
@@ -139,7 +140,7 @@ def bench_cache(args, params, cfg, sentences) -> dict:
 
 
 def bench_beam(args, params, cfg, sentences) -> dict:
-    from minitfm import batched
+    from minitfm.decoding import batched
     results, seconds = timed(batched.translate_ids, params, cfg, sentences, beam=args.beam,
                              alpha=args.alpha, max_len=args.max_len, batch_size=args.batch_size)
     out_tokens = sum(len(hyps[0][0]) for hyps in results)

@@ -47,7 +47,8 @@ THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"
 
 def run_worker(preset: str, batch: int, length: int, steps: int, warmup: int) -> dict | None:
     """Train ``warmup + steps`` updates of two batches; rank 0 returns the timings."""
-    from minitfm import backend, distributed
+    from minitfm import backend
+    from minitfm.workers import distributed
     from minitfm.models import translator
     from minitfm.training import loop
     from minitfm.training.run import Run

@@ -59,7 +59,8 @@ def main(argv=None) -> int:
     import ctranslate2
     from threadpoolctl import threadpool_limits
 
-    from minitfm import batched, beam, bleu, checkpoint, decode
+    from minitfm import bleu, checkpoint
+    from minitfm.decoding import batched, beam, decode
     from minitfm.data.corpus import read_lines
     from minitfm.data.vocab import Vocab
     from minitfm.export import ctranslate2 as export_ct2

@@ -31,7 +31,8 @@ import time       # noqa: E402
 
 import numpy      # noqa: E402
 
-from minitfm import backend, flat, optim, placement  # noqa: E402
+from minitfm import backend, flat, optim  # noqa: E402
+from minitfm.workers import placement  # noqa: E402
 from minitfm.speed import rows  # noqa: E402
 from minitfm.models import lm  # noqa: E402
 

@@ -20,7 +20,7 @@ so that every run reads one cache of the vocabulary and encoded corpora (made be
 runs). Each round runs it twice, one after the other (the first of a round alternates):
 
     as written   the environment without OPENBLAS_NUM_THREADS / MKL_NUM_THREADS / OMP_NUM_THREADS:
-                 each worker takes the BLAS threads minitfm.placement gives it
+                 each worker takes the BLAS threads minitfm.workers.placement gives it
     pinned       the same with all three set to 1, as the figures of docs/results.md were measured
 
 (``--compare-with CHECKOUT``: a third, the same command as written with another checkout's

@@ -4,7 +4,7 @@
         [--penalties gnmt:0 gnmt:0.6 power:1] [--beam 4] [--threads 1] [--batch-size 64]
 
 For each length penalty (FORM:ALPHA) the sentences of SOURCE are translated with
-``stopping="exact"`` and ``stopping="first-k"`` (minitfm.beam), the two runs one after the other;
+``stopping="exact"`` and ``stopping="first-k"`` (minitfm.decoding.beam), the two runs one after the other;
 printed for each: sacreBLEU against REFERENCE, wall and CPU seconds (CPU time: what a shared
 machine's waiting does not inflate), the hypothesis rows the decoder ran (rows x steps, the work),
 the mean output length, and how many sentences' outputs the two rules give differently. Meant for
@@ -38,7 +38,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from threadpoolctl import threadpool_limits
 
-    from minitfm import batched, bleu, decode, translation
+    from minitfm import bleu
+    from minitfm.decoding import batched, decode, translation
     from minitfm.data.corpus import read_lines
 
     params, cfg, vocab = translation.load_translator(args.checkpoint)

@@ -32,7 +32,8 @@ def main(argv=None) -> int:
     import cupy
     import numpy as np
 
-    from minitfm import backend, beam, checkpoint, decode, flat, generation, optim
+    from minitfm import backend, checkpoint, flat, optim
+    from minitfm.decoding import beam, decode, generation
     from minitfm.training.validation import evaluate
     from tests.trainrun import train
     from minitfm.models import lm, translator

@@ -35,7 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_train import BATCHES, make_batch, make_step, matmul_peak, step_flops  # noqa: E402
 
-from minitfm import backend, placement  # noqa: E402
+from minitfm import backend  # noqa: E402
+from minitfm.workers import placement  # noqa: E402
 from minitfm.speed import rows  # noqa: E402
 from minitfm.cli import placing  # noqa: E402
 from minitfm.models import translator  # noqa: E402

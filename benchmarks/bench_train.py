@@ -34,7 +34,8 @@ import subprocess
 import sys
 import time
 
-from minitfm import backend, flat, gradscale, optim, placement
+from minitfm import backend, flat, gradscale, optim
+from minitfm.workers import placement
 from minitfm.cli import options, placing
 from minitfm.speed import fused, mixed, rows
 from minitfm.models import base, translator

@@ -1,6 +1,6 @@
 """minitfm: the Transformer of "Attention Is All You Need", from scratch on NumPy/CuPy arrays."""
 
-from minitfm import blas
+from minitfm.workers import blas
 
 __version__ = "0.1.0"
 

@@ -96,7 +96,6 @@ class LossScaler:
         """g /= S, then clip to ``max_norm`` (None: no clipping), decide whether the update is
         skipped (a gradient is not finite: it is zeroed, the update will change nothing) and
         update S; all on the device. Returns the norm of the unscaled gradients (0-d)."""
-        xp = backend.xp
         buffers = flat.buffer_of(grads)
         if buffers is None:
             raise TypeError("the loss scaler works on a flat gradient buffer (minitfm.flat)")

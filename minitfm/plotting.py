@@ -103,7 +103,7 @@ def plot_attention(maps, rows: Sequence[str], cols: Sequence[str], path, title: 
 
 def _pair(params, cfg, vocab, source: str, target: str | None, beam: int):
     """Source ids (with EOS), decoder input ids (BOS + target) and the labels of both."""
-    from minitfm import batched
+    from minitfm.decoding import batched
     src_ids = vocab.encode([source])[0][:cfg.max_len - 1]
     if not src_ids:
         raise PlotError("the source sentence is empty")

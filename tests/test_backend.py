@@ -107,7 +107,8 @@ def test_every_array_function_used_exists_in_cupy():
 def test_the_cupy_branch_draws_from_philox(monkeypatch):
     """On CuPy, backend.rng gives a Philox generator, and dropout and sampling draw from it
     (the backend's name set to "cupy" with NumPy arrays, so that its CuPy branches run here)."""
-    from minitfm import philox, sampling
+    from minitfm import philox
+    from minitfm.decoding import sampling
     monkeypatch.setattr(backend, "name", "cupy")
     generator = backend.rng(0, 1)
     assert isinstance(generator, philox.Philox) and generator.key == philox.key_of(0, 1)

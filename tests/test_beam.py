@@ -1,4 +1,4 @@
-"""Tests of minitfm.beam's search itself: a beam wide enough to hold every candidate finds the n
+"""Tests of minitfm.decoding.beam's search itself: a beam wide enough to hold every candidate finds the n
 best sequences that brute force finds; both stopping rules give what a plain, unbatched beam
 search gives, the exact one what a search to the length limit gives, and so does a batch
 refilled as its sentences end (continuous batching); the exact rule keeps
@@ -14,8 +14,8 @@ import math
 import numpy as np
 import pytest
 
-from minitfm import batched, beam as search
-from minitfm import decode
+from minitfm.decoding import batched, beam as search
+from minitfm.decoding import decode
 from minitfm.export.__main__ import main as export_main
 from minitfm.export.ctranslate2 import UNIT_LENGTH_PENALTY
 from minitfm.layers.positional import Positions

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitfm import checkpoint, generation, models
+from minitfm import checkpoint, models
+from minitfm.decoding import generation
 from minitfm.cli import translate
 from minitfm.models import lm, translator
 from tests.test_same_losses import (LM_LOSSES, TRANSLATOR_LOSSES, lm_batches, lm_config,

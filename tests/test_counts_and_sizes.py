@@ -17,7 +17,7 @@ import pytest
 
 from minitfm import checkpoint
 from minitfm.cli.launch import FILES_PER_WORKER, LAUNCHER_FILES, MAX_WORKERS_PER_CORE
-from minitfm.placement import available_cores
+from minitfm.workers.placement import available_cores
 
 from .test_distributed import mpi  # noqa: F401  (a fixture)
 from .test_train_wmt import TINY, corpus, corpus_args  # noqa: F401  (corpus: a fixture)

@@ -1,4 +1,4 @@
-"""Tests of minitfm.decode: the incremental cache against the full decoder, greedy decoding and
+"""Tests of minitfm.decoding.decode: the incremental cache against the full decoder, greedy decoding and
 beam search (against each other, against a hand-built distribution, batched against one at a
 time), the length penalty and the length limits."""
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitfm import batched, beam as search
-from minitfm import decode
+from minitfm.decoding import batched, beam as search
+from minitfm.decoding import decode
 from minitfm.models import translator
 
 TINY = translator.Config.preset("tiny")

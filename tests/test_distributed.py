@@ -1,4 +1,4 @@
-"""minitfm.distributed: the world of one process without MPI, and real MPI workers; training
+"""minitfm.workers.distributed: the world of one process without MPI, and real MPI workers; training
 with two workers (minitfm.training, train_toy.py and train_wmt.py under mpiexec) against one.
 
 The tests marked ``mpi`` start ``mpiexec -n 2 python -c ...`` (tiny scripts, about a second each);
@@ -26,8 +26,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minitfm import distributed, flat
-from minitfm.distributed import STOP_ERROR, DistributedError, World, describe_stops, shard
+from minitfm import flat
+from minitfm.workers import distributed
+from minitfm.workers.distributed import STOP_ERROR, DistributedError, World, describe_stops, shard
 from minitfm.cli.exits import UsageError
 from minitfm.cli.launch import find_mpiexec
 
@@ -44,7 +45,7 @@ TIMEOUT = 60          # seconds: the hard limit of one MPI run
 # ---- a world of one process --------------------------------------------------------------
 
 def test_one_process_without_a_launcher_never_imports_mpi4py():
-    code = ("import sys; from minitfm import distributed; w = distributed.world(); "
+    code = ("import sys; from minitfm.workers import distributed; w = distributed.world(); "
             "print(w.rank, w.size, w.local_rank, w.local_size, w.is_root, w.distributed, "
             "'mpi4py' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV,
@@ -221,7 +222,8 @@ def mpirun(script: str, workers: int = 2, timeout: float = TIMEOUT, env: dict | 
 PRELUDE = """
 import json, os, signal, sys, time
 import numpy as np
-from minitfm import distributed, flat
+from minitfm import flat
+from minitfm.workers import distributed
 world = distributed.world()
 def say(**record):                          # one write: one whole line
     sys.stdout.flush()
@@ -456,7 +458,7 @@ with world.fail_together():
 def test_mpiexec_of_another_mpi_is_named(mpi):
     """Open MPI's launcher variables with the MPICH library: each process is a world of one."""
     env = {**ENV, "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"}
-    done = subprocess.run([sys.executable, "-c", "from minitfm import distributed; distributed.world()"],
+    done = subprocess.run([sys.executable, "-c", "from minitfm.workers import distributed; distributed.world()"],
                           capture_output=True, text=True, env=env, timeout=TIMEOUT)
     if "Open MPI" in done.stderr and "MPICH" not in done.stderr:
         pytest.skip("mpi4py loads Open MPI here, which reads these variables itself")
@@ -488,7 +490,8 @@ def _on_devices(cupy_env: dict, devices: int) -> dict:
 def test_nccl_broadcast_and_allreduce_on_device_buffers(mpi, cupy_env):
     env = _on_devices(cupy_env, 2)
     run = mpirun(PRELUDE.replace("import numpy as np", "import numpy as np, cupy") + """
-from minitfm import backend, placement
+from minitfm import backend
+from minitfm.workers import placement
 backend.use("cupy")
 placement.place(world, backend.name)                 # GPU local_rank
 params = flat.flatten({"w": np.full((3, 4), world.rank + 1.0, dtype=np.float32),
@@ -512,7 +515,8 @@ say(device=cupy.cuda.Device().id, params=cupy.asnumpy(params.buffer).tolist(),
 TRAIN = """
 import json, os, sys
 import numpy as np
-from minitfm import backend, distributed, tasks
+from minitfm import backend, tasks
+from minitfm.workers import distributed
 from minitfm.models.translator import Config
 from minitfm.training import loop
 from minitfm.training.run import Run

@@ -1,4 +1,4 @@
-"""Tests of minitfm.ensemble: a step of an ensemble over its joined cache is the log of the mean
+"""Tests of minitfm.decoding.ensemble: a step of an ensemble over its joined cache is the log of the mean
 of its members' probabilities from their full forward passes (members of other sizes too); beam
 search of an ensemble finds what a plain beam search over those mean probabilities finds, batch
 by batch and refilled as sentences end; an ensemble of one searches as its model; and the
@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitfm import batched, beam as search
-from minitfm import decode, translation
+from minitfm.decoding import batched, beam as search
+from minitfm.decoding import decode, translation
 from minitfm.commands import train_wmt
 from minitfm.data.vocab import train_vocab
-from minitfm.ensemble import Ensemble
+from minitfm.decoding.ensemble import Ensemble
 from tests.test_beam import plain_beam
 from tests.test_decode import full_logits, sources, tiny
 from tests.test_translate import TEXT, run, write_checkpoint

@@ -20,9 +20,10 @@ import sys
 import numpy as np
 import pytest
 
-from minitfm import backend, checkpoint, decode, generation, tasks
-from minitfm.batched import pad_batch
-from minitfm.beam import beam_search
+from minitfm import backend, checkpoint, tasks
+from minitfm.decoding import decode, generation
+from minitfm.decoding.batched import pad_batch
+from minitfm.decoding.beam import beam_search
 from minitfm.models import lm
 from minitfm.models import translator as model
 from minitfm.data import text as textdata

@@ -24,7 +24,8 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from minitfm import backend, batched, checkpoint, translation
+from minitfm import backend, checkpoint
+from minitfm.decoding import batched, translation
 from minitfm.cli import exits, translate, wmt
 from minitfm.training import rundir, validation
 from minitfm.training.rundir import LOG_NAME

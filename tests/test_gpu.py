@@ -57,7 +57,7 @@ def test_host_token_ids_equal_device_token_ids(cupy_backend):
 def test_continuous_beam_search_on_cupy_gives_numpy_tokens(cupy_backend):
     """Batches refilled as sentences end (rows at different positions in one step) on the CuPy
     path: the tokens NumPy finds."""
-    from minitfm import batched
+    from minitfm.decoding import batched
     cfg = translator.Config.preset("tiny", d_model=16, d_ff=32, n_heads=4)
     rng = np.random.default_rng(4)
     sentences = [rng.integers(4, cfg.src_vocab, size=n).tolist() for n in (5, 1, 7, 0, 3)]

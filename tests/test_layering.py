@@ -22,15 +22,13 @@ FLOORS = [      # top to bottom: (name, the modules and packages on it)
                     "minitfm.kernelcheck", "minitfm.export.__main__",
                     "minitfm.launch", "minitfm.learn"]),
     ("training, decoding, sampling, export",
-     ["minitfm.training", "minitfm.decode", "minitfm.ensemble", "minitfm.beam", "minitfm.batched",
-      "minitfm.sampling", "minitfm.generation", "minitfm.translation", "minitfm.averaging",
-      "minitfm.plotting", "minitfm.export", "minitfm.checkpoint", "minitfm.usable", "minitfm.optim",
-      "minitfm.gradscale", "minitfm.distributed", "minitfm.placement", "minitfm.devices",
-      "minitfm.bleu", "minitfm.speed"]),
+     ["minitfm.training", "minitfm.decoding", "minitfm.averaging", "minitfm.plotting",
+      "minitfm.export", "minitfm.checkpoint", "minitfm.usable", "minitfm.optim",
+      "minitfm.gradscale", "minitfm.workers", "minitfm.bleu", "minitfm.speed"]),
     ("models", ["minitfm.models"]),
     ("layers, data, special ids", ["minitfm.layers", "minitfm.data", "minitfm.ids",
                                    "minitfm.tasks", "minitfm.flat"]),
-    ("backend", ["minitfm.backend", "minitfm"]),
+    ("backend", ["minitfm.backend", "minitfm.workers.blas", "minitfm"]),
 ]
 MODEL_BASE = "minitfm.models.base"      # what a model may import from its own floor
 

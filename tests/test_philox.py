@@ -212,7 +212,7 @@ def test_uniforms_are_uniform_in_0_1(dtype):
 
 def test_sampling_draws_with_a_philox_generator():
     """sampling.draw takes one uniform per row: a Philox generator gives the right frequencies."""
-    from minitfm.sampling import draw
+    from minitfm.decoding.sampling import draw
     q = np.array([0.5, 0.25, 0.125, 0.125])
     ids = draw(np.tile(np.log(q), (40_000, 1)), Philox.seeded(1, xp=np))
     counts = np.bincount(ids, minlength=4)
@@ -303,7 +303,7 @@ def test_training_updates_on_cupy_create_no_generator_and_replay_their_masks(cup
 def test_sampling_on_cupy_creates_no_generator_and_replays(cupy_backend, monkeypatch):
     import cupy
 
-    from minitfm import generation
+    from minitfm.decoding import generation
     from minitfm.models import lm
     created = _forbid_array_library_generators(monkeypatch, cupy)
     cfg = lm.LMConfig.preset("tiny")

@@ -1,5 +1,5 @@
-"""Each worker on its own GPU or its share of the cores (minitfm.placement), the NCCL
-communicator's id on CuPy 13 and 14 (minitfm.devices), and the placement line every trainer
+"""Each worker on its own GPU or its share of the cores (minitfm.workers.placement), the NCCL
+communicator's id on CuPy 13 and 14 (minitfm.workers.devices), and the placement line every trainer
 prints first.
 
 The GPU tests stand a small fake ``cupy`` in for the real one (:func:`fake_cupy`): only the calls
@@ -14,9 +14,9 @@ import types
 
 import pytest
 
-from minitfm import devices, placement
-from minitfm.distributed import World
-from minitfm.placement import THREAD_VARIABLES, Placement, PlacementError, blas_threads
+from minitfm.workers import devices, placement
+from minitfm.workers.distributed import World
+from minitfm.workers.placement import THREAD_VARIABLES, Placement, PlacementError, blas_threads
 
 from .conftest import default_kernels
 from .test_distributed import ENV, ROOT, _mpiexec, json_records, mpi   # noqa: F401 (mpi: a fixture)
@@ -196,7 +196,7 @@ def test_train_lm_prints_its_placement_first(tmp_path, text_file):
 PLACED = """
 import json, os, sys
 from threadpoolctl import threadpool_info
-from minitfm import distributed, placement
+from minitfm.workers import distributed, placement
 world = distributed.world()
 decided = placement.place(world, "numpy")
 blas = sorted({info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas"})

@@ -245,7 +245,7 @@ def test_float64_runs_the_plain_code():
 
 
 def test_openblas_threads_sleep_soon_unless_the_environment_says_otherwise():
-    from minitfm import blas
+    from minitfm.workers import blas
     environ = {}
     assert blas.apply(environ) == {"OPENBLAS_THREAD_TIMEOUT": "16"} == environ
     environ = {"OPENBLAS_THREAD_TIMEOUT": "28"}

@@ -1,4 +1,4 @@
-"""Tests of minitfm.sampling: each filter against its definition, the draw against the filtered
+"""Tests of minitfm.decoding.sampling: each filter against its definition, the draw against the filtered
 distribution (chi-square, fixed seed), reproducibility, the greedy limit and argument errors."""
 
 import math
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from minitfm import backend
-from minitfm.sampling import (NonFiniteLogits, apply_temperature, draw, draw_next, filter_logits,
+from minitfm.decoding.sampling import (NonFiniteLogits, apply_temperature, draw, draw_next, filter_logits,
                               greedy, probabilities, sample, top_k_filter, top_p_filter)
 
 pytestmark = pytest.mark.usefixtures("numpy_backend")

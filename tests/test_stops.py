@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from minitfm import distributed
+from minitfm.workers import distributed
 from minitfm.cli import reporting
 from minitfm.training import stops
 

@@ -20,7 +20,8 @@ Counting needs the double; on a real device (``pytest -m gpu``) these tests skip
 import numpy as np
 import pytest
 
-from minitfm import backend, beam as search, checkpoint, decode, flat, generation, optim
+from minitfm import backend, checkpoint, flat, optim
+from minitfm.decoding import beam as search, decode, generation
 from minitfm.models import lm
 from minitfm.models import translator as model
 

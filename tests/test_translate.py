@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from minitfm import checkpoint, translation
+from minitfm import checkpoint
+from minitfm.decoding import translation
 from minitfm.cli import translate
 from minitfm.models import lm, translator
 from minitfm.data.vocab import train_vocab

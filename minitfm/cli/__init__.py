@@ -15,7 +15,7 @@ what they have in common lives here once, so that all behave alike:
   options, and how to continue one a signal stopped.
 
 And the commands' front ends: :mod:`minitfm.cli.translate`, :mod:`minitfm.cli.average`,
-:mod:`minitfm.cli.plot` (over :mod:`minitfm.translation`, :mod:`minitfm.averaging`,
+:mod:`minitfm.cli.plot` (over :mod:`minitfm.decoding.translation`, :mod:`minitfm.averaging`,
 :mod:`minitfm.plotting`), :mod:`minitfm.cli.launch` (``mpiexec``, with a closed terminal that
 saves) and :mod:`minitfm.cli.wmt` (the translation recipe ``train_wmt.py`` runs). The modules
 ``minitfm.translate``, ``average``, ``plot`` and ``launch`` only run them, so that ``python -m``

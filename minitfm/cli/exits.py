@@ -41,13 +41,13 @@ from minitfm.backend import BackendError
 from minitfm.checkpoint import CheckpointError
 from minitfm.data import DataError
 from minitfm.export.source import ExportError
-from minitfm.placement import PlacementError
+from minitfm.workers.placement import PlacementError
 from minitfm.plotting import PlotError
 from minitfm.training.divergence import TrainingDiverged
 from minitfm.training.plan import PlanError
 from minitfm.training.rundir import (LockUnsupported, NotARunDirectory, RunDirectoryBusy,
                                      WriteFailed)
-from minitfm.translation import TranslateError
+from minitfm.decoding.translation import TranslateError
 
 __all__ = ["DONE", "FAILED", "BAD_INPUT", "UsageError", "OutOfMemoryAfterTraining",
            "BAD_INPUT_ERRORS", "FAILURES", "status_of", "for_signal", "message",

@@ -47,7 +47,7 @@ import sys
 import threading
 from pathlib import Path
 
-from minitfm import placement
+from minitfm.workers import placement
 from minitfm.cli import exits
 from minitfm.cli.exits import UsageError
 from minitfm.training.stops import HANGUP_VARIABLE

@@ -10,7 +10,8 @@ import ctypes
 import os
 import sys
 
-from minitfm import backend, distributed, gradscale, placement
+from minitfm import backend, gradscale
+from minitfm.workers import distributed, placement
 from minitfm.cli.exits import UsageError
 from minitfm.cli.options import KERNELS, Words
 

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> list[str]:
             logs[Path(path).parent.name or path] = log.records
         return [plot_curves(logs, args.out, args.x)]
     from minitfm.checkpoint import CheckpointError
-    from minitfm.translation import TranslateError, load_translator
+    from minitfm.decoding.translation import TranslateError, load_translator
     if args.backend is not None:
         backend.use(args.backend)
     pyplot()                                        # fail before loading a model

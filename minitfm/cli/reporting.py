@@ -21,7 +21,7 @@ import signal
 import sys
 from collections.abc import Callable
 
-from minitfm import distributed
+from minitfm.workers import distributed
 from minitfm.cli import exits
 from minitfm.training.stops import StopRequests, describe_signal, raise_if_lost
 

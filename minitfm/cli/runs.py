@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 
-from minitfm import distributed
+from minitfm.workers import distributed
 from minitfm.cli import limits
 from minitfm.cli.exits import UsageError
 from minitfm.models.translator import Config

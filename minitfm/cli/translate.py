@@ -8,9 +8,9 @@
 Reads one sentence per line (UTF-8, from standard input or ``--input``) and writes one
 translation per line, in the same order, detokenized with the sentencepiece model stored in the
 checkpoint. The search is beam search with the paper's settings by default (beam 4, length
-penalty 0.6, at most source length + 50 output tokens; see :mod:`minitfm.beam`). With
+penalty 0.6, at most source length + 50 output tokens; see :mod:`minitfm.decoding.beam`). With
 ``--ensemble``, more models trained with the same vocabulary decode together with the first, each
-step's next-token probabilities the mean of theirs (:mod:`minitfm.ensemble`).
+step's next-token probabilities the mean of theirs (:mod:`minitfm.decoding.ensemble`).
 
 - An empty (or blank) line gives an empty line.
 - A line longer than the model accepts (``max_len`` tokens, EOS included) is truncated, with a
@@ -30,7 +30,7 @@ pipe (``--input <(zcat test.en.gz)``) or ``/dev/stdin``. A line longer than 1 Mi
 not text) is an error naming the line. Standard input that is a terminal is read too, after a
 note on standard error that says how to end it.
 
-The library it runs, loading checkpoints and translating lines, is :mod:`minitfm.translation`.
+The library it runs, loading checkpoints and translating lines, is :mod:`minitfm.decoding.translation`.
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ from minitfm.cli.argtypes import Parser, positive_int
 from minitfm.cli.placing import placement_defaults, select_backend
 from minitfm.cli.reporting import report_errors
 from minitfm.data.reading import not_utf8, open_bytes, stream_lines, text_stream
-from minitfm.ensemble import Ensemble
+from minitfm.decoding.ensemble import Ensemble
 from minitfm.models import translator as model
 from minitfm.training.stops import interrupts_deferred
-from minitfm.translation import (TranslateError, Translation, load_translators, translate_lines,
+from minitfm.decoding.translation import (TranslateError, Translation, load_translators, translate_lines,
                                  warn)
 
 __all__ = ["main"]

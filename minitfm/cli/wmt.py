@@ -19,7 +19,9 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-from minitfm import averaging, backend, beam, checkpoint, distributed, files, translation
+from minitfm import averaging, backend, checkpoint, files
+from minitfm.decoding import beam, translation
+from minitfm.workers import distributed
 from minitfm.cli import limits, translate
 from minitfm.bleu import BleuScore, corpus_bleu
 from minitfm.data import (BatchPlan, CleanOptions, DataError, EncodedCorpus, ParallelText,

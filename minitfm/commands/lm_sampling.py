@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from minitfm import checkpoint, generation, usable
+from minitfm import checkpoint, usable
+from minitfm.decoding import generation
 from minitfm.cli import limits, placing
 from minitfm.data import tokenizers
 from minitfm.cli.exits import UsageError

@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from minitfm import distributed
+from minitfm.workers import distributed
 from minitfm.cli import exits, limits, options, placing, reporting, runs
 from minitfm.commands import lm_sampling
 from minitfm.data import text as textdata

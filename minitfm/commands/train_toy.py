@@ -19,9 +19,10 @@ import argparse
 import sys
 import time
 
-from minitfm import backend, distributed, tasks
+from minitfm import backend, tasks
+from minitfm.workers import distributed
 from minitfm.cli import exits, limits, options, placing, reporting, runs
-from minitfm.decode import greedy
+from minitfm.decoding.decode import greedy
 from minitfm.cli.exits import UsageError
 from minitfm.models import translator
 from minitfm.models.translator import PRESETS, Config

@@ -52,7 +52,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-from minitfm import backend, distributed
+from minitfm import backend
+from minitfm.workers import distributed
 from minitfm.cli import wmt
 from minitfm.cli import exits, options, placing, reporting, runs
 from minitfm.data import epoch_batches, eval_arrays, read_parallel, token_batches

@@ -54,7 +54,7 @@ import os
 import numpy
 
 from minitfm import backend
-from minitfm.beam import stopping_rule
+from minitfm.decoding.beam import stopping_rule
 from minitfm.export.source import ExportError, Loaded, model
 from minitfm.layers import positional
 

@@ -20,7 +20,7 @@ import sys
 import textwrap
 import time
 
-from minitfm import placement
+from minitfm.workers import placement
 from minitfm.cli import exits
 from minitfm.cli.argtypes import Parser, integer, number, positive_int
 from minitfm.cli.reporting import report_errors

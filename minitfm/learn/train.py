@@ -32,11 +32,12 @@ from pathlib import Path
 
 import numpy
 
-from minitfm import backend, optim, placement, tasks
+from minitfm import backend, optim, tasks
+from minitfm.workers import placement
 from minitfm.cli import exits
 from minitfm.speed import fused, rows
 from minitfm.commands.train_toy import TASK_DEFAULTS
-from minitfm.decode import greedy
+from minitfm.decoding.decode import greedy
 from minitfm.learn import diagnose, worker
 from minitfm.learn.exercises import EXERCISES, Exercise, by_name
 from minitfm.learn.learner import load, substituted, where_in

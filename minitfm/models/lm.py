@@ -25,7 +25,7 @@ The gradient of "emb" is the sum of its two uses: the output projection's and th
 
 Generation runs one position at a time over a key/value cache (:class:`KVCache`): ``step`` is
 row t of ``forward``, through the input layer at offset t and ``decoder_only.stack_step``;
-:mod:`minitfm.generation` drives it and draws the tokens.
+:mod:`minitfm.decoding.generation` drives it and draws the tokens.
 """
 
 from __future__ import annotations

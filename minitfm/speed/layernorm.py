@@ -208,8 +208,8 @@ def rows_forward(x, p, eps=layernorm.EPS, before=None):
         xhat[part], rstd[part] = cache.xhat, cache.rstd
 
     rows.map_rows(block, x2.shape[0], 3 * d * x.itemsize)
-    return y.reshape(x.shape), layernorm.Cache(xhat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1),
-                                     p["gamma"])
+    return y.reshape(x.shape), layernorm.Cache(xhat.reshape(x.shape),
+                                               rstd.reshape(*x.shape[:-1], 1), p["gamma"])
 
 
 def rows_backward(dy, cache: layernorm.Cache, out=None, after=None):
@@ -232,7 +232,8 @@ def rows_backward(dy, cache: layernorm.Cache, out=None, after=None):
             backward_loop(dy2[part], xhat[part], rstd[part], gamma, dx[part], grads["gamma"],
                           grads["beta"])
         else:
-            dx[part], grads = layernorm.backward(dy2[part], layernorm.Cache(xhat[part], rstd[part], gamma))
+            dx[part], grads = layernorm.backward(dy2[part],
+                                                 layernorm.Cache(xhat[part], rstd[part], gamma))
         if after is not None:
             after(part, dx[part])
         return grads
@@ -248,7 +249,7 @@ def rows_backward(dy, cache: layernorm.Cache, out=None, after=None):
     return dx.reshape(dy.shape), grads
 
 
-# ---- compiled loops (CPU, Numba: minitfm.speed.compiled) ---------------------------------------------
+# ---- compiled loops (CPU, Numba: minitfm.speed.compiled) -----------------------------------------
 
 @compiled.kernel
 def forward_loop(x, gamma, beta, y, xhat, rstd, d_eps):

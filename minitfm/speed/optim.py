@@ -47,9 +47,10 @@ extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, co
 
 
 def _adam_twin(p, g, m, v, decays, n, decay, keep, b1, b2, eps, step, lr, state, scaled):
-    b1, b2, step_size, v_scale, keep = optim.coefficients(float(b1), float(b2), int(step), float(lr),
-                                                    float(keep), state if scaled else None)
-    optim.flat_step(p, g, m, v, decays if decay else None, keep, b1, b2, float(eps), step_size, v_scale)
+    b1, b2, step_size, v_scale, keep = optim.coefficients(
+        float(b1), float(b2), int(step), float(lr), float(keep), state if scaled else None)
+    optim.flat_step(p, g, m, v, decays if decay else None, keep, b1, b2, float(eps), step_size,
+                    v_scale)
 
 
 ADAM = fused.Kernel("adam", ADAM_SOURCE, _adam_twin)
@@ -65,8 +66,9 @@ def rows_flat_step(p, g, m, v, decays, keep, b1, b2, eps: float, step_size, v_sc
     on blocks set by the size alone: the plain update's bits, with any number of threads.
     """
     def block(part):
-        optim.flat_step(p[part], g[part], m[part], v[part], None if decays is None else decays[part],
-                  keep, b1, b2, eps, step_size, v_scale)
+        optim.flat_step(p[part], g[part], m[part], v[part],
+                        None if decays is None else decays[part],
+                        keep, b1, b2, eps, step_size, v_scale)
 
     rows.map_rows(block, p.size, 5 * p.itemsize)    # a row: p, g, m, v and adam_step's scratch
 

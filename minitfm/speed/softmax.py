@@ -45,7 +45,7 @@ def choose_backward(dp, p, scale):
     return _fast_pass(fused_backward, loops_backward, dp, p)
 
 
-# ---- compiled loops (CPU, Numba: minitfm.speed.compiled) ---------------------------------------------
+# ---- compiled loops (CPU, Numba: minitfm.speed.compiled) -----------------------------------------
 
 def loops_forward(s, scale, mask=None):
     """``forward`` by the loops below and NumPy's exp, on 4-D float32 scores."""
@@ -144,7 +144,8 @@ extern "C" __global__ void softmax_forward(float* s, const float* mask, int cols
 
 
 def _forward_twin(s, mask, cols, heads, steps, mb, mh, mt, mj, has_mask, scale):
-    softmax.forward(s, float(scale), mask if has_mask else None)     # the mask broadcasts as its strides
+    # the mask broadcasts as its strides
+    softmax.forward(s, float(scale), mask if has_mask else None)
 
 
 FORWARD = fused.Kernel("softmax_forward", FORWARD_SOURCE, _forward_twin)

@@ -24,7 +24,7 @@ of memory loses no update) and again, atomically, once the results are in. With
 its metric); ``checkpoint_best.npz`` is a second name for the best one, and rotation spares the
 ``keep_best`` best.
 
-Several workers (``mpiexec -n N``; :mod:`minitfm.distributed`): only rank 0 reads and writes the
+Several workers (``mpiexec -n N``; :mod:`minitfm.workers.distributed`): only rank 0 reads and writes the
 run directory, shows progress and validates; every worker continues from rank 0's state
 (:meth:`Run.start`), learns what a validation decides for all (a stop for patience, the
 automatic dropout start), and all stop together after the update in which any received a signal.
@@ -39,7 +39,8 @@ from collections.abc import Callable, Iterable
 
 from tqdm import tqdm
 
-from minitfm import backend, checkpoint, distributed, flat, models, usable
+from minitfm import backend, checkpoint, flat, models, usable
+from minitfm.workers import distributed
 from minitfm.gradscale import LossScaler
 from minitfm.optim import Adam
 from minitfm.training.divergence import diverged

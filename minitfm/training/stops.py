@@ -23,7 +23,7 @@ import signal
 import threading
 from collections.abc import Mapping
 
-from minitfm import distributed
+from minitfm.workers import distributed
 
 __all__ = ["STOP_SIGNALS", "StopRequests", "AgreedStop", "interrupts_deferred",
            "stop_if_any_worker_asks", "describe_signal", "raise_if_lost", "HANGUP_VARIABLE",

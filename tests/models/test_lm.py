@@ -5,7 +5,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from minitfm import backend, flat, generation, sampling
+from minitfm import backend, flat
+from minitfm.decoding import generation, sampling
 from minitfm.gradcheck.check import TOLERANCE, check_case, random_params
 from minitfm.gradcheck.cases import MODEL_CASES
 from minitfm.models import DROPOUTS, lm

@@ -366,7 +366,3 @@ def run(args: argparse.Namespace) -> int:
     print(f"{len(rows) - failed} passed, {failed} failed"
           + (f" in {time.monotonic() - started:.1f} s" if args.host else ""))
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,8 @@
 """The workers' CUDA devices, through CuPy: how many there are, which one this process uses, and
-NCCL between them (the device side of :class:`minitfm.distributed.World`'s collectives).
+NCCL between them (the device side of :class:`minitfm.workers.distributed.World`'s collectives).
 
 Everything here that touches CuPy imports it inside the function, so that a CPU run never loads
-it; :mod:`minitfm.placement` decides which device a worker takes, :mod:`minitfm.distributed`
+it; :mod:`minitfm.workers.placement` decides which device a worker takes, :mod:`minitfm.workers.distributed`
 carries the NCCL communicator's id over MPI.
 
 The NCCL unique id is 128 bytes (``NCCL_UNIQUE_ID_BYTES``), but CuPy's Python type for it changed

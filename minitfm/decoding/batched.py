@@ -13,7 +13,7 @@ its own. Each sentence's search is the one :func:`beam_search` makes; only the r
 scores may differ (its source is padded to the width of other sentences, its rows share
 matrix products with others).
 
-The search of each sentence is :mod:`minitfm.beam`'s; this module decides which sentences share
+The search of each sentence is :mod:`minitfm.decoding.beam`'s; this module decides which sentences share
 the cache, step by step.
 """
 
@@ -23,12 +23,13 @@ import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 
-from minitfm import backend, decode     # decode.positions: each step's runs of rows
-from minitfm.beam import Finished, Hypothesis, beam_search, check_search, groups_in_place, \
-    step_candidates
-from minitfm.decode import KVCache, first_groups, int_array, output_limits, prepare_source, \
-    reorder, self_attention_buffers
-from minitfm.ensemble import Ensemble
+from minitfm import backend
+from minitfm.decoding import decode     # decode.positions: each step's runs of rows
+from minitfm.decoding.beam import (Finished, Hypothesis, beam_search, check_search,
+                                   groups_in_place, step_candidates)
+from minitfm.decoding.decode import (KVCache, first_groups, int_array, output_limits,
+                                     prepare_source, reorder, self_attention_buffers)
+from minitfm.decoding.ensemble import Ensemble
 from minitfm.layers.attention import MASKED
 from minitfm.models import translator as model     # the model this module decodes
 

@@ -1,6 +1,6 @@
 """Translating text with trained checkpoints: a checkpoint (or several, as an ensemble) loaded
 with the vocabulary it stores, lines of text encoded, translated with beam search
-(:func:`minitfm.batched.translate_ids`) and detokenized.
+(:func:`minitfm.decoding.batched.translate_ids`) and detokenized.
 
 A blank line gives an empty translation; a line longer than the model accepts (``max_len`` tokens,
 EOS included) is cut to fit, with a warning naming the line. The command line that reads a file
@@ -14,10 +14,11 @@ from collections.abc import Callable, Sequence
 
 from tqdm import tqdm
 
-from minitfm import batched, checkpoint, usable
+from minitfm import checkpoint, usable
+from minitfm.decoding import batched
 from minitfm.data.reading import DataError
 from minitfm.data.vocab import Vocab
-from minitfm.ensemble import Ensemble
+from minitfm.decoding.ensemble import Ensemble
 from minitfm.models import translator as model
 
 __all__ = ["TranslateError", "Translation", "load_translator", "load_translators", "warn",

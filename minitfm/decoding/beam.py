@@ -1,5 +1,5 @@
-"""Beam search over the key/value cache of :mod:`minitfm.decode`, one batch of sentences
-(many sentences, sorted and refilled: :mod:`minitfm.batched`).
+"""Beam search over the key/value cache of :mod:`minitfm.decoding.decode`, one batch of sentences
+(many sentences, sorted and refilled: :mod:`minitfm.decoding.batched`).
 
 The paper's settings (section 6.1): beam size 4, length penalty alpha = 0.6, maximum output
 length = input length + 50; these are the defaults here.
@@ -80,9 +80,10 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from minitfm import backend, decode     # decode.step: read at each step, as greedy reads it
-from minitfm.decode import KVCache, forbid_special, init_kv_cache, int_array, output_limits, \
-    prepare_source, reorder
+from minitfm import backend
+from minitfm.decoding import decode     # decode.step: read at each step, as greedy reads it
+from minitfm.decoding.decode import (KVCache, forbid_special, init_kv_cache, int_array,
+                                     output_limits, prepare_source, reorder)
 from minitfm.models import translator as model     # the model this module decodes
 
 __all__ = ["LENGTH_PENALTIES", "STOPPING_RULES", "Hypothesis", "Finished", "length_penalty",

@@ -31,7 +31,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from minitfm import devices
+from minitfm.workers import devices
 
 __all__ = ["PlacementError", "Placement", "THREAD_VARIABLES", "available_cores", "blas_threads",
            "count", "place"]
@@ -125,7 +125,7 @@ def limit_blas_threads(threads: int) -> None:
 
 def place(world, backend_name: str, *, threads: int | None = None, cap: int | None = None,
           environ: Mapping[str, str] = os.environ) -> Placement:
-    """Place this worker of ``world`` (a :class:`minitfm.distributed.World`: its ``local_rank``
+    """Place this worker of ``world`` (a :class:`minitfm.workers.distributed.World`: its ``local_rank``
     and ``local_size``) for the active backend ``backend_name``: on ``"cupy"`` make GPU
     ``local_rank`` its device, else set its BLAS threads (``threads``: ``--threads``; ``cap``: the
     command's default at most, None for none). Call it once, before any array is made."""

@@ -15,9 +15,9 @@ The sum equals one worker's up to the order of float additions. Parameters broad
 at the start (broadcast_params) stay equal on every worker, since all apply the same update.
 
 Transport. Host (NumPy) buffers: one ``MPI_Allreduce`` in place on the whole flat buffer. Device
-(CuPy) buffers: NCCL on the current CUDA stream (:class:`minitfm.devices.Nccl`), its id made on
+(CuPy) buffers: NCCL on the current CUDA stream (:class:`minitfm.workers.devices.Nccl`), its id made on
 rank 0 and broadcast over MPI; device memory is never copied to the host. Which GPU, or how many
-BLAS threads, each worker takes is :mod:`minitfm.placement`'s decision.
+BLAS threads, each worker takes is :mod:`minitfm.workers.placement`'s decision.
 
 One process. Started without a launcher (or as a single process), :func:`world` is a world of one
 whose collectives leave their input as it is; mpi4py is not even imported.
@@ -36,7 +36,7 @@ Open MPI names its rank); :meth:`World.describe` lists each worker's rank, PID a
 the start, to match the two.
 
 No array math here: NumPy is never imported (a few numbers travel in ``array.array`` buffers),
-nor CuPy (:mod:`minitfm.devices` holds the device side).
+nor CuPy (:mod:`minitfm.workers.devices` holds the device side).
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ import traceback
 import zlib
 from collections.abc import Mapping, Sequence
 
-from minitfm import devices, flat
+from minitfm import flat
+from minitfm.workers import devices
 
 __all__ = ["DistributedError", "World", "world", "launcher_size", "shard", "describe_stops",
            "STOP_ERROR"]

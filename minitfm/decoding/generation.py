@@ -1,7 +1,7 @@
 """Text generation with the language model: feed a prompt, then draw one token at a time.
 
 The model runs one position at a time over its key/value cache (``models.lm.step``); each next
-token is drawn from its distribution with :mod:`minitfm.sampling` (temperature, top-k, top-p)
+token is drawn from its distribution with :mod:`minitfm.decoding.sampling` (temperature, top-k, top-p)
 from a generator seeded once, so the same seed gives the same text. When a sequence fills the
 context (``cfg.max_len``), the cache is rebuilt from its last ``max_len // 2`` tokens and
 generation goes on from there.
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from minitfm import backend, sampling
+from minitfm import backend
+from minitfm.decoding import sampling
 from minitfm.models import lm
 from minitfm.models.base import check_tokens
 
@@ -21,12 +22,12 @@ def generate(params, cfg: lm.LMConfig, prompt, max_new_tokens: int, *, temperatu
              greedy: bool = False) -> Iterator:
     """An iterator over ``max_new_tokens`` next tokens, one (R,) int64 host (NumPy) array per
     step, each yielded as soon as it is drawn: the one wait for the device per token, which also
-    brings back whether the logits were finite (:func:`minitfm.sampling.draw_next`). The
+    brings back whether the logits were finite (:func:`minitfm.decoding.sampling.draw_next`). The
     arguments are checked at the call, on the host, before any work.
 
     prompt: (R, P) or (P,) token ids, P >= 1 (one row per sequence; a 1-D prompt is one row).
     Each token is drawn from the model's distribution after temperature, top-k and top-p
-    (:func:`minitfm.sampling.sample`) with a generator seeded once by ``seed``, or is the most
+    (:func:`minitfm.decoding.sampling.sample`) with a generator seeded once by ``seed``, or is the most
     likely one with ``greedy``.
     """
     prompt = backend.to_host(prompt)                # checked on the host

@@ -3,7 +3,7 @@
 The paper's settings (section 6.1): "we used beam search with a beam size of 4 and length
 penalty alpha = 0.6 [...] We set the maximum output length during inference to input length +
 50, but terminate early when possible." The output limit is here (:func:`output_limits`); beam
-search and its length penalties are in :mod:`minitfm.beam`, which builds on this module.
+search and its length penalties are in :mod:`minitfm.decoding.beam`, which builds on this module.
 
 Incremental decoding
 --------------------
@@ -24,7 +24,7 @@ beside the full-sequence ones they mirror: ``inputs.forward(..., offset=t)``,
 ``decoder.stack_step`` / ``layer_step``, ``attention.self_step`` / ``cross_step``; this module
 holds only the key/value arrays and the search.
 
-Beam search, and decoding many sentences in batches by length, are in :mod:`minitfm.beam`.
+Beam search, and decoding many sentences in batches by length, are in :mod:`minitfm.decoding.beam`.
 
 Outputs are lists of token ids without BOS and EOS. Hypothesis bookkeeping (prefixes, finished
 lists) is host-side Python; the array work goes through ``backend.xp``.
@@ -39,7 +39,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from minitfm import backend
-from minitfm.ensemble import Ensemble, combine
+from minitfm.decoding.ensemble import Ensemble, combine
 from minitfm.layers.positional import Positions
 from minitfm.models import translator as model     # the model this module decodes
 
@@ -157,7 +157,7 @@ def step(params: dict, cfg: model.Config, kv: KVCache, tokens, t):
     """Feed ``tokens`` (R,), the decoder inputs at position t, and return the logits (R, V) of
     the tokens at position t + 1. Writes slot t of the cache's self-attention buffers. ``t``: an
     integer, or :func:`positions` for rows at different positions. For an ensemble
-    (:mod:`minitfm.ensemble`), its log-probabilities (R, V) in place of logits."""
+    (:mod:`minitfm.decoding.ensemble`), its log-probabilities (R, V) in place of logits."""
     last = t.end - 1 if isinstance(t, Positions) else t
     if last >= kv.capacity:
         raise ValueError(f"decoding step {last} is past the cache capacity {kv.capacity}")
@@ -199,7 +199,7 @@ def output_limits(src, cfg: model.Config, max_len: int | None = None) -> list[in
 def prepare_source(params: dict, cfg: model.Config, src):
     """``(src on the device, src on the host)``: the ids are checked, and the output limits are
     counted, on the host (a host array costs no wait for the device; a device array one copy).
-    ``params`` may be an :class:`~minitfm.ensemble.Ensemble`, ``cfg`` its ``cfg``."""
+    ``params`` may be an :class:`~minitfm.decoding.ensemble.Ensemble`, ``cfg`` its ``cfg``."""
     if isinstance(params, Ensemble):
         params.check()
     else:
