@@ -35,7 +35,7 @@ import sys
 import time
 import warnings
 
-from minitfm import backend, cudahost, flat, gradscale, optim, philox
+from minitfm import backend, cudahost, flat, gradscale, optim, philox, products
 from minitfm.cli.argtypes import Parser
 from minitfm.cli.reporting import report_errors
 from minitfm.speed import fused
@@ -156,8 +156,8 @@ def _loss_scaler():
 
 def _mixed_precision():
     """fp16: LayerNorm's and the ReLU's float16 outputs, and dY's float16 copy with db."""
-    previous = backend.precision()
-    backend.set_precision("fp16")
+    previous = products.precision()
+    products.set_precision("fp16")
     try:
         x, dy, w, b, gamma, beta = _inputs(13, (6, 7, 64), (6, 7, 32), (64, 32), (32,), (64,),
                                            (64,), scale=0.5)
@@ -170,7 +170,7 @@ def _mixed_precision():
         return {"y": y, "dx": dx, **grads, "ffn y": f, "ffn dx": df,
                 **{f"ffn {k}": a for k, a in g_ff.items()}}
     finally:
-        backend.set_precision(previous)
+        products.set_precision(previous)
 
 
 # name -> (case, tolerance: largest |fused - plain| / max |plain| of any output)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from minitfm import backend, distributed, gradscale, placement
+from minitfm import backend, distributed, gradscale, placement, products
 from minitfm.speed import fused, rows
 from minitfm.cli.exits import UsageError
 from minitfm.cli.options import Words
@@ -71,7 +71,7 @@ def place(threads: int | None, cap: int | None, precision: str | None = None,
     """Place this worker (placement.place: its GPU, or its BLAS threads, from ``--threads``, the
     environment or its share of the cores, at most ``cap``) for the active backend, set the
     precision of its float32 products (``--precision``; None: the backend's default for its
-    device, :func:`minitfm.backend.set_precision`), choose the fast path or the plain code
+    device, :func:`minitfm.products.set_precision`), choose the fast path or the plain code
     (``--kernels``: on CuPy the fused kernels, :func:`minitfm.speed.fused.use`, plain by default; on
     NumPy the row passes on the worker's threads, :func:`minitfm.speed.rows.use`, the default), and
     print them as the run's first line
@@ -80,7 +80,7 @@ def place(threads: int | None, cap: int | None, precision: str | None = None,
     world = distributed.world()
     decided = placement.place(world, backend.name, threads=threads, cap=cap)
     try:
-        chosen, why = backend.set_precision(precision)
+        chosen, why = products.set_precision(precision)
     except backend.BackendError as exc:
         raise UsageError(f"--precision {precision}: {exc}") from exc
     on_cpu = backend.name == "numpy"

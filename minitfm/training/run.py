@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable
 
 from tqdm import tqdm
 
-from minitfm import backend, checkpoint, distributed, flat, models, usable
+from minitfm import checkpoint, distributed, flat, models, products, usable
 from minitfm.gradscale import LossScaler
 from minitfm.optim import Adam
 from minitfm.training.divergence import diverged
@@ -249,8 +249,8 @@ class Run:
                           scaler=self._scaler())
 
     def _scaler(self) -> LossScaler | None:
-        """A loss scaler under mixed precision (``backend.precision() == "fp16"``), else None."""
-        return LossScaler(self.options.loss_scale) if backend.precision() == "fp16" else None
+        """A loss scaler under mixed precision (``products.precision() == "fp16"``), else None."""
+        return LossScaler(self.options.loss_scale) if products.precision() == "fp16" else None
 
     def _share(self) -> None:
         """Every worker continues from rank 0's state, fresh or resumed: its parameters, Adam's
