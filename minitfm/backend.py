@@ -34,7 +34,7 @@ __all__ = [
     "BackendError", "xp", "name", "use", "using", "float_dtype", "set_float_dtype", "to_device", "to_host",
     "to_host_together", "is_host_array", "host_copy", "scatter_add", "sorted_scatter_add",
     "dropout_keep", "rng", "host_rng", "check_array", "is_gpu", "describe", "environment_choice",
-    "available_memory", "host_available_memory", "memory_in_words",
+    "memory_in_words",
 ]
 
 
@@ -163,34 +163,6 @@ def _device() -> tuple[int, str, dict]:
     properties = cupy.cuda.runtime.getDeviceProperties(device)
     name = properties["name"]
     return device, name.decode() if isinstance(name, bytes) else name, properties
-
-
-def available_memory() -> tuple[int, str] | None:
-    """``(bytes, where the number comes from)`` that new arrays of the active backend can still
-    take: on CuPy the current device's free memory (``cudaMemGetInfo``), on NumPy the host's
-    (:func:`host_available_memory`); None where the system does not say."""
-    if _active_name() == "cupy":
-        free, _total = _active().cuda.runtime.memGetInfo()
-        return int(free), "free on the GPU"
-    return host_available_memory()
-
-
-def host_available_memory() -> tuple[int, str] | None:
-    """``(bytes, source)`` the host can give new allocations without swapping: ``MemAvailable``
-    of ``/proc/meminfo`` (Linux), else the free pages ``sysconf`` counts; None where neither
-    exists."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024, "MemAvailable in /proc/meminfo"
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        pages, page = os.sysconf("SC_AVPHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-    return (pages * page, "free physical memory") if pages > 0 and page > 0 else None
 
 
 def float_dtype():
