@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from op_counter import TALLY, counting_backend  # noqa: E402
 
-from minitfm import backend  # noqa: E402
+from minitfm import backend, products  # noqa: E402
 from minitfm.speed import fused, rows  # noqa: E402
 from minitfm.layers import output  # noqa: E402
 from minitfm.models import base, translator  # noqa: E402
@@ -151,13 +151,13 @@ def launch_run(cupy, cfg: translator.Config, batches: list, steps: int, update_f
     """Kernel launches of ``steps`` updates on the double, by module (the fused kernels as one),
     and the device-to-host copies (``device_to_host``)."""
     fused.use(kernels)
-    backend.set_precision(precision)
+    products.set_precision(precision)
     try:
         with cupy._double.counting() as counted:
             run_updates(cfg, batches, steps, update_freq, clip_norm)
     finally:
         fused.use("plain")
-        backend.set_precision("fp32")
+        products.set_precision("fp32")
     by_module = collections.Counter()
     for site, n in counted.launch_sites.items():
         by_module[module_of(site)] += n

@@ -7,7 +7,7 @@
     MINITFM_BACKEND=cupy python benchmarks/bench_train.py --precision fp32   # plain float32
 
 In one run it measures, at ``--precision`` (as the trainers: TF32 on a GPU that has it, else
-float32; minitfm.backend.set_precision):
+float32; minitfm.products.set_precision):
 1. the matrix-multiply peak: large square float32 products through the active backend;
 2. for each preset, in a fresh process (so its peak resident memory is its own): the time of a
    full training step (forward, backward, Adam update), target tokens/s, the model FLOPs of the
@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 
-from minitfm import backend, flat, gradscale, optim
+from minitfm import backend, flat, gradscale, optim, products
 from minitfm.workers import placement
 from minitfm.cli import options, placing
 from minitfm.speed import fused, mixed, rows
@@ -121,7 +121,7 @@ def make_step(cfg: translator.Config, batch: int, src_len: int, tgt_len: int):
     grads = flat.zeros_like(params)         # one gradient buffer for the run, as train() keeps
     src, tgt = make_batch(cfg, batch, src_len, tgt_len)
     count = itertools.count()
-    scaler = gradscale.LossScaler() if backend.precision() == "fp16" else None
+    scaler = gradscale.LossScaler() if products.precision() == "fp16" else None
 
     def step() -> dict:
         with mixed.half_copies(params):
@@ -192,7 +192,7 @@ def main(argv=None) -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)    # one preset, in this process
     args = parser.parse_args(argv)
     try:
-        precision, why = backend.set_precision(args.precision)     # before the first product
+        precision, why = products.set_precision(args.precision)     # before the first product
     except backend.BackendError as exc:
         parser.error(f"--precision {args.precision}: {exc}")
 

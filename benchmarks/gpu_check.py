@@ -46,7 +46,7 @@ import gpu_check_pytest  # noqa: E402
 import gpu_check_report  # noqa: E402
 import gpu_check_steps as steps  # noqa: E402
 
-from minitfm import backend, kernelcheck  # noqa: E402
+from minitfm import backend, kernelcheck, products  # noqa: E402
 
 SECTIONS = ("device", "kernels", "pytest", "base", "big", "multi30k")
 BASE_BUDGET_S, BIG_BUDGET_S = 70.0, 35.0      # no contender or probe starts later
@@ -120,7 +120,7 @@ def commit() -> str:
 
 def device_section(check: Check) -> dict:
     backend.use("cupy")
-    precision, why = backend.set_precision(None)
+    precision, why = products.set_precision(None)
     return {**device.device_info(), "default_precision": f"{precision} ({why})"}
 
 

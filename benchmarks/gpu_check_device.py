@@ -21,7 +21,7 @@ import time
 
 import numpy
 
-from minitfm import backend
+from minitfm import backend, products
 
 # TFLOP/s, dense: (pattern of the CUDA device name, fp32, tf32, fp16 tensor cores with float32
 # sums); the first match wins
@@ -112,10 +112,10 @@ def measured_peaks(n: int, repeats: int = 3) -> dict:
     for precision, dtype in (("fp32", cupy.float32), ("tf32", cupy.float32),
                              ("fp16", cupy.float16)):
         if precision == "tf32" and (int(cupy.cuda.Device().compute_capability)
-                                   < backend.TF32_CAPABILITY):
+                                   < products.TF32_CAPABILITY):
             continue
         if precision != "fp16":
-            backend.set_precision(precision)
+            products.set_precision(precision)
         a = a32.astype(dtype)
         best = float("inf")
         for _ in range(repeats + 1):                 # the first one compiles, warms up
@@ -125,7 +125,7 @@ def measured_peaks(n: int, repeats: int = 3) -> dict:
             sync()
             best = min(best, time.perf_counter() - start)
         result[precision] = 2 * n ** 3 / best / 1e12
-    backend.set_precision(None)
+    products.set_precision(None)
     return result
 
 

@@ -24,7 +24,7 @@ import bench_torch
 import bench_train
 import gpu_check_device as device
 
-from minitfm import backend, flat, optim
+from minitfm import backend, flat, optim, products
 from minitfm.speed import fused
 from minitfm.models import translator
 
@@ -89,7 +89,7 @@ def timed(step: Callable, sync: Callable, sizes: Sizes) -> dict:
 def minitfm_row(cfg, rows: int, sizes: Sizes, precision: str, kernels: str = "plain") -> dict:
     device.release_cupy_memory()
     try:
-        backend.set_precision(precision)
+        products.set_precision(precision)
         fused.use("fused" if kernels == "fused" else "plain")
         step = bench_train.make_step(cfg, rows, sizes.length, sizes.length)
         row = timed(step, device.sync, sizes)
@@ -99,7 +99,7 @@ def minitfm_row(cfg, rows: int, sizes: Sizes, precision: str, kernels: str = "pl
     finally:
         step = None
         device.release_cupy_memory()
-        backend.set_precision(None)
+        products.set_precision(None)
         fused.use("plain")
 
 

@@ -15,9 +15,6 @@ CUDA device). It never silently falls back to the CPU: ``auto`` records why it c
 :func:`describe` says so. The environment variable is read when ``xp`` or ``name`` is first
 needed, not at import, so a bad value is reported where the commands report their errors.
 
-The precision of matrix products (:func:`set_precision`: TF32, float32, or float16 operands with
-float32 sums) is chosen here, once per process, before the first product.
-
 What the layers need beyond the common NumPy/CuPy API lives here too: host<->device copies,
 scatter-add (the embedding backward), seeded random generators (NumPy's on the CPU; on the GPU
 the counter-based :mod:`minitfm.philox`, which creates nothing on the device), the default float
@@ -37,8 +34,7 @@ __all__ = [
     "BackendError", "xp", "name", "use", "using", "float_dtype", "set_float_dtype", "to_device", "to_host",
     "to_host_together", "is_host_array", "host_copy", "scatter_add", "sorted_scatter_add",
     "dropout_keep", "rng", "host_rng", "check_array", "is_gpu", "describe", "environment_choice",
-    "available_memory", "host_available_memory", "memory_in_words", "PRECISIONS",
-    "set_precision", "precision",
+    "memory_in_words",
 ]
 
 
@@ -169,34 +165,6 @@ def _device() -> tuple[int, str, dict]:
     return device, name.decode() if isinstance(name, bytes) else name, properties
 
 
-def available_memory() -> tuple[int, str] | None:
-    """``(bytes, where the number comes from)`` that new arrays of the active backend can still
-    take: on CuPy the current device's free memory (``cudaMemGetInfo``), on NumPy the host's
-    (:func:`host_available_memory`); None where the system does not say."""
-    if _active_name() == "cupy":
-        free, _total = _active().cuda.runtime.memGetInfo()
-        return int(free), "free on the GPU"
-    return host_available_memory()
-
-
-def host_available_memory() -> tuple[int, str] | None:
-    """``(bytes, source)`` the host can give new allocations without swapping: ``MemAvailable``
-    of ``/proc/meminfo`` (Linux), else the free pages ``sysconf`` counts; None where neither
-    exists."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024, "MemAvailable in /proc/meminfo"
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        pages, page = os.sysconf("SC_AVPHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-    return (pages * page, "free physical memory") if pages > 0 and page > 0 else None
-
-
 def float_dtype():
     """The default float dtype of new arrays: float32 (float64 for gradient checks)."""
     return _float_dtype
@@ -208,52 +176,6 @@ def set_float_dtype(dtype) -> None:
     if dtype not in (numpy.float32, numpy.float64):
         raise ValueError(f"float dtype must be float32 or float64, got {dtype}")
     _float_dtype = dtype.type
-
-
-PRECISIONS = ("fp32", "tf32", "fp16")
-TF32_CAPABILITY = 80        # compute capability 8.0 (Ampere) and later have TF32 tensor cores
-_precision = "fp32"
-
-
-def precision() -> str:
-    """The precision :func:`set_precision` chose (``fp32`` before it is called)."""
-    return _precision
-
-
-def set_precision(choice: str | None = None) -> tuple[str, str]:
-    """Choose how float32 matrix products run, before the first one; return ``(precision, why)``.
-
-    ``fp32``: plain float32 products. ``tf32``: on CuPy, float32 products on the GPU's TF32
-    tensor cores (each operand rounded to a 10-bit mantissa, sums in float32), set with
-    ``cupy._core.set_compute_type``. CuPy applies it to the products it hands to one cuBLAS
-    GEMM: ``dot``, ``tensordot`` and ``matmul`` of 2-D arrays (every linear layer and the output
-    projection); a batched ``matmul`` (attention's ``Q K^T`` and ``P V``) stays float32. None:
-    ``tf32`` on a GPU of compute capability 8.0 or higher, else ``fp32``. NumPy's products are
-    float32 only, and an older GPU has no TF32: ``tf32`` there raises :class:`BackendError`.
-    float64 products (gradient checks) are never affected. ``fp16``: :mod:`minitfm.speed.mixed`."""
-    global _precision
-    if choice not in (None, *PRECISIONS):
-        why = " (NumPy has no bfloat16, CuPy's batched products none: docs/gpu.md)"
-        raise BackendError(f"unknown precision {choice!r}: use {', '.join(PRECISIONS)}"
-                           + (why if choice == "bf16" else ""))
-    if _active_name() == "numpy":
-        if choice == "tf32":
-            raise BackendError("tf32 runs on a GPU's tensor cores (the cupy backend, compute "
-                               "capability 8.0 or higher); NumPy's products are float32: use fp32")
-        _precision = choice or "fp32"
-        return _precision, "NumPy: float32 only" if choice is None else "asked"
-    cupy = _active()
-    capability = int(cupy.cuda.Device().compute_capability)
-    where = f"compute capability {capability // 10}.{capability % 10}"
-    if choice == "tf32" and capability < TF32_CAPABILITY:
-        raise BackendError(f"tf32 needs TF32 tensor cores (compute capability 8.0 or higher); "
-                           f"this GPU has {where}: use fp32")
-    chosen = _precision = choice or ("tf32" if capability >= TF32_CAPABILITY else "fp32")
-    from cupy._core import _routines_linalg     # CuPy's home of the COMPUTE_TYPE_* constants
-    compute = (_routines_linalg.COMPUTE_TYPE_TF32 if chosen == "tf32"
-               else _routines_linalg.COMPUTE_TYPE_DEFAULT)
-    cupy._core.set_compute_type(numpy.float32, compute)
-    return chosen, f"the default on {where}" if choice is None else "asked"
 
 
 def to_device(array, dtype=None):

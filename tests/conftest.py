@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from threadpoolctl import ThreadpoolController
 
-from minitfm import backend
+from minitfm import backend, products
 from minitfm.cli import placing
 
 settings.register_profile("default", deadline=None, print_blob=True,
@@ -120,10 +120,10 @@ def process_choices_restored():
     command's are): put back afterwards, so that no other test runs in fp16 or with fused kernels
     by chance."""
     from minitfm.speed import fused, rows
-    precision, kernels, on_host = backend.precision(), fused.choice(), fused.on_host()
+    precision, kernels, on_host = products.precision(), fused.choice(), fused.on_host()
     row_passes = rows.state()
     yield
-    backend._precision, fused._choice, fused._on_host = precision, kernels, on_host
+    products._precision, fused._choice, fused._on_host = precision, kernels, on_host
     rows.use(*row_passes)
 
 

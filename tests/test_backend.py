@@ -25,11 +25,11 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "minitfm"
 
 # Host-side modules that may import NumPy directly (file I/O, data preparation, synthetic
 # tasks, plotting), the workers' devices and NCCL (CuPy) and their placement (NumPy's BLAS
-# threads), the fused kernels' execution on the CPU (cudahost/: C++ run over NumPy's
-# memory), and the workshop (learn/: its checks run on NumPy, in float64): they never do the
-# model's array math.
+# threads), the precision of the products (products.py: CuPy's compute type for float32), the
+# fused kernels' execution on the CPU (cudahost/: C++ run over NumPy's memory), and the
+# workshop (learn/: its checks run on NumPy, in float64): they never do the model's array math.
 HOST_SIDE = {"backend.py", "checkpoint.py", "usable.py", "averaging.py", "plotting.py", "tasks.py",
-             "devices.py", "compiled.py",
+             "devices.py", "compiled.py", "products.py",
              "placement.py"}
 
 

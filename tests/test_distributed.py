@@ -515,7 +515,7 @@ say(device=cupy.cuda.Device().id, params=cupy.asnumpy(params.buffer).tolist(),
 TRAIN = """
 import json, os, sys
 import numpy as np
-from minitfm import backend, tasks
+from minitfm import backend, products, tasks
 from minitfm.workers import distributed
 from minitfm.models.translator import Config
 from minitfm.training import loop
@@ -544,7 +544,7 @@ def batches(epoch):                # 5 batches of different sizes an epoch, the 
 with world.fail_together():
     for run in runs:
         backend.set_float_dtype(run["dtype"])
-        backend.set_precision(run["precision"])
+        products.set_precision(run["precision"])
         cfg = Config.preset("tiny", src_vocab=tasks.model_vocab(VOCAB),
                             tgt_vocab=tasks.model_vocab(VOCAB), dropout=0.1)
         options = TrainOptions(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from minitfm import backend
+from minitfm import backend, memory
 from minitfm.cli import argtypes, limits
 from minitfm.models import lm, translator
 from tests.test_translate import write_checkpoint
@@ -239,7 +239,7 @@ def test_vocab_size_option_and_the_corpus_bound(tmp_path):
 # ---- available memory ----------------------------------------------------------------------------
 
 def test_host_memory_is_memavailable_or_the_free_pages(monkeypatch):
-    found = backend.host_available_memory()
+    found = memory.host_available_memory()
     if Path("/proc/meminfo").exists():
         kib = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
                    if line.startswith("MemAvailable:"))
@@ -248,19 +248,19 @@ def test_host_memory_is_memavailable_or_the_free_pages(monkeypatch):
 
     def no_meminfo(*args, **kwargs):
         raise FileNotFoundError("/proc/meminfo")
-    monkeypatch.setattr(backend, "open", no_meminfo, raising=False)
-    fallback = backend.host_available_memory()
+    monkeypatch.setattr(memory, "open", no_meminfo, raising=False)
+    fallback = memory.host_available_memory()
     assert fallback is None or (fallback[0] > 0 and fallback[1] == "free physical memory")
-    monkeypatch.setattr(backend.os, "sysconf", lambda name: (_ for _ in ()).throw(ValueError()))
-    assert backend.host_available_memory() is None
-    assert backend.available_memory() is None                       # NumPy: the host's
+    monkeypatch.setattr(memory.os, "sysconf", lambda name: (_ for _ in ()).throw(ValueError()))
+    assert memory.host_available_memory() is None
+    assert memory.available_memory() is None                        # NumPy: the host's
 
 
 def test_device_memory_on_cupy_is_the_free_memory_of_the_device(cupy_backend):
-    free, where = backend.available_memory()
+    free, where = memory.available_memory()
     assert where == "free on the GPU" and free == cupy_backend.cuda.runtime.memGetInfo()[0]
     array = cupy_backend.zeros(1 << 20, dtype=cupy_backend.float32)   # 4 MiB
-    assert backend.available_memory()[0] == free - array.nbytes
+    assert memory.available_memory()[0] == free - array.nbytes
     # on the GPU the device parts are held against the device, the host parts against the host
     estimate = limits.Estimate({"work": 10}, {"kept": 10**6})
     assert limits.check_fits("work", {}, lambda v: estimate, device=(100, "gpu"),

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitfm import backend, checkpoint, flat, gradscale, optim
+from minitfm import backend, checkpoint, flat, gradscale, optim, products
 
 from tests.test_train_wmt import corpus  # noqa: F401  (a fixture: a tiny en-de corpus)
 
@@ -189,7 +189,7 @@ def test_the_loss_scale_must_be_a_float32_number(numpy_backend):
     params, grads = flat_pair()
     with pytest.raises(TypeError, match="flat gradient buffer"):
         gradscale.LossScaler().unscale(dict(grads))
-    assert backend.precision() == "fp32"
+    assert products.precision() == "fp32"
 
 
 def lm_args(tmp_path: Path) -> list:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitfm import backend
+from minitfm import backend, products
 from minitfm.cli import exits, placing
 from minitfm.models import translator
 
@@ -38,21 +38,21 @@ def double():
 
 
 def test_numpy_has_fp32_and_fp16(numpy_backend):
-    assert backend.set_precision(None) == ("fp32", "NumPy: float32 only")
-    assert backend.set_precision("fp32") == ("fp32", "asked")
+    assert products.set_precision(None) == ("fp32", "NumPy: float32 only")
+    assert products.set_precision("fp32") == ("fp32", "asked")
     with pytest.raises(backend.BackendError, match="tf32 runs on a GPU's tensor cores.*use fp32"):
-        backend.set_precision("tf32")
-    assert backend.precision() == "fp32"
+        products.set_precision("tf32")
+    assert products.precision() == "fp32"
     with pytest.raises(backend.BackendError, match="unknown precision 'fp8'"):
-        backend.set_precision("fp8")
+        products.set_precision("fp8")
     with pytest.raises(backend.BackendError, match="'bf16': use fp32, tf32, fp16 .NumPy has no"):
-        backend.set_precision("bf16")
-    assert backend.set_precision("fp16") == ("fp16", "asked") and backend.precision() == "fp16"
+        products.set_precision("bf16")
+    assert products.set_precision("fp16") == ("fp16", "asked") and products.precision() == "fp16"
 
 
 def test_tf32_is_the_default_from_compute_capability_8(double):
     types = double._core._routines_linalg
-    assert backend.set_precision(None) == ("tf32", "the default on compute capability 9.0")
+    assert products.set_precision(None) == ("tf32", "the default on compute capability 9.0")
     assert double._core.get_compute_type(np.float32) == types.COMPUTE_TYPE_TF32
     cfg = translator.Config.preset("tiny")
     params = translator.init_params(cfg, 0)
@@ -60,7 +60,7 @@ def test_tf32_is_the_default_from_compute_capability_8(double):
     with double._double.counting() as counted:
         translator.loss_and_grads(params, cfg, src, tgt)
     assert counted.tf32_products > 0 and counted.fp32_products == 0, counted
-    assert backend.set_precision("fp32") == ("fp32", "asked")
+    assert products.set_precision("fp32") == ("fp32", "asked")
     assert double._core.get_compute_type(np.float32) == types.COMPUTE_TYPE_DEFAULT
     with double._double.counting() as counted:
         translator.loss_and_grads(params, cfg, src, tgt)
@@ -69,9 +69,9 @@ def test_tf32_is_the_default_from_compute_capability_8(double):
 
 def test_an_older_gpu_runs_fp32_and_refuses_tf32(double, monkeypatch):
     monkeypatch.setattr(double.cuda._state, "COMPUTE_CAPABILITY", 75)
-    assert backend.set_precision(None) == ("fp32", "the default on compute capability 7.5")
+    assert products.set_precision(None) == ("fp32", "the default on compute capability 7.5")
     with pytest.raises(backend.BackendError, match="this GPU has compute capability 7.5: use fp32"):
-        backend.set_precision("tf32")
+        products.set_precision("tf32")
 
 
 def test_the_command_line_names_the_option(numpy_backend):

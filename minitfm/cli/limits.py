@@ -66,7 +66,7 @@ is refused only when its estimate is above the available memory (:func:`check_fi
 clearly cannot fit. (Against the peak of one step measured with tracemalloc on NumPy, the
 training and beam-search estimates came to 0.8 to 1.3 times it on six shapes.)
 
-Available memory (:func:`minitfm.backend.available_memory`): on NumPy ``MemAvailable`` of
+Available memory (:func:`minitfm.memory.available_memory`): on NumPy ``MemAvailable`` of
 ``/proc/meminfo``, on CuPy the device's free memory (the host's for host parts); where the
 system does not say, only the library limits are checked.
 """
@@ -79,7 +79,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from minitfm import backend, files, models
+from minitfm import backend, files, memory, models
 from minitfm.data.reading import GZIP_MAGIC
 from minitfm.cli.exits import UsageError
 from minitfm.ids import EOS_ID
@@ -289,14 +289,14 @@ def check_fits(what: str, sizes: Mapping[str, tuple[int, Sequence[int]]],
     what: the work, for the message ("training", "beam search").
     sizes: option -> (its value, the values it may take, increasing: a ``range`` or a list).
     estimate: the bytes needed for a dict option -> value.
-    device, host: the memory available (default ``measure``: :func:`backend.available_memory`
-        and :func:`backend.host_available_memory`); None where unknown: not checked.
+    device, host: the memory available (default ``measure``: :func:`memory.available_memory`
+        and :func:`memory.host_available_memory`); None where unknown: not checked.
     The message names the option whose value is furthest above the largest value that fits
     with the others unchanged, and that value (and the next such option, if any).
     """
     if measure:
-        device = device or backend.available_memory()
-        host = host or backend.host_available_memory()
+        device = device or memory.available_memory()
+        host = host or memory.host_available_memory()
     values = {option: value for option, (value, _) in sizes.items()}
     needed = estimate(values)
     short = _shortfall(needed, device, host)

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from minitfm import backend, gradscale
+from minitfm import gradscale, products
 from minitfm.decoding import beam
 from minitfm.cli.argtypes import duration, integer, number, phase, positive_int, vocab_size
 from minitfm.training import phases
@@ -156,7 +156,7 @@ VOCABULARY = {option.dest: option for option in [
                           "8.0 or higher; batched products, attention's, stay float32), plain "
                           "fp32, or fp16: mixed precision, float16 operands summed in float32 "
                           "with float32 master weights and a dynamic loss scale (on the CPU "
-                          "too, slowly)", choices=backend.PRECISIONS,
+                          "too, slowly)", choices=products.PRECISIONS,
            absent="tf32 on such a GPU, else fp32"),
     Option("--loss-scale", f"fp16: the initial loss scale, halved at every update whose "
                            f"gradients overflow (skipped) and doubled after "

@@ -41,7 +41,7 @@ import sys
 import time
 import warnings
 
-from minitfm import backend, cudahost, flat, gradscale, optim, philox
+from minitfm import backend, cudahost, flat, gradscale, optim, philox, products
 from minitfm.cli.argtypes import Parser
 from minitfm.cli.reporting import report_errors
 from minitfm.speed import fused, mixed, rows
@@ -162,8 +162,8 @@ def _loss_scaler():
 
 def _mixed_precision():
     """fp16: LayerNorm's and the ReLU's float16 outputs, and dY's float16 copy with db."""
-    previous = backend.precision()
-    backend.set_precision("fp16")
+    previous = products.precision()
+    products.set_precision("fp16")
     try:
         x, dy, w, b, gamma, beta = _inputs(13, (6, 7, 64), (6, 7, 32), (64, 32), (32,), (64,),
                                            (64,), scale=0.5)
@@ -176,7 +176,7 @@ def _mixed_precision():
         return {"y": y, "dx": dx, **grads, "ffn y": f, "ffn dx": df,
                 **{f"ffn {k}": a for k, a in g_ff.items()}}
     finally:
-        backend.set_precision(previous)
+        products.set_precision(previous)
 
 
 # name -> (case, tolerance: largest |fused - plain| / max |plain| of any output)
@@ -277,7 +277,7 @@ def main(argv=None) -> int:
     parser.add_argument("--kernels", choices=fused.CHOICES,
                         help="with --explain: the kernels the update runs under (default: a "
                              "command's, fused on the CPU, plain on a GPU)")
-    parser.add_argument("--precision", choices=backend.PRECISIONS,
+    parser.add_argument("--precision", choices=products.PRECISIONS,
                         help="with --explain: the precision of the update's products (default: "
                              "the backend's)")
     args = parser.parse_args(argv)
@@ -293,7 +293,7 @@ def explain(args: argparse.Namespace) -> int:
     from minitfm.models import translator
     try:
         backend.use(os.environ.get("MINITFM_BACKEND", "").strip() or "numpy")
-        chosen, _ = backend.set_precision(args.precision)
+        chosen, _ = products.set_precision(args.precision)
         kernels = args.kernels or ("fused" if backend.name == "numpy" else "plain")
         fused.use(kernels)
         rows.use(backend.name == "numpy" and kernels == "fused", 1)

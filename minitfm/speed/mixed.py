@@ -32,7 +32,7 @@ import ctypes
 import warnings
 import weakref
 
-from minitfm import backend
+from minitfm import backend, products
 
 __all__ = ["enabled", "half", "remember", "half_copies", "half_of", "matmul", "HALF"]
 
@@ -43,7 +43,7 @@ _companions: dict = {}   # id(array) -> (a weak reference to it, its float16 cop
 
 def enabled(*arrays) -> bool:
     """Whether products of ``arrays`` run in float16: ``--precision fp16`` and float32 arrays."""
-    return backend.precision() == "fp16" and all(a.dtype == "float32" for a in arrays)
+    return products.precision() == "fp16" and all(a.dtype == "float32" for a in arrays)
 
 
 def half(a):

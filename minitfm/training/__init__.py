@@ -4,6 +4,8 @@
                    Adam; then the hooks (log, validate, save, stop) when they are due
     run.py         Run: one run's options, model, state, run directory and workers; start or
                    resume (one check, one load), save, validate, stop
+    resume.py      where a run starts: the latest checkpoint read and checked against the run,
+                   or a fresh state; rank 0's shared with every worker
     state.py       TrainOptions, what the loop is told (the commands' parsed options), and
                    TrainState, where a run stands (what a checkpoint stores)
     plan.py        what the options come to once the data is known: the updates, the learning

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from tqdm import tqdm
 
-from minitfm import backend, flat, models
+from minitfm import backend, flat, models, products
 from minitfm.gradscale import clip_grad_norm
 from minitfm.models import DROPOUTS
 from minitfm.training.divergence import DivergenceWatch
@@ -216,7 +216,7 @@ def _hooks(run: Run, stats: dict, window: LogWindow, watch: DivergenceWatch, bar
 def _half_copies(params):
     """Under ``--precision fp16`` the float16 copy of ``params`` for the update's products
     (:func:`minitfm.speed.mixed.half_copies`, imported only then); else nothing."""
-    if backend.precision() != "fp16":
+    if products.precision() != "fp16":
         return contextlib.nullcontext()
     from minitfm.speed import mixed        # the float16 products: a fast path's machinery
     return mixed.half_copies(params)

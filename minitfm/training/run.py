@@ -8,14 +8,8 @@ The loop (:mod:`minitfm.training.loop`) makes the updates and calls on it.
         state = loop.train(run, batches)
 
 Resuming (``options.resume``) continues from the latest checkpoint of ``options.out_dir``, read
-once when the run is opened. Nothing in the directory is written before it passes every check:
-a directory with checkpoints needs ``resume``; one with an earlier run's ``checkpoint_best.npz``
-and no other checkpoint is refused (a new run would replace it); the checkpoint must pass the
-check of :mod:`minitfm.usable` (kind, parameters, dtypes, finite values, Adam's moments) and be
-a training checkpoint; the options that define the run (``options.defining``) and the seed must
-be those it started with; at :meth:`Run.start`, the config, the vocabulary and ``run_meta``
-(what the trainer's data must match) must be the checkpoint's too. A resumed run reaches
-bit-identical parameters to an uninterrupted one.
+once when the run is opened and checked against the run then and at :meth:`Run.start`
+(:mod:`minitfm.training.resume`, with the fresh state and every worker's copy of rank 0's).
 
 Every checkpoint stores the validation record (validation.py); a checkpoint saved at a
 validation also that validation's results: it is saved before the validation (one that runs out
@@ -39,19 +33,18 @@ from collections.abc import Callable, Iterable
 
 from tqdm import tqdm
 
-from minitfm import backend, checkpoint, flat, models, usable
+from minitfm import checkpoint, models
 from minitfm.workers import distributed
-from minitfm.gradscale import LossScaler
-from minitfm.optim import Adam
 from minitfm.training.divergence import diverged
 from minitfm.training.plan import PlanError, plan
-from minitfm.training.record import changed_options, outcome
-from minitfm.training.rundir import BEST_NAME, REPLACED_NAME, RunDirectory
+from minitfm.training.record import outcome
+from minitfm.training.resume import fresh_state, latest_checkpoint, resumed_state, share_state
+from minitfm.training.rundir import REPLACED_NAME, RunDirectory
 from minitfm.training.state import TrainOptions, TrainState
 from minitfm.training.stops import (AgreedStop, StopRequests, describe_signal,
                                     interrupts_deferred)
 from minitfm.training import validation
-from minitfm.training.validation import Batch, Record, ValidMetric
+from minitfm.training.validation import Batch, ValidMetric
 
 __all__ = ["Run", "due"]
 
@@ -78,7 +71,7 @@ class Run:
         self.valid_metric: ValidMetric | None = None
         self.on_dropout_start: Callable[[], None] | None = None
         try:
-            self.resumed = self._latest_checkpoint()
+            self.resumed = latest_checkpoint(self.run_dir, self.options, kind, self.say)
         except BaseException:
             self.close()
             raise
@@ -105,44 +98,6 @@ class Run:
             tqdm.write(text)
 
     # ---- start or resume ----------------------------------------------------------------------
-
-    def _latest_checkpoint(self) -> checkpoint.Checkpoint | None:
-        """The latest checkpoint of the run directory, read back whole and checked, or None."""
-        latest = self.run_dir.latest_checkpoint() if self.run_dir else None
-        if latest is None and self.run_dir and os.path.lexists(self.run_dir.best_path):
-            raise FileExistsError(
-                f"{self.options.out_dir} holds {BEST_NAME}, the best checkpoint of an earlier "
-                f"run, and no numbered checkpoint (checkpoint_<step>.npz) to continue from: a new "
-                f"run there would replace it. Move it out of {self.options.out_dir}, or choose "
-                f"another --out")
-        if latest is None:
-            if self.options.resume:
-                self.say(f"no checkpoint in {self.options.out_dir}: starting from scratch")
-            return None
-        if not self.options.resume:
-            raise FileExistsError(f"{self.options.out_dir} already holds checkpoints of a run: "
-                                  f"continue it with --resume, or choose another --out")
-        ckpt = usable.load(latest, self.kind).ckpt    # kind, names, shapes, dtypes, finite
-        if "batches_done" not in ckpt.extra or ckpt.optimizer_state is None:
-            raise checkpoint.CheckpointError(
-                f"checkpoint {latest} is not a training checkpoint (no optimizer state or data "
-                f"position; an averaged model?): resume from a checkpoint written by training, "
-                f"or start a new run in another directory")
-        self._check_same_options(ckpt)
-        return ckpt
-
-    def _check_same_options(self, ckpt: checkpoint.Checkpoint) -> None:
-        """The seed and the options that define the run (``run.json``) are the run's own."""
-        options = self.options
-        started = {**self.run_dir.record.started_args(),      # none recorded: the checkpoint
-                   "seed": ckpt.extra["seed"]}                 # is checked alone
-        now = {**options.command, "seed": options.seed}
-        changed = changed_options(started, now, ("seed", *options.defining), ckpt.config)
-        if changed:
-            raise checkpoint.CheckpointError(
-                f"cannot resume {options.out_dir} with other options:\n  " + "\n  ".join(changed)
-                + "\nResume with the options it was started with, or start a new run with "
-                  "another --out")
 
     def resumed_vocab(self) -> tuple[str | None, bytes | None] | None:
         """The vocabulary (identifier, tokenizer model) of the checkpoint being resumed, on every
@@ -179,8 +134,8 @@ class Run:
         self.on_dropout_start = on_dropout_start
         self.plan = plan(self.options, cfg.d_model, epoch_updates)
         self._check_validation()
-        self.state = self._resume() if self.resumed else self._fresh(params)
-        self._share()
+        self.state = self._resume() if self.resumed else fresh_state(cfg, params, self.options)
+        share_state(self.world, self.state)
         if self.run_dir:
             self._prepare_directory()
         return self.state
@@ -207,76 +162,8 @@ class Run:
     def _resume(self) -> TrainState:
         """The state of the checkpoint read when the run was opened, checked against the run.
         The state copies what it needs: the checkpoint's own arrays are let go."""
-        ckpt, options, self.resumed = self.resumed, self.options, None
-        checkpoint.check_compatible(ckpt, self.cfg.to_dict(), self.vocab[0])
-        problems = [f"{key!r}: checkpoint has {saved}, current run has {current}"
-                    for key, saved, current in checkpoint.config_differences(
-                        ckpt.extra.get("run_meta", {}), self.run_meta)]
-        if problems:
-            raise checkpoint.CheckpointError(
-                f"checkpoint {ckpt.path} belongs to another run:\n  " + "\n  ".join(problems)
-                + "\nResume with the settings it was trained with, or start a new run in "
-                  "another directory")
-        record = Record.from_dict(ckpt.extra.get("validation"))
-        if record.best is not None and record.metric != options.best_metric:
-            raise checkpoint.CheckpointError(
-                f"checkpoint {ckpt.path} belongs to a run that chooses by {record.metric}, not "
-                f"{options.best_metric or 'no metric'}: resume with the metric it was started "
-                f"with")
-        record.metric = options.best_metric
-        params = flat.flatten(checkpoint.params_to_device(ckpt.params))
-        optimizer = Adam(params, weight_decay=options.weight_decay)
-        optimizer.load_state_dict(ckpt.optimizer_state)
-        extra = ckpt.extra
-        valid = extra.get("valid", {}) if record.last_validated == ckpt.step else {}
-        scaler = self._scaler()
-        if scaler is not None and "loss_scaler" in extra:
-            scaler.load_state_dict(extra["loss_scaler"])     # as it was: a resume continues exactly
-        self.say(f"resuming from {ckpt.path} (step {ckpt.step})")
-        return TrainState(params=params, optimizer=optimizer, seed=extra["seed"], step=ckpt.step,
-                          epoch=extra["epoch"], batches_done=extra["batches_done"],
-                          tokens=extra["tokens"], elapsed=extra["elapsed"],
-                          last_checkpoint=ckpt.path, valid=dict(valid), record=record,
-                          scaler=scaler, out_of_patience=bool(options.patience)
-                          and record.since_best >= options.patience)
-
-    def _fresh(self, params: dict | None) -> TrainState:
-        trained = models.of(self.cfg)
-        params = trained.init_params(self.cfg, self.options.seed) if params is None else params
-        trained.check_params(params, self.cfg)
-        return TrainState(params=params,
-                          optimizer=Adam(params, weight_decay=self.options.weight_decay),
-                          seed=self.options.seed, record=Record(metric=self.options.best_metric),
-                          scaler=self._scaler())
-
-    def _scaler(self) -> LossScaler | None:
-        """A loss scaler under mixed precision (``backend.precision() == "fp16"``), else None."""
-        return LossScaler(self.options.loss_scale) if backend.precision() == "fp16" else None
-
-    def _share(self) -> None:
-        """Every worker continues from rank 0's state, fresh or resumed: its parameters, Adam's
-        moments and step, the data position, the token count, the clock, and what the
-        validation record decides for every worker (the step of the latest validation, the
-        automatic dropout start)."""
-        world, state = self.world, self.state
-        if not world.distributed:
-            return
-        for arrays in (state.params, state.optimizer.m, state.optimizer.v):
-            world.broadcast_params(arrays)
-        if state.scaler is not None:
-            world.broadcast_params({"loss_scaler": state.scaler.state})
-        numbers = world.broadcast_numbers([state.step, state.optimizer.step, state.epoch,
-                                           state.batches_done, state.tokens, state.elapsed])
-        (state.step, state.optimizer.step, state.epoch, state.batches_done,
-         state.tokens) = (int(n) for n in numbers[:5])
-        state.elapsed = numbers[5]
-        decided = world.broadcast_numbers([-1 if n is None else n for n in
-                                           (state.record.last_validated,
-                                            state.record.dropout_from)]
-                                          + [float(state.out_of_patience)])
-        state.record.last_validated, state.record.dropout_from = (None if n < 0 else int(n)
-                                                                  for n in decided[:2])
-        state.out_of_patience = bool(decided[2])
+        ckpt, self.resumed = self.resumed, None
+        return resumed_state(ckpt, self.cfg, self.vocab[0], self.run_meta, self.options, self.say)
 
     def _prepare_directory(self) -> None:
         """The log cut back to the state's step, run.json, and the best checkpoint named."""

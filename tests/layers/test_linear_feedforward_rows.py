@@ -6,7 +6,7 @@ Bits are compared as integers, so that -0.0 against 0.0 and NaN payloads count t
 import numpy as np
 import pytest
 
-from minitfm import backend
+from minitfm import backend, products
 from minitfm.speed import fused, rows
 from minitfm.layers import dropout, feedforward, linear
 from minitfm.speed import feedforward as fast_feedforward
@@ -185,7 +185,7 @@ def test_relu_backward_rows_keep_signed_zeros_and_nans(threads, monkeypatch, p_d
 
 def test_feedforward_rows_under_mixed_precision(threads, monkeypatch):
     counts = counted_passes(monkeypatch, SMALL_BLOCK)
-    backend.set_precision("fp16")       # put back by the process_choices_restored fixture
+    products.set_precision("fp16")       # put back by the process_choices_restored fixture
     r = np.random.default_rng(7)
     x = r.standard_normal((2, 90, 16)).astype(np.float32)
     dy = r.standard_normal((2, 90, 16)).astype(np.float32)
