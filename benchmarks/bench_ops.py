@@ -46,7 +46,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from op_counter import TALLY, counting_backend  # noqa: E402
 
-from minitfm import backend, products  # noqa: E402
+from minitfm import backend  # noqa: E402
+from minitfm.backend import products  # noqa: E402
 from minitfm.speed import fused, rows  # noqa: E402
 from minitfm.layers import output  # noqa: E402
 from minitfm.models import base, translator  # noqa: E402

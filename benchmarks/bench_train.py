@@ -7,7 +7,7 @@
     MINITFM_BACKEND=cupy python benchmarks/bench_train.py --precision fp32   # plain float32
 
 In one run it measures, at ``--precision`` (as the trainers: TF32 on a GPU that has it, else
-float32; minitfm.products.set_precision):
+float32; minitfm.backend.products.set_precision):
 1. the matrix-multiply peak: large square float32 products through the active backend;
 2. for each preset, in a fresh process (so its peak resident memory is its own): the time of a
    full training step (forward, backward, Adam update), target tokens/s, the model FLOPs of the
@@ -34,7 +34,8 @@ import subprocess
 import sys
 import time
 
-from minitfm import backend, flat, gradscale, optim, products
+from minitfm import backend, flat, gradscale, optim
+from minitfm.backend import products
 from minitfm.workers import placement
 from minitfm.cli import options, placing
 from minitfm.speed import fused, mixed, rows

@@ -21,7 +21,8 @@ import time
 
 import numpy
 
-from minitfm import backend, products
+from minitfm import backend
+from minitfm.backend import products
 
 # TFLOP/s, dense: (pattern of the CUDA device name, fp32, tf32, fp16 tensor cores with float32
 # sums); the first match wins

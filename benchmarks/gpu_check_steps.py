@@ -24,7 +24,8 @@ import bench_torch
 import bench_train
 import gpu_check_device as device
 
-from minitfm import backend, flat, optim, products
+from minitfm import backend, flat, optim
+from minitfm.backend import products
 from minitfm.speed import fused
 from minitfm.models import translator
 

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 from threadpoolctl import ThreadpoolController
 
-from minitfm import backend, products
+from minitfm import backend
+from minitfm.backend import products
 from minitfm.cli import placing
 
 settings.register_profile("default", deadline=None, print_blob=True,

@@ -515,7 +515,8 @@ say(device=cupy.cuda.Device().id, params=cupy.asnumpy(params.buffer).tolist(),
 TRAIN = """
 import json, os, sys
 import numpy as np
-from minitfm import backend, products, tasks
+from minitfm import backend, tasks
+from minitfm.backend import products
 from minitfm.workers import distributed
 from minitfm.models.translator import Config
 from minitfm.training import loop

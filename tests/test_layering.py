@@ -28,8 +28,7 @@ FLOORS = [      # top to bottom: (name, the modules and packages on it)
     ("models", ["minitfm.models"]),
     ("layers, data, special ids", ["minitfm.layers", "minitfm.data", "minitfm.ids",
                                    "minitfm.tasks", "minitfm.flat"]),
-    ("backend", ["minitfm.backend", "minitfm.products", "minitfm.memory", "minitfm.workers.blas",
-                 "minitfm"]),
+    ("backend", ["minitfm.backend", "minitfm.workers.blas", "minitfm"]),
 ]
 MODEL_BASE = "minitfm.models.base"      # what a model may import from its own floor
 

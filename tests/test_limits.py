@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from minitfm import backend, memory
+from minitfm import backend
+from minitfm.backend import memory
 from minitfm.cli import argtypes, limits
 from minitfm.models import lm, translator
 from tests.test_translate import write_checkpoint

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitfm import backend, checkpoint, flat, gradscale, optim, products
+from minitfm import backend, checkpoint, flat, gradscale, optim
+from minitfm.backend import products
 
 from tests.test_train_wmt import corpus  # noqa: F401  (a fixture: a tiny en-de corpus)
 

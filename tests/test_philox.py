@@ -1,4 +1,4 @@
-"""Tests of minitfm.philox: the block function against published answers and an independent
+"""Tests of minitfm.backend.philox: the block function against published answers and an independent
 implementation, the stream and its draws, the distributions, and (``gpu``) the CuPy backend's
 dropout and sampling, which draw from it.
 
@@ -14,8 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitfm import backend, philox
-from minitfm.philox import Philox
+from minitfm import backend
+from minitfm.backend import philox
+from minitfm.backend.philox import Philox
 
 pytestmark = pytest.mark.usefixtures("numpy_backend")
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitfm import backend, products
+from minitfm import backend
+from minitfm.backend import products
 from minitfm.cli import exits, placing
 from minitfm.models import translator
 

@@ -66,7 +66,7 @@ is refused only when its estimate is above the available memory (:func:`check_fi
 clearly cannot fit. (Against the peak of one step measured with tracemalloc on NumPy, the
 training and beam-search estimates came to 0.8 to 1.3 times it on six shapes.)
 
-Available memory (:func:`minitfm.memory.available_memory`): on NumPy ``MemAvailable`` of
+Available memory (:func:`minitfm.backend.memory.available_memory`): on NumPy ``MemAvailable`` of
 ``/proc/meminfo``, on CuPy the device's free memory (the host's for host parts); where the
 system does not say, only the library limits are checked.
 """
@@ -79,7 +79,8 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from minitfm import backend, files, memory, models
+from minitfm import backend, files, models
+from minitfm.backend import memory
 from minitfm.data.reading import GZIP_MAGIC
 from minitfm.cli.exits import UsageError
 from minitfm.ids import EOS_ID

@@ -25,7 +25,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from minitfm import gradscale, products
+from minitfm import gradscale
+from minitfm.backend import products
 from minitfm.decoding import beam
 from minitfm.cli.argtypes import duration, integer, number, phase, positive_int, vocab_size
 from minitfm.training import phases

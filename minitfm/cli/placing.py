@@ -10,7 +10,8 @@ import ctypes
 import os
 import sys
 
-from minitfm import backend, gradscale, products
+from minitfm import backend, gradscale
+from minitfm.backend import products
 from minitfm.workers import distributed, placement
 from minitfm.cli.exits import UsageError
 from minitfm.cli.options import KERNELS, Words
@@ -72,7 +73,7 @@ def place(threads: int | None, cap: int | None, precision: str | None = None,
     """Place this worker (placement.place: its GPU, or its BLAS threads, from ``--threads``, the
     environment or its share of the cores, at most ``cap``) for the active backend, set the
     precision of its float32 products (``--precision``; None: the backend's default for its
-    device, :func:`minitfm.products.set_precision`), choose the fast path or the plain code
+    device, :func:`minitfm.backend.products.set_precision`), choose the fast path or the plain code
     (``--kernels``: on CuPy the fused kernels, :func:`minitfm.speed.fused.use`, plain by default; on
     NumPy the row passes on the worker's threads, :func:`minitfm.speed.rows.use`, the default), and
     print them as the run's first line

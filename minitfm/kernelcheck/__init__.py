@@ -41,7 +41,8 @@ import sys
 import time
 import warnings
 
-from minitfm import backend, cudahost, flat, gradscale, optim, philox, products
+from minitfm import backend, cudahost, flat, gradscale, optim
+from minitfm.backend import philox, products
 from minitfm.cli.argtypes import Parser
 from minitfm.cli.reporting import report_errors
 from minitfm.speed import fused, mixed, rows

@@ -11,7 +11,7 @@ Backward
 The mask comes from the generator passed in; the trainer passes ``backend.rng(seed, step, i)``
 for the i-th batch of a step, so the masks are reproducible from those numbers alone: on NumPy
 a ``numpy.random.Generator`` that draws 16-bit integers as raw bytes, on CuPy the counter-based
-Philox stream (``minitfm.philox``), computed with array operations and creating no generator on
+Philox stream (``minitfm.backend.philox``), computed with array operations and creating no generator on
 the device. The two backends draw different masks. No parameters.
 
 Its fast paths: ``minitfm/speed/dropout.py``.

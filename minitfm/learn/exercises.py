@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from minitfm import philox
+from minitfm.backend import philox
 from minitfm.learn.mistakes import MISTAKES, Mistake
 
 __all__ = ["Exercise", "EXERCISES", "by_name", "ORDER"]

@@ -16,7 +16,8 @@ faster (:func:`loops_keep_mask`).
 
 from __future__ import annotations
 
-from minitfm import backend, philox
+from minitfm import backend
+from minitfm.backend import philox
 from minitfm.layers import dropout
 from minitfm.speed import compiled, fused, policy, rows
 

@@ -16,7 +16,8 @@ may become one fused instruction.
 
 from __future__ import annotations
 
-from minitfm import backend, philox
+from minitfm import backend
+from minitfm.backend import philox
 from minitfm.layers import dropout, feedforward, linear
 from minitfm.speed import compiled, fused, mixed, policy, rows
 from minitfm.speed import dropout as fast_dropout

@@ -32,7 +32,8 @@ import ctypes
 import warnings
 import weakref
 
-from minitfm import backend, products
+from minitfm import backend
+from minitfm.backend import products
 
 __all__ = ["enabled", "half", "remember", "half_copies", "half_of", "matmul", "HALF"]
 

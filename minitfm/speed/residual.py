@@ -19,7 +19,8 @@ add may be one fused instruction).
 
 from __future__ import annotations
 
-from minitfm import backend, philox
+from minitfm import backend
+from minitfm.backend import philox
 from minitfm.layers import dropout, layernorm, residual
 from minitfm.speed import compiled, fused, policy, rows
 from minitfm.speed import dropout as fast_dropout

@@ -37,7 +37,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 from tqdm import tqdm
 
-from minitfm import backend, flat, models, products
+from minitfm import backend, flat, models
+from minitfm.backend import products
 from minitfm.gradscale import clip_grad_norm
 from minitfm.models import DROPOUTS
 from minitfm.training.divergence import DivergenceWatch

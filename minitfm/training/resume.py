@@ -19,7 +19,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from minitfm import checkpoint, flat, models, products, usable
+from minitfm import checkpoint, flat, models, usable
+from minitfm.backend import products
 from minitfm.workers import distributed
 from minitfm.gradscale import LossScaler
 from minitfm.optim import Adam

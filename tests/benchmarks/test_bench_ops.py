@@ -122,7 +122,7 @@ def test_the_clock_times_each_operation_once_and_splits_off_the_products(counter
 def test_call_sites_are_attributed_to_their_module(bench):
     assert bench.module_of("/src/minitfm/minitfm/layers/attention.py:97 (forward)") == \
         "layers.attention"
-    assert bench.module_of("/src/minitfm/minitfm/philox.py:70 (block)") == "philox"
+    assert bench.module_of("/src/minitfm/minitfm/backend/philox.py:70 (block)") == "backend.philox"
     assert bench.module_of("<string>:3 (<module>)") == "other"
 
 
@@ -137,8 +137,8 @@ def test_launches_on_cupys_path_include_philox(bench, numpy_backend):
         launches = bench.launch_run(cupy, cfg, batches, 2, 1, 1.0) - one
         backend.use("numpy")
     ops = bench.per_update(cfg, 1, sentences=2, src_len=5, tgt_len=5, clip_norm=1.0)
-    assert "other" not in launches and launches["philox"] > 0
-    assert "philox" not in ops["by_module"]
+    assert "other" not in launches and launches["backend.philox"] > 0
+    assert "backend.philox" not in ops["by_module"]
     for module in ("layers.layernorm", "layers.linear"):
         assert launches[module] == ops["by_module"][module]      # one launch per operation
 
@@ -152,8 +152,8 @@ def test_fused_kernels_cut_the_launches_and_nothing_waits(bench, numpy_backend):
                                            clip_norm=1.0)
     assert result["device_to_host"] == result["device_to_host_fused"] == 0, result
     assert result["device_to_host_fp16"] == 0, result
-    assert "philox" in result["launches_by_module"]
-    assert "philox" not in result["launches_by_module_fused"]
+    assert "backend.philox" in result["launches_by_module"]
+    assert "backend.philox" not in result["launches_by_module_fused"]
     assert result["launches_by_module_fused"]["fused kernels"] > 0
     assert result["launches_fused"] < result["launches"] / 3, result
     # fp16: float16 casts and GEMMs in mixed, the scaler's kernels; no float32 product left

@@ -6,7 +6,8 @@ Bits are compared as integers, so that -0.0 against 0.0 and NaN payloads count t
 import numpy as np
 import pytest
 
-from minitfm import backend, products
+from minitfm import backend
+from minitfm.backend import products
 from minitfm.speed import fused, rows
 from minitfm.layers import dropout, feedforward, linear
 from minitfm.speed import feedforward as fast_feedforward

@@ -87,7 +87,7 @@ def dropout_threshold(p: float) -> tuple[int, float]:
     return threshold, DROPOUT_LEVELS / (DROPOUT_LEVELS - threshold)
 
 DEVICE = r"""
-// Philox4x32-10 (minitfm/philox.py): block b of the stream of key (k0, k1), as 8 16-bit draws,
+// Philox4x32-10 (minitfm/backend/philox.py): block b of the stream of key (k0, k1), as 8 16-bit draws,
 // u[2j] the low and u[2j + 1] the high half of word j: the keep-mask draws of elements
 // 8(b - first) ... 8(b - first) + 7 of a draw that starts at block `first`.
 __device__ __forceinline__ void philox_draws16(unsigned long long b, unsigned int k0,

@@ -17,7 +17,7 @@ needed, not at import, so a bad value is reported where the commands report thei
 
 What the layers need beyond the common NumPy/CuPy API lives here too: host<->device copies,
 scatter-add (the embedding backward), seeded random generators (NumPy's on the CPU; on the GPU
-the counter-based :mod:`minitfm.philox`, which creates nothing on the device), the default float
+the counter-based :mod:`minitfm.backend.philox`, which creates nothing on the device), the default float
 dtype, and a check that catches host arrays handed to a GPU model (and the reverse).
 """
 
@@ -28,7 +28,7 @@ import os
 
 import numpy
 
-from minitfm import philox    # the CuPy backend's generator: computes with the xp it is given
+from minitfm.backend import philox    # the CuPy backend's generator: computes with the xp it is given
 
 __all__ = [
     "BackendError", "xp", "name", "use", "using", "float_dtype", "set_float_dtype", "to_device", "to_host",
@@ -273,7 +273,7 @@ def dropout_keep(generator, shape, p: float, raw=None):
     integers with ``round(p * 2^16)``: a NumPy generator (:func:`rng`'s) draws the bytes of
     ``generator.bytes``, from its raw PCG64 outputs where they are whole (half the cost; by
     ``raw(bits, n)`` where given, the numbers of ``bits.random_raw(n)``); a Philox generator
-    (:mod:`minitfm.philox`, the CuPy backend's) takes two from each 32-bit word."""
+    (:mod:`minitfm.backend.philox`, the CuPy backend's) takes two from each 32-bit word."""
     threshold, scale = philox.dropout_threshold(p)
     if isinstance(generator, numpy.random.Generator) and _active_name() == "numpy":
         size, bits = int(numpy.prod(shape)), generator.bit_generator
@@ -297,7 +297,7 @@ def rng(seed: int, *stream: int):
     split over several workers, draws exactly the masks one uninterrupted worker would.
 
     On NumPy it is ``numpy.random.default_rng([seed, *stream])``. On CuPy it is a
-    :class:`~minitfm.philox.Philox` generator keyed on ``(seed, *stream)``: its numbers are a
+    :class:`~minitfm.backend.philox.Philox` generator keyed on ``(seed, *stream)``: its numbers are a
     function of the key and their place in the stream, computed with array operations, so making
     one costs nothing on the device (a CuPy generator would allocate and initialise a cuRAND
     state per GPU thread, for every batch). The two backends draw different masks from one seed.
