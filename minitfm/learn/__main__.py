@@ -137,7 +137,9 @@ def run(args: argparse.Namespace) -> int:
         return show_solution(workshop, exercise(args.name, workshop), args.reveal)
     if args.command == "train":
         from minitfm.learn import train
-        return train.main(workshop, steps=args.steps, seed=args.seed, limit=args.time_limit)
+        agreed = train.train_and_compare(workshop, steps=args.steps, seed=args.seed,
+                                         limit=args.time_limit)
+        return exits.DONE if agreed else exits.FAILED
     if args.command == "reset":
         ex = exercise(args.name, workshop)
         path, kept = workshop.reset(ex, args.hard)
@@ -174,7 +176,7 @@ def check_one(workshop: Workshop, ex: Exercise, seed: int = 0, limit: float = wo
     if path.exists():
         workshop.set_current(ex)
     if report.passed:
-        workshop.passed(ex)
+        workshop.record_pass(ex)
         after = workshop.next_after(ex)
         print(f"{ex.name} passes." + (f" Next: python -m minitfm.learn start {after.name}"
                                       if after else " Every exercise passes: "
