@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 import textwrap
 import time
@@ -29,7 +28,7 @@ from minitfm.learn import check as checking
 from minitfm.learn import report as reporting
 from minitfm.learn import kernels, source, worker
 from minitfm.learn.exercises import EXERCISES, Exercise, by_name
-from minitfm.learn.workshop import Workshop
+from minitfm.learn.workshop import Workshop, digest
 
 MAX_WAIT = 3600.0        # seconds: watch looks at the file at least once an hour
 MAX_LIMIT = 86400.0      # seconds: a time limit of a day at most
@@ -191,7 +190,7 @@ def _stamp(path) -> str | None:
     """What the file holds now (a hash of its bytes: a save that keeps its size and gets its old
     time back is still seen), or None where it cannot be read."""
     try:
-        return hashlib.sha256(source.bytes_of(path)).hexdigest()
+        return digest(path)
     except (OSError, ValueError):
         return None
 

@@ -34,7 +34,7 @@ import numpy
 
 from minitfm import backend
 from minitfm.gradcheck.check import STEPS, TOLERANCE, five_point, smallest_error
-from minitfm.learn import child, diagnose, kernels, source, worker
+from minitfm.learn import child, diagnose, kernels, learner, worker
 from minitfm.learn.adamcheck import check_optim
 from minitfm.learn.alternatives import (Alternatives, cache_of, cache_regions, edited,
                                         field_swaps, mask_regions, regroup_renamed)
@@ -205,7 +205,7 @@ def _file_problem(ex: Exercise, path: Path) -> Report | None:
     if ex.kind == "kernel":
         return None
     try:
-        left, missing = source.unwritten(path, ex.write), source.undefined(path, ex.write)
+        left, missing = learner.unwritten(path, ex.write), learner.undefined(path, ex.write)
     except SyntaxError:
         return None                     # the child's load says where
     if missing and len(missing) == len(ex.write):

@@ -26,7 +26,7 @@ import numpy
 
 from minitfm import backend, cudahost
 from minitfm.speed import fused
-from minitfm.learn import diagnose, source, worker
+from minitfm.learn import diagnose, learner, source, worker
 from minitfm.learn.alternatives import Alternatives
 from minitfm.learn.exercises import EXERCISES, Exercise, by_name, dropout_scale
 from minitfm.learn.locate import Region
@@ -203,8 +203,8 @@ def unwritten(path: Path) -> bool:
     """Whether the kernel's body holds nothing but comments and blanks (False for a file that
     is not UTF-8: something was written there)."""
     try:
-        return unwritten_text(source.text_of(path))
-    except source.NotUTF8:
+        return unwritten_text(learner.text_of(path))
+    except learner.NotUTF8:
         return False
 
 
@@ -260,8 +260,8 @@ def check(ex: Exercise, path: Path, seed: int = 0, limit: float = worker.LIMIT, 
         return Report(ex, path, "not written", message=f"not written yet: the body of the kernel "
                       f"in {path.name} holds only the TODO")
     try:
-        text = source.text_of(path)
-    except source.NotUTF8 as exc:
+        text = learner.text_of(path)
+    except learner.NotUTF8 as exc:
         return Report(ex, path, "error", message=f"{path.name}, line {exc.lineno}: {exc.msg}")
     outcome = worker.run(run_kernel, {"exercise": ex.name, "path": str(path), "text": text,
                                       "seed": seed, "limit": limit,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from minitfm import backend, files
 from minitfm.data import DataError
-from minitfm.learn import kernels, source, todo
+from minitfm.learn import kernels, learner, source, todo
 from minitfm.learn.cases import ALL_CASES, case_sizes, constants, gradients, run_case
 from minitfm.learn.exercises import EXERCISES, Exercise
 
@@ -80,7 +80,7 @@ class Workshop:
         if ex.kind == "kernel":
             return "started" if kernels.unwritten(path) else "written"
         try:
-            left = source.unwritten(path, ex.write)
+            left = learner.unwritten(path, ex.write)
         except SyntaxError:
             return "written"
         return "started" if len(left) == len(ex.write) else "written"
@@ -153,7 +153,7 @@ class Workshop:
 
 
 def digest(path: Path) -> str:
-    return hashlib.sha256(source.bytes_of(path)).hexdigest()
+    return hashlib.sha256(learner.bytes_of(path)).hexdigest()
 
 
 # ---- the text of an exercise ------------------------------------------------------------

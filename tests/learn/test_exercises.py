@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from minitfm.gradcheck.cases import CASES, MODEL_CASES
-from minitfm.learn import kernels, source
+from minitfm.learn import kernels, learner, source
 from minitfm.learn.exercises import EXERCISES, by_name
 from minitfm.learn.workshop import make
 
@@ -145,5 +145,5 @@ def test_an_exercise_follows_the_library(monkeypatch):
 def test_the_exercise_files_are_read_as_written():
     for ex in EXERCISES:
         if ex.kind != "kernel":
-            assert source.unwritten_text(make(ex), ex.write) == list(ex.write)
+            assert learner.unwritten_text(make(ex), ex.write) == list(ex.write)
     assert inspect.getdoc(source)
