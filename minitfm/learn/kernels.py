@@ -33,7 +33,7 @@ from minitfm.learn.locate import Region
 from minitfm.learn.report import ArrayResult, CaseResult, Report
 
 __all__ = ["make", "check", "unwritten", "launch", "TODO", "kernel_of", "shapes_hint",
-           "third_hint", "body_of", "with_body", "outputs", "learner_lines", "run_kernel"]
+           "third_hint", "kernel_span", "body_of", "outputs", "learner_lines", "run_kernel"]
 
 TODO = "// TODO: write the kernel's body"
 TOLERANCE = 1e-5
@@ -47,7 +47,7 @@ def kernel_of(ex: Exercise) -> fused.Kernel:
     return getattr(importlib.import_module(module), name)
 
 
-def _signature_span(text: str, name: str) -> tuple[int, int, int]:
+def kernel_span(text: str, name: str) -> tuple[int, int, int]:
     """Where the kernel ``name`` is in ``text``: (start of its ``extern`` line, the index after
     its opening brace, the index of its closing brace)."""
     match = re.search(r'extern\s+"C"\s+__global__\s+void\s+' + re.escape(name) + r"\s*\(", text)
@@ -66,14 +66,8 @@ def _signature_span(text: str, name: str) -> tuple[int, int, int]:
         i += 1
 
 
-def with_body(text: str, name: str, body: str) -> str:
-    """``text`` with the body of kernel ``name`` replaced by ``body`` (between its braces)."""
-    _, open_, close = _signature_span(text, name)
-    return text[:open_] + body + text[close:]
-
-
 def body_of(text: str, name: str) -> str:
-    _, open_, close = _signature_span(text, name)
+    _, open_, close = kernel_span(text, name)
     return text[open_:close]
 
 
@@ -136,7 +130,7 @@ def make(ex: Exercise, hard: bool = False) -> str:
     computes (:func:`_computes`)."""
     kernel = kernel_of(ex)
     text = kernel.source.strip("\n")
-    start, open_, close = _signature_span(text, kernel.name)
+    start, open_, close = kernel_span(text, kernel.name)
     before, signature = text[:start], text[start:open_]
     lines = before.rstrip("\n").splitlines()
     notes = []                                  # the library's comment above the kernel

@@ -22,7 +22,7 @@ import textwrap
 from pathlib import Path
 
 __all__ = ["TODO", "module_source", "blanked", "plain_source", "derivation", "find_definition",
-           "filled", "is_docstring", "number"]
+           "is_docstring", "number"]
 
 TODO = "not written yet: replace this line with your code"
 # where a docstring points at its module's fast paths: an exercise has the plain code alone
@@ -303,22 +303,3 @@ def plain_source(module: str, name: str) -> str:
     text = module_source(module)
     fn = find_definition(ast.parse(text), name)
     return textwrap.dedent(_segment(text.splitlines(), fn))
-
-
-def filled(text: str, module: str, write: tuple[str, ...], edits: dict | None = None) -> str:
-    """An exercise file's ``text`` with the functions ``write`` written as the library writes
-    them (``edits``: function -> (old, new) pairs applied to its code first): what a learner
-    who wrote the library's code would have."""
-    for name in write:
-        tree, lines = ast.parse(text), text.splitlines()
-        fn = find_definition(tree, name)
-        indent = " " * fn.col_offset
-        code = plain_source(module, name)
-        for old, new in (edits or {}).get(name, []):
-            if code.count(old) != 1:
-                raise LookupError(f"{module}.{name} has {code.count(old)} copies of {old!r}")
-            code = code.replace(old, new)
-        code = textwrap.indent(code, indent)
-        lines[_decorator_start(fn) - 1:fn.end_lineno] = code.splitlines()
-        text = "\n".join(lines) + "\n"
-    return text
