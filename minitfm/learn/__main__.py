@@ -26,7 +26,7 @@ from minitfm.cli.reporting import report_errors
 from minitfm.cli.exits import UsageError
 from minitfm.learn import check as checking
 from minitfm.learn import report as reporting
-from minitfm.learn import kernels, source, worker
+from minitfm.learn import worker
 from minitfm.learn.exercises import EXERCISES, Exercise, by_name
 from minitfm.learn.workshop import Workshop, digest
 
@@ -249,14 +249,7 @@ def show_solution(workshop: Workshop, ex: Exercise, reveal: bool) -> int:
     if workshop.state(ex) != "passing" and not reveal:
         raise UsageError(f"{ex.name} does not pass yet: pass its check first, or ask with "
                          f"--reveal")
-    if ex.kind == "kernel":
-        kernel = kernels.kernel_of(ex)
-        print(f"// {ex.module}.{ex.kernel}.source, the kernel {kernel.name}:")
-        print(kernel.source.strip("\n"))
-        return exits.DONE
-    for name in ex.write:
-        print(f"# {ex.module}, {name}:")
-        print(source.plain_source(ex.module, name))
+    print(ex.kind.solution(ex))
     return exits.DONE
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from minitfm import files
 from minitfm.data import reading
 from minitfm.learn import source
-from minitfm.learn.exercises import Exercise
+from minitfm.learn.exercise import Exercise
 
 __all__ = ["NotUTF8", "bytes_of", "text_of", "unwritten", "unwritten_text", "undefined",
            "LearnerError", "NotWritten", "location", "where_in", "load", "substituted",

@@ -36,7 +36,8 @@ from minitfm import backend, optim, placement, tasks
 from minitfm.speed import fused, rows
 from minitfm.decode import greedy
 from minitfm.learn import diagnose, worker
-from minitfm.learn.exercises import EXERCISES, Exercise, by_name
+from minitfm.learn.exercise import Exercise
+from minitfm.learn.exercises import EXERCISES, by_name
 from minitfm.learn.learner import load, substituted, where_in
 from minitfm.models import translator
 
@@ -92,24 +93,21 @@ def _into(grads: dict, out: dict, accumulate: tuple) -> dict:
 
 class LearnerCode:
     """The exercises' functions, from the files ``paths`` (exercise name -> file), put in the
-    library's modules by :meth:`on` for a block. ``schedule``: the learner's schedule class
-    where the Adam exercise is among them."""
+    library's modules by :meth:`on` for a block: the functions to write and those kept beside
+    them, and a class one of whose methods is written (Adam's exercise: the schedule), not the
+    other classes (a cache)."""
 
     def __init__(self, paths: dict):
-        self.swaps, self.schedule = [], optim.LRSchedule
+        self.swaps = []
         for name, path in paths.items():
             ex = by_name(name)
             module = load(Path(path), ex.name)
             library = importlib.import_module(ex.module)
-            if ex.kind == "optim":
-                self.swaps.append((library, {"coefficients": module.coefficients,
-                                             "adam_step": module.adam_step}))
-                self.schedule = module.LRSchedule
-                continue
+            written = {n.split(".")[0] for n in ex.write if "." in n}
             functions = {}
             for fn_name in (*ex.write, *ex.keep):
                 fn = getattr(module, fn_name, None)
-                if callable(fn) and not isinstance(fn, type):
+                if callable(fn) and (not isinstance(fn, type) or fn_name in written):
                     functions[fn_name] = adapted(ex, getattr(library, fn_name), fn)
             self.swaps.append((library, functions))
 
@@ -121,15 +119,16 @@ class LearnerCode:
             yield self
 
 
-def train(steps: int, seed: int, schedule_class=optim.LRSchedule, report=None) -> dict:
+def train(steps: int, seed: int, report=None) -> dict:
     """The copy task's run: the loss of every update and the held-out exact match;
-    ``report(step, loss, grads, params, batch)`` before each update."""
+    ``report(step, loss, grads, params, batch)`` before each update. The schedule is the one in
+    ``minitfm.optim`` at the call (the learner's, under :meth:`LearnerCode.on`)."""
     settings = COPY
     vocab, length = 10, 10
     cfg = copy_config()
     params = translator.init_params(cfg, seed=seed, dtype="float32")
     adam = optim.Adam(params)
-    schedule = schedule_class(cfg.d_model, settings["warmup"], settings["lr_factor"])
+    schedule = optim.LRSchedule(cfg.d_model, settings["warmup"], settings["lr_factor"])
     batches = tasks.train_batches("copy", vocab=vocab, length=length,
                                   batch_size=settings["batch_size"], seed=seed)(0)
     losses = []
@@ -191,7 +190,7 @@ def _run_task(payload: dict, channel) -> dict:
                           "batch": list(batch)})
     with plain_numpy(), code.on():
         try:
-            return train(payload["steps"], payload["seed"], code.schedule, report)
+            return train(payload["steps"], payload["seed"], report)
         except Exception as exc:
             return {"error": where_in(exc, _file_of(exc, paths))}
 
@@ -248,7 +247,7 @@ def train_and_compare(workshop, steps: int | None = None, seed: int = 0,
     passes, or their run fails)."""
     steps = steps or COPY["max_steps"]
     data = workshop.progress()
-    layers = [e for e in EXERCISES if e.kind != "kernel"]
+    layers = [e for e in EXERCISES if e.kind.trained]
     passing = [e for e in layers if workshop.state(e, data) == "passing"]
     if not passing:
         print("none of your code passes its check yet: every exercise would run the "

@@ -7,7 +7,9 @@ import textwrap
 import pytest
 
 from minitfm.learn import kernels, source
-from minitfm.learn.workshop import Workshop, make
+from minitfm.learn.exercises import make
+from minitfm.learn.kinds import KERNEL
+from minitfm.learn.workshop import Workshop
 
 
 def write_exercise(folder, ex, edits=None, text=None):
@@ -18,7 +20,7 @@ def write_exercise(folder, ex, edits=None, text=None):
     if not path.exists():
         workshop.start(ex)
     text = text if text is not None else make(ex)
-    if ex.kind == "kernel":
+    if ex.kind is KERNEL:
         kernel = kernels.kernel_of(ex)
         body = kernels.body_of(kernel.source, kernel.name)
         for old, new in (edits or {}).get(kernel.name, []):

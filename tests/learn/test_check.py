@@ -6,7 +6,8 @@ import pytest
 
 from minitfm.learn import check, report
 from minitfm.learn.exercises import EXERCISES, by_name
-from minitfm.learn.workshop import Workshop, make
+from minitfm.learn.exercises import make
+from minitfm.learn.workshop import Workshop
 from tests.learn.conftest import filled, write_exercise
 
 

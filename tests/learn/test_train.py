@@ -7,23 +7,24 @@ from minitfm.learn import __main__ as learn
 from minitfm.learn import train
 from minitfm.learn.exercises import EXERCISES, by_name
 from minitfm.learn.workshop import Workshop
+from minitfm.learn.kinds import KERNEL
 from tests.learn.conftest import write_exercise
 
 
 def test_the_library_code_trains_as_the_library(folder, capsys):
     workshop = Workshop(folder)
     for ex in EXERCISES:
-        if ex.kind != "kernel":
+        if ex.kind is not KERNEL:
             write_exercise(folder, ex)
             workshop.record_pass(ex)
     with train.plain_numpy():
         library = train.train(12, 3)
         code = train.LearnerCode({e.name: workshop.file(e) for e in EXERCISES
-                                  if e.kind != "kernel"})
+                                  if e.kind is not KERNEL})
         with code.on():
             from minitfm.layers import layernorm
             assert layernorm.backward.__module__ == "minitfm_workshop_layernorm"
-            yours = train.train(12, 3, code.schedule)
+            yours = train.train(12, 3)
     assert yours["losses"] == library["losses"]
     assert learn.main(["--dir", str(folder), "train", "--steps", "3"]) == exits.DONE
     out = capsys.readouterr().out
