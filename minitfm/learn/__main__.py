@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 import textwrap
 import time
@@ -27,9 +26,9 @@ from minitfm.cli.reporting import report_errors
 from minitfm.cli.exits import UsageError
 from minitfm.learn import check as checking
 from minitfm.learn import report as reporting
-from minitfm.learn import kernels, source, worker
+from minitfm.learn import worker
 from minitfm.learn.exercises import EXERCISES, Exercise, by_name
-from minitfm.learn.workshop import Workshop
+from minitfm.learn.workshop import Workshop, digest
 
 MAX_WAIT = 3600.0        # seconds: watch looks at the file at least once an hour
 MAX_LIMIT = 86400.0      # seconds: a time limit of a day at most
@@ -137,7 +136,9 @@ def run(args: argparse.Namespace) -> int:
         return show_solution(workshop, exercise(args.name, workshop), args.reveal)
     if args.command == "train":
         from minitfm.learn import train
-        return train.main(workshop, steps=args.steps, seed=args.seed, limit=args.time_limit)
+        agreed = train.train_and_compare(workshop, steps=args.steps, seed=args.seed,
+                                         limit=args.time_limit)
+        return exits.DONE if agreed else exits.FAILED
     if args.command == "reset":
         ex = exercise(args.name, workshop)
         path, kept = workshop.reset(ex, args.hard)
@@ -174,7 +175,7 @@ def check_one(workshop: Workshop, ex: Exercise, seed: int = 0, limit: float = wo
     if path.exists():
         workshop.set_current(ex)
     if report.passed:
-        workshop.passed(ex)
+        workshop.record_pass(ex)
         after = workshop.next_after(ex)
         print(f"{ex.name} passes." + (f" Next: python -m minitfm.learn start {after.name}"
                                       if after else " Every exercise passes: "
@@ -189,7 +190,7 @@ def _stamp(path) -> str | None:
     """What the file holds now (a hash of its bytes: a save that keeps its size and gets its old
     time back is still seen), or None where it cannot be read."""
     try:
-        return hashlib.sha256(source.bytes_of(path)).hexdigest()
+        return digest(path)
     except (OSError, ValueError):
         return None
 
@@ -248,14 +249,7 @@ def show_solution(workshop: Workshop, ex: Exercise, reveal: bool) -> int:
     if workshop.state(ex) != "passing" and not reveal:
         raise UsageError(f"{ex.name} does not pass yet: pass its check first, or ask with "
                          f"--reveal")
-    if ex.kind == "kernel":
-        kernel = kernels.kernel_of(ex)
-        print(f"// {ex.module}.{ex.kernel}.source, the kernel {kernel.name}:")
-        print(kernel.source.strip("\n"))
-        return exits.DONE
-    for name in ex.write:
-        print(f"# {ex.module}, {name}:")
-        print(source.plain_source(ex.module, name))
+    print(ex.kind.solution(ex))
     return exits.DONE
 
 

@@ -12,7 +12,7 @@ import numpy
 
 from minitfm.learn import diagnose
 from minitfm.learn.alternatives import Alternatives, edited
-from minitfm.learn.exercises import Exercise
+from minitfm.learn.exercise import Exercise
 from minitfm.learn.locate import Region
 from minitfm.learn.report import ArrayResult, CaseResult
 

@@ -56,7 +56,8 @@ class Alternatives:
     near two results are equal (float32 results summed in another order are not equal to the
     last bit)."""
 
-    def __init__(self, run, mistakes, extra=None, pairs=True, regions=(), same=diagnose.SAME):
+    def __init__(self, run, mistakes, extra=None, pairs=True, regions=(),
+                 same=diagnose.EQUAL_WITHIN):
         self.run, self.mistakes, self.regions = run, tuple(mistakes), list(regions)
         self.same = same
         self.extra, self.pairs = dict(extra or {}), pairs
@@ -202,7 +203,7 @@ def regroup_renamed(items, mine: dict, right: dict) -> None:
         for other, r in right.items():
             moved = _renamed(item.name, other)
             if moved and getattr(r, "shape", None) == a.shape \
-                    and diagnose.distance(a, r) < diagnose.SAME:
+                    and diagnose.distance(a, r) < diagnose.EQUAL_WITHIN:
                 found.setdefault(moved, []).append(item.name)
                 break
     named = {name for names in found.values() for name in names}

@@ -14,7 +14,7 @@ import numpy
 from minitfm import backend
 from minitfm.gradcheck.cases import CASES, MODEL_CASES
 from minitfm.learn import wire
-from minitfm.learn.exercises import Exercise
+from minitfm.learn.exercise import Exercise
 from minitfm.learn.learner import substituted
 
 __all__ = ["ALL_CASES", "case_sizes", "constants", "in_place", "reachable", "run_case", "gradients",

@@ -17,7 +17,7 @@ forward pass along a random direction of each input confirm them. The whole mode
 compares every parameter's gradient with the library's and differentiates the loss along a
 random direction; Adam's compares the updates and the schedule with the library's; a kernel's
 runs its CUDA C on the CPU (:mod:`minitfm.learn.modelcheck`, :mod:`minitfm.learn.adamcheck`,
-:mod:`minitfm.learn.kernels`).
+:mod:`minitfm.learn.kernels`): which, the exercise's kind says (:mod:`minitfm.learn.kinds`).
 
 A run that does not end within the limit, ends itself (``sys.exit``), or crashes is reported as
 such, with the learner's line where it is known, and never passes.
@@ -34,18 +34,16 @@ import numpy
 
 from minitfm import backend
 from minitfm.gradcheck.check import STEPS, TOLERANCE, five_point, smallest_error
-from minitfm.learn import child, diagnose, kernels, source, worker
-from minitfm.learn.adamcheck import check_optim
+from minitfm.learn import diagnose, worker
 from minitfm.learn.alternatives import (Alternatives, cache_of, cache_regions, edited,
                                         field_swaps, mask_regions, regroup_renamed)
 from minitfm.learn.cases import (ALL_CASES, array_fault, case_problem, case_sizes, constants,
                                  gradients, reachable, run_case)
-from minitfm.learn.exercises import Exercise
+from minitfm.learn.exercise import Exercise
 from minitfm.learn.learner import recorders
-from minitfm.learn.modelcheck import check_model
 from minitfm.learn.report import ArrayResult, CaseResult, Report
 
-__all__ = ["run_check", "check_layer"]
+__all__ = ["run_check", "run_in_child", "check_layer"]
 
 
 # ---- what the library gives with a mistake made, for the diagnosis ---------------------------
@@ -197,42 +195,23 @@ def _confirmed(case, sizes, seed, arrays, g, grads, ex, library) -> str:
 
 # ---- one check ------------------------------------------------------------------------------
 
-def _file_problem(ex: Exercise, path: Path) -> Report | None:
-    """A report for a file that is not there or not written, read without running it."""
+def run_check(ex: Exercise, path: Path, seed: int = 0, limit: float = worker.LIMIT,
+              cancel=None) -> Report:
+    """Check the exercise in ``path`` as its kind does: a :class:`Report` (status "cancelled"
+    when ``cancel()`` said so before it ended)."""
+    path = Path(path)
     if not path.exists():
         return Report(ex, path, "not written", message=f"{path} is not there: start the "
                       f"exercise first (python -m minitfm.learn start {ex.name})")
-    if ex.kind == "kernel":
-        return None
-    try:
-        left, missing = source.unwritten(path, ex.write), source.undefined(path, ex.write)
-    except SyntaxError:
-        return None                     # the child's load says where
-    if missing and len(missing) == len(ex.write):
-        return Report(ex, path, "not written", message=f"not written yet: {path.name} defines "
-                      f"no {', '.join(missing)} (empty, or deleted: `python -m minitfm.learn "
-                      f"reset {ex.name}` gives a fresh copy)")
-    if len(left) + len(missing) == len(ex.write):
-        return Report(ex, path, "not written", message=f"not written yet: {path.name} still "
-                      f"holds the TODO of {', '.join(left)}")
-    return None
+    return ex.kind.not_written(ex, path) or ex.kind.check(ex, path, seed, limit, cancel)
 
 
-def run_check(ex: Exercise, path: Path, seed: int = 0, limit: float = worker.LIMIT,
-              cancel=None) -> Report:
-    """Check the exercise in ``path``: a :class:`Report` (status "cancelled" when ``cancel()``
-    said so before it ended)."""
+def run_in_child(ex: Exercise, path: Path, task, judge, seed: int = 0,
+                 limit: float = worker.LIMIT, cancel=None) -> Report:
+    """The learner's functions run by ``task`` (:mod:`minitfm.learn.child`) in a process of
+    their own, and what comes back judged here by ``judge`` (:func:`check_layer`, ...)."""
     started = time.perf_counter()
-    path = Path(path)
-    report = _file_problem(ex, path)
-    if report is not None:
-        return report
-    if ex.kind == "kernel":
-        report = kernels.check(ex, path, seed, limit, cancel)
-        report.seconds = time.perf_counter() - started
-        return report
-    task = {"layer": child.layer, "model": child.model, "optim": child.optim}[ex.kind]
-    outcome = worker.run(task, {"exercise": ex.name, "path": str(path), "seed": seed},
+    outcome = worker.run(task, {"exercise": ex, "path": str(path), "seed": seed},
                          limit=limit, cancel=cancel)
     if outcome.status == "cancelled":
         return Report(ex, path, "cancelled")
@@ -246,9 +225,8 @@ def run_check(ex: Exercise, path: Path, seed: int = 0, limit: float = worker.LIM
     if "not_written" in learned:
         return Report(ex, path, "not written", message=str(learned["not_written"]),
                       seconds=time.perf_counter() - started)
-    check = {"layer": check_layer, "model": check_model, "optim": check_optim}[ex.kind]
     with backend.using("numpy"), numpy.errstate(all="ignore"):   # a NaN is diagnosed
-        cases = check(ex, learned.get("cases", learned), path, seed)
+        cases = judge(ex, learned.get("cases", learned), path, seed)
     status = "pass" if all(c.ok for c in cases) else \
         "not written" if all((c.problem or "").startswith("not written") for c in cases) \
         else "fail"

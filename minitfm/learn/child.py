@@ -1,7 +1,7 @@
 """What runs in the child process (:mod:`minitfm.learn.worker`): the learner's file loaded and
 its functions run in the library's place, for a check or for ``train``. Host-only code.
 
-Each task takes the checking side's request (plain data: the exercise, the file, the seed) and
+Each task takes the checking side's request (the exercise's row, the file, the seed) and
 a :class:`~minitfm.learn.worker.Channel`, and returns plain data: the arrays the learner's code
 gave, never a verdict. A problem of the learner's file is part of the result, in the learner's
 words: ``{"error": ...}`` (the file does not load: its line), ``{"not_written": ...}`` (a
@@ -18,7 +18,6 @@ import numpy
 from minitfm import backend
 from minitfm.learn import adamcheck, learner
 from minitfm.learn.cases import ALL_CASES, case_sizes, constants, run_case
-from minitfm.learn.exercises import by_name
 from minitfm.learn.modelcheck import model_batch, model_cases, model_loss
 
 __all__ = ["layer", "model", "optim", "loaded"]
@@ -26,7 +25,7 @@ __all__ = ["layer", "model", "optim", "loaded"]
 
 def loaded(payload: dict):
     """``(exercise, path, module, functions)`` of a request, or a result that says why not."""
-    ex, path = by_name(payload["exercise"]), Path(payload["path"])
+    ex, path = payload["exercise"], Path(payload["path"])
     try:
         module = learner.load(path, ex.name)
         return ex, path, module, learner.functions_of(ex, module, path)

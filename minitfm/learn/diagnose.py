@@ -27,7 +27,7 @@ inputs, itself held to finite differences by the gradient checks), in this order
   at a cause the arrays do not show.
 
 Two arrays are "equal" here when their relative distance (:func:`distance`) is below
-:data:`SAME`, far below any real mistake and far above float64 rounding (a kernel's float32
+:data:`EQUAL_WITHIN`, far below any real mistake and far above float64 rounding (a kernel's float32
 outputs, summed in another order, are compared more loosely: ``same``).
 """
 
@@ -41,10 +41,10 @@ import numpy
 
 from minitfm.learn import locate
 
-__all__ = ["SAME", "distance", "equal", "Quantity", "quantities", "Term", "diagnose", "first_wrong",
-           "PASSED_THROUGH", "OTHER_GRADIENT"]
+__all__ = ["EQUAL_WITHIN", "distance", "equal", "Quantity", "quantities", "Term", "diagnose",
+           "first_wrong", "PASSED_THROUGH", "OTHER_GRADIENT"]
 
-SAME = 1e-7
+EQUAL_WITHIN = 1e-7     # relative distance below which two float64 arrays are the same here
 PASSED_THROUGH = "dy"           # the name ``others`` gives the gradient a backward was given
 OTHER_GRADIENT = "it is the right gradient of"      # how a swapped gradient's diagnosis starts
 
@@ -60,7 +60,7 @@ def distance(a, b) -> float:
     return 0.0 if scale == 0.0 else float(numpy.linalg.norm(a - b)) / scale
 
 
-def equal(a, b, same: float = SAME) -> bool:
+def equal(a, b, same: float = EQUAL_WITHIN) -> bool:
     """Whether two arrays are equal here: the same shape, NaN and infinities in the same
     places, and the rest within ``same`` of each other (:func:`distance`)."""
     a, b = numpy.asarray(a, dtype=numpy.float64), numpy.asarray(b, dtype=numpy.float64)
@@ -212,7 +212,7 @@ def _axes_words(axes: tuple[int, ...], names: tuple[str, ...] | None) -> str:
 def _shape_words(a, r, axis_names) -> str:
     """A diagnosis of an array of another shape than R's."""
     if a.ndim == r.ndim == 2 and a.shape == r.shape[::-1]:
-        if distance(a.T, r) < SAME:
+        if distance(a.T, r) < EQUAL_WITHIN:
             return (f"a transpose: yours has shape {a.shape} where {r.shape} is expected, and "
                     f"its transpose is the right gradient")
         return (f"shape {a.shape} where {r.shape} is expected (transposed), and its values are "
@@ -220,19 +220,19 @@ def _shape_words(a, r, axis_names) -> str:
     if sorted(a.shape) == sorted(r.shape) and a.ndim == r.ndim:
         for order in itertools.permutations(range(a.ndim)):
             if tuple(a.shape[i] for i in order) == r.shape \
-                    and distance(a.transpose(order), r) < SAME:
+                    and distance(a.transpose(order), r) < EQUAL_WITHIN:
                 return (f"axes in the wrong order: yours has shape {a.shape} where {r.shape} is "
                         f"expected; transposed by {order} it is the right gradient")
     if a.ndim > r.ndim and a.shape[a.ndim - r.ndim:] == r.shape:
         axes = tuple(range(a.ndim - r.ndim))
-        right = distance(a.sum(axis=axes), r) < SAME
+        right = distance(a.sum(axis=axes), r) < EQUAL_WITHIN
         return (f"a sum missing over {_axes_words(axes, axis_names)}: yours has shape {a.shape} "
                 f"where {r.shape} is expected (a parameter used by every row gets the sum of "
                 f"the rows' gradients)" + ("; summed, it is right" if right
                                            else "; summed, it is still wrong"))
     if a.ndim == r.ndim and all(x == y or y == 1 for x, y in zip(a.shape, r.shape)):
         axes = tuple(i for i, (x, y) in enumerate(zip(a.shape, r.shape)) if x != y)
-        right = distance(a.sum(axis=axes, keepdims=True), r) < SAME
+        right = distance(a.sum(axis=axes, keepdims=True), r) < EQUAL_WITHIN
         return (f"a sum missing over {_axes_words(axes, axis_names)}: yours has shape {a.shape} "
                 f"where {r.shape} is expected" + ("; summed, it is right" if right
                                                   else "; summed, it is still wrong"))
@@ -256,7 +256,7 @@ def diagnose(name: str, a, r, *, others: dict | None = None, mistakes: dict | No
              terms: list[Term] | None = None, known: list[Quantity] | None = None,
              axis_names: tuple[str, ...] | None = None, regions: list | None = None,
              labels: dict | None = None, more=None, partly: dict | None = None,
-             same: float = SAME, noun: str = "gradient") -> str | None:
+             same: float = EQUAL_WITHIN, noun: str = "gradient") -> str | None:
     """Words for what is wrong with gradient ``name``, yours ``a`` against the right ``r``
     (None where it is right); ``others``: the right gradients of the other inputs, by name (and
     :data:`PASSED_THROUGH`: the gradient the backward was given); ``mistakes``: label -> the

@@ -26,14 +26,14 @@ import numpy
 
 from minitfm import backend, cudahost
 from minitfm.speed import fused
-from minitfm.learn import diagnose, source, worker
+from minitfm.learn import diagnose, learner, source, worker
 from minitfm.learn.alternatives import Alternatives
-from minitfm.learn.exercises import EXERCISES, Exercise, by_name, dropout_scale
+from minitfm.learn.exercise import Exercise
 from minitfm.learn.locate import Region
 from minitfm.learn.report import ArrayResult, CaseResult, Report
 
 __all__ = ["make", "check", "unwritten", "launch", "TODO", "kernel_of", "shapes_hint",
-           "third_hint", "body_of", "with_body", "outputs", "learner_lines", "run_kernel"]
+           "third_hint", "kernel_span", "body_of", "outputs", "learner_lines", "run_kernel"]
 
 TODO = "// TODO: write the kernel's body"
 TOLERANCE = 1e-5
@@ -47,7 +47,7 @@ def kernel_of(ex: Exercise) -> fused.Kernel:
     return getattr(importlib.import_module(module), name)
 
 
-def _signature_span(text: str, name: str) -> tuple[int, int, int]:
+def kernel_span(text: str, name: str) -> tuple[int, int, int]:
     """Where the kernel ``name`` is in ``text``: (start of its ``extern`` line, the index after
     its opening brace, the index of its closing brace)."""
     match = re.search(r'extern\s+"C"\s+__global__\s+void\s+' + re.escape(name) + r"\s*\(", text)
@@ -66,77 +66,29 @@ def _signature_span(text: str, name: str) -> tuple[int, int, int]:
         i += 1
 
 
-def with_body(text: str, name: str, body: str) -> str:
-    """``text`` with the body of kernel ``name`` replaced by ``body`` (between its braces)."""
-    _, open_, close = _signature_span(text, name)
-    return text[:open_] + body + text[close:]
-
-
 def body_of(text: str, name: str) -> str:
-    _, open_, close = _signature_span(text, name)
+    _, open_, close = kernel_span(text, name)
     return text[open_:close]
 
 
-def unwritten_array(shape, dtype) -> numpy.ndarray:
-    """An output array as a launch finds it: NaN, the same in every process (an element the
-    kernel should write and does not is NaN, where the twin's is a number)."""
-    return numpy.full(shape, numpy.nan, dtype=dtype)
-
-
 def launch(ex: Exercise, seed: int = 0) -> tuple[tuple, tuple, str]:
-    """The check's launch of the exercise's kernel: ``(grid, args, words)``, NumPy arrays and
-    scalars typed as the kernel's parameters, and the launch in words."""
-    rng = numpy.random.default_rng(seed)
-    f32 = numpy.float32
-    if ex.name == "kernel_dropout":
-        n = 300                                 # two blocks, the second part-full
-        dy = rng.standard_normal(n).astype(f32)
-        keep = rng.random(n) >= 0.3
-        args = (dy, keep, unwritten_array(n, f32), fused.i64(n), fused.f32(dropout_scale(0.3)))
-        return fused.grid_for(n), args, f"n = {n}: two blocks of {fused.THREADS} threads"
-    if ex.name == "kernel_softmax":
-        rows, cols = 5, 300                     # a row longer than a block
-        p = rng.random((rows, cols)).astype(f32)
-        p /= p.sum(axis=1, keepdims=True)
-        dp = rng.standard_normal((rows, cols)).astype(f32)
-        return (rows,), (dp, p, fused.i32(cols), fused.f32(0.5)), \
-            f"{rows} rows of {cols}: a block of {fused.THREADS} threads per row"
-    if ex.name == "kernel_layernorm":
-        rows, d = 4, 300
-        x = (rng.standard_normal((rows, d)) * 2 + 1).astype(f32)
-        gamma, beta = (rng.standard_normal(d).astype(f32) for _ in range(2))
-        y, xhat = unwritten_array((rows, d), f32), unwritten_array((rows, d), f32)
-        rstd = unwritten_array((rows, 1), f32)
-        y16 = unwritten_array((rows, d), numpy.float16)
-        args = (x, gamma, beta, y, xhat, rstd, fused.i32(d), fused.f32(d * 1e-5), y16,
-                fused.i32(0))
-        return (rows,), args, (f"{rows} rows of {d}: a block of {fused.THREADS} threads per row "
-                               f"(half_out 0: y16 is not written)")
-    if ex.name == "kernel_loss":
-        n, v = 4, 300
-        z = (rng.standard_normal((n, v)) * 3).astype(f32)
-        targets = rng.integers(1, v, size=n).astype(numpy.int64)
-        targets[1] = 0                          # a padding row (pad_id 0)
-        sums = unwritten_array(2 * n, f32)
-        args = (z, targets, sums, fused.i64(n), fused.i32(v), fused.f32(0.1),
-                fused.f32(0.1 / (v - 1)), fused.i64(0), fused.f32(0.25), fused.i32(1), sums,
-                fused.i32(0))
-        return (n,), args, (f"{n} rows of {v} logits, row 1 padding: a block of "
-                            f"{fused.THREADS} threads per row, the gradient over z (grad 1)")
-    raise LookupError(f"{ex.name} is not a kernel exercise")
+    """The check's launch of the exercise's kernel (its row's ``launch``) drawn from ``seed``:
+    ``(grid, args, words)``, NumPy arrays and scalars typed as the kernel's parameters, and the
+    launch in words."""
+    return ex.launch(numpy.random.default_rng(seed))
 
 
 def _comment(lines: list[str]) -> str:
     return "\n".join(("// " + line).rstrip() for line in lines)
 
 
-def make(ex: Exercise, hard: bool = False) -> str:
+def make(ex: Exercise, hard: bool, exercises: list[Exercise]) -> str:
     """The exercise's ``.cu`` file: its twin's code, and the code of each function the twin
-    calls, but of one another exercise writes (its solution), of which the file gives what it
-    computes (:func:`_computes`)."""
+    calls, but of one another of ``exercises`` writes (its solution), of which the file gives
+    what it computes (:func:`_computes`)."""
     kernel = kernel_of(ex)
     text = kernel.source.strip("\n")
-    start, open_, close = _signature_span(text, kernel.name)
+    start, open_, close = kernel_span(text, kernel.name)
     before, signature = text[:start], text[start:open_]
     lines = before.rstrip("\n").splitlines()
     notes = []                                  # the library's comment above the kernel
@@ -157,7 +109,7 @@ def make(ex: Exercise, hard: bool = False) -> str:
             f"  a hint:    python -m minitfm.learn hint {ex.name}",
             "", f"Its twin, the plain code it must equal ({path}):", *["    " + t for t in twin]]
     for name in ex.keep:
-        owner = _written_by(ex.module, name)
+        owner = _written_by(ex, name, exercises)
         if owner is None:
             head += ["", f"and {name} ({layer}), which it calls:",
                      *["    " + t for t in source.plain_source(ex.module, name).splitlines()]]
@@ -177,9 +129,10 @@ def make(ex: Exercise, hard: bool = False) -> str:
     return "\n".join(p for p in parts if p is not None) + "\n"
 
 
-def _written_by(module: str, name: str) -> Exercise | None:
-    """The exercise (not a kernel's) whose learner writes function ``name`` of ``module``."""
-    return next((e for e in EXERCISES if e.kind != "kernel" and e.module == module
+def _written_by(ex: Exercise, name: str, exercises: list[Exercise]) -> Exercise | None:
+    """The exercise of another kind than ``ex`` (not a kernel's) whose learner writes function
+    ``name`` of ``ex``'s module."""
+    return next((e for e in exercises if e.kind is not ex.kind and e.module == ex.module
                  and name in e.write), None)
 
 
@@ -203,8 +156,8 @@ def unwritten(path: Path) -> bool:
     """Whether the kernel's body holds nothing but comments and blanks (False for a file that
     is not UTF-8: something was written there)."""
     try:
-        return unwritten_text(source.text_of(path))
-    except source.NotUTF8:
+        return unwritten_text(learner.text_of(path))
+    except learner.NotUTF8:
         return False
 
 
@@ -231,7 +184,7 @@ def run_kernel(payload: dict, channel) -> dict:
     the kernel's text as the check read it (the lines its faults name) compiled, a phase of
     its own under the compiler's limit, and launched in several orders; its outputs, or its
     fault."""
-    ex, path = by_name(payload["exercise"]), Path(payload["path"])
+    ex, path = payload["exercise"], Path(payload["path"])
     mine = cudahost.HostKernel(payload["text"], kernel_of(ex).name)
     channel.phase("compile", payload["compile_limit"])
     try:
@@ -256,14 +209,11 @@ def check(ex: Exercise, path: Path, seed: int = 0, limit: float = worker.LIMIT, 
     """Compile and run the learner's kernel in a process of its own, and compare its outputs
     with the twin's here (see the module's docstring): a Report."""
     path = Path(path)
-    if unwritten(path):
-        return Report(ex, path, "not written", message=f"not written yet: the body of the kernel "
-                      f"in {path.name} holds only the TODO")
     try:
-        text = source.text_of(path)
-    except source.NotUTF8 as exc:
+        text = learner.text_of(path)
+    except learner.NotUTF8 as exc:
         return Report(ex, path, "error", message=f"{path.name}, line {exc.lineno}: {exc.msg}")
-    outcome = worker.run(run_kernel, {"exercise": ex.name, "path": str(path), "text": text,
+    outcome = worker.run(run_kernel, {"exercise": ex, "path": str(path), "text": text,
                                       "seed": seed, "limit": limit,
                                       "compile_limit": COMPILE_LIMIT},
                          limit=limit, cancel=cancel)

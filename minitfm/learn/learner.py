@@ -1,9 +1,11 @@
-"""The learner's file, run in place of the library's code: loading it, its errors at its own
-lines, its functions put in the library's modules for a while (in memory only), and a library
-function with a typical mistake made. Host-only code."""
+"""The learner's side: their file read (its bytes, its text as UTF-8, which of its functions
+still hold the TODO, read without running it), run in place of the library's code (loaded, its
+errors at its own lines, its functions put in the library's modules for a while, in memory
+only), and the library's functions recorded as they are called. Host-only code."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib.util
 import inspect
@@ -11,12 +13,102 @@ import sys
 import traceback
 from pathlib import Path
 
+from minitfm import files
+from minitfm.data import reading
 from minitfm.learn import source
-from minitfm.learn.exercises import Exercise
+from minitfm.learn.exercise import Exercise
 
-__all__ = ["LearnerError", "NotWritten", "location", "where_in", "load", "substituted",
+__all__ = ["NotUTF8", "bytes_of", "text_of", "unwritten", "unwritten_text", "undefined",
+           "LearnerError", "NotWritten", "location", "where_in", "load", "substituted",
            "functions_of", "defined_in", "lookup", "not_written", "unwritten_name", "recorders"]
 
+
+# ---- the file, read ----------------------------------------------------------------------
+
+class NotUTF8(SyntaxError):
+    """The learner's file is not UTF-8 text (saved as UTF-16 by an editor, or in an 8-bit
+    encoding): a ``SyntaxError``, as Python's own for such a source, whose message says what
+    the file seems to be and how to save it."""
+
+
+def bytes_of(path: Path) -> bytes:
+    """The bytes of the learner's file ``path``; a read the disk fails is a
+    ``files.ReadError`` (an I/O error: the file not judged), never taken for its contents, and
+    a named pipe or a device there a ``DataError``, never waited on."""
+    kind = files.kind_of(path)
+    if kind is not None:                        # a pipe would be waited on
+        raise reading.DataError(f"{path} is {kind}, where the exercise's file should be: move "
+                                f"it aside and start the exercise again")
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        files.raise_if_read_failed(path, exc)
+        raise
+
+
+def text_of(path: Path) -> str:
+    """The text of the learner's file ``path``: UTF-8, a byte-order mark dropped; a file in
+    UTF-16 or UTF-32 (``reading.wide_encoding``) or with a line that is not UTF-8 raises
+    :class:`NotUTF8`, naming the file, the line and the fix."""
+    path = Path(path)
+    data = bytes_of(path)
+    wide = reading.wide_encoding(data[:reading.HEAD_BYTES])
+    fix = "save it as UTF-8 (the encoding setting of your editor's Save As)"
+    if wide is not None:
+        encoding, evidence = wide
+        raise NotUTF8(f"{encoding} text, not UTF-8 ({evidence}): {fix}, or "
+                      f"convert it (iconv -f {encoding} -t UTF-8 {path.name} > utf8.py && mv "
+                      f"utf8.py {path.name})", (str(path), 1, 1, ""))
+    if data.startswith(reading.UTF8_BOM):
+        data = data[len(reading.UTF8_BOM):]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise NotUTF8(f"not UTF-8 ({exc.reason} at byte {exc.start + 1} of the file): {fix}",
+                      (str(path), line, 1, "")) from None
+
+
+def unwritten(path: Path, names: tuple[str, ...]) -> list[str]:
+    """Which of the functions ``names`` in the exercise file ``path`` still hold the TODO's
+    raise (read, not run: a file that does not parse, or is not UTF-8, raises SyntaxError)."""
+    return unwritten_text(text_of(path), names, str(path))
+
+
+def unwritten_text(text: str, names: tuple[str, ...], filename: str = "<exercise>") -> list[str]:
+    """:func:`unwritten` of an exercise file's text."""
+    tree = ast.parse(text, filename=filename)
+    left = []
+    for name in names:
+        try:
+            fn = source.find_definition(tree, name)
+        except LookupError:
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) \
+                    and getattr(node.exc.func, "id", "") == "NotImplementedError" \
+                    and any(isinstance(a, ast.Constant) and a.value == source.TODO
+                            for a in node.exc.args):
+                left.append(name)
+                break
+    return left
+
+
+def undefined(path: Path, names: tuple[str, ...]) -> list[str]:
+    """Which of the functions ``names`` (``name`` or ``Class.method``) the exercise file
+    ``path`` does not define (read, not run: SyntaxError as :func:`unwritten`)."""
+    tree = ast.parse(text_of(path), filename=str(path))
+    missing = []
+    for name in names:
+        try:
+            source.find_definition(tree, name)
+        except LookupError:
+            missing.append(name)
+    return missing
+
+
+
+# ---- the file, run -----------------------------------------------------------------------
 
 class LearnerError(Exception):
     """The learner's file could not be run: the message says where (its line) and what."""
@@ -48,7 +140,7 @@ def load(path: Path, name: str):
     compile or its top level fails)."""
     path = Path(path)
     try:
-        code = compile(source.text_of(path), str(path.resolve()), "exec")
+        code = compile(text_of(path), str(path.resolve()), "exec")
     except SyntaxError as exc:
         line = (exc.text or "").rstrip("\n")
         raise LearnerError(f"{path.name}, line {exc.lineno}: {exc.msg}\n    {line.strip()}") \

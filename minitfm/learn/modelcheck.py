@@ -15,7 +15,7 @@ from minitfm.gradcheck.check import STEPS, TOLERANCE, smallest_error
 from minitfm.learn import diagnose
 from minitfm.learn.alternatives import Alternatives, edited, regroup_renamed
 from minitfm.learn.cases import array_fault, case_problem
-from minitfm.learn.exercises import Exercise
+from minitfm.learn.exercise import Exercise
 from minitfm.learn.learner import substituted
 from minitfm.learn.report import ArrayResult, CaseResult
 from minitfm.models import DROPOUTS

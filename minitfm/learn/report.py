@@ -12,7 +12,7 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minitfm.learn.exercises import Exercise
+from minitfm.learn.exercise import Exercise
 
 __all__ = ["ArrayResult", "CaseResult", "Report", "describe", "LINES"]
 
@@ -64,15 +64,6 @@ class Report:
     @property
     def passed(self) -> bool:
         return self.status == "pass"
-
-
-REFERENCE = {"layer": "the library's", "model": "the library's", "optim": "the library's",
-             "kernel": "the twin's"}
-
-
-def _gradient_label(name: str) -> str:
-    """How a gradient is named: dx, dgamma, d(enc.0.ln1.gamma)."""
-    return f"d{name}" if name.isidentifier() else f"d({name})"
 
 
 def _listed(names: list[str]) -> str:
@@ -242,7 +233,7 @@ def describe(report: Report) -> str:
     its cases' problems do not take more themselves."""
     ex = report.exercise
     failing = report.status == "fail"
-    label = _gradient_label if ex.kind in ("layer", "model") else str
+    label = ex.kind.label
     lines = [f"{ex.number:02d} {ex.name}: {ex.title} ({report.path})"]
     if report.message:
         lines += ["", *_message(report.message, "  ")]
@@ -264,7 +255,7 @@ def describe(report: Report) -> str:
         if room - len(head) - len(remarks) < 4:           # not even one array's lines
             lines += shorts[k]
             continue
-        shown = _arrays(case, label, REFERENCE[ex.kind], room - len(head) - len(remarks))
+        shown = _arrays(case, label, ex.kind.reference, room - len(head) - len(remarks))
         if not shown:
             lines += shorts[k]
             continue

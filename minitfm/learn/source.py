@@ -21,11 +21,8 @@ import re
 import textwrap
 from pathlib import Path
 
-from minitfm import files
-from minitfm.data import reading
-
-__all__ = ["TODO", "module_source", "blanked", "plain_source", "derivation", "unwritten",
-           "unwritten_text", "undefined", "filled", "is_docstring", "number"]
+__all__ = ["TODO", "module_source", "blanked", "plain_source", "derivation", "find_definition",
+           "is_docstring", "number"]
 
 TODO = "not written yet: replace this line with your code"
 # where a docstring points at its module's fast paths: an exercise has the plain code alone
@@ -219,7 +216,7 @@ def _segment(lines: list[str], node: ast.AST) -> str:
     return "\n".join(lines[_decorator_start(node) - 1:node.end_lineno])
 
 
-def _find(tree: ast.Module, dotted: str):
+def find_definition(tree: ast.Module, dotted: str):
     """The definition ``name`` or ``Class.method`` of a module's tree."""
     scope: list = tree.body
     node = None
@@ -265,7 +262,7 @@ def blanked(module: str, write: tuple[str, ...], keep: tuple[str, ...] = (), *,
     if borrow:
         out.append(f"from {module} import {', '.join(borrow)}  # the library's: not part of "
                    f"the exercise")
-    blank = {w: _find(tree, w) for w in write}
+    blank = {w: find_definition(tree, w) for w in write}
     for node in _kept(tree, roots, borrow):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             out.append(ast.unparse(node))
@@ -304,106 +301,5 @@ def plain_source(module: str, name: str) -> str:
     """The library's own code of a function (``name`` or ``Class.method``), with its
     decorators: what ``solution`` shows."""
     text = module_source(module)
-    fn = _find(ast.parse(text), name)
+    fn = find_definition(ast.parse(text), name)
     return textwrap.dedent(_segment(text.splitlines(), fn))
-
-
-class NotUTF8(SyntaxError):
-    """The learner's file is not UTF-8 text (saved as UTF-16 by an editor, or in an 8-bit
-    encoding): a ``SyntaxError``, as Python's own for such a source, whose message says what
-    the file seems to be and how to save it."""
-
-
-def bytes_of(path: Path) -> bytes:
-    """The bytes of the learner's file ``path``; a read the disk fails is a
-    ``files.ReadError`` (an I/O error: the file not judged), never taken for its contents, and
-    a named pipe or a device there a ``DataError``, never waited on."""
-    kind = files.kind_of(path)
-    if kind is not None:                        # a pipe would be waited on
-        raise reading.DataError(f"{path} is {kind}, where the exercise's file should be: move "
-                                f"it aside and start the exercise again")
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        files.raise_if_read_failed(path, exc)
-        raise
-
-
-def text_of(path: Path) -> str:
-    """The text of the learner's file ``path``: UTF-8, a byte-order mark dropped; a file in
-    UTF-16 or UTF-32 (``reading.wide_encoding``) or with a line that is not UTF-8 raises
-    :class:`NotUTF8`, naming the file, the line and the fix."""
-    path = Path(path)
-    data = bytes_of(path)
-    wide = reading.wide_encoding(data[:reading.HEAD_BYTES])
-    fix = "save it as UTF-8 (the encoding setting of your editor's Save As)"
-    if wide is not None:
-        encoding, evidence = wide
-        raise NotUTF8(f"{encoding} text, not UTF-8 ({evidence}): {fix}, or "
-                      f"convert it (iconv -f {encoding} -t UTF-8 {path.name} > utf8.py && mv "
-                      f"utf8.py {path.name})", (str(path), 1, 1, ""))
-    if data.startswith(reading.UTF8_BOM):
-        data = data[len(reading.UTF8_BOM):]
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise NotUTF8(f"not UTF-8 ({exc.reason} at byte {exc.start + 1} of the file): {fix}",
-                      (str(path), line, 1, "")) from None
-
-
-def unwritten(path: Path, names: tuple[str, ...]) -> list[str]:
-    """Which of the functions ``names`` in the exercise file ``path`` still hold the TODO's
-    raise (read, not run: a file that does not parse, or is not UTF-8, raises SyntaxError)."""
-    return unwritten_text(text_of(path), names, str(path))
-
-
-def unwritten_text(text: str, names: tuple[str, ...], filename: str = "<exercise>") -> list[str]:
-    """:func:`unwritten` of an exercise file's text."""
-    tree = ast.parse(text, filename=filename)
-    left = []
-    for name in names:
-        try:
-            fn = _find(tree, name)
-        except LookupError:
-            continue
-        for node in ast.walk(fn):
-            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) \
-                    and getattr(node.exc.func, "id", "") == "NotImplementedError" \
-                    and any(isinstance(a, ast.Constant) and a.value == TODO
-                            for a in node.exc.args):
-                left.append(name)
-                break
-    return left
-
-
-def undefined(path: Path, names: tuple[str, ...]) -> list[str]:
-    """Which of the functions ``names`` (``name`` or ``Class.method``) the exercise file
-    ``path`` does not define (read, not run: SyntaxError as :func:`unwritten`)."""
-    tree = ast.parse(text_of(path), filename=str(path))
-    missing = []
-    for name in names:
-        try:
-            _find(tree, name)
-        except LookupError:
-            missing.append(name)
-    return missing
-
-
-def filled(text: str, module: str, write: tuple[str, ...], edits: dict | None = None) -> str:
-    """An exercise file's ``text`` with the functions ``write`` written as the library writes
-    them (``edits``: function -> (old, new) pairs applied to its code first): what a learner
-    who wrote the library's code would have."""
-    for name in write:
-        tree, lines = ast.parse(text), text.splitlines()
-        fn = _find(tree, name)
-        indent = " " * fn.col_offset
-        code = plain_source(module, name)
-        for old, new in (edits or {}).get(name, []):
-            if code.count(old) != 1:
-                raise LookupError(f"{module}.{name} has {code.count(old)} copies of {old!r}")
-            code = code.replace(old, new)
-        code = textwrap.indent(code, indent)
-        lines[_decorator_start(fn) - 1:fn.end_lineno] = code.splitlines()
-        text = "\n".join(lines) + "\n"
-    return text

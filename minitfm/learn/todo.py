@@ -30,11 +30,11 @@ import numpy
 from minitfm import backend
 from minitfm.learn import source
 from minitfm.learn.cases import ALL_CASES, case_sizes, constants, run_case
-from minitfm.learn.exercises import Exercise
+from minitfm.learn.exercise import Exercise
 from minitfm.learn.learner import recorders, substituted
 from minitfm.learn.modelcheck import model_batch, model_cases, model_loss
 
-__all__ = ["calls", "todo_lines", "value_text", "WIDTH"]
+__all__ = ["layer_calls", "model_calls", "todo_lines", "value_text", "WIDTH"]
 
 WIDTH = 88          # a TODO line's text, after the comment's "# "
 LISTED = 6          # a dict of more entries shows its first LISTED - 1, then how many more
@@ -114,35 +114,46 @@ NONE_WITHOUT_DLOSS = {"dh": "the gradient of h (None without dloss)",
 
 # ---- the call -----------------------------------------------------------------------------------
 
-def calls(ex: Exercise) -> dict:
-    """For each function to write, a call the library makes of it in the exercise's check:
-    ``(case name, bound arguments, result)``, the first the backward pass makes (after the
-    case's forward pass), or else the first."""
-    if ex.kind == "optim":
-        return {}
+def layer_calls(ex: Exercise) -> dict:
+    """For each function to write, a call the library makes of it in the exercise's gradient
+    checks: ``(case name, bound arguments, result)``, the first the backward pass makes (after
+    the case's forward pass), or else the first."""
+    def run(library, case_name, functions, phase):
+        case = ALL_CASES[case_name]
+
+        def forward(*args, _forward=case.forward):
+            phase["backward"] = False
+            try:
+                return _forward(*args)
+            finally:
+                phase["backward"] = True
+        with constants(ex, library):
+            run_case(dataclasses.replace(case, forward=forward), case_sizes(ex, case), 0,
+                     library, functions)
+    return _recorded(ex, run)
+
+
+def model_calls(ex: Exercise) -> dict:
+    """:func:`layer_calls` of the model's exercise: the calls in its model cases."""
+    models = model_cases(ex)
+
+    def run(library, case_name, functions, phase):
+        with substituted(library, functions):
+            model_loss(library, models[case_name], *model_batch(models[case_name], 0))
+    return _recorded(ex, run)
+
+
+def _recorded(ex: Exercise, run) -> dict:
+    """The calls of the functions to write as ``run(library, case name, functions, phase)``
+    runs each case with ``functions`` in the library's place (``phase["backward"]`` False
+    while the case's forward pass runs)."""
     library = importlib.import_module(ex.module)
     found: dict = {}
-    models = model_cases(ex) if ex.kind == "model" else {}
     with backend.using("numpy"):
         for case_name in ex.cases:
-            phase = {"backward": True}          # False while the case's forward pass runs
+            phase = {"backward": True}
             functions, seen = recorders(library, ex.write, lambda: phase["backward"])
-            if ex.kind == "model":
-                case = models[case_name]
-                with substituted(library, functions):
-                    model_loss(library, case, *model_batch(case, 0))
-            else:
-                case = ALL_CASES[case_name]
-
-                def forward(*args, _forward=case.forward):
-                    phase["backward"] = False
-                    try:
-                        return _forward(*args)
-                    finally:
-                        phase["backward"] = True
-                with constants(ex, library):
-                    run_case(dataclasses.replace(case, forward=forward),
-                             case_sizes(ex, case), 0, library, functions)
+            run(library, case_name, functions, phase)
             for name, made in seen.items():
                 backward = [(arguments, result) for late, arguments, result in made if late]
                 found.setdefault(name, (case_name, *(backward or [made[0][1:]])[0]))
@@ -240,7 +251,7 @@ def _table(items: list) -> list[str]:
 
 def todo_lines(ex: Exercise, name: str, call) -> list[str]:
     """The TODO of function ``name``: every input, cache field and output of one call of the
-    check (``call``, as :func:`calls` gives it), and how to check it."""
+    check (``call``, as :func:`layer_calls` gives it), and how to check it."""
     case_name, arguments, result = call
     items: list = [f"TODO: write {name}. In the check's case \"{case_name}\" it gets:"]
     for k, (param, value) in enumerate(arguments.items()):

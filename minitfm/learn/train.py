@@ -15,7 +15,7 @@ part are named, with the gradients that differ most.
 
 Which code ran is said as it is: the exercises whose code is the learner's, and the rest, the
 library's; with no exercise passing there is nothing of the learner's to train, and the command
-says so and how to get one, with status 1.
+says so and how to get one, and the command ends with a failure status.
 """
 
 from __future__ import annotations
@@ -33,22 +33,25 @@ from pathlib import Path
 import numpy
 
 from minitfm import backend, optim, tasks
-from minitfm.workers import placement
-from minitfm.cli import exits
-from minitfm.speed import fused, rows
-from minitfm.commands.train_toy import TASK_DEFAULTS
 from minitfm.decoding.decode import greedy
+from minitfm.speed import fused, rows
+from minitfm.workers import placement
 from minitfm.learn import diagnose, worker
-from minitfm.learn.exercises import EXERCISES, Exercise, by_name
+from minitfm.learn.exercise import Exercise
+from minitfm.learn.exercises import EXERCISES, by_name
 from minitfm.learn.learner import load, substituted, where_in
 from minitfm.models import translator
 
-__all__ = ["main", "train", "LearnerCode", "OUT_PARAMETERS", "copy_config", "plain_numpy"]
+__all__ = ["train_and_compare", "train", "LearnerCode", "OUT_PARAMETERS", "copy_config",
+           "plain_numpy", "COPY"]
 
 OUT_PARAMETERS = ("out", "dq_out", "dk_out", "dv_out")
 ACCUMULATES = {"embedding": ("table",), "inputs": ("table",)}
 LOG_EVERY = 25
-SAME = 1e-4         # float32 rounding of a loss or of a gradient, relative
+FLOAT32_APART = 1e-4    # relative: two float32 computations of a loss or a gradient apart by
+                        # rounding alone stay within it
+# the copy task's settings, train_toy.py's (tests/learn/test_train.py holds the two equal)
+COPY = dict(max_steps=300, batch_size=64, lr_factor=0.3, warmup=100)
 
 
 # ---- the learner's code in the library's place (in the child) ----------------------------------
@@ -91,24 +94,21 @@ def _into(grads: dict, out: dict, accumulate: tuple) -> dict:
 
 class LearnerCode:
     """The exercises' functions, from the files ``paths`` (exercise name -> file), put in the
-    library's modules by :meth:`on` for a block. ``schedule``: the learner's schedule class
-    where the Adam exercise is among them."""
+    library's modules by :meth:`on` for a block: the functions to write and those kept beside
+    them, and a class one of whose methods is written (Adam's exercise: the schedule), not the
+    other classes (a cache)."""
 
     def __init__(self, paths: dict):
-        self.swaps, self.schedule = [], optim.LRSchedule
+        self.swaps = []
         for name, path in paths.items():
             ex = by_name(name)
             module = load(Path(path), ex.name)
             library = importlib.import_module(ex.module)
-            if ex.kind == "optim":
-                self.swaps.append((library, {"coefficients": module.coefficients,
-                                             "adam_step": module.adam_step}))
-                self.schedule = module.LRSchedule
-                continue
+            written = {n.split(".")[0] for n in ex.write if "." in n}
             functions = {}
             for fn_name in (*ex.write, *ex.keep):
                 fn = getattr(module, fn_name, None)
-                if callable(fn) and not isinstance(fn, type):
+                if callable(fn) and (not isinstance(fn, type) or fn_name in written):
                     functions[fn_name] = adapted(ex, getattr(library, fn_name), fn)
             self.swaps.append((library, functions))
 
@@ -120,15 +120,16 @@ class LearnerCode:
             yield self
 
 
-def train(steps: int, seed: int, schedule_class=optim.LRSchedule, report=None) -> dict:
+def train(steps: int, seed: int, report=None) -> dict:
     """The copy task's run: the loss of every update and the held-out exact match;
-    ``report(step, loss, grads, params, batch)`` before each update."""
-    settings = TASK_DEFAULTS["copy"]
+    ``report(step, loss, grads, params, batch)`` before each update. The schedule is the one in
+    ``minitfm.optim`` at the call (the learner's, under :meth:`LearnerCode.on`)."""
+    settings = COPY
     vocab, length = 10, 10
     cfg = copy_config()
     params = translator.init_params(cfg, seed=seed, dtype="float32")
     adam = optim.Adam(params)
-    schedule = schedule_class(cfg.d_model, settings["warmup"], settings["lr_factor"])
+    schedule = optim.LRSchedule(cfg.d_model, settings["warmup"], settings["lr_factor"])
     batches = tasks.train_batches("copy", vocab=vocab, length=length,
                                   batch_size=settings["batch_size"], seed=seed)(0)
     losses = []
@@ -190,7 +191,7 @@ def _run_task(payload: dict, channel) -> dict:
                           "batch": list(batch)})
     with plain_numpy(), code.on():
         try:
-            return train(payload["steps"], payload["seed"], code.schedule, report)
+            return train(payload["steps"], payload["seed"], report)
         except Exception as exc:
             return {"error": where_in(exc, _file_of(exc, paths))}
 
@@ -240,18 +241,22 @@ def _gradients_apart(grads, right) -> float:
     return diagnose.distance(_flat(grads), _flat(right))
 
 
-def main(workshop, steps: int | None = None, seed: int = 0, limit: float | None = None) -> int:
-    steps = steps or TASK_DEFAULTS["copy"]["max_steps"]
+def train_and_compare(workshop, steps: int | None = None, seed: int = 0,
+                      limit: float | None = None) -> bool:
+    """The command: the library's run, then the learner's beside it, said as they go; whether
+    the learner's code computes what the library's does (False too where nothing of theirs
+    passes, or their run fails)."""
+    steps = steps or COPY["max_steps"]
     data = workshop.progress()
-    layers = [e for e in EXERCISES if e.kind != "kernel"]
+    layers = [e for e in EXERCISES if e.kind.trained]
     passing = [e for e in layers if workshop.state(e, data) == "passing"]
     if not passing:
         print("none of your code passes its check yet: every exercise would run the "
               "library's code, so there is nothing of yours to train. Pass an exercise first "
               "(python -m minitfm.learn start, then check or watch), then train on it.")
-        return exits.FAILED
+        return False
     library_only = [e.name for e in layers if e not in passing]
-    print(f"the copy task, {steps} updates of {TASK_DEFAULTS['copy']['batch_size']} sequences, "
+    print(f"the copy task, {steps} updates of {COPY['batch_size']} sequences, "
           f"seed {seed}, NumPy's plain code in float32")
     print(f"your code: {', '.join(e.name for e in passing)} ({len(passing)} of {len(layers)})")
     if library_only:
@@ -282,21 +287,22 @@ def main(workshop, steps: int | None = None, seed: int = 0, limit: float | None 
                              limit=limit or 5 * spent + 60, on_message=row)
         if not outcome.done:
             print(worker.outcome_words(outcome, "the run on your code"))
-            return exits.FAILED
+            return False
         yours = outcome.value if isinstance(outcome.value, dict) else {}
         if "error" in yours:
             print(yours["error"])
-            return exits.FAILED
+            return False
         print(f"exact match on 500 held-out sequences: the library's "
               f"{100 * library['exact_match']:.1f} %, yours {100 * yours['exact_match']:.1f} %")
-        parted = [update for update in updates if update.apart > SAME]
+        parted = [update for update in updates if update.apart > FLOAT32_APART]
         if not parted:
             _agreed(passing, library_only, updates, yours, library)
-            return exits.DONE
+            return True
         print(f"your code parts from the library's on the same parameters (by "
               f"{parted[0].apart:.1e} at update {parted[0].sent['step']}): each of your passing "
               f"exercises alone on that update:")
-        return _name_the_parting(paths, parted[0], limit or worker.LIMIT * 3)
+        _name_the_parting(paths, parted[0], limit or worker.LIMIT * 3)
+        return False
 
 
 def _agreed(passing, library_only, updates, yours, library) -> None:
@@ -313,7 +319,7 @@ def _agreed(passing, library_only, updates, yours, library) -> None:
                           if library_only else ""))
 
 
-def _name_the_parting(paths: dict, update: Update, limit: float) -> int:
+def _name_the_parting(paths: dict, update: Update, limit: float) -> None:
     """Each passing exercise alone in the library's place on the update where the runs part:
     which part, and where."""
     loss, right = update.loss, update.right
@@ -323,7 +329,7 @@ def _name_the_parting(paths: dict, update: Update, limit: float) -> int:
                          limit=limit)
     if not outcome.done:
         print(worker.outcome_words(outcome, "your code"))
-        return exits.FAILED
+        return
     named = 0
     for name, found in (outcome.value or {}).items():
         if "error" in found:
@@ -332,7 +338,7 @@ def _name_the_parting(paths: dict, update: Update, limit: float) -> int:
             continue
         grads_apart = _gradients_apart(found["grads"], right)
         loss_apart = _difference(found["loss"], loss)
-        if max(grads_apart, loss_apart) <= SAME:
+        if max(grads_apart, loss_apart) <= FLOAT32_APART:
             continue
         named += 1
         print(f"  {name} ({by_name(name).filename}) parts: the loss by {loss_apart:.1e}, the "
@@ -342,7 +348,6 @@ def _name_the_parting(paths: dict, update: Update, limit: float) -> int:
               "code, or Adam's update)")
     print("an exercise's check runs float64 on its own sizes; the model runs float32 on the "
           "toy model's: code that is right for one and not the other parts here")
-    return exits.FAILED
 
 
 def _where(grads: dict, right: dict) -> str:
@@ -351,7 +356,7 @@ def _where(grads: dict, right: dict) -> str:
         return "its gradients are not a dict"
     far = sorted(((diagnose.distance(grads.get(k), v), k) for k, v in right.items()),
                  reverse=True)
-    wrong = [k for d, k in far if d > SAME]
+    wrong = [k for d, k in far if d > FLOAT32_APART]
     if not wrong:
         return "every gradient agrees: the loss alone parts"
     if len(wrong) == len(right):

@@ -1,5 +1,5 @@
-"""The learner's workshop folder: the exercise files, the old attempts, and the progress.
-Host-only code (files and text).
+"""The learner's workshop folder: the exercise files, the old attempts, and the progress (what
+is in an exercise's file is its kind's to make: ``kinds.py``). Host-only code (files).
 
     workshop/
         01_linear.py ... 17_model.py, 18_kernel_dropout.cu ...   the exercises, as started
@@ -15,18 +15,16 @@ file is written whole or not at all.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
-import textwrap
 from pathlib import Path
 
-from minitfm import backend, files
+from minitfm import files
 from minitfm.data import DataError
-from minitfm.learn import kernels, source, todo
-from minitfm.learn.cases import ALL_CASES, case_sizes, constants, gradients, run_case
-from minitfm.learn.exercises import EXERCISES, Exercise
+from minitfm.learn import learner
+from minitfm.learn.exercise import Exercise
+from minitfm.learn.exercises import EXERCISES, make
 
-__all__ = ["Workshop", "STATES", "header", "make", "hint"]
+__all__ = ["Workshop", "STATES", "digest"]
 
 STATES = ("not started", "started", "written", "passing")
 PROGRESS = "progress.json"
@@ -77,15 +75,10 @@ class Workshop:
         data = self.progress() if data is None else data
         if data["passed"].get(ex.name) == digest(path):
             return "passing"
-        if ex.kind == "kernel":
-            return "started" if kernels.unwritten(path) else "written"
-        try:
-            left = source.unwritten(path, ex.write)
-        except SyntaxError:
-            return "written"
-        return "started" if len(left) == len(ex.write) else "written"
+        return "started" if ex.kind.started(ex, path) else "written"
 
-    def passed(self, ex: Exercise) -> None:
+    def record_pass(self, ex: Exercise) -> None:
+        """Record that ``ex`` passes as its file is now (its hash in the progress)."""
         data = self.progress()
         data["passed"][ex.name] = digest(self.file(ex))
         self.save(data)
@@ -148,71 +141,8 @@ class Workshop:
         k = min(int(data["hints"].get(ex.name, 0)) + 1, 3)
         data["hints"][ex.name] = k
         self.save(data)
-        return k, hint(ex, k)
+        return k, ex.kind.hint(ex, k)
 
 
 def digest(path: Path) -> str:
-    return hashlib.sha256(source.bytes_of(path)).hexdigest()
-
-
-# ---- the text of an exercise ------------------------------------------------------------
-
-def header(ex: Exercise, hard: bool) -> str:
-    write = ", ".join(ex.write)
-    return textwrap.dedent(f"""\
-        # Exercise {ex.number:02d}, {ex.name}: {ex.title}.
-        # Write the body of {write} where it says TODO; the rest is the library's own code
-        # ({ex.module}){', its derivation left out (--hard)' if hard else ''}.
-        #   check it:  python -m minitfm.learn check {ex.name}
-        #   a hint:    python -m minitfm.learn hint {ex.name}
-        """)
-
-
-def make(ex: Exercise, hard: bool = False) -> str:
-    """The exercise's file, from the library's source as it is now."""
-    if ex.kind == "kernel":
-        return kernels.make(ex, hard)
-    todos = {name: todo.todo_lines(ex, name, call) for name, call in todo.calls(ex).items()}
-    for name, words in ex.todo.items():
-        todos[name] = [line for w in words for line in textwrap.wrap(w, todo.WIDTH)] + \
-            [f"Check it: python -m minitfm.learn check {ex.name}"]
-    return source.blanked(ex.module, ex.write, ex.keep, hard=hard, todos=todos,
-                          header=header(ex, hard), borrow=ex.borrow)
-
-
-def hint(ex: Exercise, k: int) -> str:
-    """Hint ``k`` of an exercise (see :meth:`Workshop.next_hint`)."""
-    if k == 1:
-        return shapes_hint(ex)
-    if k == 2:
-        return ex.step
-    if ex.kind == "kernel":
-        return kernels.third_hint(ex)
-    lines = [" ".join(line.split()) for line in source.derivation(ex.module) if line.strip()]
-    first = ex.derivation or "; ".join(lines[:2])
-    return f"the derivation starts: {first}"
-
-
-def shapes_hint(ex: Exercise) -> str:
-    """Each gradient has the shape of what it differentiates: the shapes of the first case."""
-    if ex.kind == "optim":
-        return ("m, v and p keep their shapes; the step size and v's scale are numbers: "
-                "coefficients returns (b1, b2, step_size, v_scale, keep), with lr m_hat / "
-                "(sqrt(v_hat) + eps) == step_size * m / (sqrt(v) * v_scale + eps)")
-    if ex.kind == "kernel":
-        return kernels.shapes_hint(ex)
-    if ex.kind == "model":
-        return ("out holds one array per parameter, of the parameter's shape: write each "
-                "gradient there (out[tgt_name] holds the output projection's already, and the "
-                "embeddings' backward passes add to it)")
-    library = importlib.import_module(ex.module)
-    case = ALL_CASES[ex.cases[0]]
-    with backend.using("numpy"), constants(ex, library):
-        arrays, _, _, result = run_case(case, case_sizes(ex, case), 0, library, {})
-    grads = gradients(case, result)
-    pairs = "; ".join(f"{name} {todo.value_text(arrays[name])} -> d{name} "
-                      f"{todo.value_text(g)}"
-                      for name, g in grads.items())
-    return (f"in the case \"{case.name}\": {pairs}. A gradient has the shape of what it "
-            f"differentiates; where a parameter meets every row, its gradient sums over the "
-            f"rows")
+    return hashlib.sha256(learner.bytes_of(path)).hexdigest()

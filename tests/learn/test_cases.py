@@ -13,6 +13,7 @@ from minitfm.learn import adamcheck, kernels
 from minitfm.learn.cases import ALL_CASES, case_sizes
 from minitfm.learn.exercises import EXERCISES, by_name
 from minitfm.learn.modelcheck import model_cases
+from minitfm.learn.kinds import KERNEL, LAYER, MODEL, OPTIM
 
 # what each key of a case's sizes is; the others (p, pre, causal, smoothing...) are settings
 SIZES = {"b": "batch", "t": "length", "s": "source length", "d": "d_model", "h": "heads",
@@ -23,7 +24,7 @@ SIZES = {"b": "batch", "t": "length", "s": "source length", "d": "d_model", "h":
 def sizes_of(ex) -> list[tuple[str, dict]]:
     """Each case of the exercise's check: (its name, {what: size})."""
     found = []
-    if ex.kind == "model":
+    if ex.kind is MODEL:
         for name, case in model_cases(ex).items():
             cfg = case.cfg
             named = {SIZES[k]: v for k, v in case.sizes.items() if k in SIZES}
@@ -33,7 +34,7 @@ def sizes_of(ex) -> list[tuple[str, dict]]:
             if not cfg.share_embeddings:
                 named["target vocabulary"] = cfg.tgt_vocab
             found.append((name, named))
-    elif ex.kind == "layer":
+    elif ex.kind is LAYER:
         for name in ex.cases:
             sizes = case_sizes(ex, ALL_CASES[name])
             named = {SIZES[k]: v for k, v in sizes.items() if k in SIZES}
@@ -44,7 +45,7 @@ def sizes_of(ex) -> list[tuple[str, dict]]:
                 named["rows a chunk"] = rows
                 named["chunks"] = math.ceil(sizes["n"] / rows)
             found.append((name, named))
-    elif ex.kind == "kernel":
+    elif ex.kind is KERNEL:
         _, args, words = kernels.launch(ex)
         shapes = {a.shape for a in args if hasattr(a, "shape") and a.ndim == 2}
         for rows, cols in shapes:
@@ -68,7 +69,7 @@ def coincidences(sizes: dict) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("ex", [e for e in EXERCISES if e.kind != "optim"],
+@pytest.mark.parametrize("ex", [e for e in EXERCISES if e.kind is not OPTIM],
                          ids=lambda e: e.name)
 def test_every_size_is_its_own(ex):
     cases = sizes_of(ex)

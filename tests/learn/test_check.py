@@ -4,10 +4,11 @@ mistakes planted in it, each with the diagnosis that names it: test_mistakes.py.
 
 import pytest
 
-from minitfm.learn import check, report, source
+from minitfm.learn import check, report
 from minitfm.learn.exercises import EXERCISES, by_name
-from minitfm.learn.workshop import Workshop, make
-from tests.learn.conftest import write_exercise
+from minitfm.learn.exercises import make
+from minitfm.learn.workshop import Workshop
+from tests.learn.conftest import filled, write_exercise
 
 
 @pytest.mark.parametrize("ex", EXERCISES, ids=lambda e: e.name)
@@ -29,7 +30,7 @@ def test_an_untouched_exercise_is_not_written(folder):
 def test_one_function_left_of_several_is_named(folder):
     ex = by_name("attention")
     path = Workshop(folder).start(ex)
-    path.write_text(source.filled(make(ex), ex.module, ("sdpa_backward", "self_backward")))
+    path.write_text(filled(make(ex), ex.module, ("sdpa_backward", "self_backward")))
     result = check.run_check(ex, path)
     assert result.status == "fail"
     problems = [c.problem for c in result.cases if c.problem]

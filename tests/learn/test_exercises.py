@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from minitfm.gradcheck.cases import CASES, MODEL_CASES
-from minitfm.learn import kernels, source
-from minitfm.learn.exercises import EXERCISES, by_name
-from minitfm.learn.workshop import make
+from minitfm.learn import kernels, learner, source
+from minitfm.learn.exercises import EXERCISES, by_name, make
+from minitfm.learn.kinds import KERNEL, LAYER, MODEL, OPTIM
 
 LAYERS = Path(__file__).resolve().parents[2] / "minitfm" / "layers"
 # a layer's functions that are not a backward pass of their own: forward then backward in one
@@ -54,21 +54,21 @@ def test_every_name_an_exercise_gives_exists():
     cases = {case.name for case in [*CASES, *MODEL_CASES]}
     for ex in EXERCISES:
         module = importlib.import_module(ex.module)
-        if ex.kind == "kernel":
+        if ex.kind is KERNEL:
             assert kernels.kernel_of(ex).name == ex.write[0]
-        for name in (*(ex.write if ex.kind != "kernel" else ()), *ex.keep, *ex.borrow):
+        for name in (*(ex.write if ex.kind is not KERNEL else ()), *ex.keep, *ex.borrow):
             target = module
             for part in name.split("."):
                 target = getattr(target, part)
         assert set(ex.cases) <= cases, ex.name
-        assert ex.kind in ("layer", "optim", "model", "kernel") and ex.step, ex.name
+        assert ex.kind in (LAYER, OPTIM, MODEL, KERNEL) and ex.hints, ex.name
         assert by_name(ex.name) is ex and by_name(str(ex.number)) is ex
 
 
 def test_every_named_mistake_is_the_librarys_text():
     for ex in EXERCISES:
         for mistake in ex.mistakes:
-            code = (kernels.kernel_of(ex).source if ex.kind == "kernel"
+            code = (kernels.kernel_of(ex).source if ex.kind is KERNEL
                     else source.plain_source(ex.module, mistake.function))
             assert code.count(mistake.old) == 1, (ex.name, mistake.old)
 
@@ -76,7 +76,7 @@ def test_every_named_mistake_is_the_librarys_text():
 @pytest.mark.parametrize("ex", EXERCISES, ids=lambda e: e.name)
 def test_an_exercise_keeps_the_forward_pass_and_holds_no_solution(ex):
     text = make(ex)
-    if ex.kind == "kernel":
+    if ex.kind is KERNEL:
         kernel = kernels.kernel_of(ex)
         assert kernels.unwritten_text(text)
         solution = kernels.body_of(kernel.source, kernel.name)
@@ -144,6 +144,6 @@ def test_an_exercise_follows_the_library(monkeypatch):
 
 def test_the_exercise_files_are_read_as_written():
     for ex in EXERCISES:
-        if ex.kind != "kernel":
-            assert source.unwritten_text(make(ex), ex.write) == list(ex.write)
+        if ex.kind is not KERNEL:
+            assert learner.unwritten_text(make(ex), ex.write) == list(ex.write)
     assert inspect.getdoc(source)

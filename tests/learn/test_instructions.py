@@ -12,11 +12,11 @@ import re
 import pytest
 
 from minitfm.learn import kernels, source
-from minitfm.learn.exercises import EXERCISES, by_name
-from minitfm.learn.workshop import make
+from minitfm.learn.exercises import EXERCISES, by_name, make
+from minitfm.learn.kinds import KERNEL, LAYER
 
-PYTHON = [e for e in EXERCISES if e.kind != "kernel"]
-LAYERS = [e for e in EXERCISES if e.kind == "layer"]
+PYTHON = [e for e in EXERCISES if e.kind is not KERNEL]
+LAYERS = [e for e in EXERCISES if e.kind is LAYER]
 BOTH = [(ex, hard) for ex in EXERCISES for hard in (False, True)]
 
 
@@ -132,7 +132,7 @@ def test_the_rows_of_a_todo_line_up(pair):
 def _shown(ex, text: str) -> str:
     """What the workshop writes of its own in an exercise file: the TODOs, or a kernel's
     head."""
-    if ex.kind == "kernel":
+    if ex.kind is KERNEL:
         lines = text.splitlines()
         return "\n".join(lines[:next(k for k, line in enumerate(lines)
                                       if not line.startswith("//"))])
@@ -182,7 +182,7 @@ def _removed(ex) -> list[str]:
 def test_hard_leaves_out_the_derivation_alone(ex):
     """What --hard removes is the derivation: the docstring's backward formulas, the docstrings
     of the functions to write, and a kernel's notes."""
-    if ex.kind == "kernel":
+    if ex.kind is KERNEL:
         derivation = set()
     else:
         derivation = {line.strip() for line in source.derivation(ex.module)}
@@ -230,7 +230,7 @@ def solution(name: str) -> frozenset:
     functions, or its kernel's), longer than a few characters and found nowhere else in its
     module."""
     ex = by_name(name)
-    if ex.kind == "kernel":
+    if ex.kind is KERNEL:
         kernel = kernels.kernel_of(ex)
         body = kernels.body_of(kernel.source, kernel.name)
         lines, elsewhere = body.splitlines(), kernel.source.replace(body, "")
@@ -249,7 +249,7 @@ def its_own(name: str) -> frozenset:
     """The lines an exercise's file may hold as the library has them: its module's (a kernel's:
     its source, its twin and what the twin calls) but the code any exercise writes."""
     ex = by_name(name)
-    if ex.kind == "kernel":
+    if ex.kind is KERNEL:
         kernel = kernels.kernel_of(ex)
         text = "\n".join([kernel.source.replace(kernels.body_of(kernel.source, kernel.name), ""),
                           inspect.getsource(kernel.twin),
