@@ -32,9 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy  # noqa: E402
 
-from minitfm.learn import kernels, source  # noqa: E402
-from minitfm.learn.exercises import EXERCISES  # noqa: E402
-from minitfm.learn.workshop import Workshop, make  # noqa: E402
+from minitfm.learn import kernels  # noqa: E402
+from minitfm.learn.exercises import EXERCISES, make  # noqa: E402
+from minitfm.learn.kinds import KERNEL  # noqa: E402
+from minitfm.learn.workshop import Workshop  # noqa: E402
+from tests.learn.conftest import filled, with_body  # noqa: E402  (the library's code, written in)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,15 +47,15 @@ def written(folder: Path, ex, mistake=None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     text = make(ex)
     edits = [] if mistake is None else [(mistake.old, mistake.new)]
-    if ex.kind == "kernel":
+    if ex.kind is KERNEL:
         kernel = kernels.kernel_of(ex)
         body = kernels.body_of(kernel.source, kernel.name)
         for old, new in edits:
             body = body.replace(old, new)
-        path.write_text(kernels.with_body(text, kernel.name, body))
+        path.write_text(with_body(text, kernel.name, body))
     else:
-        path.write_text(source.filled(text, ex.module, ex.write,
-                                      {mistake.function: edits} if mistake else None))
+        path.write_text(filled(text, ex.module, ex.write,
+                               {mistake.function: edits} if mistake else None))
     return path
 
 
@@ -91,13 +93,13 @@ def main() -> None:
                 continue
             folder = Path(tmp) / ex.name
             written(folder, ex)
-            if ex.kind == "kernel":
+            if ex.kind is KERNEL:
                 timed(ex, folder)                       # compiled once, as a second check
             right = fastest(ex, folder, args.rounds)
             wrong = (float("nan"), float("nan"), 1)
             if ex.mistakes:
                 written(folder, ex, ex.mistakes[0])
-                if ex.kind == "kernel":
+                if ex.kind is KERNEL:
                     timed(ex, folder)
                 wrong = fastest(ex, folder, args.rounds)
             assert right[2] == 0 and wrong[2] == 1, (ex.name, right, wrong)
