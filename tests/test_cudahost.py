@@ -28,7 +28,7 @@ def kernel(body: str, name: str = "k") -> cudahost.HostKernel:
 
 # ---- CUDA's semantics ----------------------------------------------------------------------------
 
-HALVES = fused.HALF + r"""
+HALVES = fused.HALF_CONVERSIONS + r"""
 extern "C" __global__ void halves(const half_bits* h, float* f, const float* x, half_bits* y,
                                   long long n, long long m) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;

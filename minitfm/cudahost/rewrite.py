@@ -16,8 +16,8 @@ so that the compiler's messages and the host execution's faults name the kernel'
 - each ``__device__`` function (not a kernel) takes the line of its call as a last parameter
   with a default, ``minitfm::call_site(__builtin_LINE())``, and keeps the call on the thread's
   record while it runs: a fault inside it is named at the kernel's line that called it;
-- the two PTX conversions of ``minitfm.speed.fused.HALF`` (``cvt.f32.f16``, ``cvt.rn.f16.f32``) become
-  calls of the header's bit-exact host conversions.
+- the two PTX conversions of ``minitfm.speed.fused.HALF_CONVERSIONS`` (``cvt.f32.f16``,
+  ``cvt.rn.f16.f32``) become calls of the header's bit-exact host conversions.
 
 Refused by name, before anything is compiled, rather than run wrongly: any other inline PTX,
 dynamic shared memory (``extern __shared__``), ``__constant__`` memory, the atomics the header
@@ -67,8 +67,8 @@ UNMODELLED = {
 WARP_OPERATIONS = re.compile(r"\b(__syncthreads|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|"
                              r"__all_sync)\b")
 
-# the inline PTX of minitfm.speed.fused.HALF, as host calls: template -> (output constraint, input
-# constraint, the header's function)
+# the inline PTX of minitfm.speed.fused.HALF_CONVERSIONS, as host calls: template -> (output
+# constraint, input constraint, the header's function)
 PTX = {"cvt.f32.f16 %0, %1;": ("=f", "h", "minitfm::cvt_f32_f16"),
        "cvt.rn.f16.f32 %0, %1;": ("=h", "f", "minitfm::cvt_rn_f16_f32")}
 

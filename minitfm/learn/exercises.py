@@ -242,7 +242,7 @@ EXERCISES = [
                "beta2^t) + eps)")),
     Exercise(
         "model", "the whole encoder-decoder backward", "minitfm.models.translator",
-        ("_backward",), ("ForwardCache", "encoder_forward", "decoder_forward", "loss_and_grads"),
+        ("stacks_backward",), ("ForwardCache", "encoder_forward", "decoder_forward", "loss_and_grads"),
         ("model (post-LN)", "model (pre-LN)", "model (separate embeddings)"), kind=MODEL,
         hints=("From dh, the decoder stack's backward gives dy and dmemory; the target inputs' "
                "backward adds into the target table; dmemory goes back through the encoder "

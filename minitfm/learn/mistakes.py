@@ -202,13 +202,13 @@ MISTAKES = {
                 "step ** -0.5")),
     "model": (
         Mistake("the encoder gets no gradient: dmemory must go back through the encoder stack",
-                "_backward", "encoder.stack_backward(dmemory,",
+                "stacks_backward", "encoder.stack_backward(dmemory,",
                 "encoder.stack_backward(0 * dmemory,"),
         Mistake("the source table is zeroed over the target's uses: with a shared table "
-                "(share_embeddings) the uses add up", "_backward", "if src_name != tgt_name:",
+                "(share_embeddings) the uses add up", "stacks_backward", "if src_name != tgt_name:",
                 "if True:"),
         Mistake("the target inputs' backward is skipped: dy, the decoder stack's dx, goes back "
-                "into the target table", "_backward",
+                "into the target table", "stacks_backward",
                 'inputs.backward(dy, c_tgt.embed, {"table": out[tgt_name]})', "None")),
     "kernel_dropout": (
         Mistake("the mask is inverted: dx = dy * scale where keep[i] is true, 0 where it is false",

@@ -90,7 +90,7 @@ WORDS = {   # (exercise, parameter): words where that exercise's differ from PAR
     ("model", "c_src"): "the source side's, from the forward pass:",
     ("model", "c_tgt"): "the target side's, from the forward pass:",
     ("model", "out"): "one array per parameter of the model, by its name and of its shape: "
-                      "write every gradient into it, as _backward returns nothing. "
+                      "write every gradient into it, as stacks_backward returns nothing. "
                       "out[tgt_name] holds the output projection's gradient already: add the "
                       "target embedding's to it; the others hold whatever the buffer held "
                       f"(zeros in the check): overwrite them ({RULE})",

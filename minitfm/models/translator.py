@@ -324,11 +324,11 @@ def loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, normalizer=No
         return stats, None
     dh = xp.zeros((b * t, d), dtype=h.dtype)
     dh[rows] = dh_sel
-    _backward(dh.reshape(b, t, d), c_src, c_tgt, out, src_name, tgt_name)
+    stacks_backward(dh.reshape(b, t, d), c_src, c_tgt, out, src_name, tgt_name)
     return stats, out
 
 
-def _backward(dh, c_src, c_tgt, out, src_name, tgt_name) -> None:
+def stacks_backward(dh, c_src, c_tgt, out, src_name, tgt_name) -> None:
     """The backward pass from dh (B, T, d), the gradient of the decoder's output, in reverse
     order of the forward pass, into ``out``. The output layer's backward is done already: its
     gradient is in out[tgt_name], to which the embeddings' scatter-adds add."""

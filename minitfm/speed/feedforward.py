@@ -159,7 +159,7 @@ def relu_dropout_backward_loop(da, a, keep, scale, drop):
 
 # ---- fused: b1 + ReLU + dropout, each way -----------------------------------------------------
 
-FORWARD_SOURCE = philox.DEVICE + fused.HALF + r"""
+FORWARD_SOURCE = philox.DEVICE + fused.HALF_CONVERSIONS + r"""
 // a = dropout(max(0, h + b)) in place over h (N, d), 8 elements a thread (a block of Philox)
 extern "C" __global__ void bias_relu_dropout(float* h, const float* b, bool* keep, long long n,
         int d, int drop, unsigned int threshold, float scale, unsigned int k0, unsigned int k1,

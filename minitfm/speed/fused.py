@@ -34,8 +34,8 @@ import math
 from minitfm import backend, cudahost
 from minitfm.speed import policy
 
-__all__ = ["CHOICES", "use", "choice", "on_host", "active", "Kernel", "KERNELS", "OPTIONS", "HALF",
-           "grid_for", "THREADS", "BLOCK_REDUCE", "i32", "i64", "u32", "u64", "f32", "f64"]
+__all__ = ["CHOICES", "use", "choice", "on_host", "active", "Kernel", "KERNELS", "OPTIONS",
+           "HALF_CONVERSIONS", "grid_for", "THREADS", "BLOCK_REDUCE", "i32", "i64", "u32", "u64", "f32", "f64"]
 
 CHOICES = ("plain", "fused")
 OPTIONS = ("--std=c++14", "--fmad=false")
@@ -94,7 +94,7 @@ def grid_for(n: int, per_thread: int = 1) -> tuple[int]:
 
 # Half precision without cuda_fp16.h (which NVRTC does not ship): 16-bit words converted with the
 # PTX instructions that header's __half2float and __float2half_rn use (round to nearest even).
-HALF = r"""
+HALF_CONVERSIONS = r"""
 typedef unsigned short half_bits;
 __device__ __forceinline__ float half_to_float(half_bits h) {
     float f; asm("{cvt.f32.f16 %0, %1;}" : "=f"(f) : "h"(h)); return f;

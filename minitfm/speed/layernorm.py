@@ -51,7 +51,7 @@ def choose_backward(dy, cache: layernorm.Cache, out=None):
 
 # ---- fused ------------------------------------------------------------------------------------
 
-FORWARD_SOURCE = fused.BLOCK_REDUCE + fused.HALF + r"""
+FORWARD_SOURCE = fused.BLOCK_REDUCE + fused.HALF_CONVERSIONS + r"""
 extern "C" __global__ void layernorm_forward(const float* x, const float* gamma,
         const float* beta, float* y, float* xhat, float* rstd, int d, float d_eps,
         half_bits* y16, int half_out) {

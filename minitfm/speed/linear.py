@@ -65,7 +65,7 @@ def half_backward(dy, cache: linear.Cache, out=None):
     return dx.reshape(cache.x.shape), grads
 
 
-BIAS_HALF_SOURCE = fused.HALF + r"""
+BIAS_HALF_SOURCE = fused.HALF_CONVERSIONS + r"""
 // db = sum_rows dy and dy16 = dy in float16, one pass over dy (N, d): a block per 32 columns,
 // 8 rows at a time, the 8 partial sums of a column added in a fixed order
 extern "C" __global__ void bias_grad_half(const float* dy, float* db, half_bits* dy16,

@@ -1,14 +1,15 @@
-"""Mixed precision (``--precision fp16``): float16 operands in the 2-D products, float32 for the rest.
+"""Mixed precision (``--precision fp16``): float16 operands in the 2-D products, float32 for the
+rest.
 
 A GPU's tensor cores multiply float16 matrices many times faster than float32 ones, summing the
 products in float32. Mixed precision (Micikevicius et al., "Mixed Precision Training", 2018) uses
 them where the work is and keeps float32 wherever precision matters:
 
-- the products of every linear layer and of the output projection (``layers/linear.py``, its float16 path in ``speed/linear.py``) take
-  float16 copies of their two operands, sum in float32 and give a float32 result (on CuPy:
-  cuBLAS ``gemmEx`` with float16 A and B, float32 C and ``CUBLAS_COMPUTE_32F``, the call CuPy's
-  own float16 ``dot`` makes, ``cupy/_core/_routines_linalg.pyx`` ``tensordot_core_v11``, but
-  with a float32 C: no cast of the result, and dW lands in the float32 gradient buffer
+- the products of every linear layer and of the output projection (``speed/linear.py``, the
+  float16 path of ``layers/linear.py``) take float16 copies of their two operands, sum in
+  float32 and give a float32 result (on CuPy: cuBLAS ``gemmEx`` with float16 A and B, float32
+  C and ``CUBLAS_COMPUTE_32F``, the call CuPy's own float16 ``dot`` makes,
+  ``cupy/_core/_routines_linalg.pyx`` ``tensordot_core_v11``, but with a float32 C: no cast of the result, and dW lands in the float32 gradient buffer
   directly), so the activations between layers stay float32;
 - the float16 copy of the parameters is made once per update, for the whole flat buffer
   (:func:`half_copies`), from the float32 *master* parameters, which Adam updates with float32

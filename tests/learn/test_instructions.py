@@ -83,7 +83,7 @@ def test_the_output_todo_describes_the_backward_call():
 
 
 def test_the_model_todo_says_every_gradient_is_written_into_out():
-    todo = todos(made("model"))["_backward"]
+    todo = todos(made("model"))["stacks_backward"]
     value, words = rows(todo)["out"]
     assert value.startswith("dict, ") and value.endswith(" arrays")
     assert "write every gradient into it" in words

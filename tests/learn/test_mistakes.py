@@ -167,10 +167,10 @@ PLANTED = {
         ("constant", "LRSchedule.__call__", [("self.d_model ** -0.5", "self.d_model ** 0.5")],
          "sqrt(d_model) squared")],
     "model": [
-        ("constant", "_backward", [("encoder.stack_backward(dmemory,",
+        ("constant", "stacks_backward", [("encoder.stack_backward(dmemory,",
                                     "encoder.stack_backward(2 * dmemory,")],
          ("factor 2", "too many")),
-        ("sign", "_backward", [("decoder.stack_backward(dh,", "decoder.stack_backward(-dh,")],
+        ("sign", "stacks_backward", [("decoder.stack_backward(dh,", "decoder.stack_backward(-dh,")],
          "the wrong sign")],
     "kernel_dropout": [
         ("bounds", "dropout_backward", [("if (i < n)", "if (i <= n)")],
