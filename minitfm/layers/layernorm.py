@@ -41,10 +41,10 @@ def param_shapes(d: int) -> dict[str, tuple[int, ...]]:
 def forward(x, p, eps=EPS):
     """Return ``(y, cache)`` with the statistics needed by the backward pass."""
     mu = x.mean(axis=-1, keepdims=True)                             # (..., 1)
-    centred = x - mu                                                # (..., D)
-    var = (centred * centred).mean(axis=-1, keepdims=True)          # (..., 1)
+    xhat = x - mu                                                   # (..., D), centred
+    var = (xhat * xhat).mean(axis=-1, keepdims=True)                # (..., 1) mean((x - mu)^2)
     rstd = 1.0 / backend.xp.sqrt(var + eps)                         # (..., 1)
-    xhat = centred * rstd                                           # (..., D)
+    xhat *= rstd                                                    # (x - mu) * rstd
     y = xhat * p["gamma"]
     y += p["beta"]
     return y, Cache(xhat, rstd, p["gamma"])

@@ -26,8 +26,8 @@ What the choosers read: ``--kernels`` (:func:`minitfm.speed.fused.use`,
 :func:`minitfm.speed.rows.use`), ``--precision`` (:mod:`minitfm.speed.mixed`) and the arrays'
 types. Two rules hold for every route, here and nowhere else:
 
-- a call with a float64 array among its positional arguments (the gradient checks' type) runs
-  the plain code;
+- a call whose first argument is a float64 array (the gradient checks' type) runs the plain
+  code;
 - inside :func:`plain` (a kernel's twin, :meth:`minitfm.speed.fused.Kernel.run_twin`, and each
   block of a row pass, :func:`minitfm.speed.rows.run`) every call runs the plain code. It is a
   :class:`contextvars.ContextVar`: it holds in the thread (or task) that entered it, so a row
@@ -85,8 +85,10 @@ ROUTES: dict[str, Route] = {}       # "minitfm.layers.layernorm.forward" -> its 
 
 
 def float64_call(args) -> bool:
-    """Whether a float64 array is among a call's positional arguments ``args``."""
-    return any(getattr(getattr(a, "dtype", None), "char", None) == "d" for a in args)
+    """Whether a call with the positional arguments ``args`` is a float64 one: its first
+    argument, the array a layer function works on (x, dy, the logits, a parameter buffer), is
+    float64."""
+    return bool(args) and getattr(getattr(args[0], "dtype", None), "char", None) == "d"
 
 
 def _parameters(fn) -> list:
@@ -117,7 +119,9 @@ def fast_path(plain_fn):
 
         @functools.wraps(plain_fn)
         def route(*args, **kwargs):
-            if not _plain_here.get() and not float64_call(args):
+            # float64_call(args), inlined: a route is on every layer call's way
+            if not _plain_here.get() and (
+                    not args or getattr(getattr(args[0], "dtype", None), "char", None) != "d"):
                 fast = route.chooser(*args, **kwargs)
                 if fast is not None:
                     return fast(*args, **kwargs)
