@@ -25,10 +25,6 @@ import numpy as np
 import pytest
 
 from minitfm.data import EncodedCorpus
-from minitfm.speed import layernorm as fast_layernorm
-from minitfm.speed import loss as fast_loss
-from minitfm.speed import residual as fast_residual
-from minitfm.speed import softmax as fast_softmax
 from tests.conftest import default_kernels
 from tests.test_train_wmt import TINY, corpus, corpus_args  # noqa: F401  (a fixture)
 
@@ -160,8 +156,8 @@ def test_a_compiled_loop_that_does_not_load_is_compiled_again_and_said_once(tmp_
 
     assert train("first") == ""
     (folder,) = (tmp_path / "numba").iterdir()
-    loops = ["fast_layernorm.forward_loop", "fast_softmax.normalize_loop", "fast_loss.finish_loop",
-             "fast_residual.add_dropped_loop"]
+    loops = ["layernorm.forward_loop", "softmax.normalize_loop", "loss.finish_loop",
+             "residual.add_dropped_loop"]
     first, second, third = (next(folder.glob(f"{loop}-*.1.nbc")) for loop in loops[:3])
     index = next(folder.glob(f"{loops[3]}-*.nbi"))
     swapped = first.read_bytes()
@@ -171,10 +167,10 @@ def test_a_compiled_loop_that_does_not_load_is_compiled_again_and_said_once(tmp_
         truncated.write_bytes(truncated.read_bytes()[:30])
     said = train("second").splitlines()
     assert sorted(said) == sorted(
-        f"warning: the compiled loop minitfm.layers.{loop} kept in {folder} does not load ("
+        f"warning: the compiled loop minitfm.speed.{loop} kept in {folder} does not load ("
         + why + "): compiling it again" for loop, why in zip(loops, [
-            "it holds another loop's code, minitfm.layers.softmax.normalize_rows's",
-            "it holds another loop's code, minitfm.layers.layernorm.forward_rows's",
+            "it holds another loop's code, minitfm.speed.softmax.normalize_loop's",
+            "it holds another loop's code, minitfm.speed.layernorm.forward_loop's",
             "UnpicklingError: pickle data was truncated",
             "UnpicklingError: pickle data was truncated"])), said
     assert train("third") == ""

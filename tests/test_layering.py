@@ -18,13 +18,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 FLOORS = [      # top to bottom: (name, the modules and packages on it)
     ("front ends", ["train_toy", "train_wmt", "train_lm", "minitfm.commands", "minitfm.cli",
-                    "minitfm.translate", "minitfm.average", "minitfm.plot", "minitfm.gradcheck",
-                    "minitfm.kernelcheck", "minitfm.export.__main__",
+                    "minitfm.translate", "minitfm.average", "minitfm.plot",
+                    "minitfm.gradcheck.__main__", "minitfm.kernelcheck", "minitfm.export.__main__",
                     "minitfm.launch", "minitfm.learn"]),
     ("training, decoding, sampling, export",
      ["minitfm.training", "minitfm.decoding", "minitfm.averaging", "minitfm.plotting",
       "minitfm.export", "minitfm.checkpoint", "minitfm.usable", "minitfm.optim",
-      "minitfm.gradscale", "minitfm.workers", "minitfm.bleu", "minitfm.speed"]),
+      "minitfm.gradscale", "minitfm.workers", "minitfm.bleu", "minitfm.speed",
+      "minitfm.gradcheck"]),
     ("models", ["minitfm.models"]),
     ("layers, data, special ids", ["minitfm.layers", "minitfm.data", "minitfm.ids",
                                    "minitfm.tasks", "minitfm.flat"]),
