@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import inspect
 import math
 import os
 import sys
@@ -45,7 +44,7 @@ from minitfm import backend, cudahost, flat, gradscale, optim
 from minitfm.backend import philox, products
 from minitfm.cli.argtypes import Parser
 from minitfm.cli.reporting import report_errors
-from minitfm.speed import fused, mixed, rows
+from minitfm.speed import fused, mixed, policy, rows
 from minitfm.layers import attention, dropout, feedforward, layernorm, linear, loss, residual
 
 __all__ = ["CASES", "HOST_TOLERANCES", "compare", "prepare_host", "main"]
@@ -323,15 +322,9 @@ def explain(args: argparse.Namespace) -> int:
     for name, counts in seen.items():
         ran = ", ".join(f"{fn.replace('minitfm.', '')} x{n}" for fn, n in counts.most_common())
         print(f"{name.replace('minitfm.', '')}: {ran or 'not called in this update'}")
-        print(f"    {_chooser_words(name)}")
+        print(f"    {policy.ROUTES[name].reads}")
     return 0
 
-
-def _chooser_words(name: str) -> str:
-    """The first sentence of a route's chooser's docstring: what it reads."""
-    from minitfm.speed import policy
-    doc = inspect.getdoc(policy.ROUTES[name].chooser) or ""
-    return " ".join(doc.split("\n\n")[0].split())
 
 
 def run(args: argparse.Namespace) -> int:

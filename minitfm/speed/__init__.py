@@ -14,7 +14,7 @@ function a call runs, and why.
 
 import collections
 import contextlib
-import inspect
+import functools
 
 from minitfm.speed import (attention, decoder, dropout, embedding, encoder,  # noqa: F401
                            feedforward, gradscale, layernorm, linear, loss, optim, output,
@@ -38,8 +38,7 @@ def explain(fn=None, *args, **kwargs) -> str:
     if fn is None:
         lines = [f"settings: {settings}"]
         for route in policy.ROUTES.values():
-            doc = (inspect.getdoc(route.chooser) or "").split("\n\n")[0].replace("\n", " ")
-            lines.append(f"{route.qualified}: {_name(route.chooser)}: {doc}")
+            lines.append(f"{route.qualified}: {_name(route.chooser)}: {route.reads}")
         return "\n".join(lines)
     chosen = policy.path(fn, *args, **kwargs)
     plain_fn = policy.plain_function(fn)
@@ -62,6 +61,7 @@ def traced():
     for name, route in policy.ROUTES.items():
         saved[name] = choose = route.routed.chooser
 
+        @functools.wraps(choose)
         def spy(*args, _choose=choose, _counter=seen[name], **kwargs):
             fast = _choose(*args, **kwargs)
             _counter["plain" if fast is None else _name(fast)] += 1

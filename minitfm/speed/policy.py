@@ -69,12 +69,24 @@ def plain_here() -> bool:
 
 @dataclass(frozen=True)
 class Route:
-    """A plain function with a fast path beside it: ``module.name`` is ``routed`` now."""
+    """A plain function with a fast path beside it: ``module.name`` is ``routed`` now, which
+    holds the plain function and its chooser (``routed.plain``, ``routed.chooser``)."""
     module: str
     name: str
-    plain: object
-    chooser: object
     routed: object
+
+    @property
+    def plain(self):
+        return self.routed.plain
+
+    @property
+    def chooser(self):
+        return self.routed.chooser
+
+    @property
+    def reads(self) -> str:
+        """The first paragraph of the chooser's docstring, on one line: what it reads."""
+        return " ".join((inspect.getdoc(self.chooser) or "").split("\n\n")[0].split())
 
     @property
     def qualified(self) -> str:
@@ -128,7 +140,7 @@ def fast_path(plain_fn):
             return plain_fn(*args, **kwargs)
 
         route.plain, route.chooser = plain_fn, chooser
-        ROUTES[f"{module}.{name}"] = Route(module, name, plain_fn, chooser, route)
+        ROUTES[f"{module}.{name}"] = Route(module, name, route)
         setattr(sys.modules[module], name, route)
         return chooser
     return register
