@@ -33,7 +33,8 @@ from collections.abc import Iterator
 __all__ = ["WriteError", "write_error", "ReadError", "read_error", "raise_if_read_failed",
            "bad_path",
            "temporary_beside", "remove_stale_temporaries",
-           "replacing", "replacing_directory", "fsync_directory", "kind_of", "link_trouble"]
+           "replacing", "replacing_together", "replacing_directory", "fsync_directory",
+           "kind_of", "link_trouble"]
 
 # the errors that say the destination has no room or cannot be written, whichever file raised them
 _NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
@@ -265,6 +266,48 @@ def replacing(path: str | os.PathLike) -> Iterator[str]:
             os.remove(tmp)
         raise
     fsync_directory(directory)
+
+
+@contextlib.contextmanager
+def replacing_together(paths: list[str | os.PathLike]) -> Iterator[list[str]]:
+    """:func:`replacing` for files that change together (an exercise and the progress that
+    names it): yield a temporary beside each of ``paths`` for the caller to write; when the
+    block ends all of them are fsync'ed, and only then renamed, in the order given. An error
+    or interrupt before the renames removes every temporary and changes none of ``paths``; a
+    failed write raises :class:`WriteError` naming the file it was for."""
+    temps = [temporary_beside(path) for path in paths]
+    try:
+        for path, tmp in zip(paths, temps):
+            try:
+                os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            except OSError as exc:
+                raise write_error(path, exc) from exc
+        try:
+            yield temps
+        except OSError as exc:
+            named = os.fspath(exc.filename) if isinstance(exc.filename, os.PathLike) \
+                else exc.filename
+            if named in temps:
+                raise write_error(paths[temps.index(named)], exc) from exc
+            raise
+        for path, tmp in zip(paths, temps):
+            try:
+                with open(tmp, "rb+") as f:
+                    os.fsync(f.fileno())
+            except OSError as exc:
+                raise write_error(path, exc) from exc
+        for path, tmp in zip(paths, temps):
+            try:
+                os.replace(tmp, path)
+            except OSError as exc:
+                raise write_error(path, exc) from exc
+    except BaseException:
+        for tmp in temps:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+        raise
+    for directory in {os.path.dirname(os.path.abspath(path)) for path in paths}:
+        fsync_directory(directory)
 
 
 @contextlib.contextmanager

@@ -8,7 +8,9 @@ wrapped to fail as a disk or mount would, with the errors the system gives:
                       failing disk, an NFS server gone);
 ``--read-only DIR``   every write under DIR fails: EROFS, "Read-only file system" (opening for
                       writing or creating, making or removing a folder, renaming, removing);
-``--full DIR``        every write under DIR fails: ENOSPC, "No space left on device".
+``--full DIR``        every write under DIR fails: ENOSPC, "No space left on device";
+``--denied DIR``      every write under DIR fails: EACCES, "Permission denied" (a folder of
+                      another user, or ``chmod 555``, which a root user is not held to).
 
 Each option may be given more than once. Reads outside the paths named, and writes outside the
 folders named, go on as ever: a test sees what the command does with exactly this fault.
@@ -84,7 +86,7 @@ def install(faults: list[tuple[str, int, str]]) -> None:
 def main(argv: list[str]) -> None:
     faults, i = [], 0
     options = {"--eio": (errno.EIO, "read"), "--read-only": (errno.EROFS, "write"),
-               "--full": (errno.ENOSPC, "write")}
+               "--full": (errno.ENOSPC, "write"), "--denied": (errno.EACCES, "write")}
     while argv[i] != "--":
         number, kind = options[argv[i]]
         faults.append((argv[i + 1], number, kind))

@@ -21,9 +21,10 @@ import time
 
 from minitfm.workers import placement
 from minitfm.cli import exits
-from minitfm.cli.argtypes import Parser, integer, number, positive_int
+from minitfm.cli.argtypes import Parser, integer, number
 from minitfm.cli.reporting import report_errors
 from minitfm.cli.exits import UsageError
+from minitfm.data import DataError
 from minitfm.learn import check as checking
 from minitfm.learn import report as reporting
 from minitfm.learn import worker
@@ -32,10 +33,32 @@ from minitfm.learn.workshop import Workshop, digest
 
 MAX_WAIT = 3600.0        # seconds: watch looks at the file at least once an hour
 MAX_LIMIT = 86400.0      # seconds: a time limit of a day at most
+MAX_STEPS = 100_000      # train: the library's run and the learner's, one after the other
 MARKS = {"not started": " ", "started": "…", "written": "✗", "passing": "✓"}
+PLAIN_MARKS = {"not started": " ", "started": "-", "written": "x", "passing": "+"}   # in ASCII
+
+
+def marks() -> dict:
+    """The states' marks in ``list``: in ASCII where standard output cannot show the others (a
+    terminal in the POSIX locale)."""
+    try:
+        "".join(MARKS.values()).encode(sys.stdout.encoding or "ascii")
+        return MARKS
+    except (UnicodeEncodeError, LookupError):
+        return PLAIN_MARKS
+
+
+def readable_output() -> None:
+    """Standard output and error that cannot show a character (the POSIX locale, Python's UTF-8
+    mode off) show its escape, ``\\u2713``, rather than fail on it (a path, a learner's
+    text)."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure") and stream.errors == "strict":
+            stream.reconfigure(errors="backslashreplace")
 
 
 def main(argv=None) -> int:
+    readable_output()
     args = parse_args(argv)
     return report_errors(lambda: run(args))
 
@@ -71,8 +94,9 @@ def parse_args(argv) -> argparse.Namespace:
     solution.add_argument("--reveal", action="store_true",
                           help="show it although the exercise does not pass yet")
     train = commands.add_parser("train", help="the copy task on your passing layers")
-    train.add_argument("--steps", type=positive_int, default=None,
-                       help="updates (default: the copy task's 300)")
+    train.add_argument("--steps", type=integer(1, MAX_STEPS), default=None,
+                       help=f"updates (default: the copy task's 300; at most {MAX_STEPS:,}, "
+                            f"the library's run and yours each)")
     train.add_argument("--seed", type=integer(0), default=0)
     train.add_argument("--time-limit", type=number(0, MAX_LIMIT, low_open=True), default=None,
                        metavar="SECONDS",
@@ -109,6 +133,7 @@ def exercise(name: str | None, workshop: Workshop, default_next: bool = False) -
 
 def run(args: argparse.Namespace) -> int:
     workshop = Workshop(args.dir)
+    workshop.check_folder()
     placement.limit_blas_threads(1)     # the checks' and the copy task's arrays are small
     if args.command == "list":
         return show_list(workshop)
@@ -149,30 +174,41 @@ def run(args: argparse.Namespace) -> int:
 
 
 def show_list(workshop: Workshop) -> int:
+    """The exercises and their states; an exercise whose file cannot be used is listed as
+    such, and said on standard error (status 2)."""
     data = workshop.progress()
-    states = {e.name: workshop.state(e, data) for e in EXERCISES}
+    states, problems = {}, []
+    for e in EXERCISES:
+        try:
+            states[e.name] = workshop.state(e, data)
+        except DataError as exc:
+            states[e.name] = "unusable"
+            problems.append(str(exc))
     passing = sum(s == "passing" for s in states.values())
-    current = data["current"]
+    current, mark = data["current"], {**marks(), "unusable": "!"}
     print(f"the workshop in {workshop.path}: {passing} of {len(EXERCISES)} exercises pass")
     width = max(len(e.name) for e in EXERCISES)
     for e in EXERCISES:
         state = states[e.name]
         here = ">" if e.name == current else " "
-        print(f" {here}{MARKS[state]} {e.number:02d} {e.name:<{width}}  {state:<11}  {e.title}")
+        print(f" {here}{mark[state]} {e.number:02d} {e.name:<{width}}  {state:<11}  {e.title}")
     bar = "#" * round(30 * passing / len(EXERCISES))
-    print(f"progress [{bar:<30}] {passing}/{len(EXERCISES)}")
-    return exits.DONE
+    print(f"progress [{bar:<30}] {passing}/{len(EXERCISES)}", flush=True)
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    return exits.BAD_INPUT if problems else exits.DONE
 
 
 def check_one(workshop: Workshop, ex: Exercise, seed: int = 0, limit: float = worker.LIMIT,
               cancel=None) -> int | None:
     """Check ``ex`` and say so: its exit status (None: cancelled, nothing said)."""
     path = workshop.file(ex)
+    there = workshop.exists(ex)         # what is there instead of the file, said
     report = checking.run_check(ex, path, seed, limit, cancel)
     if report.status == "cancelled":
         return None
     print(reporting.describe(report), flush=True)
-    if path.exists():
+    if there:
         workshop.set_current(ex)
     if report.passed:
         workshop.record_pass(ex)
@@ -205,7 +241,7 @@ def watch(workshop: Workshop, every: float = 0.5, stop=None, limit: float = work
     print(f"watching {workshop.file(ex)}: save it to check it (Ctrl-C to stop)", flush=True)
     while stop is None or not stop():
         path = workshop.file(ex)
-        if not path.exists():
+        if not workshop.exists(ex):
             workshop.start(ex)
             print(f"started {path}", flush=True)
         stamp = _stamp(path)
