@@ -19,6 +19,7 @@ folders named, go on as ever: a test sees what the command does with exactly thi
 from __future__ import annotations
 
 import builtins
+import contextlib
 import errno
 import io
 import os
@@ -81,6 +82,22 @@ def install(faults: list[tuple[str, int, str]]) -> None:
                             ("unlink", (0,)), ("rename", (0, 1)), ("replace", (0, 1)),
                             ("link", (0, 1)), ("symlink", (1,)), ("truncate", (0,))):
         setattr(os, name, _failing_write(getattr(os, name), *positions))
+
+
+@contextlib.contextmanager
+def failing(faults: list[tuple[str, int, str]]):
+    """:func:`install` for a block, in this process: the file functions are put back after."""
+    names = ("mkdir", "rmdir", "remove", "unlink", "rename", "replace", "link", "symlink",
+             "truncate", "open")
+    kept = builtins.open, io.open, {name: getattr(os, name) for name in names}
+    try:
+        install(faults)
+        yield
+    finally:
+        builtins.open, io.open = kept[0], kept[1]
+        for name, function in kept[2].items():
+            setattr(os, name, function)
+        _FAULTS.clear()
 
 
 def main(argv: list[str]) -> None:

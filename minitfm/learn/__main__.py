@@ -134,6 +134,7 @@ def exercise(name: str | None, workshop: Workshop, default_next: bool = False) -
 def run(args: argparse.Namespace) -> int:
     workshop = Workshop(args.dir)
     workshop.check_folder()
+    workshop.progress()                 # a damaged one said before anything starts
     placement.limit_blas_threads(1)     # the checks' and the copy task's arrays are small
     if args.command == "list":
         return show_list(workshop)
