@@ -25,8 +25,11 @@ as an int in ``extra`` and ``step`` completes it.
 
 Writes are atomic: the archive goes to a temporary file in the destination directory, is flushed
 and fsync'ed, then renamed over the destination with ``os.replace``. A crash or a full disk during
-a save leaves the previous checkpoint intact. Rotation (:func:`keep_last`, :func:`latest`) works on
-files named ``checkpoint_{step:08d}.npz``.
+a save leaves the previous checkpoint intact. A signal (Ctrl-C, SIGTERM, SIGHUP) is held back while
+zipfile's own code runs, which a KeyboardInterrupt raised inside it can leave half-built (its
+clean-up then fails with an error of its own), and stops the save at the archive's next write:
+the temporary is removed, the destination untouched (a training run holds its saves to the end).
+Rotation (:func:`keep_last`, :func:`latest`) works on files named ``checkpoint_{step:08d}.npz``.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from dataclasses import dataclass, field
 import numpy
 
 from minitfm import backend, files, flat, models
+from minitfm.training import stops
 
 __all__ = [
     "NonFiniteError",
@@ -157,8 +161,34 @@ def save(path: str | os.PathLike, params: dict, *, optimizer_state: dict | None 
     path = os.fspath(path)
     # a hidden name ending in .tmp: never mistaken for a checkpoint by latest() or keep_last()
     with files.replacing(path) as tmp, open(tmp, "wb") as f:
-        numpy.savez(f, **arrays)
+        _write_archive(f, arrays)
     return path
+
+
+def _write_archive(f, arrays: dict[str, numpy.ndarray]) -> None:
+    """``numpy.savez`` of ``arrays`` into the open file ``f``. Signals are held back while it
+    runs and stop it at its next write to ``f`` (:class:`_StopPointAtEachWrite`): zipfile copes
+    with a write that fails, as it must with a full disk, but not with a KeyboardInterrupt
+    between any two of its lines (one inside ``ZipFile()`` leaves an object whose clean-up
+    fails with AttributeError: 'ZipFile' object has no attribute '_writing')."""
+    with stops.interrupts_deferred(stop_points=True):
+        numpy.savez(_StopPointAtEachWrite(f), **arrays)
+
+
+class _StopPointAtEachWrite:
+    """A file whose every write is first a stop point (:func:`stops.stop_point`): a signal held
+    back while the archive is built stops it there, within one write of numpy's (16 MiB at
+    most) rather than once the whole archive is written."""
+
+    def __init__(self, file) -> None:
+        self.file = file
+
+    def write(self, data) -> int:
+        stops.stop_point()
+        return self.file.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.file, name)
 
 
 def _damaged(path: str, reason: object) -> CheckpointError:

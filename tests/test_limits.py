@@ -6,6 +6,7 @@ estimates of known small configs, byte for byte, and the largest value that fits
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import os
 import re
@@ -205,6 +206,58 @@ def test_nothing_fits_says_to_lower_several():
     with pytest.raises(limits.TooLarge, match="even with any one of --rows, --width at its "
                                               "smallest: lower several of them"):
         limits.check_fits("work", sizes, linear, device=(10_000, "m"), measure=False)
+
+
+def test_one_option_that_fits_at_no_value_says_to_lower_what_it_is_counted_with():
+    sizes = {"--rows": (100, range(1, 101))}
+    with pytest.raises(limits.TooLarge, match="even with --rows 1, its smallest: lower the sizes "
+                                              "it is counted with$"):
+        limits.check_fits("work", sizes, lambda v: linear({**v, "--width": 4}), device=(10, "m"),
+                          measure=False)
+
+
+MAX_LEN_CONFIGS = [translator.Config.preset("tiny"), lm.LMConfig.preset("tiny"),
+                   translator.Config.preset("tiny", d_model=512, n_heads=8)]
+
+
+@pytest.mark.parametrize("cfg", MAX_LEN_CONFIGS)
+@pytest.mark.parametrize("available", [10_000, 123_456_789, 3 * 2**30 + 17])
+def test_the_largest_max_len_named_is_the_one_whose_position_table_fits(cfg, available):
+    """A --max-len whose position table cannot be held names the largest that fits: that value
+    passes the same check, one more does not (the memory a given figure, so on every machine)."""
+    memory = (available, "a given figure")
+
+    def check(max_len: int) -> None:
+        limits.check_positions(dataclasses.replace(cfg, max_len=max_len), "the table",
+                               "--max-len", device=memory, measure=False)
+    with pytest.raises(limits.TooLarge) as refused:
+        check(10**30)
+    largest = refused.value.largest["--max-len"]
+    assert str(refused.value).endswith(
+        f"the largest that fits, the other sizes unchanged: --max-len {largest}")
+    check(largest)
+    with pytest.raises(limits.TooLarge, match=f"--max-len {largest}$"):
+        check(largest + 1)
+    per_position = (8 + 4) * cfg.d_model                # float64 computed, float32 kept
+    assert largest == available // per_position
+
+
+def test_export_names_the_largest_max_len_that_fits(monkeypatch):
+    """The export's refusal of a model's max_len says what to do, with the value: a model
+    trained with a --max-len of at most the largest whose table fits."""
+    from minitfm.export import __main__ as export
+    from minitfm.export.source import ExportError
+    monkeypatch.setattr(memory, "available_memory", lambda: (10**6, "a given figure"))
+    monkeypatch.setattr(memory, "host_available_memory", lambda: (10**6, "a given figure"))
+    cfg = translator.Config.preset("tiny", max_len=10**9)
+    with pytest.raises(ExportError) as refused:
+        export.check_positions(argparse.Namespace(config=cfg))
+    largest = 10**6 // ((8 + 4) * cfg.d_model)
+    assert f"the largest that fits, the other sizes unchanged: max_len {largest}." \
+        in str(refused.value)
+    assert str(refused.value).endswith(f"export a model trained with a smaller --max-len, "
+                                       f"{largest} at most here (train_wmt.py; 1024 by default)")
+    export.check_positions(argparse.Namespace(config=dataclasses.replace(cfg, max_len=largest)))
 
 
 def test_unknown_memory_is_not_checked():

@@ -44,6 +44,45 @@ def test_interrupts_deferred_holds_the_active_requests():
     assert requests.ignored == 0
 
 
+def test_a_held_signal_stops_a_block_with_stop_points_at_its_next_one_once():
+    """A file written through code a signal must not cut (zipfile's): the signal waits for the
+    block's next stop point, raises there once, and the clean-up runs on, never cut."""
+    reached = []
+    with stops.StopRequests() as requests:
+        with pytest.raises(KeyboardInterrupt):
+            with stops.interrupts_deferred(stop_points=True):
+                stops.stop_point()                  # no signal yet
+                send(signal.SIGTERM)
+                reached.append("after the signal")
+                try:
+                    stops.stop_point()
+                finally:
+                    stops.stop_point()              # the clean-up's writes: raised once
+                    send()                          # ignored: stopping already
+                    reached.append("clean-up")
+    assert reached == ["after the signal", "clean-up"]
+    assert requests.signum == signal.SIGTERM and requests.ignored == 1
+
+
+def test_stop_points_inside_a_held_save_never_cut_it_short():
+    """A training run's save holds its signals to its end: the stop points of the archive it
+    writes raise nothing, nor do they where signals are only recorded (``always_held``)."""
+    finished = []
+    with stops.StopRequests() as requests:
+        with pytest.raises(KeyboardInterrupt):
+            with requests.held(), stops.interrupts_deferred(stop_points=True):
+                send()
+                stops.stop_point()
+                finished.append(True)
+    assert finished == [True]
+    with stops.StopRequests(always_held=True) as requests:
+        with stops.interrupts_deferred(stop_points=True):
+            send()
+            stops.stop_point()
+    assert requests.signum == signal.SIGINT
+    stops.stop_point()                              # outside any StopRequests: nothing
+
+
 def test_always_held_records_without_raising():
     with stops.StopRequests(always_held=True) as requests:
         send(signal.SIGTERM)

@@ -58,7 +58,8 @@ the whole table::
     position table    (8 + f) max_len d
 
 A ``max_len`` whose table does not fit cannot be exported, nor could a sentence that long be
-read: training refuses it where ``--max-len`` is given, the export before it computes the table.
+read: training refuses it where ``--max-len`` is given, the export before it computes the table,
+each naming the largest ``max_len`` whose table fits.
 
 Parameters already loaded (``translate``, ``--sample``) are not counted: the memory they take is
 no longer available. The estimates aim to be right within a small factor and to err low: a size
@@ -99,7 +100,11 @@ HOST_BYTES_PER_TOKEN = 48               # a kept token: a list slot, an int obje
 class TooLarge(UsageError):
     """A size option that cannot work: above a library's limit, or needing more memory than
     there is. The message gives the estimate, the memory available and the largest value that
-    fits."""
+    fits; ``largest``: that value of each option named, for a caller's advice."""
+
+    def __init__(self, message: str, largest: Mapping[str, int] | None = None) -> None:
+        super().__init__(message)
+        self.largest = dict(largest or {})
 
 
 @dataclass(frozen=True)
@@ -315,20 +320,29 @@ def check_fits(what: str, sizes: Mapping[str, tuple[int, Sequence[int]]],
             f"than the {human_bytes(available)} available ({source})")
     if not values:
         raise TooLarge(head)
+    if not fits and len(sizes) == 1:
+        [(option, (_, candidates))] = sizes.items()
+        raise TooLarge(f"{head}, even with {option} {candidates[0]}, its smallest: lower the "
+                       f"sizes it is counted with")
     if not fits:
         raise TooLarge(f"{head}, even with any one of {', '.join(values)} at its smallest: "
                        f"lower several of them")
     fits.sort(key=lambda fit: -fit[0])          # the options furthest above what fits first
     said = " or ".join(f"{option} {fit}" for _, option, fit in fits[:2])
-    raise TooLarge(f"{head}: the largest that fits, the other sizes unchanged: {said}")
+    raise TooLarge(f"{head}: the largest that fits, the other sizes unchanged: {said}",
+                   {option: fit for _, option, fit in fits[:2]})
 
 
-def check_positions(cfg, what: str, option: str) -> Estimate:
+def check_positions(cfg, what: str, option: str, *, device: Available | None = None,
+                    host: Available | None = None, measure: bool = True) -> Estimate:
     """Raise :class:`TooLarge` where the position table of ``cfg.max_len`` positions
     (:func:`positions_estimate`) needs more memory than there is, naming ``option`` (the
-    ``max_len``'s) and its largest value that fits; ``what``: the work, for the message."""
+    ``max_len``'s) and its largest value that fits (``TooLarge.largest[option]``), the one
+    whose table fits; ``what``: the work, for the message. ``device``, ``host``, ``measure``:
+    the memory available, as for :func:`check_fits`."""
     return check_fits(what, {option: (cfg.max_len, range(1, cfg.max_len + 1))},
-                      lambda v: positions_estimate(dataclasses.replace(cfg, max_len=v[option])))
+                      lambda v: positions_estimate(dataclasses.replace(cfg, max_len=v[option])),
+                      device=device, host=host, measure=measure)
 
 
 # ---- the model's size options ----------------------------------------------------------------

@@ -37,7 +37,8 @@ def report_errors(run: Callable[[], int], sizes: str | None = None) -> int:
 
     Signals: while ``run()`` runs, SIGINT, SIGTERM and SIGHUP end it at once where they arrive
     (as a KeyboardInterrupt; a block under ``minitfm.training.stops.interrupts_deferred``, such
-    as a save, finishes first), with one line (``interrupted``, ``stopped by SIGTERM``) and
+    as an update, finishes first, or stops at a point it names: a checkpoint being written, at
+    its next write), with one line (``interrupted``, ``stopped by SIGTERM``) and
     status 128 + the signal's number; later signals are ignored while it ends. A training loop
     inside takes its signals itself (it saves a checkpoint), and so does any code that catches
     them.

@@ -80,7 +80,8 @@ def model_config(preset: str, vocab_size: int, args: argparse.Namespace) -> Conf
     except ValueError as exc:
         raise UsageError(f"model options: {exc}") from exc
     if "max_len" in overrides:
-        limits.check_positions(cfg, f"--max-len {cfg.max_len}: the model's position table (the "
+        limits.check_positions(cfg, f"--max-len {cfg.max_len}: the model's position table "
+                                    f"({cfg.max_len} positions x --d-model {cfg.d_model}: the "
                                     f"rows a sentence that long reads, and the whole table an "
                                     f"export writes)", "--max-len")
     return cfg

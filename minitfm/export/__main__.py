@@ -65,9 +65,11 @@ def check_positions(loaded: source.Loaded) -> None:
                                     f"d_model {cfg.d_model}), which CTranslate2 takes whole,",
                                "max_len")
     except limits.TooLarge as exc:
+        largest = exc.largest.get("max_len")
+        most = f", {largest} at most here" if largest else ""
         raise ExportError(f"{exc}. max_len is the longest sentence the model reads, in "
                           f"positions, fixed when it was trained: export a model trained with a "
-                          f"smaller --max-len (train_wmt.py; 1024 by default)") from exc
+                          f"smaller --max-len{most} (train_wmt.py; 1024 by default)") from exc
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,7 +4,9 @@ Ctrl-C (SIGINT), SIGTERM (``kill``, ``docker stop``, batch schedulers) and SIGHU
 training the same way. While :class:`StopRequests` is active (``with StopRequests() as stops:``
 around the loop), the first signal is raised as a ``KeyboardInterrupt`` where it arrives, or, inside
 a block that must not be cut (``stops.held()``, or :func:`interrupts_deferred` from anywhere),
-at the end of that block. Once stopping, further signals are counted and ignored, so that a second
+at the end of that block, or at a point the block names as safe to stop at (:func:`stop_point`,
+in a block held with ``stop_points``: a file written through code that a signal must not cut,
+such as zipfile's). Once stopping, further signals are counted and ignored, so that a second
 Ctrl-C cannot cut the final save short.
 
 Under ``python -m minitfm.launch`` (:mod:`minitfm.cli.launch`), SIGUSR1 stands for SIGHUP, which
@@ -25,7 +27,7 @@ from collections.abc import Mapping
 
 from minitfm.workers import distributed
 
-__all__ = ["STOP_SIGNALS", "StopRequests", "AgreedStop", "interrupts_deferred",
+__all__ = ["STOP_SIGNALS", "StopRequests", "AgreedStop", "interrupts_deferred", "stop_point",
            "stop_if_any_worker_asks", "describe_signal", "raise_if_lost", "HANGUP_VARIABLE",
            "hangup_signal"]
 
@@ -59,6 +61,7 @@ class StopRequests:
         self.signum: int | None = None
         self.ignored = 0
         self._holding = 1 if always_held else 0
+        self._stop_points = False    # the one hold of the moment lets stop_point() raise
         self._raised = False
         self._stopping = False
         self._previous: dict = {}
@@ -111,13 +114,30 @@ class StopRequests:
             raise KeyboardInterrupt
 
     @contextlib.contextmanager
-    def held(self):
+    def held(self, stop_points: bool = False):
+        """Hold the signals back to the end of the block, then raise the first as a
+        KeyboardInterrupt. ``stop_points``: the block may stop sooner, at the points it names
+        with :meth:`stop_point`, unless a block further out holds the signals too."""
+        opens = stop_points and not self._holding
         self._holding += 1
+        self._stop_points = self._stop_points or opens
         try:
             yield
         finally:
             self._holding -= 1
+            self._stop_points = self._stop_points and not opens
         if self.signum is not None and not self._raised and not self._holding:
+            self._raised = True
+            raise KeyboardInterrupt
+
+    def stop_point(self) -> None:
+        """A point of a block held with ``stop_points`` where stopping cuts nothing in half (a
+        file about to be written, whose writer copes with a write that fails): a signal held
+        back raises KeyboardInterrupt here, once, so a long write stops at once. Nothing is
+        raised where a block further out holds the signals (a training run's save is never cut
+        short), nor where they are only recorded (``always_held``)."""
+        if self._stop_points and self._holding == 1 and self.signum is not None \
+                and not self._raised:
             self._raised = True
             raise KeyboardInterrupt
 
@@ -126,15 +146,22 @@ _active: StopRequests | None = None    # the innermost StopRequests entered, if 
 
 
 @contextlib.contextmanager
-def interrupts_deferred():
+def interrupts_deferred(stop_points: bool = False):
     """Hold back Ctrl-C (and SIGTERM, SIGHUP) until the block is done, so an update or a save is
-    never cut in half; the held-back signal then raises KeyboardInterrupt."""
+    never cut in half; the held-back signal then raises KeyboardInterrupt. ``stop_points``: or
+    sooner, at the block's next :func:`stop_point`, unless a block further out holds it too."""
     if _active is not None:
-        with _active.held():
+        with _active.held(stop_points):
             yield
         return
-    with StopRequests() as stops, stops.held():
+    with StopRequests() as stops, stops.held(stop_points):
         yield
+
+
+def stop_point() -> None:
+    """:meth:`StopRequests.stop_point` of the innermost StopRequests entered, if any."""
+    if _active is not None:
+        _active.stop_point()
 
 
 def raise_if_lost() -> None:
