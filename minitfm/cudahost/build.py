@@ -4,7 +4,9 @@ Host-only code. The compiler is the first of: ``$MINITFM_CXX`` (a command line, 
 ``clang++`` or ``python -m ziglang c++``), ``$CXX``, ``c++``, ``g++``, ``clang++`` on the path,
 and the clang that the ``ziglang`` package carries (installed with the ``test`` extra, for a
 machine with no compiler of its own). ``-ffp-contract=off`` keeps ``a * b + c`` two roundings, as
-the kernels' ``--fmad=false`` does on a device. A compiler that fails naming no line of the
+the kernels' ``--fmad=false`` does on a device; ``-fstack-clash-protection`` touches each page of
+a large frame as it is made, so that a thread's local arrays too large for its stack fault in the
+guard region below it rather than reach past it. A compiler that fails naming no line of the
 source is named with the variable that chose it, and how to choose another.
 
 A compiled library is kept under ``$MINITFM_CACHE`` (default ``~/.cache/minitfm``), in
@@ -43,7 +45,7 @@ __all__ = ["BuildError", "CacheError", "compiler", "chosen_compiler", "named", "
 
 HEADER = Path(__file__).with_name("cuda_host.h")
 FLAGS = ("-std=c++14", "-O1", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math",
-         "-fno-strict-aliasing", "-fno-threadsafe-statics", "-w")
+         "-fno-strict-aliasing", "-fno-threadsafe-statics", "-fstack-clash-protection", "-w")
 MARK = "minitfm cache entry "   # a library's seal: this, its entry's hash, the hash of its bytes
 LAYOUT = "2"                    # the entries' layout, in their hash: older entries are left unused
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -134,10 +136,15 @@ def _unwritable(folder: Path, exc: OSError) -> CacheError:
                                  f"with MINITFM_CACHE=DIR", str(folder))
 
 
+# held by every launch: one at a time in the process (a library's state is its own, and a launch
+# sets the process's handlers of the signals a kernel's faults raise for its duration)
+LAUNCHES = threading.Lock()
+
+
 class Library:
     """A compiled translation unit: ``entry(name)`` is the launch function of kernel ``name``;
-    ``shadow_bytes`` the size of one element's race record; ``lock``, held by a launch (the
-    library's state is its own: one launch at a time in it)."""
+    ``shadow_bytes`` the size of one element's race record; ``lock``, held by a launch
+    (:data:`LAUNCHES`: one launch at a time in the process)."""
 
     def __init__(self, path: Path, host: rewrite.HostSource, unit: str, key: str):
         """Load the library at ``path``, the entry ``key``; :class:`_Unloadable` (with the
@@ -155,7 +162,7 @@ class Library:
         if missing or not hasattr(self._dll, "minitfm_shadow_bytes"):
             raise _Unloadable(f"it lacks the launch of {', '.join(missing) or 'any kernel'}")
         self.shadow_bytes = self._dll.minitfm_shadow_bytes()
-        self.lock = threading.Lock()
+        self.lock = LAUNCHES
 
     def entry(self, name: str):
         function = getattr(self._dll, f"minitfm_launch_{name}")

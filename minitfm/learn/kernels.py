@@ -7,7 +7,9 @@ helpers it calls, such as ``block_sum``), the kernel's body replaced by a TODO, 
 with its twin (the plain code it must equal) and the check's launch. The check compiles the file
 as it is, so every line a message names is a line of the learner's file: a compiler error, an
 element read or written outside its array, a race (the results depend on the order the threads
-run in: the launch runs in several orders), a barrier that never releases (a deadlock). Then it
+run in: the launch runs in several orders), a barrier that never releases (a deadlock), a failing
+assert or ``__trap()``; what would crash the process (a stack that overflows, a pointer that
+points nowhere) is a fault of its thread too, never a crash of the command. Then it
 compares each output with the twin's on the same inputs, within float32 rounding of sums taken
 in another order (1e-5 of the largest value; masks and integers equal), and diagnoses a wrong
 one as a layer's gradient is (:mod:`minitfm.learn.diagnose`).
