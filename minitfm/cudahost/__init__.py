@@ -57,11 +57,11 @@ import warnings
 import numpy
 
 from minitfm.cudahost import build as _build
-from minitfm.cudahost.build import BuildError, CacheError, compiler
+from minitfm.cudahost.build import BuildError, CacheError, CompilerError, compiler
 from minitfm.cudahost.rewrite import Unsupported
 
-__all__ = ["HostKernel", "KernelFault", "BuildError", "CacheError", "Unsupported",
-           "checked_launch", "compiler", "compare_outputs"]
+__all__ = ["HostKernel", "KernelFault", "BuildError", "CompilerError", "CacheError",
+           "Unsupported", "checked_launch", "compiler", "compare_outputs"]
 
 MAX_THREADS, MAX_BLOCK_Z, MAX_GRID_YZ = 1024, 64, 65535
 

@@ -6,8 +6,10 @@ and the clang that the ``ziglang`` package carries (installed with the ``test`` 
 machine with no compiler of its own). ``-ffp-contract=off`` keeps ``a * b + c`` two roundings, as
 the kernels' ``--fmad=false`` does on a device; ``-fstack-clash-protection`` touches each page of
 a large frame as it is made, so that a thread's local arrays too large for its stack fault in the
-guard region below it rather than reach past it. A compiler that fails naming no line of the
-source is named with the variable that chose it, and how to choose another.
+guard region below it rather than reach past it. A compiler that is not there, cannot run, or
+fails naming no line of the source is a :class:`CompilerError` (a setting, not the kernel's
+fault), named with the variable that chose it and how to choose another; :func:`check_compiler`
+finds a program that is not there before anything is compiled.
 
 A compiled library is kept under ``$MINITFM_CACHE`` (default ``~/.cache/minitfm``), in
 ``cudahost/``, named by a hash of everything that went into it: the next run loads it at once.
@@ -40,8 +42,8 @@ from filelock import FileLock
 from minitfm import files
 from minitfm.cudahost import rewrite
 
-__all__ = ["BuildError", "CacheError", "compiler", "chosen_compiler", "named", "FLAGS", "HEADER",
-           "Library", "build"]
+__all__ = ["BuildError", "CompilerError", "CacheError", "compiler", "chosen_compiler",
+           "check_compiler", "named", "FLAGS", "HEADER", "Library", "build"]
 
 HEADER = Path(__file__).with_name("cuda_host.h")
 FLAGS = ("-std=c++14", "-O1", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math",
@@ -56,6 +58,11 @@ class BuildError(RuntimeError):
     message has the errors)."""
 
 
+class CompilerError(BuildError):
+    """The C++ compiler is not there, cannot run, or does not work (it fails naming no line of
+    the kernel's source): a setting to change, named with the variable that chose it."""
+
+
 class CacheError(OSError):
     """The cache could not be written (no room, no rights): ``filename`` the cache's folder,
     ``strerror`` the reason, the space free there and how to move the cache."""
@@ -66,7 +73,15 @@ def chosen_compiler() -> tuple[list[str], str]:
     ``"MINITFM_CXX"``, ``"CXX"`` or ``"default"``; :class:`BuildError` if there is none."""
     for variable in ("MINITFM_CXX", "CXX"):
         if os.environ.get(variable, "").strip():
-            return shlex.split(os.environ[variable]), variable
+            try:
+                command = shlex.split(os.environ[variable])
+            except ValueError as exc:
+                raise CompilerError(f"{variable}={os.environ[variable]!r} is not a command line "
+                                    f"({exc}): {_another(variable)}") from None
+            if command and command[0]:
+                return command, variable
+            raise CompilerError(f"{variable}={os.environ[variable]!r} names no program: "
+                                f"{_another(variable)}")
     for name in ("c++", "g++", "clang++"):
         found = shutil.which(name)
         if found:
@@ -76,9 +91,20 @@ def chosen_compiler() -> tuple[list[str], str]:
         return [sys.executable, "-m", "ziglang", "c++"], "default"
     except ImportError:
         pass
-    raise BuildError("no C++ compiler to run the kernels on the host: install one (g++ or "
-                     "clang++), or `pip install ziglang` (the test extra does), or name one in "
-                     "MINITFM_CXX")
+    raise CompilerError("no C++ compiler to run the kernels on the host: install one (g++ or "
+                        "clang++), or `pip install ziglang` (the test extra does), or name one "
+                        "in MINITFM_CXX")
+
+
+def check_compiler() -> None:
+    """The compiler's program is there to run; else :class:`CompilerError`, naming it, the
+    variable that chose it and how to choose another (found here, before a process of its own
+    compiles: a setting at fault is said as one, not as the kernel's)."""
+    command, chosen_by = chosen_compiler()
+    if shutil.which(command[0]) is None:
+        where = "there (missing, or not a program)" if os.sep in command[0] else "on the PATH"
+        raise CompilerError(f"the C++ compiler {named(command, chosen_by)} cannot run: there is "
+                            f"no program {command[0]} {where}; {_another(chosen_by)}")
 
 
 def compiler() -> list[str]:
@@ -237,8 +263,8 @@ def _load_or_compile(command: list[str], chosen_by: str, host: rewrite.HostSourc
     try:
         return Library(target, host, unit, key)
     except _Unloadable as exc:
-        raise BuildError(f"the kernel compiled by {named(command, chosen_by)} into {target} "
-                         f"does not load ({exc}): {_another(chosen_by)}") from exc
+        raise CompilerError(f"the kernel compiled by {named(command, chosen_by)} into {target} "
+                            f"does not load ({exc}): {_another(chosen_by)}") from exc
 
 
 def _compile(command: list[str], chosen_by: str, unit: str, key: str, target: Path) -> None:
@@ -256,14 +282,17 @@ def _compile(command: list[str], chosen_by: str, unit: str, key: str, target: Pa
             try:
                 done = subprocess.run(line, capture_output=True, text=True, timeout=600,
                                       env=environment)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                raise BuildError(f"the C++ compiler {named(command, chosen_by)} could not run: "
-                                 f"{exc}; {_another(chosen_by)}") from exc
+            except subprocess.TimeoutExpired as exc:
+                raise BuildError(f"the C++ compiler {named(command, chosen_by)} did not finish "
+                                 f"within {exc.timeout:g} s") from exc
+            except OSError as exc:
+                raise CompilerError(f"the C++ compiler {named(command, chosen_by)} could not "
+                                    f"run: {exc}; {_another(chosen_by)}") from exc
             if done.returncode != 0:
                 raise _failure(done, command, chosen_by)
             if not os.path.exists(partial):
-                raise BuildError(f"the C++ compiler {named(command, chosen_by)} wrote no "
-                                 f"library (it exited with status 0); {_another(chosen_by)}")
+                raise CompilerError(f"the C++ compiler {named(command, chosen_by)} wrote no "
+                                    f"library (it exited with status 0); {_another(chosen_by)}")
             with open(partial, "rb+") as library:
                 library.write(_seal(library.read(), key))
     finally:
@@ -282,9 +311,9 @@ def _failure(done: subprocess.CompletedProcess, command: list[str], chosen_by: s
         return BuildError(_explain(errors, shlex.join(command)))
     said = next((e.strip() for e in errors.splitlines() if e.strip()), "")   # the first
     said = f" ({said[:300]})" if said else " and printed nothing"
-    return BuildError(f"the C++ compiler {named(command, chosen_by)} does not work: it failed "
-                      f"with status {done.returncode}{said}, naming no line of the kernel's "
-                      f"source; {_another(chosen_by)}")
+    return CompilerError(f"the C++ compiler {named(command, chosen_by)} does not work: it "
+                         f"failed with status {done.returncode}{said}, naming no line of the "
+                         f"kernel's source; {_another(chosen_by)}")
 
 
 def _explain(errors: str, command: str) -> str:

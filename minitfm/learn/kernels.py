@@ -191,6 +191,8 @@ def run_kernel(payload: dict, channel) -> dict:
     channel.phase("compile", payload["compile_limit"])
     try:
         mine.library
+    except cudahost.CompilerError as exc:       # the machine's setting, not the learner's code
+        return {"compiler": str(exc)}
     except (cudahost.BuildError, cudahost.Unsupported) as exc:
         return {"error": learner_lines(str(exc), path)}
     channel.phase("run", payload["limit"] + 1.0)     # the launch's own limit comes first
@@ -209,12 +211,15 @@ def run_kernel(payload: dict, channel) -> dict:
 
 def check(ex: Exercise, path: Path, seed: int = 0, limit: float = worker.LIMIT, cancel=None):
     """Compile and run the learner's kernel in a process of its own, and compare its outputs
-    with the twin's here (see the module's docstring): a Report."""
+    with the twin's here (see the module's docstring): a Report. A compiler that is not there
+    or does not work is a :class:`cudahost.CompilerError` (a setting to change, not a verdict
+    on the kernel), found here where it can be, else in that process."""
     path = Path(path)
     try:
         text = learner.text_of(path)
     except learner.NotUTF8 as exc:
         return Report(ex, path, "error", message=f"{path.name}, line {exc.lineno}: {exc.msg}")
+    cudahost.build.check_compiler()
     outcome = worker.run(run_kernel, {"exercise": ex, "path": str(path), "text": text,
                                       "seed": seed, "limit": limit,
                                       "compile_limit": COMPILE_LIMIT},
@@ -224,6 +229,8 @@ def check(ex: Exercise, path: Path, seed: int = 0, limit: float = worker.LIMIT, 
     if not outcome.done:
         return Report(ex, path, "fail", message=worker.outcome_words(outcome, "your kernel"))
     mine = outcome.value if isinstance(outcome.value, dict) else {}
+    if "compiler" in mine:
+        raise cudahost.CompilerError(str(mine["compiler"]))
     if "error" in mine:
         return Report(ex, path, "error", message=str(mine["error"]))
     kernel = kernel_of(ex)
