@@ -4,7 +4,8 @@ that does not load (truncated, or another entry's) is compiled again, said once,
 is whole after; a full disk names the cache's folder and how to move it, with status 1 (and
 does not matter where every kernel is already kept); a compiler that fails is named with the
 variable that chose it. And through the workshop's kernel check, ``python -m minitfm.learn
-check``: a compiler that is not there or does not work is a setting, status 2.
+check``: a compiler that is not there or does not work is a setting, status 2; a file where the
+cache's folder should be moves the cache to the system's temporary folder, said once.
 
 Each command runs the cases ``dropout`` and ``loss`` alone: three small kernels to compile.
 
@@ -165,6 +166,26 @@ def test_a_compiler_at_fault_is_a_setting_in_the_workshop(env, said, tmp_path):
     status, out, err = learn_check(tmp_path, {**env, "MINITFM_CACHE": str(tmp_path / "cache")})
     assert status == 2 and err.startswith(said) and err.count("\n") == 1, out + err
     assert "kernel_dropout" not in out and "Traceback" not in err
+
+
+@pytest.mark.parametrize("where", ["MINITFM_CACHE", "MINITFM_CACHE/cudahost"])
+def test_a_file_in_place_of_the_cache_folder_moves_the_cache_said_once(where, tmp_path):
+    if where == "MINITFM_CACHE":
+        cache = blocker = tmp_path / "afile"
+    else:
+        cache, blocker = tmp_path / "cache", tmp_path / "cache" / "cudahost"
+        cache.mkdir()
+    blocker.write_text("mine\n")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    moved = temporary / f"minitfm-cudahost-{os.getuid()}"
+    status, out, err = learn_check(tmp_path, {"MINITFM_CACHE": str(cache),
+                                              "TMPDIR": str(temporary)})
+    assert status == 0 and "kernel_dropout passes" in out, out + err
+    assert err == (f"warning: the compiled kernels cannot be kept in {cache / 'cudahost'}: "
+                   f"{blocker} is a file, not a folder; they are kept in {moved} for now (move "
+                   f"it away, or set MINITFM_CACHE to a folder)\n"), err
+    assert list(moved.glob("*.so")) and blocker.read_text() == "mine\n"
 
 
 # ---- Numba's cache of the row passes' compiled loops ---------------------------------------------

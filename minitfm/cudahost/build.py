@@ -20,7 +20,9 @@ temporaries that the next compilation removes. Each library is followed by a sea
 it is named by and the hash of its bytes: an entry that is not whole (truncated, damaged,
 another entry's library) or does not load is compiled again, with one ``warning:`` line. A
 cache that cannot be written (a full disk, a read-only one) is a :class:`CacheError`, naming
-the folder and how to move the cache.
+the folder and how to move the cache. A cache whose folder cannot be one (a file in its place,
+or in the place of a folder above it) moves to the system's temporary folder, said once in one
+``warning:`` line, as a read-only home's cache moves there.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from minitfm import files
 from minitfm.cudahost import rewrite
 
 __all__ = ["BuildError", "CompilerError", "CacheError", "compiler", "chosen_compiler",
-           "check_compiler", "named", "FLAGS", "HEADER", "Library", "build"]
+           "check_compiler", "named", "cache_dir", "FLAGS", "HEADER", "Library", "build"]
 
 HEADER = Path(__file__).with_name("cuda_host.h")
 FLAGS = ("-std=c++14", "-O1", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math",
@@ -131,26 +133,50 @@ def _another(chosen_by: str) -> str:
 
 def cache_dir() -> Path:
     """The folder of the compiled libraries, made if missing: ``$MINITFM_CACHE/cudahost``, or
-    where it cannot be written (a read-only home) one in the system's temporary folder;
-    :class:`CacheError` where there is no room to make it."""
+    where it cannot be written (a read-only home) or cannot be a folder (a file in its place:
+    said once) one in the system's temporary folder; :class:`CacheError` where there is no room
+    to make it."""
     root = os.environ.get("MINITFM_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
         "minitfm")
     path = Path(root) / "cudahost"
+    fallback = Path(tempfile.gettempdir()) / f"minitfm-cudahost-{os.getuid()}"
     try:
         if not path.is_dir():
             path.mkdir(parents=True, exist_ok=True)
         if os.access(path, os.W_OK | os.X_OK):
             return path
     except OSError as exc:
-        if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+        if exc.errno in (errno.EEXIST, errno.ENOTDIR, errno.ELOOP):
+            _say_once(f"warning: the compiled kernels cannot be kept in {path}: "
+                      f"{_not_a_folder(path)}; they are kept in {fallback} for now (move it "
+                      f"away, or set MINITFM_CACHE to a folder)")
+        elif exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
             raise _unwritable(path, exc) from exc
-    path = Path(tempfile.gettempdir()) / f"minitfm-cudahost-{os.getuid()}"   # a read-only home
+    path = fallback
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise _unwritable(path, exc) from exc
     return path
+
+
+_said: set[str] = set()      # the warnings this process has printed (a forked child's too)
+
+
+def _say_once(warning: str) -> None:
+    if warning not in _said:
+        _said.add(warning)
+        print(warning, file=sys.stderr, flush=True)
+
+
+def _not_a_folder(path: Path) -> str:
+    """What stands where a folder on the way to ``path`` should be, in words."""
+    for part in reversed([path, *path.parents]):
+        if os.path.lexists(part) and not part.is_dir():
+            trouble = files.link_trouble(part)
+            return f"{part} is {trouble or 'a file, not a folder'}"
+    return f"{path} cannot be reached as a folder"
 
 
 def _unwritable(folder: Path, exc: OSError) -> CacheError:

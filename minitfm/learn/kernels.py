@@ -213,13 +213,15 @@ def check(ex: Exercise, path: Path, seed: int = 0, limit: float = worker.LIMIT, 
     """Compile and run the learner's kernel in a process of its own, and compare its outputs
     with the twin's here (see the module's docstring): a Report. A compiler that is not there
     or does not work is a :class:`cudahost.CompilerError` (a setting to change, not a verdict
-    on the kernel), found here where it can be, else in that process."""
+    on the kernel), found here where it can be, else in that process; the kernel cache's folder
+    is chosen here first, so that a warning about it is said once."""
     path = Path(path)
     try:
         text = learner.text_of(path)
     except learner.NotUTF8 as exc:
         return Report(ex, path, "error", message=f"{path.name}, line {exc.lineno}: {exc.msg}")
     cudahost.build.check_compiler()
+    cudahost.build.cache_dir()
     outcome = worker.run(run_kernel, {"exercise": ex, "path": str(path), "text": text,
                                       "seed": seed, "limit": limit,
                                       "compile_limit": COMPILE_LIMIT},
