@@ -1,7 +1,11 @@
 """The host execution's faults where a learner's line matters most (minitfm.cudahost): a loop
 that never ends, stopped at its time limit and named; a race on a ``__shared__`` scalar named at
 its line, as one on an array is; a fault inside a function the kernel calls (a barrier in
-``block_sum`` that a branch keeps some threads from) named at the kernel's line that called it.
+``block_sum`` that a branch keeps some threads from) named at the kernel's line that called it;
+what would crash a process (a failing ``assert``, ``__trap()``, a stack that overflows, a wild
+pointer, an integer division by zero) stopping the launch as a fault of its thread, the library
+able to launch again, the process's signal handlers as they were; an ``#include`` of a file the
+host execution does not read refused before anything is compiled.
 
 The kernels that never end run in a process of their own, under a limit of its own: without
 the time limit they would hang the suite, not fail it.
@@ -9,8 +13,11 @@ the time limit they would hang the suite, not fail it.
 
 from __future__ import annotations
 
+import ctypes
+import faulthandler
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -389,3 +396,158 @@ def test_functions_of_every_kind_take_their_calls_line():
     assert fault.line == 17 and fault.thread == (7, 0, 0)
     assert fault.what == ("reads x[8], outside its 8 elements; at line 20 (in scaled, called at "
                           "line 7, in outer, called at line 17)")
+
+
+# ---- what would crash a process: each a fault of its thread --------------------------------------
+
+# kernels of one source (one compilation), each taking (float* y, int n): y one element a thread
+CRASHING = r"""#include <assert.h>
+__device__ float checked(float v) {
+    assert(v >= 0.0f);
+    return v;
+}
+__device__ int deep(int n) {
+    volatile char pad[4096];
+    pad[0] = (char)n;
+    return n > 0 ? deep(n - 1) + pad[0] : 0;
+}
+extern "C" __global__ void asserts(float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    assert(i != n);
+    y[i] = checked((float)(40 - i));
+}
+extern "C" __global__ void traps(float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i == n) __trap();
+    y[i] = 1.0f;
+}
+extern "C" __global__ void overflows(float* y, int n) {
+    volatile float big[262144];
+    big[threadIdx.x] = (float)n;
+    y[blockIdx.x * blockDim.x + threadIdx.x] = big[threadIdx.x];
+}
+extern "C" __global__ void recurses(float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    y[i] = (float)deep(i == 5 ? n : 1);
+}
+extern "C" __global__ void wild(float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i == n) *(volatile int*)0 = 1;
+    y[i] = 2.0f;
+}
+extern "C" __global__ void wild_after_a_barrier(float* y, int n) {
+    __shared__ float t[32];
+    t[threadIdx.x] = 3.0f;
+    __syncthreads();
+    if (blockIdx.x * blockDim.x + threadIdx.x == n) *(volatile int*)8 = 1;
+    y[blockIdx.x * blockDim.x + threadIdx.x] = t[threadIdx.x];
+}
+extern "C" __global__ void divides(float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    volatile int zero = i == n ? 0 : 1;
+    y[i] = (float)(n / zero);
+}
+"""
+
+
+def crash(name: str, n: int, grid=(2,), block=(32,)) -> cudahost.KernelFault:
+    """The fault of kernel ``name`` of CRASHING launched with ``n``."""
+    return fault_of(CRASHING, grid, block, (np.zeros(grid[0] * block[0], f32), i32(n)), name,
+                    seeds=(0,))
+
+
+def test_a_failing_assert_stops_the_launch_at_its_line():
+    fault = crash("asserts", 37)
+    assert (fault.line, fault.block, fault.thread) == (13, (1, 0, 0), (5, 0, 0))
+    assert fault.what == ("assertion `i != n` failed (on a device the launch ends with "
+                          "cudaErrorAssert)")
+    fault = crash("asserts", -1)            # inside a function: named at the kernel's call
+    assert (fault.line, fault.block, fault.thread) == (14, (1, 0, 0), (9, 0, 0))
+    assert fault.what.startswith("assertion `v >= 0.0f` failed") and fault.what.endswith(
+        "; at line 3 (in checked, called at line 14)"), fault.what
+
+
+def test_a_trap_stops_the_launch_at_its_line():
+    fault = crash("traps", 40)
+    assert (fault.line, fault.block, fault.thread) == (18, (1, 0, 0), (8, 0, 0))
+    assert fault.what == "__trap() called: on a device the launch ends with an error"
+
+
+@pytest.mark.parametrize("name, line, thread, calls", [
+    ("overflows", 0, (0, 0, 0), ""),
+    ("recurses", 28, (5, 0, 0), ", called at line 9, in deep, called at line 28)"),
+], ids=["a local array of 1 MiB", "a recursion"])
+def test_a_stack_that_overflows_is_a_fault_of_its_thread(name, line, thread, calls):
+    fault = crash(name, 1000)
+    assert (fault.line, fault.block, fault.thread) == (line, (0, 0, 0), thread)
+    assert fault.what.startswith("the thread's stack overflowed: its local arrays (or a "
+                                 "recursion) need more than 512 KiB; a device thread has at most "
+                                 "512 KiB of local memory"), fault.what
+    assert fault.what.endswith(calls)
+
+
+@pytest.mark.parametrize("name, words", [
+    ("wild", "a segmentation fault: it read or wrote memory at address 0x0, which is no array's"),
+    ("wild_after_a_barrier", "a segmentation fault: it read or wrote memory at address 0x8"),
+    ("divides", "an integer division (or remainder) by zero: its result is undefined"),
+], ids=["a null pointer", "a null pointer, threads as fibers", "a division by zero"])
+def test_a_hardware_fault_is_a_fault_of_its_thread_and_the_library_launches_again(name, words):
+    fault = crash(name, 45)
+    assert (fault.block, fault.thread) == ((1, 0, 0), (13, 0, 0)) and fault.what.startswith(
+        words), fault.what
+    y = np.zeros(64, f32)
+    cudahost.HostKernel(CRASHING, name)((2,), (32,), (y, i32(-1)))   # no thread at fault
+    assert np.all(y == {"wild": 2.0, "wild_after_a_barrier": 3.0, "divides": -1.0}[name])
+
+
+def test_a_launch_sets_the_signal_handlers_back_as_they_were():
+    """Python's faulthandler (or whatever handled SIGSEGV and its kind before) handles them
+    again once a launch is over, on its own signal stack, whether the launch faulted or not."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def handlers() -> list[bytes]:
+        """Each signal's handler and flags (struct sigaction: the handler first, the flags
+        after a mask of 128 bytes), and the signal stack (its address, flags and size)."""
+        found = []
+        for signum in (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL):
+            action = ctypes.create_string_buffer(512)
+            assert libc.sigaction(signum, None, action) == 0
+            found.append(action.raw[:8] + action.raw[136:140])
+        stack = ctypes.create_string_buffer(64)
+        assert libc.sigaltstack(None, stack) == 0
+        return found + [stack.raw[:24]]
+
+    enabled = faulthandler.is_enabled()
+    faulthandler.enable()
+    try:
+        before = handlers()
+        assert before[0][:8] != bytes(8)                # faulthandler's, not the default
+        crash("wild", 3)
+        cudahost.HostKernel(CRASHING, "traps")((1,), (32,), (np.zeros(32, f32), i32(-1)))
+        assert handlers() == before
+    finally:
+        if not enabled:
+            faulthandler.disable()
+
+
+@pytest.mark.parametrize("line, words", [
+    ('#include "/dev/zero"', "`#include \"/dev/zero\"` includes the file /dev/zero, which the "
+     "host execution does not read"),
+    ("  #  include <cuda_fp16.h>", "`#  include <cuda_fp16.h>` includes the file cuda_fp16.h"),
+    ("#include KERNEL_HELPERS", "`#include KERNEL_HELPERS` includes a file a macro names"),
+])
+def test_an_include_of_a_file_is_refused_before_anything_is_compiled(line, words):
+    source = f'extern "C" __global__ void k(float* y) {{\n{line}\n    y[0] = 1.0f;\n}}\n'
+    with pytest.raises(rewrite.Unsupported) as caught:
+        rewrite.rewrite(source)
+    message = str(caught.value)
+    assert message.startswith(f"line 2: {words}"), message
+    assert message.endswith("paste what you need from that file into this one"), message
+
+
+def test_the_assert_and_standard_headers_are_blank_lines():
+    source = ('#include <assert.h>\n#include <cassert>\n# include <cmath>\n#include <stdint.h>\n'
+              'extern "C" __global__ void k(float* y) { y[0] = 1.0f; }\n')
+    text = rewrite.rewrite(source).text
+    assert all(not line.strip() for line in text.splitlines()[:4]), text
+    assert text.count("\n") == source.count("\n") and "include" not in text

@@ -3,7 +3,9 @@ line, ``python -m minitfm.kernelcheck --host``: two processes fill one cache tog
 that does not load (truncated, or another entry's) is compiled again, said once, and the cache
 is whole after; a full disk names the cache's folder and how to move it, with status 1 (and
 does not matter where every kernel is already kept); a compiler that fails is named with the
-variable that chose it.
+variable that chose it. And through the workshop's kernel check, ``python -m minitfm.learn
+check``: a compiler that is not there or does not work is a setting, status 2; a file where the
+cache's folder should be moves the cache to the system's temporary folder, said once.
 
 Each command runs the cases ``dropout`` and ``loss`` alone: three small kernels to compile.
 
@@ -25,6 +27,8 @@ import numpy as np
 import pytest
 
 from minitfm.data import EncodedCorpus
+from minitfm.learn.exercises import by_name
+from tests.learn.conftest import write_exercise
 from tests.conftest import default_kernels
 from tests.test_train_wmt import TINY, corpus, corpus_args  # noqa: F401  (a fixture)
 
@@ -132,6 +136,56 @@ def test_a_compiler_that_fails_is_named_with_the_variable_that_chose_it(variable
     assert done == status and err.count("\n") == 1, out + err
     assert err.startswith(said.format(cache=cache / "cudahost")), err
     assert "Traceback" not in err and not list((cache / "cudahost").glob("*.so"))
+
+
+def learn_check(tmp_path: Path, env: dict) -> tuple[int, str, str]:
+    """The workshop's check of kernel_dropout, written as the library writes it, under ``env``."""
+    folder = tmp_path / "workshop"
+    write_exercise(folder, by_name("kernel_dropout"))
+    done = subprocess.run([sys.executable, "-m", "minitfm.learn", "--dir", str(folder), "check",
+                           "kernel_dropout"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**ENV, **env})
+    return done.returncode, done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("env, said", [
+    ({"MINITFM_CXX": "nosuchcxx"}, "error: the C++ compiler nosuchcxx (named by MINITFM_CXX) "
+     "cannot run: there is no program nosuchcxx on the PATH; set MINITFM_CXX to a C++ compiler "
+     "that works (g++, clang++, or `python -m ziglang c++`), or unset it to use CXX or the "
+     "machine's\n"),
+    ({"CXX": "false"}, "error: the C++ compiler false (named by CXX) does not work: it failed "
+     "with status 1 and printed nothing, naming no line of the kernel's source; set CXX, or "
+     "MINITFM_CXX (which comes first), to a C++ compiler that works"),
+    ({"MINITFM_CXX": 'g++ "'}, "error: MINITFM_CXX='g++ \"' is not a command line (No closing "
+     "quotation): set MINITFM_CXX to a C++ compiler that works"),
+], ids=["not there", "does not work", "not a command line"])
+def test_a_compiler_at_fault_is_a_setting_in_the_workshop(env, said, tmp_path):
+    """Status 2, one error line, as kernelcheck gives: never a verdict on the learner's kernel
+    (the program not found is said before the kernel's process starts; a compiler that fails
+    there, by that process)."""
+    status, out, err = learn_check(tmp_path, {**env, "MINITFM_CACHE": str(tmp_path / "cache")})
+    assert status == 2 and err.startswith(said) and err.count("\n") == 1, out + err
+    assert "kernel_dropout" not in out and "Traceback" not in err
+
+
+@pytest.mark.parametrize("where", ["MINITFM_CACHE", "MINITFM_CACHE/cudahost"])
+def test_a_file_in_place_of_the_cache_folder_moves_the_cache_said_once(where, tmp_path):
+    if where == "MINITFM_CACHE":
+        cache = blocker = tmp_path / "afile"
+    else:
+        cache, blocker = tmp_path / "cache", tmp_path / "cache" / "cudahost"
+        cache.mkdir()
+    blocker.write_text("mine\n")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    moved = temporary / f"minitfm-cudahost-{os.getuid()}"
+    status, out, err = learn_check(tmp_path, {"MINITFM_CACHE": str(cache),
+                                              "TMPDIR": str(temporary)})
+    assert status == 0 and "kernel_dropout passes" in out, out + err
+    assert err == (f"warning: the compiled kernels cannot be kept in {cache / 'cudahost'}: "
+                   f"{blocker} is a file, not a folder; they are kept in {moved} for now (move "
+                   f"it away, or set MINITFM_CACHE to a folder)\n"), err
+    assert list(moved.glob("*.so")) and blocker.read_text() == "mine\n"
 
 
 # ---- Numba's cache of the row passes' compiled loops ---------------------------------------------

@@ -12,9 +12,9 @@ status                meaning
 2                     bad usage or bad input: an option, a file that is missing, unreadable,
                       empty, damaged, of another kind or in another encoding than UTF-8, a
                       symbolic link that leads nowhere (a loop, a missing target), a backend
-                      or a C++ compiler this machine cannot run, a run directory in use by
-                      another run or whose run files are not regular files; nothing was
-                      changed
+                      or a C++ compiler this machine cannot run (or that does not work), a run
+                      directory in use by another run or whose run files are not regular
+                      files; nothing was changed
 128 + N               stopped by signal N: 130 for Ctrl-C (SIGINT), 143 for SIGTERM, 129 for
                       SIGHUP; a training run saves a checkpoint first. 141 (SIGPIPE's): the
                       reader of standard output went away (``| head``), said by no message
@@ -39,6 +39,7 @@ from collections.abc import Iterator
 from minitfm import backend, files
 from minitfm.backend import BackendError
 from minitfm.checkpoint import CheckpointError
+from minitfm.cudahost import CompilerError
 from minitfm.data import DataError
 from minitfm.export.source import ExportError
 from minitfm.workers.placement import PlacementError
@@ -93,7 +94,7 @@ def after_training(what: str, checkpoint: str | None, step: int, sizes: str,
 FAILURES = (TrainingDiverged, WriteFailed, MemoryError)
 BAD_INPUT_ERRORS = (
     UsageError, PlanError, DataError, CheckpointError, BackendError, PlacementError, ExportError,
-    RunDirectoryBusy, LockUnsupported, NotARunDirectory, TranslateError, PlotError,
+    RunDirectoryBusy, LockUnsupported, NotARunDirectory, TranslateError, PlotError, CompilerError,
     # a path the user named that cannot be used as asked
     FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError,
     # a file whose text is not UTF-8, or whose JSON does not parse

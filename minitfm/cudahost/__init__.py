@@ -28,8 +28,12 @@ release (threads waiting at different barriers, a barrier that returned threads 
 warp operation waiting for a lane that exited); an array of another type than its parameter
 (at its first use: a placeholder the kernel never touches is fine, as on a device); with a
 ``time_limit``, a launch that runs longer, stopped, with the loop still going named (its
-condition never turns false) and ``KernelFault.timed_out`` True. A fault inside a function the
-kernel calls (``block_sum``) is named at the line of the kernel's body that called it, the
+condition never turns false) and ``KernelFault.timed_out`` True; a failing ``assert`` and
+``__trap()`` (which end a device's launch with an error), a thread's stack that overflows (it
+holds 512 KiB of locals, a device thread's local memory at most), and what would crash the
+process (a pointer that points nowhere, an integer division by zero): each stops the launch as
+a fault of the thread under way, and the library can launch again. A fault inside a function
+the kernel calls (``block_sum``) is named at the line of the kernel's body that called it, the
 function's own line in the words: a learner's line, even when the barrier or the element at
 fault is in the library's helper.
 :func:`checked_launch` runs a launch in several orders of its blocks and threads (seeded: one
@@ -53,11 +57,11 @@ import warnings
 import numpy
 
 from minitfm.cudahost import build as _build
-from minitfm.cudahost.build import BuildError, CacheError, compiler
+from minitfm.cudahost.build import BuildError, CacheError, CompilerError, compiler
 from minitfm.cudahost.rewrite import Unsupported
 
-__all__ = ["HostKernel", "KernelFault", "BuildError", "CacheError", "Unsupported",
-           "checked_launch", "compiler", "compare_outputs"]
+__all__ = ["HostKernel", "KernelFault", "BuildError", "CompilerError", "CacheError",
+           "Unsupported", "checked_launch", "compiler", "compare_outputs"]
 
 MAX_THREADS, MAX_BLOCK_Z, MAX_GRID_YZ = 1024, 64, 65535
 

@@ -4,8 +4,12 @@ Host-only code. The compiler is the first of: ``$MINITFM_CXX`` (a command line, 
 ``clang++`` or ``python -m ziglang c++``), ``$CXX``, ``c++``, ``g++``, ``clang++`` on the path,
 and the clang that the ``ziglang`` package carries (installed with the ``test`` extra, for a
 machine with no compiler of its own). ``-ffp-contract=off`` keeps ``a * b + c`` two roundings, as
-the kernels' ``--fmad=false`` does on a device. A compiler that fails naming no line of the
-source is named with the variable that chose it, and how to choose another.
+the kernels' ``--fmad=false`` does on a device; ``-fstack-clash-protection`` touches each page of
+a large frame as it is made, so that a thread's local arrays too large for its stack fault in the
+guard region below it rather than reach past it. A compiler that is not there, cannot run, or
+fails naming no line of the source is a :class:`CompilerError` (a setting, not the kernel's
+fault), named with the variable that chose it and how to choose another; :func:`check_compiler`
+finds a program that is not there before anything is compiled.
 
 A compiled library is kept under ``$MINITFM_CACHE`` (default ``~/.cache/minitfm``), in
 ``cudahost/``, named by a hash of everything that went into it: the next run loads it at once.
@@ -16,7 +20,9 @@ temporaries that the next compilation removes. Each library is followed by a sea
 it is named by and the hash of its bytes: an entry that is not whole (truncated, damaged,
 another entry's library) or does not load is compiled again, with one ``warning:`` line. A
 cache that cannot be written (a full disk, a read-only one) is a :class:`CacheError`, naming
-the folder and how to move the cache.
+the folder and how to move the cache. A cache whose folder cannot be one (a file in its place,
+or in the place of a folder above it) moves to the system's temporary folder, said once in one
+``warning:`` line, as a read-only home's cache moves there.
 """
 
 from __future__ import annotations
@@ -38,12 +44,12 @@ from filelock import FileLock
 from minitfm import files
 from minitfm.cudahost import rewrite
 
-__all__ = ["BuildError", "CacheError", "compiler", "chosen_compiler", "named", "FLAGS", "HEADER",
-           "Library", "build"]
+__all__ = ["BuildError", "CompilerError", "CacheError", "compiler", "chosen_compiler",
+           "check_compiler", "named", "cache_dir", "FLAGS", "HEADER", "Library", "build"]
 
 HEADER = Path(__file__).with_name("cuda_host.h")
 FLAGS = ("-std=c++14", "-O1", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math",
-         "-fno-strict-aliasing", "-fno-threadsafe-statics", "-w")
+         "-fno-strict-aliasing", "-fno-threadsafe-statics", "-fstack-clash-protection", "-w")
 MARK = "minitfm cache entry "   # a library's seal: this, its entry's hash, the hash of its bytes
 LAYOUT = "2"                    # the entries' layout, in their hash: older entries are left unused
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -52,6 +58,11 @@ NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 class BuildError(RuntimeError):
     """No compiler, a compiler that fails, or a kernel's host C++ that did not compile (the
     message has the errors)."""
+
+
+class CompilerError(BuildError):
+    """The C++ compiler is not there, cannot run, or does not work (it fails naming no line of
+    the kernel's source): a setting to change, named with the variable that chose it."""
 
 
 class CacheError(OSError):
@@ -64,7 +75,15 @@ def chosen_compiler() -> tuple[list[str], str]:
     ``"MINITFM_CXX"``, ``"CXX"`` or ``"default"``; :class:`BuildError` if there is none."""
     for variable in ("MINITFM_CXX", "CXX"):
         if os.environ.get(variable, "").strip():
-            return shlex.split(os.environ[variable]), variable
+            try:
+                command = shlex.split(os.environ[variable])
+            except ValueError as exc:
+                raise CompilerError(f"{variable}={os.environ[variable]!r} is not a command line "
+                                    f"({exc}): {_another(variable)}") from None
+            if command and command[0]:
+                return command, variable
+            raise CompilerError(f"{variable}={os.environ[variable]!r} names no program: "
+                                f"{_another(variable)}")
     for name in ("c++", "g++", "clang++"):
         found = shutil.which(name)
         if found:
@@ -74,9 +93,20 @@ def chosen_compiler() -> tuple[list[str], str]:
         return [sys.executable, "-m", "ziglang", "c++"], "default"
     except ImportError:
         pass
-    raise BuildError("no C++ compiler to run the kernels on the host: install one (g++ or "
-                     "clang++), or `pip install ziglang` (the test extra does), or name one in "
-                     "MINITFM_CXX")
+    raise CompilerError("no C++ compiler to run the kernels on the host: install one (g++ or "
+                        "clang++), or `pip install ziglang` (the test extra does), or name one "
+                        "in MINITFM_CXX")
+
+
+def check_compiler() -> None:
+    """The compiler's program is there to run; else :class:`CompilerError`, naming it, the
+    variable that chose it and how to choose another (found here, before a process of its own
+    compiles: a setting at fault is said as one, not as the kernel's)."""
+    command, chosen_by = chosen_compiler()
+    if shutil.which(command[0]) is None:
+        where = "there (missing, or not a program)" if os.sep in command[0] else "on the PATH"
+        raise CompilerError(f"the C++ compiler {named(command, chosen_by)} cannot run: there is "
+                            f"no program {command[0]} {where}; {_another(chosen_by)}")
 
 
 def compiler() -> list[str]:
@@ -103,26 +133,50 @@ def _another(chosen_by: str) -> str:
 
 def cache_dir() -> Path:
     """The folder of the compiled libraries, made if missing: ``$MINITFM_CACHE/cudahost``, or
-    where it cannot be written (a read-only home) one in the system's temporary folder;
-    :class:`CacheError` where there is no room to make it."""
+    where it cannot be written (a read-only home) or cannot be a folder (a file in its place:
+    said once) one in the system's temporary folder; :class:`CacheError` where there is no room
+    to make it."""
     root = os.environ.get("MINITFM_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
         "minitfm")
     path = Path(root) / "cudahost"
+    fallback = Path(tempfile.gettempdir()) / f"minitfm-cudahost-{os.getuid()}"
     try:
         if not path.is_dir():
             path.mkdir(parents=True, exist_ok=True)
         if os.access(path, os.W_OK | os.X_OK):
             return path
     except OSError as exc:
-        if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+        if exc.errno in (errno.EEXIST, errno.ENOTDIR, errno.ELOOP):
+            _say_once(f"warning: the compiled kernels cannot be kept in {path}: "
+                      f"{_not_a_folder(path)}; they are kept in {fallback} for now (move it "
+                      f"away, or set MINITFM_CACHE to a folder)")
+        elif exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
             raise _unwritable(path, exc) from exc
-    path = Path(tempfile.gettempdir()) / f"minitfm-cudahost-{os.getuid()}"   # a read-only home
+    path = fallback
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise _unwritable(path, exc) from exc
     return path
+
+
+_said: set[str] = set()      # the warnings this process has printed (a forked child's too)
+
+
+def _say_once(warning: str) -> None:
+    if warning not in _said:
+        _said.add(warning)
+        print(warning, file=sys.stderr, flush=True)
+
+
+def _not_a_folder(path: Path) -> str:
+    """What stands where a folder on the way to ``path`` should be, in words."""
+    for part in reversed([path, *path.parents]):
+        if os.path.lexists(part) and not part.is_dir():
+            trouble = files.link_trouble(part)
+            return f"{part} is {trouble or 'a file, not a folder'}"
+    return f"{path} cannot be reached as a folder"
 
 
 def _unwritable(folder: Path, exc: OSError) -> CacheError:
@@ -134,10 +188,15 @@ def _unwritable(folder: Path, exc: OSError) -> CacheError:
                                  f"with MINITFM_CACHE=DIR", str(folder))
 
 
+# held by every launch: one at a time in the process (a library's state is its own, and a launch
+# sets the process's handlers of the signals a kernel's faults raise for its duration)
+LAUNCHES = threading.Lock()
+
+
 class Library:
     """A compiled translation unit: ``entry(name)`` is the launch function of kernel ``name``;
-    ``shadow_bytes`` the size of one element's race record; ``lock``, held by a launch (the
-    library's state is its own: one launch at a time in it)."""
+    ``shadow_bytes`` the size of one element's race record; ``lock``, held by a launch
+    (:data:`LAUNCHES`: one launch at a time in the process)."""
 
     def __init__(self, path: Path, host: rewrite.HostSource, unit: str, key: str):
         """Load the library at ``path``, the entry ``key``; :class:`_Unloadable` (with the
@@ -155,7 +214,7 @@ class Library:
         if missing or not hasattr(self._dll, "minitfm_shadow_bytes"):
             raise _Unloadable(f"it lacks the launch of {', '.join(missing) or 'any kernel'}")
         self.shadow_bytes = self._dll.minitfm_shadow_bytes()
-        self.lock = threading.Lock()
+        self.lock = LAUNCHES
 
     def entry(self, name: str):
         function = getattr(self._dll, f"minitfm_launch_{name}")
@@ -230,8 +289,8 @@ def _load_or_compile(command: list[str], chosen_by: str, host: rewrite.HostSourc
     try:
         return Library(target, host, unit, key)
     except _Unloadable as exc:
-        raise BuildError(f"the kernel compiled by {named(command, chosen_by)} into {target} "
-                         f"does not load ({exc}): {_another(chosen_by)}") from exc
+        raise CompilerError(f"the kernel compiled by {named(command, chosen_by)} into {target} "
+                            f"does not load ({exc}): {_another(chosen_by)}") from exc
 
 
 def _compile(command: list[str], chosen_by: str, unit: str, key: str, target: Path) -> None:
@@ -249,14 +308,17 @@ def _compile(command: list[str], chosen_by: str, unit: str, key: str, target: Pa
             try:
                 done = subprocess.run(line, capture_output=True, text=True, timeout=600,
                                       env=environment)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                raise BuildError(f"the C++ compiler {named(command, chosen_by)} could not run: "
-                                 f"{exc}; {_another(chosen_by)}") from exc
+            except subprocess.TimeoutExpired as exc:
+                raise BuildError(f"the C++ compiler {named(command, chosen_by)} did not finish "
+                                 f"within {exc.timeout:g} s") from exc
+            except OSError as exc:
+                raise CompilerError(f"the C++ compiler {named(command, chosen_by)} could not "
+                                    f"run: {exc}; {_another(chosen_by)}") from exc
             if done.returncode != 0:
                 raise _failure(done, command, chosen_by)
             if not os.path.exists(partial):
-                raise BuildError(f"the C++ compiler {named(command, chosen_by)} wrote no "
-                                 f"library (it exited with status 0); {_another(chosen_by)}")
+                raise CompilerError(f"the C++ compiler {named(command, chosen_by)} wrote no "
+                                    f"library (it exited with status 0); {_another(chosen_by)}")
             with open(partial, "rb+") as library:
                 library.write(_seal(library.read(), key))
     finally:
@@ -275,9 +337,9 @@ def _failure(done: subprocess.CompletedProcess, command: list[str], chosen_by: s
         return BuildError(_explain(errors, shlex.join(command)))
     said = next((e.strip() for e in errors.splitlines() if e.strip()), "")   # the first
     said = f" ({said[:300]})" if said else " and printed nothing"
-    return BuildError(f"the C++ compiler {named(command, chosen_by)} does not work: it failed "
-                      f"with status {done.returncode}{said}, naming no line of the kernel's "
-                      f"source; {_another(chosen_by)}")
+    return CompilerError(f"the C++ compiler {named(command, chosen_by)} does not work: it "
+                         f"failed with status {done.returncode}{said}, naming no line of the "
+                         f"kernel's source; {_another(chosen_by)}")
 
 
 def _explain(errors: str, command: str) -> str:

@@ -16,6 +16,12 @@
 //   threads of two blocks in one launch (a race); a __shared__ element written before it is read
 //   (it starts as garbage in every block);
 // - each loop's condition ticks: with a time limit, a loop that never ends is stopped and named;
+// - a failing assert() and __trap() stop the launch, as on a device (cudaErrorAssert, an error);
+// - each thread's stack holds 512 KiB of locals, as a device thread's local memory at most, with
+//   a large guard region below it (and the compiler probing each page of a large frame): a stack
+//   that overflows, and every other hardware fault of the kernel's code (a segmentation fault,
+//   a bus error, an integer division by zero, an illegal instruction), is caught by a signal
+//   handler set for the launch's duration, on a stack of its own, which stops the launch;
 // - a fault stops the launch and names the block, the thread and the line; inside a function of
 //   the source, the line of the kernel's body that called it (the calls in the words).
 //
@@ -29,7 +35,7 @@
 #define MINITFM_CUDA_HOST_H
 
 #include <cmath>
-#include <csetjmp>
+#include <setjmp.h>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
@@ -37,6 +43,8 @@
 #include <cstring>
 #include <ctime>
 #include <type_traits>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -169,7 +177,9 @@ struct Thread {
     const char* callee[MAX_CALLS];           // the function each called
 };
 
-static const size_t STACK = 256 * 1024;      // per thread, with a guard page below it
+static const size_t LOCAL_MEMORY = 512 * 1024;         // a device thread's local memory, at most
+static const size_t STACK = LOCAL_MEMORY + 32 * 1024;  // per thread: its locals, and the header's
+static const size_t GUARD = 1024 * 1024;               // below each stack: an overflow faults
 static const int MAX_THREADS = 1024;
 static const int MAX_SHARED = 64;
 
@@ -185,7 +195,9 @@ static unsigned int epoch = 0;               // moves on at each block and at ea
 static unsigned int warp_epochs[MAX_THREADS / 32];
 static Fault* fault = nullptr;
 static bool failed = false, fiber_mode = false;
-static jmp_buf direct_exit;
+static char* direct_stack = nullptr;         // without fibers: the stack every thread runs on
+static Context direct;                       // ... and its context
+static const int* direct_order = nullptr;    // ... the threads of the block, in their order
 static void (*body)(void**) = nullptr;
 static void** body_args = nullptr;
 static SharedBase* shared_objects[MAX_SHARED];
@@ -250,11 +262,11 @@ static void place(char* out, size_t room, const Thread* t, int line) {
     append(out, room, " (%s)", calls);
 }
 
-// Stop the launch: the message, with the block and the thread under way (the whole block where
-// the scheduler itself finds the fault), and the line: `line` of thread `t`, or where `t` is
-// inside a function of the source, the kernel's line that called it (and with `say_calls` the
-// calls in the words); never returns to the thread.
-static void vfail(const Thread* t, int line, bool say_calls, const char* fmt, va_list ap) {
+// The fault: the message, with the block and the thread under way (the whole block where the
+// scheduler itself finds the fault), and the line: `line` of thread `t`, or where `t` is inside
+// a function of the source, the kernel's line that called it (and with `say_calls` the calls in
+// the words).
+static void record(const Thread* t, int line, bool say_calls, const char* fmt, va_list ap) {
     vsnprintf(fault->message, sizeof fault->message, fmt, ap);
     fault->block[0] = block_index.x, fault->block[1] = block_index.y;
     fault->block[2] = block_index.z;
@@ -269,13 +281,19 @@ static void vfail(const Thread* t, int line, bool say_calls, const char* fmt, va
         if (say_calls) {
             char calls[512];
             calls_words(calls, sizeof calls, t);
-            append(fault->message, sizeof fault->message, "; at line %d (%s)", line, calls);
+            if (line) append(fault->message, sizeof fault->message, "; at line %d (%s)", line,
+                             calls);
+            else append(fault->message, sizeof fault->message, " (%s)", calls);
         }
     }
     failed = true;
+}
+
+// Stop the launch with the fault `record` writes; never returns to the thread.
+static void vfail(const Thread* t, int line, bool say_calls, const char* fmt, va_list ap) {
+    record(t, line, say_calls, fmt, ap);
     if (!current) return;                    // the scheduler's own finding: it stops the block
-    if (fiber_mode) switch_to(current->context, scheduler);
-    else longjmp(direct_exit, 1);
+    switch_to(fiber_mode ? current->context : direct, scheduler);
     abort();                                 // a failed thread is never resumed
 }
 
@@ -610,10 +628,9 @@ template <class T, long long D, long long E, long long... R> struct view<T, D, E
 };
 
 static void register_shared(SharedBase* s) {
-    if (n_shared == MAX_SHARED) {
-        fprintf(stderr, "minitfm.cudahost: more than %d __shared__ arrays\n", MAX_SHARED);
-        abort();
-    }
+    if (n_shared == MAX_SHARED)
+        fail_at(0, "more than %d __shared__ arrays: the host execution keeps at most %d",
+                MAX_SHARED, MAX_SHARED);
     shared_objects[n_shared++] = s;
 }
 
@@ -733,6 +750,21 @@ inline int __any_sync(unsigned int mask, int predicate, int line = __builtin_LIN
 }
 inline int __all_sync(unsigned int mask, int predicate, int line = __builtin_LINE()) {
     return minitfm::warp_op<int>(minitfm::OP_ALL, mask, predicate != 0, 0, 32, line);
+}
+
+// assert() and __trap(): a failing device assert ends the launch (cudaErrorAssert), as __trap()
+// does (an error); here each stops the launch at its line. (The rewrite blanks a kernel's
+// #include of assert.h or cassert: no header after this one defines assert again.)
+namespace minitfm {
+inline void assert_failed(const char* condition, int line) {
+    fail_at(line, "assertion `%s` failed (on a device the launch ends with cudaErrorAssert)",
+            condition);
+}
+}  // namespace minitfm
+#undef assert
+#define assert(condition) ((condition) ? (void)0 : minitfm::assert_failed(#condition, __LINE__))
+inline void __trap(int line = __builtin_LINE()) {
+    minitfm::fail_at(line, "__trap() called: on a device the launch ends with an error");
 }
 
 // Atomics: threads never interleave inside one here, so each is its read and its write. They
@@ -906,17 +938,38 @@ static void thread_entry() {
     switch_to(current->context, scheduler);
 }
 
+// Without fibers: each thread of the block runs to its end in turn, on one stack of their own.
+static void direct_entry() {
+    for (int k = 0; k < n_threads; ++k) {
+        current = &threads[direct_order[k]];
+        current->depth = 0;
+        body(body_args);
+    }
+    current = nullptr;
+    switch_to(direct, scheduler);
+}
+
+// A thread's stack: STACK bytes above a GUARD region that faults at any touch, mapped without
+// reserving memory (a page is committed once touched): the address of its lowest byte, or null.
+static char* new_stack() {
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS;
+#ifdef MAP_NORESERVE
+    flags |= MAP_NORESERVE;
+#endif
+    void* p = mmap(nullptr, GUARD + STACK, PROT_NONE, flags, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    char* stack = static_cast<char*>(p) + GUARD;
+    if (mprotect(stack, STACK, PROT_READ | PROT_WRITE) != 0) {
+        munmap(p, GUARD + STACK);
+        return nullptr;
+    }
+    return stack;
+}
+
 static bool prepare_fibers() {
     for (int i = 0; i < n_threads; ++i) {
         Thread& t = threads[i];
-        if (!t.stack) {
-            long page = sysconf(_SC_PAGESIZE);
-            void* p = mmap(nullptr, STACK + page, PROT_READ | PROT_WRITE,
-                           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-            if (p == MAP_FAILED) return false;
-            mprotect(p, page, PROT_NONE);           // a guard page: an overflow faults at once
-            t.stack = static_cast<char*>(p) + page;
-        }
+        if (!t.stack && !(t.stack = new_stack())) return false;
         start_context(t.context, t.stack, STACK, thread_entry);
         t.state = READY;
         t.depth = 0;
@@ -1064,11 +1117,13 @@ static void run_block(const Config* c, unsigned long long& state) {
     for (int i = 0; i < n_threads; ++i) order[i] = i;
     if (!fiber_mode) {                       // no barriers: each thread runs to its end in turn
         if (c->seed) shuffle(order, n_threads, state);
-        for (int k = 0; k < n_threads && !failed; ++k) {
-            current = &threads[order[k]];
-            current->depth = 0;
-            body(body_args);
+        if (!direct_stack && !(direct_stack = new_stack())) {
+            fail_at(0, "could not allocate a thread's stack");
+            return;
         }
+        direct_order = order;
+        start_context(direct, direct_stack, STACK, direct_entry);
+        switch_to(scheduler, direct);
         current = nullptr;
         return;
     }
@@ -1097,6 +1152,106 @@ static void run_block(const Config* c, unsigned long long& state) {
         fail_at(0, "deadlock: no thread of the block can go on");
         return;
     }
+}
+
+// ---- hardware faults of the kernel's code: caught for the launch's duration -------------------
+// A handler of SIGSEGV, SIGBUS, SIGFPE and SIGILL, on a stack of its own, is set while a launch
+// runs (the handlers and the signal stack before it are set back after). A fault of the thread
+// under way, in the thread that launched, stops the launch: the handler names the fault and
+// jumps back to the launch (siglongjmp: allowed from a handler on its own stack, and it sets the
+// signal mask back); the launch's state is made anew by the next launch, so the library can
+// launch again. Any other signal of these goes on to the handler before (Python's faulthandler).
+
+static const int CAUGHT[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL};
+static const int N_CAUGHT = sizeof CAUGHT / sizeof CAUGHT[0];
+static struct sigaction caught_before[N_CAUGHT];
+static stack_t signal_stack_before;
+alignas(16) static char signal_stack[64 * 1024];
+static sigjmp_buf signal_exit;
+static pthread_t launcher;
+static volatile sig_atomic_t launching = 0;
+
+// The stack pointer of the code a signal interrupted (0 where not known).
+static uintptr_t stack_pointer(void* context) {
+#if defined(__linux__) && defined(__x86_64__)
+    return (uintptr_t) static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_RSP];
+#elif defined(__linux__) && defined(__aarch64__)
+    return (uintptr_t) static_cast<ucontext_t*>(context)->uc_mcontext.sp;
+#else
+    (void)context;
+    return 0;
+#endif
+}
+
+static void fault_of_thread(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+static void fault_of_thread(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    record(current, 0, true, fmt, ap);
+    va_end(ap);
+}
+
+// The fault `signum` of the thread under way, in words: a stack that overflowed where the
+// address lies in its guard region (or the thread's stack pointer left its stack).
+static void name_signal(int signum, const siginfo_t* info, void* context) {
+    uintptr_t low = (uintptr_t)(fiber_mode ? current->stack : direct_stack);
+    uintptr_t at = (uintptr_t)info->si_addr, sp = stack_pointer(context);
+    bool memory = signum == SIGSEGV || signum == SIGBUS;
+    if (memory && ((at < low && at >= low - GUARD) || (sp && sp < low)))
+        fault_of_thread("the thread's stack overflowed: its local arrays (or a recursion) need "
+                        "more than %zu KiB; a device thread has at most %zu KiB of local memory",
+                        LOCAL_MEMORY / 1024, LOCAL_MEMORY / 1024);
+    else if (signum == SIGSEGV)
+        fault_of_thread("a segmentation fault: it read or wrote memory at address 0x%llx, which "
+                        "is no array's of the launch (a pointer that points nowhere, or a local "
+                        "array indexed outside itself?)", (unsigned long long)at);
+    else if (signum == SIGBUS)
+        fault_of_thread("a bus error: it read or wrote memory at address 0x%llx that cannot be "
+                        "reached that way (a misaligned pointer?)", (unsigned long long)at);
+    else if (signum == SIGFPE && info->si_code == FPE_INTDIV)
+        fault_of_thread("an integer division (or remainder) by zero: its result is undefined "
+                        "(a device gives some value, without an error)");
+    else if (signum == SIGFPE && info->si_code == FPE_INTOVF)
+        fault_of_thread("an integer division that overflows (the most negative value by -1): "
+                        "its result is undefined");
+    else if (signum == SIGFPE)
+        fault_of_thread("an arithmetic fault (SIGFPE, code %d)", info->si_code);
+    else
+        fault_of_thread("an illegal instruction: the compiler put a trap where the code's "
+                        "behaviour is undefined (the end of a function that returns a value, "
+                        "reached without a return?)");
+}
+
+static void on_signal(int signum, siginfo_t* info, void* context) {
+    int k = 0;
+    while (k < N_CAUGHT - 1 && CAUGHT[k] != signum) ++k;
+    if (!launching || !current || info->si_code <= 0 || !pthread_equal(pthread_self(), launcher)) {
+        sigaction(signum, &caught_before[k], nullptr);   // not the kernel's: the handler before
+        if (info->si_code <= 0) raise(signum);           // a signal sent is sent again; a fault
+        return;                                          // happens again, to that handler
+    }
+    name_signal(signum, info, context);
+    siglongjmp(signal_exit, 1);
+}
+
+static void catch_signals() {
+    launcher = pthread_self();
+    stack_t ours;
+    memset(&ours, 0, sizeof ours);
+    ours.ss_sp = signal_stack, ours.ss_size = sizeof signal_stack;
+    sigaltstack(&ours, &signal_stack_before);
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_sigaction = on_signal;
+    action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&action.sa_mask);
+    for (int k = 0; k < N_CAUGHT; ++k) sigaction(CAUGHT[k], &action, &caught_before[k]);
+}
+
+static void release_signals() {
+    launching = 0;
+    for (int k = 0; k < N_CAUGHT; ++k) sigaction(CAUGHT[k], &caught_before[k], nullptr);
+    sigaltstack(&signal_stack_before, nullptr);
 }
 
 // One launch: every block of the grid, each thread running `kernel_body` on `args`; the kernel's
@@ -1129,25 +1284,26 @@ static int launch(const Config* c, void** args, Fault* f, void (*kernel_body)(vo
         for (long long b = 0; b < blocks; ++b) order[b] = b;
         shuffle(order, blocks, state);
     }
-    if (!fiber_mode && setjmp(direct_exit)) {
-        free(order);
-        current = nullptr;
-        return 1;
-    }
-    for (long long k = 0; k < blocks && !failed; ++k) {
-        long long b = order ? order[k] : k;
-        block_index = uint3{(unsigned)(b % c->grid[0]), (unsigned)(b / c->grid[0] % c->grid[1]),
-                            (unsigned)(b / ((long long)c->grid[0] * c->grid[1]))};
-        block_number = b + 1;
-        if (time_limit && now() >= deadline) {
-            fault->timed_out = 1;
-            fail_at(0, "has run %.1f s, past its time limit of %g s, with %lld of its %lld blocks "
-                    "still to run (a launch too large for the host in that time?)", run_time(),
-                    time_limit, blocks - k, blocks);
-            break;
+    catch_signals();
+    if (sigsetjmp(signal_exit, 1) == 0) {
+        launching = 1;
+        for (long long k = 0; k < blocks && !failed; ++k) {
+            long long b = order ? order[k] : k;
+            block_index = uint3{(unsigned)(b % c->grid[0]),
+                                (unsigned)(b / c->grid[0] % c->grid[1]),
+                                (unsigned)(b / ((long long)c->grid[0] * c->grid[1]))};
+            block_number = b + 1;
+            if (time_limit && now() >= deadline) {
+                fault->timed_out = 1;
+                fail_at(0, "has run %.1f s, past its time limit of %g s, with %lld of its %lld "
+                        "blocks still to run (a launch too large for the host in that time?)",
+                        run_time(), time_limit, blocks - k, blocks);
+                break;
+            }
+            run_block(c, state);
         }
-        run_block(c, state);
     }
+    release_signals();
     free(order);
     current = nullptr;
     return failed ? 1 : 0;

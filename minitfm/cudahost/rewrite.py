@@ -19,6 +19,12 @@ so that the compiler's messages and the host execution's faults name the kernel'
 - the two PTX conversions of ``minitfm.speed.fused.HALF_CONVERSIONS`` (``cvt.f32.f16``,
   ``cvt.rn.f16.f32``) become calls of the header's bit-exact host conversions.
 
+An ``#include`` of ``assert.h`` or ``cassert`` (the header defines ``assert``, as a device's
+failing assert stops the launch) or of a standard header the header includes already (``INCLUDED``)
+becomes a blank line. Any other ``#include`` is refused, naming the line and the file: NVRTC
+compiles a kernel without this machine's files, and a file included here could be anything (a
+device that never ends, a folder).
+
 Refused by name, before anything is compiled, rather than run wrongly: any other inline PTX,
 dynamic shared memory (``extern __shared__``), ``__constant__`` memory, the atomics the header
 lacks, and the CUDA intrinsics it does not model (``UNMODELLED``: fences between blocks, clocks,
@@ -53,7 +59,7 @@ MODELLED = {"__syncthreads", "__syncwarp", "__shfl_sync", "__shfl_up_sync", "__s
             "__longlong_as_double", "__double_as_longlong", "__expf", "__logf", "__fdividef",
             "__frcp_rn", "__fsqrt_rn", "__saturatef", "__float2int_rn", "__float2int_rz",
             "__popc", "__popcll", "__clz", "__ffs", "__ldg", "__launch_bounds__",
-            "__builtin_expect", "__forceinline__", "__restrict__"}
+            "__builtin_expect", "__forceinline__", "__restrict__", "__trap"}
 ATOMICS = {"atomicAdd", "atomicSub", "atomicExch", "atomicMax", "atomicMin", "atomicAnd",
            "atomicOr", "atomicXor", "atomicCAS"}
 UNMODELLED = {
@@ -64,6 +70,10 @@ UNMODELLED = {
     "clock64": "the device's clock",
     "__syncthreads_count": "not modelled yet", "__syncthreads_and": "not modelled yet",
     "__syncthreads_or": "not modelled yet"}
+# the headers a kernel may include: the header defines assert, and includes the others
+INCLUDED = {"assert.h", "cassert", "math.h", "cmath", "stdint.h", "cstdint"}
+INCLUDE = re.compile(r"^[ \t]*#[ \t]*(?:include|include_next|import|embed)\b(?:\\\n|[^\n])*",
+                     re.M)
 WARP_OPERATIONS = re.compile(r"\b(__syncthreads|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|"
                              r"__all_sync)\b")
 
@@ -185,6 +195,23 @@ def _typedefs(text: str) -> dict:
     for m in re.finditer(r"\btypedef\s+([\w\s]+?)\s+(\w+)\s*;", text):
         found[m.group(2)] = canonical(m.group(1), found)
     return found
+
+
+def _blank_includes(text: str) -> str:
+    """``text`` (comments already blank) with each ``#include`` of ``INCLUDED`` blank (its
+    newlines kept); :class:`Unsupported` for any other, naming its line and the file."""
+    def blank(m: re.Match) -> str:
+        directive = re.sub(r"\\\n", "", m.group(0)).strip()
+        named = re.search(r"[<\"]([^>\"]*)[>\"]", directive)
+        if named and named.group(1).strip() in INCLUDED:
+            return re.sub(r"[^\n]", " ", m.group(0))
+        what = f"the file {named.group(1)}" if named else "a file a macro names"
+        raise Unsupported(f"line {_line(text, m.start())}: `{directive}` includes {what}, which "
+                          f"the host execution does not read: a kernel here is its file alone, "
+                          f"as NVRTC compiles it without this machine's files (it may include "
+                          f"{', '.join(f'<{h}>' for h in sorted(INCLUDED))}); paste what you need "
+                          f"from that file into this one")
+    return INCLUDE.sub(blank, text)
 
 
 def _refuse_unmodelled(text: str) -> None:
@@ -425,7 +452,7 @@ def _kernels(text: str, typedefs: dict) -> tuple[dict, dict]:
 
 def rewrite(source: str) -> HostSource:
     """``source`` (a CUDA C translation unit, as CuPy's RawKernel takes it) as host C++."""
-    text = blank_comments(source)
+    text = _blank_includes(blank_comments(source))
     _refuse_unmodelled(text)
     typedefs = _typedefs(text)
     kernels, bodies = _kernels(text, typedefs)

@@ -7,7 +7,9 @@ helpers it calls, such as ``block_sum``), the kernel's body replaced by a TODO, 
 with its twin (the plain code it must equal) and the check's launch. The check compiles the file
 as it is, so every line a message names is a line of the learner's file: a compiler error, an
 element read or written outside its array, a race (the results depend on the order the threads
-run in: the launch runs in several orders), a barrier that never releases (a deadlock). Then it
+run in: the launch runs in several orders), a barrier that never releases (a deadlock), a failing
+assert or ``__trap()``; what would crash the process (a stack that overflows, a pointer that
+points nowhere) is a fault of its thread too, never a crash of the command. Then it
 compares each output with the twin's on the same inputs, within float32 rounding of sums taken
 in another order (1e-5 of the largest value; masks and integers equal), and diagnoses a wrong
 one as a layer's gradient is (:mod:`minitfm.learn.diagnose`).
@@ -189,6 +191,8 @@ def run_kernel(payload: dict, channel) -> dict:
     channel.phase("compile", payload["compile_limit"])
     try:
         mine.library
+    except cudahost.CompilerError as exc:       # the machine's setting, not the learner's code
+        return {"compiler": str(exc)}
     except (cudahost.BuildError, cudahost.Unsupported) as exc:
         return {"error": learner_lines(str(exc), path)}
     channel.phase("run", payload["limit"] + 1.0)     # the launch's own limit comes first
@@ -207,12 +211,17 @@ def run_kernel(payload: dict, channel) -> dict:
 
 def check(ex: Exercise, path: Path, seed: int = 0, limit: float = worker.LIMIT, cancel=None):
     """Compile and run the learner's kernel in a process of its own, and compare its outputs
-    with the twin's here (see the module's docstring): a Report."""
+    with the twin's here (see the module's docstring): a Report. A compiler that is not there
+    or does not work is a :class:`cudahost.CompilerError` (a setting to change, not a verdict
+    on the kernel), found here where it can be, else in that process; the kernel cache's folder
+    is chosen here first, so that a warning about it is said once."""
     path = Path(path)
     try:
         text = learner.text_of(path)
     except learner.NotUTF8 as exc:
         return Report(ex, path, "error", message=f"{path.name}, line {exc.lineno}: {exc.msg}")
+    cudahost.build.check_compiler()
+    cudahost.build.cache_dir()
     outcome = worker.run(run_kernel, {"exercise": ex, "path": str(path), "text": text,
                                       "seed": seed, "limit": limit,
                                       "compile_limit": COMPILE_LIMIT},
@@ -222,6 +231,8 @@ def check(ex: Exercise, path: Path, seed: int = 0, limit: float = worker.LIMIT, 
     if not outcome.done:
         return Report(ex, path, "fail", message=worker.outcome_words(outcome, "your kernel"))
     mine = outcome.value if isinstance(outcome.value, dict) else {}
+    if "compiler" in mine:
+        raise cudahost.CompilerError(str(mine["compiler"]))
     if "error" in mine:
         return Report(ex, path, "error", message=str(mine["error"]))
     kernel = kernel_of(ex)

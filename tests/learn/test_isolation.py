@@ -1,7 +1,10 @@
 """The learner's code in a process of its own: every check ends, the learner's code cannot
 change the verdict, and what it does wrong beyond its values (an endless loop, an exit, a crash,
-a gradient of the wrong kind, a change in place, a patch of numpy) is named, never passed."""
+a gradient of the wrong kind, a change in place, a patch of numpy) is named, never passed. A
+learner's kernel cannot crash the command: a failing assert, __trap(), a stack that overflows, a
+wild pointer are each a fault of its thread, and an #include of a file is refused."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -286,3 +289,56 @@ def test_ctrl_c_stops_a_hanging_kernel_check_at_once(folder, tmp_path):
     while not all(gone(int(pid)) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all(gone(int(pid)) for pid in children), "the kernel's process outlived the command"
+
+
+INDEX = "    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"
+WRITE = "    if (i < n) dx[i] = keep[i] ? dy[i] * scale : 0.0f;\n"
+OVERFLOW = ("the thread's stack overflowed: its local arrays (or a recursion) need more than 512 "
+            "KiB; a device thread has at most 512 KiB of local memory (block (0, 0, 0), thread "
+            "(0, 0, 0))")
+
+
+@pytest.mark.parametrize("top, body, marked, words", [
+    ("#include <assert.h>\n", INDEX + "    assert(i != 299);\n" + WRITE, "assert(i != 299)",
+     "assertion `i != 299` failed (on a device the launch ends with cudaErrorAssert) (block (1, "
+     "0, 0), thread (43, 0, 0))"),
+    ("", INDEX + "    if (i == 299) __trap();\n" + WRITE, "__trap()",
+     "__trap() called: on a device the launch ends with an error (block (1, 0, 0), thread (43, "
+     "0, 0))"),
+    ("", "    volatile float big[262144];\n    big[threadIdx.x] = 1;\n" + INDEX + WRITE, None,
+     OVERFLOW),
+    ("", INDEX + "    if (i == 299) *(volatile int*)0 = 1;\n" + WRITE, None,
+     "a segmentation fault: it read or wrote memory at address 0x0, which is no array's of the "
+     "launch (a pointer that points nowhere, or a local array indexed outside itself?) (block "
+     "(1, 0, 0), thread (43, 0, 0))"),
+], ids=["assert", "__trap", "a local array of 1 MiB", "a null pointer"])
+def test_a_kernel_that_would_crash_its_process_fails_with_its_thread(top, body, marked, words,
+                                                                     folder):
+    """Through the command: status 1, the fault at the learner's line where it is known, with
+    its block and thread, and the verdict; never a traceback or a crash."""
+    path = kernel_file(folder, body)
+    path.write_text(top + path.read_text())
+    done = subprocess.run([sys.executable, "-m", "minitfm.learn", "--dir", str(folder), "check",
+                           "kernel_dropout"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == exits.FAILED, done.stdout + done.stderr
+    where = f"{path.name}, line {line_of(path, marked)}: " if marked else ""
+    assert f"\n    {where}{words}\n" in done.stdout, done.stdout
+    assert "kernel_dropout: failed" in done.stdout and "crashed" not in done.stdout
+    assert done.stderr == "", done.stderr
+
+
+def test_an_include_of_a_file_is_refused_at_its_line(folder):
+    """``#include "/dev/zero"`` would have the compiler read for ever: refused before it runs."""
+    path = kernel_file(folder, INDEX + WRITE)
+    path.write_text('#include "/dev/zero"\n' + path.read_text())
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "minitfm.learn", "--dir", str(folder), "check",
+                           "kernel_dropout"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert time.monotonic() - started < 30
+    assert done.returncode == exits.FAILED and done.stderr == "", done.stdout + done.stderr
+    said = " ".join(done.stdout.split())
+    assert "line 1: `#include \"/dev/zero\"` includes the file /dev/zero, which the host " \
+           "execution does not read" in said and "paste what you need from that file" in said, said
+    assert "kernel_dropout: could not run" in done.stdout
