@@ -408,8 +408,9 @@ __device__ float checked(float v) {
 }
 __device__ int deep(int n) {
     volatile char pad[4096];
-    pad[0] = (char)n;
-    return n > 0 ? deep(n - 1) + pad[0] : 0;
+    pad[n & 4095] = (char)n;                  // a varying index: the whole pad is kept
+    int below = n > 0 ? deep(n - 1) : 0;      // the frame's pad read after: no call in place
+    return below + pad[n & 4095];
 }
 extern "C" __global__ void asserts(float* y, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -458,24 +459,24 @@ def crash(name: str, n: int, grid=(2,), block=(32,)) -> cudahost.KernelFault:
 
 def test_a_failing_assert_stops_the_launch_at_its_line():
     fault = crash("asserts", 37)
-    assert (fault.line, fault.block, fault.thread) == (13, (1, 0, 0), (5, 0, 0))
+    assert (fault.line, fault.block, fault.thread) == (14, (1, 0, 0), (5, 0, 0))
     assert fault.what == ("assertion `i != n` failed (on a device the launch ends with "
                           "cudaErrorAssert)")
     fault = crash("asserts", -1)            # inside a function: named at the kernel's call
-    assert (fault.line, fault.block, fault.thread) == (14, (1, 0, 0), (9, 0, 0))
+    assert (fault.line, fault.block, fault.thread) == (15, (1, 0, 0), (9, 0, 0))
     assert fault.what.startswith("assertion `v >= 0.0f` failed") and fault.what.endswith(
-        "; at line 3 (in checked, called at line 14)"), fault.what
+        "; at line 3 (in checked, called at line 15)"), fault.what
 
 
 def test_a_trap_stops_the_launch_at_its_line():
     fault = crash("traps", 40)
-    assert (fault.line, fault.block, fault.thread) == (18, (1, 0, 0), (8, 0, 0))
+    assert (fault.line, fault.block, fault.thread) == (19, (1, 0, 0), (8, 0, 0))
     assert fault.what == "__trap() called: on a device the launch ends with an error"
 
 
 @pytest.mark.parametrize("name, line, thread, calls", [
     ("overflows", 0, (0, 0, 0), ""),
-    ("recurses", 28, (5, 0, 0), ", called at line 9, in deep, called at line 28)"),
+    ("recurses", 29, (5, 0, 0), ", called at line 9, in deep, called at line 29)"),
 ], ids=["a local array of 1 MiB", "a recursion"])
 def test_a_stack_that_overflows_is_a_fault_of_its_thread(name, line, thread, calls):
     fault = crash(name, 1000)
