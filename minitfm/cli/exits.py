@@ -6,7 +6,7 @@ status                meaning
 0                     done
 1                     a run-time failure: the input was fine, the run was not (a loss that ran
                       off, a file that could not be written: disk full, read-only file system,
-                      I/O error; a file the disk failed to give back, an I/O error while
+                      no right to write there, I/O error; a file the disk failed to give back, an I/O error while
                       reading it: the file was not judged; out of memory, in training or after
                       it; a gradient check that failed)
 2                     bad usage or bad input: an option, a file that is missing, unreadable,
@@ -39,7 +39,6 @@ from collections.abc import Iterator
 from minitfm import backend, files
 from minitfm.backend import BackendError
 from minitfm.checkpoint import CheckpointError
-from minitfm.cudahost import CompilerError
 from minitfm.data import DataError
 from minitfm.export.source import ExportError
 from minitfm.workers.placement import PlacementError
@@ -94,7 +93,7 @@ def after_training(what: str, checkpoint: str | None, step: int, sizes: str,
 FAILURES = (TrainingDiverged, WriteFailed, MemoryError)
 BAD_INPUT_ERRORS = (
     UsageError, PlanError, DataError, CheckpointError, BackendError, PlacementError, ExportError,
-    RunDirectoryBusy, LockUnsupported, NotARunDirectory, TranslateError, PlotError, CompilerError,
+    RunDirectoryBusy, LockUnsupported, NotARunDirectory, TranslateError, PlotError,
     # a path the user named that cannot be used as asked
     FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError,
     # a file whose text is not UTF-8, or whose JSON does not parse

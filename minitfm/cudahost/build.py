@@ -42,6 +42,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from minitfm import files
+from minitfm.backend import BackendError
 from minitfm.cudahost import rewrite
 
 __all__ = ["BuildError", "CompilerError", "CacheError", "compiler", "chosen_compiler",
@@ -60,9 +61,10 @@ class BuildError(RuntimeError):
     message has the errors)."""
 
 
-class CompilerError(BuildError):
+class CompilerError(BuildError, BackendError):
     """The C++ compiler is not there, cannot run, or does not work (it fails naming no line of
-    the kernel's source): a setting to change, named with the variable that chose it."""
+    the kernel's source): a setting to change, named with the variable that chose it (a
+    ``BackendError`` too: as a backend this machine cannot run, it is bad input, status 2)."""
 
 
 class CacheError(OSError):
