@@ -137,8 +137,8 @@ LEARN = ["-m", "minitfm.learn", "--dir"]
       "-6e-1"], "argument --lenpen: must be a finite number >= 0, got '-6e-1'"),
     ([*LEARN, "ws", "watch", "--every", "-1e-3"], "argument --every: must be a finite number in "
                                                   "(0, 3600], got '-1e-3'"),
-    ([*LEARN, "ws", "train", "--steps", "-3"], "argument --steps: must be an integer >= 1"),
-    ([*LEARN, "ws", "train", "--steps", "0"], "argument --steps: must be an integer >= 1"),
+    ([*LEARN, "ws", "train", "--steps", "-3"], "argument --steps: must be an integer in [1, 100000]"),
+    ([*LEARN, "ws", "train", "--steps", "0"], "argument --steps: must be an integer in [1, 100000]"),
     ([*LEARN, "ws", "check", "--seed", "-1"], "argument --seed: must be an integer >= 0"),
     ([script("train_lm.py"), "--data", "x", "--time-limit", "-5m"],
      "argument --time-limit: must be a time above 0"),
