@@ -3,12 +3,18 @@ save, and once stopping, further signals are counted and ignored."""
 
 import os
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from minitfm.workers import distributed
 from minitfm.cli import reporting
 from minitfm.training import stops
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def send(signum=signal.SIGINT):
@@ -160,3 +166,46 @@ def test_workers_stop_together_only_when_one_asks():
 def test_describe_signal():
     assert stops.describe_signal(signal.SIGINT) == "interrupted"
     assert stops.describe_signal(signal.SIGTERM) == "stopped by SIGTERM"
+
+
+def test_a_command_ended_by_a_signal_ignores_late_ones_while_it_exits(monkeypatch):
+    """An impatient repeat that lands after the command has returned, while the process shuts
+    down, no longer kills it by the signal (status -2 and a traceback, where 130 was decided);
+    once the process would have exited, the handler before the command does its work again."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)   # SIG_IGN in a background job
+
+    def run():
+        os.kill(os.getpid(), signal.SIGINT)
+        return 0
+    try:
+        assert reporting.report_errors(run) == 130
+        os.kill(os.getpid(), signal.SIGINT)     # late: ignored
+        lingering = signal.getsignal(signal.SIGINT)
+        monkeypatch.setattr(lingering, "until", 0.0)
+        with pytest.raises(KeyboardInterrupt):  # later: default_int_handler's again
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):
+                time.sleep(0.001)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with stops.StopRequests(linger=True):   # one that ends well sets them back
+            pass
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_a_command_ended_by_a_signal_exits_with_it_ignored():
+    """Python puts the default handlers back as it finalizes, where a late Ctrl-C killed the
+    process by the signal (-2, not 130): one that ignores it is left alone, and is set at exit."""
+    program = """if True:
+        import atexit, os, signal, sys
+        atexit.register(lambda: print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN))
+        from minitfm.cli import reporting
+        def run():
+            os.kill(os.getpid(), signal.SIGINT)
+            return 0
+        sys.exit(reporting.report_errors(run))
+    """
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (done.returncode, done.stdout, done.stderr) == (130, "True\n", "interrupted\n")

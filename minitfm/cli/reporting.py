@@ -38,17 +38,18 @@ def report_errors(run: Callable[[], int], sizes: str | None = None) -> int:
     Signals: while ``run()`` runs, SIGINT, SIGTERM and SIGHUP end it at once where they arrive
     (as a KeyboardInterrupt; a block under ``minitfm.training.stops.interrupts_deferred``, such
     as an update, finishes first, or stops at a point it names: a checkpoint being written, at
-    its next write), with one line (``interrupted``, ``stopped by SIGTERM``) and
-    status 128 + the signal's number; later signals are ignored while it ends. A training loop
-    inside takes its signals itself (it saves a checkpoint), and so does any code that catches
-    them.
+    its next write), with one line (``interrupted``, ``stopped by SIGTERM``) and status 128 +
+    the signal's number; later signals are ignored while it ends, and for a few seconds after
+    it has returned, while the process exits (``stops._Lingering``). A training loop inside
+    takes its signals itself (it saves a checkpoint), and so does any code that catches them.
 
     As one of several workers, ``run()`` returns on all of them together (done, or stopped by a
     signal they agreed on; see :mod:`minitfm.training.loop`), and they finish together. An error
     or a signal in one worker, where the others may be waiting for it in a collective, ends
     every worker with this status (``World.fail_together``), after the message."""
     world = distributed.world()
-    with world.fail_together(), StopRequests() as requests, _guarded_stdout():
+    with world.fail_together(), StopRequests(linger=True) as requests,\
+            _guarded_stdout():
         try:
             status = run()
             sys.stdout.flush()                  # what is still buffered: its failure is ours

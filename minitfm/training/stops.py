@@ -7,7 +7,10 @@ a block that must not be cut (``stops.held()``, or :func:`interrupts_deferred` f
 at the end of that block, or at a point the block names as safe to stop at (:func:`stop_point`,
 in a block held with ``stop_points``: a file written through code that a signal must not cut,
 such as zipfile's). Once stopping, further signals are counted and ignored, so that a second
-Ctrl-C cannot cut the final save short.
+Ctrl-C cannot cut the final save short. A command's own StopRequests (``linger``) keeps ignoring
+them for a while after it ends for one (:class:`_Lingering`): the process is ending, and an
+impatient repeat that lands while it returns and shuts down must not kill it by the signal, with
+no status of its own and a traceback.
 
 Under ``python -m minitfm.launch`` (:mod:`minitfm.cli.launch`), SIGUSR1 stands for SIGHUP, which
 ``mpiexec`` does not pass on: it is taken, and reported, as SIGHUP.
@@ -19,10 +22,12 @@ worker received one, all raise :class:`AgreedStop` there, together.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Mapping
 
 from minitfm.workers import distributed
@@ -57,8 +62,9 @@ class StopRequests:
     Used as a context manager it installs its handlers (from the main thread only) and is the
     active one that :func:`interrupts_deferred` holds; leaving it restores both."""
 
-    def __init__(self, always_held: bool = False) -> None:
+    def __init__(self, always_held: bool = False, linger: bool = False) -> None:
         self.signum: int | None = None
+        self._linger = linger
         self.ignored = 0
         self._holding = 1 if always_held else 0
         self._stop_points = False    # the one hold of the moment lets stop_point() raise
@@ -80,7 +86,10 @@ class StopRequests:
         global _active
         _active = self._outer
         for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
+            ended = self._linger and self.signum is not None
+            signal.signal(signum, _Lingering(previous) if ended else previous)
+            if ended:
+                _ignored_at_exit.add(signum)
         self._previous = {}
 
     def _receive(self, signum, frame) -> None:
@@ -143,6 +152,40 @@ class StopRequests:
 
 
 _active: StopRequests | None = None    # the innermost StopRequests entered, if any
+
+
+class _Lingering:
+    """A stop signal's handler once a command has ended for a signal: for ``LINGER`` seconds
+    the signal is ignored (the process is returning and shutting down: the status is decided),
+    then it does what ``previous``, the handler before the command, did. Python puts the default
+    handlers back as it finalizes, but leaves one that ignores: the signals it has been are
+    ignored from the process's exit on (:func:`_ignore_at_exit`)."""
+
+    LINGER = 5.0
+
+    def __init__(self, previous) -> None:
+        self.previous, self.until = previous, time.monotonic() + self.LINGER
+
+    def __call__(self, signum, frame) -> None:
+        if time.monotonic() < self.until or self.previous in (signal.SIG_IGN, None):
+            return
+        if callable(self.previous):
+            self.previous(signum, frame)
+            return
+        signal.signal(signum, self.previous)         # SIG_DFL: as if it had been there
+        signal.raise_signal(signum)
+
+
+_ignored_at_exit: set[int] = set()     # stop signals of a command that ended for one
+
+
+@atexit.register
+def _ignore_at_exit() -> None:
+    """As the process exits after a command ended for a signal, that signal ignored to the end
+    (an impatient repeat while the interpreter shuts down would kill it by the signal)."""
+    for signum in _ignored_at_exit:
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 @contextlib.contextmanager
