@@ -178,7 +178,9 @@ struct Thread {
 };
 
 static const size_t LOCAL_MEMORY = 512 * 1024;         // a device thread's local memory, at most
-static const size_t STACK = LOCAL_MEMORY + 32 * 1024;  // per thread: its locals, and the header's
+// per thread, the header's frames too: a 512 KiB local array overflows, as on a device, where the
+// locals (and spills) of a thread may take LOCAL_MEMORY in all
+static const size_t STACK = LOCAL_MEMORY;
 static const size_t GUARD = 1024 * 1024;               // below each stack: an overflow faults
 static const int MAX_THREADS = 1024;
 static const int MAX_SHARED = 64;
