@@ -6,9 +6,9 @@ status                meaning
 0                     done
 1                     a run-time failure: the input was fine, the run was not (a loss that ran
                       off, a file that could not be written: disk full, read-only file system,
-                      no right to write there, I/O error; a file the disk failed to give back, an I/O error while
-                      reading it: the file was not judged; out of memory, in training or after
-                      it; a gradient check that failed)
+                      no right to write there, I/O error; a file the disk failed to give back,
+                      an I/O error while reading it: the file was not judged; out of memory, in
+                      training or after it; a gradient check that failed)
 2                     bad usage or bad input: an option, a file that is missing, unreadable,
                       empty, damaged, of another kind or in another encoding than UTF-8, a
                       symbolic link that leads nowhere (a loop, a missing target), a backend

@@ -235,7 +235,6 @@ def check(ex: Exercise, path: Path, seed: int = 0, limit: float = worker.LIMIT, 
         raise cudahost.CompilerError(str(mine["compiler"]))
     if "error" in mine:
         return Report(ex, path, "error", message=str(mine["error"]))
-    kernel = kernel_of(ex)
     grid, args, words = launch(ex, seed)
     result = CaseResult(f"the check's launch: grid {grid}, block ({fused.THREADS},); {words}",
                         {})
@@ -243,33 +242,41 @@ def check(ex: Exercise, path: Path, seed: int = 0, limit: float = worker.LIMIT, 
         result.problem = _fault_words(mine["fault"], path, text)
         return Report(ex, path, "fail", [result])
     with backend.using("numpy"):
-        reference = tuple(a.copy() if isinstance(a, numpy.ndarray) else a for a in args)
-        kernel.run_twin(*reference)
-        alternatives = None
-        yours = mine.get("outputs", {})
-        for name, _, r in outputs(kernel, args, reference):
-            a = yours.get(name)
-            if not isinstance(a, numpy.ndarray) or a.shape != r.shape or a.dtype != r.dtype:
-                item = ArrayResult(name, float("inf"), False)
-                item.diagnosis = "no output came back for it"
-                result.arrays.append(item)
-                continue
-            error = cudahost.compare_outputs(a, r)
-            allowed = TOLERANCE if a.dtype.kind == "f" else 0.0
-            item = ArrayResult(name, error, error <= allowed)
-            result.arrays.append(item)
-            if not item.ok:
-                item.first = diagnose.first_wrong(a, r, max(allowed, 1e-12)) \
-                    if a.dtype.kind == "f" else _first_unequal(a, r)
-                if alternatives is None:        # two mistakes at once: a compile each, spared
-                    alternatives = Alternatives(_mistaken(ex, kernel, grid, seed), ex.mistakes,
-                                                pairs=False, regions=_regions(kernel, args),
-                                                same=TOLERANCE)
-                if a.dtype.kind == "f":
-                    item.diagnosis = diagnose.diagnose(
-                        name, a, r, known=diagnose.quantities({}, ex.quantities), noun="output",
-                        **alternatives.about(name, r, yours))
+        _compare(ex, seed, grid, args, mine.get("outputs", {}), result)
     return Report(ex, path, "pass" if result.ok else "fail", [result])
+
+
+def _compare(ex: Exercise, seed: int, grid: tuple, args: tuple, yours: dict,
+             result: CaseResult) -> None:
+    """Each output of the learner's kernel (``yours``, name -> array) held to the twin's on
+    the launch ``grid``, ``args`` drawn from ``seed``, its verdict and diagnosis added to
+    ``result``."""
+    kernel = kernel_of(ex)
+    reference = tuple(a.copy() if isinstance(a, numpy.ndarray) else a for a in args)
+    kernel.run_twin(*reference)
+    alternatives = None
+    for name, _, r in outputs(kernel, args, reference):
+        a = yours.get(name)
+        if not isinstance(a, numpy.ndarray) or a.shape != r.shape or a.dtype != r.dtype:
+            item = ArrayResult(name, float("inf"), False)
+            item.diagnosis = "no output came back for it"
+            result.arrays.append(item)
+            continue
+        error = cudahost.compare_outputs(a, r)
+        allowed = TOLERANCE if a.dtype.kind == "f" else 0.0
+        item = ArrayResult(name, error, error <= allowed)
+        result.arrays.append(item)
+        if not item.ok:
+            item.first = diagnose.first_wrong(a, r, max(allowed, 1e-12)) \
+                if a.dtype.kind == "f" else _first_unequal(a, r)
+            if alternatives is None:        # two mistakes at once: a compile each, spared
+                alternatives = Alternatives(_mistaken(ex, kernel, grid, seed), ex.mistakes,
+                                            pairs=False, regions=_regions(kernel, args),
+                                            same=TOLERANCE)
+            if a.dtype.kind == "f":
+                item.diagnosis = diagnose.diagnose(
+                    name, a, r, known=diagnose.quantities({}, ex.quantities), noun="output",
+                    **alternatives.about(name, r, yours))
 
 
 def outputs(kernel, args, reference) -> list:

@@ -55,9 +55,8 @@ class Workshop:
         trouble = files.link_trouble(self.path)
         if trouble is not None:
             raise DataError(f"--dir {self.path} is {trouble}: {fix}")
-        kind = files.kind_of(self.path) or (
-            "a file" if os.path.lexists(self.path) and not self.path.is_dir() else None)
-        if kind not in (None, "a directory"):
+        kind = _not_a_folder(self.path)
+        if kind is not None:
             raise DataError(f"--dir {self.path} is {kind}, not a folder: {fix}")
         for above in self.path.parents:
             if above.exists() and not above.is_dir():
@@ -171,9 +170,8 @@ class Workshop:
         """The name the exercise's file is kept under by ``reset``: the first free
         ``attempts/NN_name.K.py``."""
         attempts, path = self.path / ATTEMPTS, self.file(ex)
-        trouble = files.link_trouble(attempts) or files.kind_of(attempts) or (
-            "a file" if os.path.lexists(attempts) and not attempts.is_dir() else None)
-        if trouble not in (None, "a directory"):
+        trouble = files.link_trouble(attempts) or _not_a_folder(attempts)
+        if trouble is not None:
             raise DataError(f"{attempts} is {trouble}, where the workshop keeps your old "
                             f"attempts: move it aside, then reset again")
         k = 1
@@ -214,17 +212,27 @@ class Workshop:
         folder = self.path
         name = Path(os.fsdecode(exc.filename)) if exc.filename is not None else folder
         reason = os.strerror(exc.errno)
-        elsewhere = f"or copy {folder} to a folder that can be written and give it with --dir"
+        def elsewhere(that: str) -> str:
+            return f"or copy {folder} to a folder that {that} and give it with --dir"
         if exc.errno in NO_ROOM:
             reason = files.write_error(name, exc).strerror    # with the space free there
-            fix = f"make room on that disk, {elsewhere.replace('can be written', 'has room')}"
+            fix = f"make room on that disk, {elsewhere('has room')}"
         elif exc.errno == errno.EROFS:
-            fix = f"{folder} is on a read-only mount: mount it read-write, {elsewhere}"
+            fix = f"{folder} is on a read-only mount: mount it read-write, " \
+                  f"{elsewhere('can be written')}"
         else:
             fix = (f"this user may not write there: give yourself the right (chmod u+w "
-                   f"{name.parent}), {elsewhere}")
+                   f"{name.parent}), {elsewhere('can be written')}")
         return files.WriteError(exc.errno, f"{reason}: {what} was not saved, and nothing in "
                                            f"{folder} was changed; {fix}", str(name))
+
+
+def _not_a_folder(path: Path) -> str | None:
+    """What ``path`` is, in words, where something other than a folder is there (a device, a
+    pipe, a file); None for a folder, or nothing."""
+    kind = files.kind_of(path) or (
+        "a file" if os.path.lexists(path) and not path.is_dir() else None)
+    return None if kind == "a directory" else kind
 
 
 def _dumped(data: dict) -> str:

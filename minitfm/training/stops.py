@@ -85,8 +85,8 @@ class StopRequests:
     def __exit__(self, *exc_info) -> None:
         global _active
         _active = self._outer
+        ended = self._linger and self.signum is not None
         for signum, previous in self._previous.items():
-            ended = self._linger and self.signum is not None
             signal.signal(signum, _Lingering(previous) if ended else previous)
             if ended:
                 _ignored_at_exit.add(signum)
