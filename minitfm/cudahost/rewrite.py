@@ -17,18 +17,11 @@ so that the compiler's messages and the host execution's faults name the kernel'
   with a default, ``minitfm::call_site(__builtin_LINE())``, and keeps the call on the thread's
   record while it runs: a fault inside it is named at the kernel's line that called it;
 - the two PTX conversions of ``minitfm.speed.fused.HALF_CONVERSIONS`` (``cvt.f32.f16``,
-  ``cvt.rn.f16.f32``) become calls of the header's bit-exact host conversions.
+  ``cvt.rn.f16.f32``) become calls of the header's bit-exact host conversions; any other inline
+  PTX is refused.
 
-An ``#include`` of ``assert.h`` or ``cassert`` (the header defines ``assert``, as a device's
-failing assert stops the launch) or of a standard header the header includes already (``INCLUDED``)
-becomes a blank line. Any other ``#include`` is refused, naming the line and the file: NVRTC
-compiles a kernel without this machine's files, and a file included here could be anything (a
-device that never ends, a folder).
-
-Refused by name, before anything is compiled, rather than run wrongly: any other inline PTX,
-dynamic shared memory (``extern __shared__``), ``__constant__`` memory, the atomics the header
-lacks, and the CUDA intrinsics it does not model (``UNMODELLED``: fences between blocks, clocks,
-warp matching and reductions, cooperative groups, textures).
+What else is refused, or left out, before anything is compiled: :mod:`minitfm.cudahost.refused`.
+The source is read as text by :mod:`minitfm.cudahost.scan`.
 """
 
 from __future__ import annotations
@@ -36,11 +29,11 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from minitfm.cudahost import refused
+from minitfm.cudahost.scan import (Unsupported, blank_comments, blank_strings, edited, line_of,
+                                   matching, split_top)
+
 __all__ = ["Unsupported", "Param", "HostSource", "rewrite", "DTYPES", "blank_comments"]
-
-
-class Unsupported(ValueError):
-    """The source uses something the host execution does not model (the message names it)."""
 
 
 # C types a kernel's parameters may have, with the NumPy type CuPy's arguments must then have
@@ -52,28 +45,6 @@ DTYPES = {"bool": "bool", "char": "int8", "signed char": "int8", "unsigned char"
           "uint16_t": "uint16", "int32_t": "int32", "uint32_t": "uint32", "int64_t": "int64",
           "uint64_t": "uint64"}
 
-# the header's own: everything a kernel may call whose name starts with two underscores
-MODELLED = {"__syncthreads", "__syncwarp", "__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
-            "__shfl_xor_sync", "__ballot_sync", "__any_sync", "__all_sync", "__threadfence_block",
-            "__int_as_float", "__float_as_int", "__uint_as_float", "__float_as_uint",
-            "__longlong_as_double", "__double_as_longlong", "__expf", "__logf", "__fdividef",
-            "__frcp_rn", "__fsqrt_rn", "__saturatef", "__float2int_rn", "__float2int_rz",
-            "__popc", "__popcll", "__clz", "__ffs", "__ldg", "__launch_bounds__",
-            "__builtin_expect", "__forceinline__", "__restrict__", "__trap"}
-ATOMICS = {"atomicAdd", "atomicSub", "atomicExch", "atomicMax", "atomicMin", "atomicAnd",
-           "atomicOr", "atomicXor", "atomicCAS"}
-UNMODELLED = {
-    "__threadfence": "it orders memory between blocks, which run one after another here",
-    "__threadfence_system": "it orders memory between blocks and the host",
-    "__activemask": "which lanes are active together is the device's scheduling",
-    "__nanosleep": "time on the device is not modelled", "clock": "the device's clock",
-    "clock64": "the device's clock",
-    "__syncthreads_count": "not modelled yet", "__syncthreads_and": "not modelled yet",
-    "__syncthreads_or": "not modelled yet"}
-# the headers a kernel may include: the header defines assert, and includes the others
-INCLUDED = {"assert.h", "cassert", "math.h", "cmath", "stdint.h", "cstdint"}
-INCLUDE = re.compile(r"^[ \t]*#[ \t]*(?:include|include_next|import|embed)\b(?:\\\n|[^\n])*",
-                     re.M)
 WARP_OPERATIONS = re.compile(r"\b(__syncthreads|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|"
                              r"__all_sync)\b")
 
@@ -99,84 +70,6 @@ class HostSource(NamedTuple):
     bodies: dict                     # name -> (first line, last line) of the kernel's body
 
 
-def blank_comments(source: str) -> str:
-    """``source`` with every comment replaced by spaces (newlines kept), strings left alone."""
-    out, i, n = [], 0, len(source)
-    while i < n:
-        c = source[i]
-        if source.startswith("//", i):
-            j = source.find("\n", i)
-            j = n if j < 0 else j
-            out.append(" " * (j - i))
-            i = j
-        elif source.startswith("/*", i):
-            j = source.find("*/", i + 2)
-            j = n if j < 0 else j + 2
-            out.append(re.sub(r"[^\n]", " ", source[i:j]))
-            i = j
-        elif c in "\"'":
-            j = i + 1
-            while j < n and source[j] != c:
-                j += 2 if source[j] == "\\" else 1
-            out.append(source[i:j + 1])
-            i = j + 1
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
-
-
-def _line(text: str, at: int) -> int:
-    return text.count("\n", 0, at) + 1
-
-
-def _closing(text: str, opening: int, pair: str = "()") -> int:
-    """The index of the parenthesis (``pair``: the two characters) that closes the one at
-    ``opening``."""
-    depth = 0
-    for i in range(opening, len(text)):
-        if text[i] == pair[0]:
-            depth += 1
-        elif text[i] == pair[1]:
-            depth -= 1
-            if depth == 0:
-                return i
-    what = "a parenthesis" if pair == "()" else f"a {pair[0]}"
-    raise Unsupported(f"line {_line(text, opening)}: {what} is never closed")
-
-
-def _blank_strings(text: str) -> str:
-    """``text`` (comments already blank) with what every string and character literal holds
-    replaced by spaces: the same length, so that an index found in it is one in ``text``."""
-    return re.sub(r""""(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'""",
-                  lambda m: m.group(0)[0] + " " * (len(m.group(0)) - 2) + m.group(0)[-1], text)
-
-
-def _split_top(text: str, start: int, end: int, separator: str) -> list[tuple[int, int]]:
-    """The spans of ``text[start:end]`` between the ``separator``s outside any brackets."""
-    spans, depth, last = [], 0, start
-    for i in range(start, end):
-        c = text[i]
-        if c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif c == separator and depth == 0:
-            spans.append((last, i))
-            last = i + 1
-    return spans + [(last, end)]
-
-
-def _edited(text: str, edits: list[tuple[int, int, str]]) -> str:
-    """``text`` with each ``(start, end, new)`` of ``edits`` made (spans that do not overlap;
-    an insertion is a span of no characters)."""
-    out, last = [], 0
-    for start, end, new in sorted(edits, key=lambda e: (e[0], e[1])):
-        out += [text[last:start], new]
-        last = end
-    return "".join(out) + text[last:]
-
-
 def canonical(words: str, typedefs: dict) -> str:
     """``unsigned`` -> ``unsigned int``, ``long int`` -> ``long``, a typedef -> what it names;
     qualifiers dropped."""
@@ -197,57 +90,17 @@ def _typedefs(text: str) -> dict:
     return found
 
 
-def _blank_includes(text: str) -> str:
-    """``text`` (comments already blank) with each ``#include`` of ``INCLUDED`` blank (its
-    newlines kept); :class:`Unsupported` for any other, naming its line and the file."""
-    def blank(m: re.Match) -> str:
-        directive = re.sub(r"\\\n", "", m.group(0)).strip()
-        named = re.search(r"[<\"]([^>\"]*)[>\"]", directive)
-        if named and named.group(1).strip() in INCLUDED:
-            return re.sub(r"[^\n]", " ", m.group(0))
-        what = f"the file {named.group(1)}" if named else "a file a macro names"
-        raise Unsupported(f"line {_line(text, m.start())}: `{directive}` includes {what}, which "
-                          f"the host execution does not read: a kernel here is its file alone, "
-                          f"as NVRTC compiles it without this machine's files (it may include "
-                          f"{', '.join(f'<{h}>' for h in sorted(INCLUDED))}); paste what you need "
-                          f"from that file into this one")
-    return INCLUDE.sub(blank, text)
-
-
-def _refuse_unmodelled(text: str) -> None:
-    dynamic = re.search(r"\bextern\s+__shared__\b", text)
-    if dynamic:
-        raise Unsupported(f"line {_line(text, dynamic.start())}: dynamic shared memory (extern "
-                          f"__shared__) is not modelled: declare the array with its size")
-    constant = re.search(r"\b__constant__\b", text)
-    if constant:
-        raise Unsupported(f"line {_line(text, constant.start())}: __constant__ memory is not "
-                          f"modelled")
-    for m in re.finditer(r"\b(atomic\w+|__\w+|clock64|clock)\s*\(", text):
-        name = m.group(1)
-        if name.startswith("atomic") and name not in ATOMICS:
-            raise Unsupported(f"line {_line(text, m.start())}: {name} is not modelled by the host "
-                              f"execution (it has {', '.join(sorted(ATOMICS))})")
-        if name in UNMODELLED:
-            raise Unsupported(f"line {_line(text, m.start())}: {name} is not modelled by the "
-                              f"host execution: {UNMODELLED[name]}")
-        if name.startswith("__") and name not in MODELLED and not re.search(
-                rf"\b{name}\s*\([^;{{}}]*\)\s*\{{", text):       # not one of the source's own
-            raise Unsupported(f"line {_line(text, m.start())}: {name} is not modelled by the "
-                              f"host execution")
-
-
 def _rewrite_asm(text: str) -> str:
     out, last = [], 0
     for m in re.finditer(r"\basm\s*(?:volatile\s*)?\(", text):
         if m.start() < last:
             continue
-        close = _closing(text, m.end() - 1)
+        close = matching(text, m.end() - 1)
         inside = text[m.end():close]
         parts = inside.split(":")
         template = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', parts[0])).strip()
         template = re.sub(r"\s+", " ", template.strip("{} "))
-        where = f"line {_line(text, m.start())}"
+        where = f"line {line_of(text, m.start())}"
         if template not in PTX:
             raise Unsupported(f"{where}: inline PTX `{template}` is not modelled by the host "
                               f"execution (it knows {' and '.join(PTX)})")
@@ -269,7 +122,7 @@ def _rewrite_asm(text: str) -> str:
 def _rewrite_shared(text: str) -> str:
     def replace(m: re.Match) -> str:
         body = m.group(1)
-        where = f"line {_line(text, m.start())}"
+        where = f"line {line_of(text, m.start())}"
         words = re.match(r"\s*((?:\w+\s+)*?\w+)\s+(?=\w+\s*(?:\[|,|;|$))", body + ";")
         if not words:
             raise Unsupported(f"{where}: cannot read the __shared__ declaration `{body.strip()}`")
@@ -299,28 +152,28 @@ def _instrument_loops(text: str) -> str:
     ``minitfm::tick(line, !!(c))`` (``!!``: the condition's own conversion to bool), an empty
     one ``minitfm::tick(line, true)``: a loop that never ends is stopped at its time limit, and
     named by its line (the ``for``'s or ``while``'s)."""
-    code = _blank_strings(text)
+    code = blank_strings(text)
     edits = []
     for m in re.finditer(r"\b(for|while)\s*\(", code):
         opening = m.end() - 1
-        closing = _closing(code, opening)
-        parts = _split_top(code, opening + 1, closing, ";")
+        closing = matching(code, opening)
+        parts = split_top(code, opening + 1, closing, ";")
         if m.group(1) == "for" and len(parts) != 3:
             continue                                  # a range-based for: it ends
         start, end = parts[1] if m.group(1) == "for" else parts[0]
-        line = _line(code, m.start())
+        line = line_of(code, m.start())
         if not code[start:end].strip():
             edits.append((start, start, f" minitfm::tick({line}, true)"))
         elif not DECLARES.match(code[start:end]):
             edits += [(start, start, f"minitfm::tick({line}, !!("), (end, end, "))")]
-    return _edited(text, edits)
+    return edited(text, edits)
 
 
 def _parameter_types(code: str, start: int, end: int) -> tuple:
     """The types of the parameters in ``code[start:end]``, their names and defaults dropped:
     a declaration and its definition give the same."""
     types = []
-    for a, b in _split_top(code, start, end, ","):
+    for a, b in split_top(code, start, end, ","):
         words = re.sub(r"\s*([*&])\s*", r" \1 ", code[a:b].split("=")[0])
         words = re.sub(r"\s+", " ", words).strip()
         words = re.sub(r"(?<=[\w*&>\]] )(?!(?:int|float|double|char|short|long|unsigned|signed|"
@@ -342,14 +195,14 @@ def _instrument_helpers(text: str) -> str:
     at the kernel's line that called it.
     Operators, destructors, ``constexpr`` functions, functions with a ``...`` or an initialiser
     list are left as they are."""
-    code = _blank_strings(text)
+    code = blank_strings(text)
     edits, declared = [], set()
     for m in re.finditer(r"\b__device__\b", code):
         head = re.match(r"[^;{}()=]*?(~?\b[A-Za-z_]\w*)\s*(<[^;{}()]*>)?\s*\(", code[m.end():])
         if not head:
             continue                                  # a __device__ variable, or a lambda
         name, opening = head.group(1), m.end() + head.end() - 1
-        closing = _closing(code, opening)
+        closing = matching(code, opening)
         after = re.match(r"(?:\s|const\b|noexcept\b|->[^;{]*)*([;{])", code[closing + 1:])
         begins = max(code.rfind(c, 0, m.start()) for c in ";{}") + 1
         prefix = code[begins:opening]
@@ -358,7 +211,7 @@ def _instrument_helpers(text: str) -> str:
                 or re.search(r"\b(?:constexpr|operator|__global__)\b", prefix)
                 or "..." in parameters
                 or any(not re.match(r"\s*[A-Za-z_]", code[a:b]) for a, b in
-                       _split_top(code, opening + 1, closing, ",") if code[a:b].strip())):
+                       split_top(code, opening + 1, closing, ",") if code[a:b].strip())):
             continue
         key = (name, _parameter_types(code, opening + 1, closing))
         default = key not in declared and not re.search(r"\btemplate\s*<\s*>", prefix)
@@ -373,7 +226,7 @@ def _instrument_helpers(text: str) -> str:
             brace = closing + 1 + after.end() - 1
             edits.append((brace + 1, brace + 1,
                           f' minitfm::call_guard minitfm_call_guard(minitfm_call, "{name}");'))
-    return _edited(text, edits)
+    return edited(text, edits)
 
 
 # what may stand before a name used in an expression (else the name is being declared)
@@ -385,7 +238,7 @@ def _rewrite_shared_scalars(text: str) -> str:
     :func:`_rewrite_shared` writes it) after its declaration, to the end of the block that
     declares it, becomes ``name()``: the element, with the line of the use (an array's element
     has its line from its index; a scalar's reads and writes have no call of their own)."""
-    code = _blank_strings(text)
+    code = blank_strings(text)
     edits = []
     for m in re.finditer(r'\bstatic minitfm::shared<[\w\s]+> (\w+)\("[^"]*"\);', code):
         name, depth, end = m.group(1), 0, len(code)
@@ -394,18 +247,18 @@ def _rewrite_shared_scalars(text: str) -> str:
                 depth += 1
             elif code[i] == "{":
                 if depth == 0:
-                    end = _closing(code, i, "{}")
+                    end = matching(code, i, "{}")
                     break
                 depth -= 1
         uses = re.compile(rf"(?<![\w.])(?<!->)(?<!::){name}\b(?!\s*\()")
         for use in uses.finditer(code, m.end(), end):
             before = re.search(r"([A-Za-z_]\w*)\s*$", code[max(0, use.start() - 40):use.start()])
             if before and before.group(1) not in BEFORE_AN_EXPRESSION:
-                raise Unsupported(f"line {_line(code, use.start())}: `{before.group(1)} {name}` "
+                raise Unsupported(f"line {line_of(code, use.start())}: `{before.group(1)} {name}` "
                                   f"declares a name the __shared__ variable {name} already has "
-                                  f"(line {_line(code, m.start())}): give it another")
+                                  f"(line {line_of(code, m.start())}): give it another")
             edits.append((use.end(), use.end(), "()"))
-    return _edited(text, edits)
+    return edited(text, edits)
 
 
 def _rewrite_pointers(text: str, typedefs: dict) -> str:
@@ -421,11 +274,11 @@ def _kernels(text: str, typedefs: dict) -> tuple[dict, dict]:
     """name -> its parameters, and name -> the lines its body spans (its braces'), of every
     ``__global__`` function."""
     kernels, bodies = {}, {}
-    code = _blank_strings(text)
+    code = blank_strings(text)
     for m in re.finditer(r"\b__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(\w+)\s*\(",
                          text):
-        name, close = m.group(1), _closing(text, m.end() - 1)
-        where = f"line {_line(text, m.start())}: kernel {name}"
+        name, close = m.group(1), matching(text, m.end() - 1)
+        where = f"line {line_of(text, m.start())}: kernel {name}"
         params = []
         for p in filter(None, (s.strip() for s in text[m.end():close].split(","))):
             d = re.fullmatch(r"((?:\w+\s+)*?\w+)\s*(\*)?\s*(?:__restrict__\s*)?(\w+)", p)
@@ -446,14 +299,14 @@ def _kernels(text: str, typedefs: dict) -> tuple[dict, dict]:
         body = re.match(r"[^;{]*\{", code[close + 1:])
         if body:
             opening = close + body.end()
-            bodies[name] = (_line(code, opening), _line(code, _closing(code, opening, "{}")))
+            bodies[name] = (line_of(code, opening), line_of(code, matching(code, opening, "{}")))
     return kernels, bodies
 
 
 def rewrite(source: str) -> HostSource:
     """``source`` (a CUDA C translation unit, as CuPy's RawKernel takes it) as host C++."""
-    text = _blank_includes(blank_comments(source))
-    _refuse_unmodelled(text)
+    text = refused.blank_includes(blank_comments(source))
+    refused.refuse_unmodelled(text)
     typedefs = _typedefs(text)
     kernels, bodies = _kernels(text, typedefs)
     if not kernels:
