@@ -28,6 +28,7 @@ from minitfm.cli import average, exits
 from minitfm.training import rundir
 from minitfm.models import lm
 from tests.test_train_wmt import sentence_pairs, write_split
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "MINITFM_BACKEND": "numpy"}
@@ -146,7 +147,7 @@ def test_resuming_cuts_the_log_back_to_its_complete_lines(tmp_path):
 # ---- caches a full disk or a crash left behind --------------------------------------------------
 
 def run(*argv) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *map(str, argv)], capture_output=True, text=True,
+    return forkserver.run([sys.executable, *map(str, argv)], capture_output=True, text=True,
                           env=ENV, cwd=ROOT, timeout=300)
 
 

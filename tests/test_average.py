@@ -2,7 +2,6 @@
 filled with constants: the mean, dtypes, refusals, and the CLI."""
 
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -17,6 +16,7 @@ from minitfm.cli.average import main
 from minitfm.checkpoint import CheckpointError
 from minitfm.models import lm, translator
 from minitfm.usable import UnusableCheckpoint
+from tests import forkserver
 
 CONFIG = lm.LMConfig(vocab=5, n_layers=1, d_model=4, n_heads=2, d_ff=8, max_len=8).to_dict()
 W, B = "layers.0.ff.w1", "layers.0.ff.b1"      # two of its parameters: (4, 8) and (8,)
@@ -182,7 +182,7 @@ def test_cli_errors(tmp_path, capsys):
 def test_cli_runs_as_a_module(tmp_path):
     write(tmp_path, 1, 1.0)
     out = tmp_path / "avg.npz"
-    result = subprocess.run(
+    result = forkserver.run(
         [sys.executable, "-m", "minitfm.average", "--inputs", str(tmp_path), "--output", str(out)],
         capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

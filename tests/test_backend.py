@@ -8,7 +8,6 @@ import ast
 import hashlib
 import os
 import pathlib
-import subprocess
 import sys
 
 import numpy as np
@@ -20,6 +19,7 @@ from minitfm import backend
 from minitfm.models import translator
 
 from .conftest import cupy_device_available
+from tests import forkserver
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "minitfm"
 
@@ -197,10 +197,10 @@ def test_auto_falls_back_to_numpy_without_a_device(numpy_backend):
 def test_environment_variable_selects_the_backend():
     code = "from minitfm import backend; print(backend.name)"
     env = dict(os.environ, MINITFM_BACKEND="numpy")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    out = forkserver.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "numpy"
     env["MINITFM_BACKEND"] = "tpu"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    out = forkserver.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode != 0 and "unknown backend 'tpu'" in out.stderr
 
 

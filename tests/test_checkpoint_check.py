@@ -25,6 +25,7 @@ from minitfm import checkpoint, usable
 from minitfm.models import lm, translator
 from minitfm.usable import UnusableCheckpoint
 from tests.test_train_wmt import sentence_pairs, write_split
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -94,7 +95,7 @@ def snapshot(directory: Path) -> dict:
 
 
 def command(*argv, stdin: bytes = b"") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *map(str, argv)], input=stdin, capture_output=True,
+    return forkserver.run([sys.executable, *map(str, argv)], input=stdin, capture_output=True,
                           env=ENV, cwd=ROOT, timeout=300)
 
 

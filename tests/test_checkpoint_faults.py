@@ -25,6 +25,7 @@ from minitfm.cli import average
 from minitfm.cli.reporting import report_errors
 from minitfm.export import __main__ as export
 from tests.test_translate import ckpt, vocab  # noqa: F401  (fixtures)
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "MINITFM_BACKEND": "numpy"}
@@ -35,7 +36,7 @@ TOY = ["train_toy.py", "--task", "copy", "--length", "5", "--vocab", "5", "--bat
 def command(*args, wrapper: list[str] | None = None) -> subprocess.CompletedProcess:
     """``args`` (a script and its options, or ``-m module ...``) run in the checkout, under
     ``wrapper`` (a script that runs the command after it) when given."""
-    return subprocess.run([sys.executable, *(wrapper or []), *map(str, args)], cwd=ROOT, env=ENV,
+    return forkserver.run([sys.executable, *(wrapper or []), *map(str, args)], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=300)
 
 

@@ -22,6 +22,7 @@ from minitfm.workers.placement import available_cores
 
 from .test_distributed import mpi  # noqa: F401  (a fixture)
 from .test_train_wmt import TINY, corpus, corpus_args  # noqa: F401  (corpus: a fixture)
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "MINITFM_BACKEND": "numpy"}
@@ -34,7 +35,7 @@ def command(*args, cwd=None, open_files: int | None = None) -> subprocess.Comple
     ``open_files`` limits the files it may open (RLIMIT_NOFILE)."""
     def limit():
         resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
-    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True,
+    return forkserver.run([sys.executable, *map(str, args)], capture_output=True, text=True,
                           env=ENV, cwd=cwd, timeout=120, preexec_fn=limit if open_files else None)
 
 

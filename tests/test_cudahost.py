@@ -9,7 +9,6 @@ copies of them, are tests/test_kernels.py's.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -18,6 +17,7 @@ import pytest
 from minitfm import cudahost
 from minitfm.speed import fused
 from minitfm.cudahost import build
+from tests import forkserver
 
 i32, i64, f32 = np.int32, np.int64, np.float32
 
@@ -369,7 +369,7 @@ def test_a_compiled_kernel_is_kept_and_found_again(tmp_path):
               "k((1,), (4,), (y, np.int32(4), np.float32(1))); assert (y == 1).all(); "
               "print(k.library.path)")
     env = dict(os.environ, MINITFM_CACHE=str(tmp_path))
-    paths = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+    paths = [forkserver.run([sys.executable, "-c", script], env=env, capture_output=True,
                             text=True, check=True).stdout.strip() for _ in range(2)]
     assert paths[0] == paths[1] and paths[0].startswith(str(tmp_path))
     assert len(list((tmp_path / "cudahost").glob("*.so"))) == 1
@@ -381,7 +381,7 @@ def test_the_ziglang_compiler_runs_the_kernels(tmp_path):
     compiles and runs every fused kernel: the whole kernel check, on the host."""
     env = dict(os.environ, MINITFM_CACHE=str(tmp_path),
                MINITFM_CXX=f"{sys.executable} -m ziglang c++")
-    done = subprocess.run([sys.executable, "-m", "minitfm.kernelcheck", "--host"], env=env,
+    done = forkserver.run([sys.executable, "-m", "minitfm.kernelcheck", "--host"], env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ziglang c++" in done.stdout and "0 failed" in done.stdout
@@ -393,7 +393,7 @@ def test_the_portable_fibers_run_the_kernels(tmp_path):
     -DMINITFM_UCONTEXT: the whole kernel check on the host."""
     env = dict(os.environ, MINITFM_CACHE=str(tmp_path),
                MINITFM_CXX=" ".join(build.compiler()) + " -DMINITFM_UCONTEXT")
-    done = subprocess.run([sys.executable, "-m", "minitfm.kernelcheck", "--host"], env=env,
+    done = forkserver.run([sys.executable, "-m", "minitfm.kernelcheck", "--host"], env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "-DMINITFM_UCONTEXT" in done.stdout and "0 failed" in done.stdout

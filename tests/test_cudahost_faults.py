@@ -18,7 +18,6 @@ import faulthandler
 import json
 import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from minitfm.speed import fused
 from minitfm.speed import softmax as fast_softmax
 from minitfm.cudahost import rewrite
 from minitfm.layers import softmax
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 i32, f32 = np.int32, np.float32
@@ -124,7 +124,7 @@ print(json.dumps(found))
 @pytest.fixture(scope="module")
 def stopped() -> dict:
     """Each kernel of NEVER_ENDING launched with a time limit of 0.5 s: its fault."""
-    done = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, capture_output=True,
+    done = forkserver.run([sys.executable, "-c", CHILD], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)

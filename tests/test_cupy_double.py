@@ -8,7 +8,6 @@ it to the real package's names and signatures where CuPy is installed).
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 
@@ -17,6 +16,7 @@ import pytest
 
 from .conftest import CUPY_RULES, cupy_double, cupy_double_env
 from .test_distributed import ENV, _why_mpi_cannot_run, finish, json_records, start
+from tests import forkserver
 
 
 @pytest.fixture(params=CUPY_RULES, ids=[f"cupy{r}" for r in CUPY_RULES])
@@ -209,7 +209,7 @@ def test_counts_report_at_exit_and_traces(tmp_path):
     env = {**cupy_double_env("14", report=report), "CUPY_DOUBLE_TRACE": "1"}
     code = ("import cupy\nx = cupy.arange(3.0)\nfloat(x.sum())\nx.tolist()\n"
             "cupy.random.default_rng(0)\n")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+    done = forkserver.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr
     data = json.loads(report.read_text())

@@ -5,7 +5,6 @@ names as good."""
 import json
 import math
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from minitfm.training import divergence
 from minitfm.training.divergence import (DIVERGED_WINDOWS, FAR_ABOVE_CHANCE, DivergenceWatch,
                                  TrainingDiverged)
+from tests import forkserver
 
 
 @dataclass
@@ -118,7 +118,7 @@ def test_a_run_that_diverges_in_the_warmup_stops_at_the_first_log_line(tmp_path)
     1000 steps: the first log line, at step 10, stops the run with status 1 and one message."""
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "run"
-    done = subprocess.run(
+    done = forkserver.run(
         [sys.executable, str(root / "train_toy.py"), "--task", "copy", "--length", "5", "--vocab",
          "5", "--batch-size", "8", "--preset", "tiny", "--eval-size", "10", "--quiet",
          "--max-steps", "200", "--warmup", "1000", "--lr-factor", "1e5", "--clip-norm", "1",

@@ -33,6 +33,7 @@ from tests.test_links_and_line_ends import (ENV, ROOT, command, refused, train_l
                                             train_wmt, translate)
 from tests.test_train_wmt import TINY, corpus, corpus_args, sentence_pairs  # noqa: F401
 from tests.test_translate import ckpt, vocab  # noqa: F401  (fixtures)
+from tests import forkserver
 
 LINES = "a man sings\ndie straße\n\ntwo dogs\n"
 
@@ -90,7 +91,7 @@ def test_the_conversion_said_makes_the_input_readable(ckpt, tmp_path):  # noqa: 
     wide.write_bytes(LINES.encode("utf-16"))
     _, _, err = translate("--checkpoint", ckpt, "--beam", 1, "--input", wide)
     conversion = err.split("(e.g. ")[1].split(") and give")[0]
-    subprocess.run(conversion, shell=True, check=True, cwd=tmp_path)
+    forkserver.run(conversion, shell=True, check=True, cwd=tmp_path)
     assert (tmp_path / "fixed.en").read_bytes() == plain.read_bytes()
     expected = translate("--checkpoint", ckpt, "--beam", 1, "--input", plain)
     assert expected[0] == 0 and expected[1].count("\n") == 4
@@ -240,7 +241,7 @@ def test_a_text_the_disk_fails_to_give_is_an_io_error(ckpt, corpus, tmp_path):  
 def test_translate_on_a_terminal_says_how_to_end_the_input(ckpt):  # noqa: F811
     """A fault this guards against: translate on a terminal waited there without a word."""
     leader, follower = os.openpty()
-    process = subprocess.Popen([sys.executable, "-m", "minitfm.translate", "--checkpoint", ckpt,
+    process = forkserver.Popen([sys.executable, "-m", "minitfm.translate", "--checkpoint", ckpt,
                                 "--beam", "1"], stdin=follower, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, env=ENV)
     os.close(follower)

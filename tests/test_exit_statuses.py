@@ -18,6 +18,7 @@ import pytest
 from minitfm import checkpoint
 from minitfm.cli import exits, reporting
 from minitfm.training.rundir import HOLDER_NAME, LOCK_NAME
+from tests import forkserver
 from tests.test_translate import vocab, write_checkpoint  # noqa: F401  (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,11 +31,12 @@ TEXT = "the quick brown fox jumps over the lazy dog.\n" * 40
 
 
 def command(*args, env=None, stdin: str | None = None) -> tuple[int, str, str]:
-    """Run ``python ARGS`` (a script under the repository or ``-m module``) to its end."""
+    """Run ``python ARGS`` (a script under the repository or ``-m module``) to its end (forked
+    from the tests' server of commands: tests/forkserver.py)."""
     args = [str(a) for a in args]
     if args[0].endswith(".py"):
         args[0] = str(ROOT / args[0])
-    done = subprocess.run([sys.executable, *args], capture_output=True, text=True,
+    done = forkserver.run([sys.executable, *args], capture_output=True, text=True,
                           env={**ENV, **(env or {})}, input=stdin, timeout=300)
     return done.returncode, done.stdout, done.stderr
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -35,6 +34,7 @@ from minitfm.export.source import ExportError
 from minitfm.training.state import TrainOptions
 from tests.trainrun import train
 from minitfm.usable import UnusableCheckpoint
+from tests import forkserver
 
 HAVE = {name: importlib.util.find_spec(name) is not None for name in ("ctranslate2", "safetensors")}
 needs = {name: pytest.mark.skipif(not found, reason=f"{name} is not installed: the export tests "
@@ -317,7 +317,7 @@ def test_safetensors_file_is_read_without_minitfm(tmp_path):
         "    meta = f.metadata()\n"
         "    print(json.dumps({'names': sorted(f.keys()), 'meta': meta,\n"
         "                      'w': f.get_tensor('dec.1.cross_attn.w_kv').tolist()}))\n")
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+    done = forkserver.run([sys.executable, "-c", program], capture_output=True, text=True,
                           check=True)
     seen = json.loads(done.stdout)
     original = checkpoint.load(path)
@@ -496,6 +496,6 @@ def test_an_int8_export_stores_int8_weights_that_translate_as_minitfm(confident_
 
 
 def test_help_runs():
-    done = subprocess.run([sys.executable, "-m", "minitfm.export", "--help"], capture_output=True,
+    done = forkserver.run([sys.executable, "-m", "minitfm.export", "--help"], capture_output=True,
                           text=True, check=True)
     assert "--to {ctranslate2,safetensors}" in done.stdout and "--quantization" in done.stdout

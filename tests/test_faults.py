@@ -36,6 +36,7 @@ from minitfm.data import EncodedCorpus, epoch_batches, eval_arrays
 from tests.test_train_wmt import TINY, corpus, corpus_args, run, sentence_pairs, train_wmt  # noqa: F401
 from tests.test_train_wmt import write_split
 from tests.test_translate import ckpt, vocab  # noqa: F401  (fixtures)
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ["--task", "copy", "--length", "5", "--vocab", "5", "--batch-size", "8", "--preset", "tiny",
@@ -47,7 +48,7 @@ def toy(*args, limit_file_size: int | None = None, **kwargs) -> subprocess.Popen
     """train_toy.py in a child process; ``limit_file_size`` sets RLIMIT_FSIZE there."""
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_size, limit_file_size))
-    return subprocess.Popen([sys.executable, str(ROOT / "train_toy.py"), *TOY, *map(str, args)],
+    return forkserver.Popen([sys.executable, str(ROOT / "train_toy.py"), *TOY, *map(str, args)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
                             preexec_fn=limit if limit_file_size else None, **kwargs)
 
@@ -128,7 +129,7 @@ def test_average_output_that_cannot_be_written(tmp_path):
 
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (size // 4, size // 4))
-    done = subprocess.run([sys.executable, "-m", "minitfm.average", "--inputs", str(tmp_path),
+    done = forkserver.run([sys.executable, "-m", "minitfm.average", "--inputs", str(tmp_path),
                            "--last", "2", "--output", str(output)], capture_output=True,
                           text=True, env=ENV, preexec_fn=limit)
     assert done.returncode == 1
@@ -293,7 +294,7 @@ class _Pieces:
 # ---- 7. translate's input ------------------------------------------------------------------------
 
 def translate_cli(args, stdin: bytes = b"") -> tuple[int, str, str]:
-    done = subprocess.run([sys.executable, "-m", "minitfm.translate", *map(str, args)],
+    done = forkserver.run([sys.executable, "-m", "minitfm.translate", *map(str, args)],
                           input=stdin, capture_output=True, env=ENV)
     return done.returncode, done.stdout.decode(), done.stderr.decode()
 
@@ -328,7 +329,7 @@ def test_translate_warns_once_about_invalid_utf8(ckpt):  # noqa: F811
     ["-m", "minitfm.translate", "--checkpoint", "nowhere.npz"],
 ])
 def test_bad_backend_variable_is_an_error_message(command, tmp_path):
-    done = subprocess.run([sys.executable, *command], capture_output=True, text=True,
+    done = forkserver.run([sys.executable, *command], capture_output=True, text=True,
                           env={**ENV, "MINITFM_BACKEND": "foo"}, cwd=tmp_path)
     assert done.returncode != 0
     assert "MINITFM_BACKEND='foo'" in done.stderr and "numpy, cupy or auto" in done.stderr
@@ -440,7 +441,7 @@ def test_standard_output_on_a_full_disk_is_named(command, ckpt, tmp_path):  # no
             [sys.executable, str(ROOT / "train_toy.py"), *TOY, "--max-steps", "2", "--out",
              str(tmp_path / "run")])
     with open("/dev/full", "w") as full:
-        done = subprocess.run(args, input=b"a man\ntwo dogs\n", stdout=full,
+        done = forkserver.run(args, input=b"a man\ntwo dogs\n", stdout=full,
                               stderr=subprocess.PIPE, env=ENV, timeout=120)
     assert done.returncode == exits.FAILED
     assert done.stderr.decode() == FULL_OUTPUT              # one line, nothing more on the way out
@@ -448,7 +449,7 @@ def test_standard_output_on_a_full_disk_is_named(command, ckpt, tmp_path):  # no
 
 
 def test_standard_output_closed_by_its_reader_ends_quietly(ckpt):  # noqa: F811
-    process = subprocess.Popen([sys.executable, "-m", "minitfm.translate", "--checkpoint",
+    process = forkserver.Popen([sys.executable, "-m", "minitfm.translate", "--checkpoint",
                                 str(ckpt), "--beam", "1"], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
     process.stdout.close()                                  # as `| head` does once it has enough
@@ -462,7 +463,7 @@ def test_plot_names_the_log_lines_it_skips(tmp_path):
     log.parent.mkdir()
     log.write_text("".join(f'{{"step": {s}, "loss": {5 / s}}}\n' for s in range(1, 9))
                    + '{"step": 9, "lo')                     # cut short by a crash
-    done = subprocess.run([sys.executable, "-m", "minitfm.plot", "curves", str(log), "--out",
+    done = forkserver.run([sys.executable, "-m", "minitfm.plot", "curves", str(log), "--out",
                            str(tmp_path / "c.png")], capture_output=True, text=True, env=ENV)
     assert done.returncode == 0 and (tmp_path / "c.png").exists()
     assert done.stderr == (f"warning: {log}: skipped 1 line that could not be read: line 9 (cut "

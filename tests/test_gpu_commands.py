@@ -27,6 +27,7 @@ from minitfm import checkpoint
 from tests.test_distributed import _mpiexec, _why_mpi_cannot_run
 from tests.test_train_lm import SMALL as LM_SMALL
 from tests.test_train_wmt import corpus, corpus_args  # noqa: F401  (corpus: a fixture)
+from tests import forkserver
 
 pytestmark = pytest.mark.gpu
 
@@ -66,7 +67,7 @@ def command(args: list, env: dict, *, stdin: str | None = None, workers: int = 0
         if reason:
             pytest.skip(reason)
         argv = [_mpiexec(), "-n", str(workers), *argv]
-    done = subprocess.run(argv, cwd=ROOT, env=env, input=stdin, capture_output=True, text=True,
+    done = forkserver.run(argv, cwd=ROOT, env=env, input=stdin, capture_output=True, text=True,
                           timeout=timeout)
     assert done.returncode == 0, f"{argv}\nstdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
     return done

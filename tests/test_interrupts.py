@@ -20,6 +20,7 @@ from minitfm import checkpoint
 from minitfm.models import translator
 from tests.test_exit_statuses import LM, TEXT
 from tests.test_translate import vocab, write_checkpoint  # noqa: F401  (a fixture)
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "MINITFM_BACKEND": "numpy"}
@@ -72,7 +73,7 @@ def translator_ckpt(tmp_path_factory, vocab):  # noqa: F811
 def test_translate_stops_at_once_and_what_it_printed_stays(translator_ckpt, signum, status,
                                                            words):
     lines = 20000
-    process = subprocess.Popen(
+    process = forkserver.Popen(
         [sys.executable, "-m", "minitfm.translate", "--checkpoint", translator_ckpt, "--beam", "2",
          "--batch-size", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, env=ENV)
@@ -97,7 +98,7 @@ def lm_ckpt(tmp_path_factory):
     """A tiny language model's last checkpoint, trained through the command line."""
     directory = tmp_path_factory.mktemp("lm")
     (directory / "input.txt").write_text(TEXT)
-    done = subprocess.run([sys.executable, str(ROOT / "train_lm.py"), "--data",
+    done = forkserver.run([sys.executable, str(ROOT / "train_lm.py"), "--data",
                            str(directory / "input.txt"), *LM, "--out", str(directory / "run")],
                           capture_output=True, text=True, env=ENV, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -107,7 +108,7 @@ def lm_ckpt(tmp_path_factory):
 @pytest.mark.parametrize("signum, status, words", SIGNALS)
 def test_sampling_stops_at_once_and_what_it_printed_stays(lm_ckpt, signum, status, words):
     wanted = 200000                       # minutes of streaming, were it not stopped
-    process = subprocess.Popen(
+    process = forkserver.Popen(
         [sys.executable, str(ROOT / "train_lm.py"), "--sample", "--checkpoint", str(lm_ckpt),
          "--max-new-tokens", str(wanted)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=ENV)
@@ -133,7 +134,7 @@ def test_average_stops_at_once_and_leaves_no_output(checkpoints, tmp_path, signu
                                                     words):
     output = tmp_path / "averaged.npz"
     inputs = {p: p.read_bytes() for p in sorted(checkpoints.iterdir())[-3:]}
-    process = subprocess.Popen(
+    process = forkserver.Popen(
         [sys.executable, "-m", "minitfm.average", "--inputs", str(checkpoints), "--last", "40",
          "--output", str(output)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=ENV)

@@ -31,6 +31,7 @@ from minitfm.learn.exercises import by_name
 from tests.learn.conftest import write_exercise
 from tests.conftest import default_kernels
 from tests.test_train_wmt import TINY, corpus, corpus_args  # noqa: F401  (a fixture)
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {k: v for k, v in os.environ.items() if k not in ("MINITFM_CXX", "CXX")}
@@ -41,7 +42,7 @@ ENTRIES = 3         # dropout_forward, dropout_backward, smoothed_loss: one libr
 
 def check(cache: Path, *wrapper, env=None) -> subprocess.Popen:
     """The kernel check on the cache ``cache``, started (``wrapper``: a script run first)."""
-    return subprocess.Popen([sys.executable, *map(str, wrapper), *CHECK], cwd=ROOT, text=True,
+    return forkserver.Popen([sys.executable, *map(str, wrapper), *CHECK], cwd=ROOT, text=True,
                             env={**ENV, **(env or {}), "MINITFM_CACHE": str(cache)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -142,7 +143,7 @@ def learn_check(tmp_path: Path, env: dict) -> tuple[int, str, str]:
     """The workshop's check of kernel_dropout, written as the library writes it, under ``env``."""
     folder = tmp_path / "workshop"
     write_exercise(folder, by_name("kernel_dropout"))
-    done = subprocess.run([sys.executable, "-m", "minitfm.learn", "--dir", str(folder), "check",
+    done = forkserver.run([sys.executable, "-m", "minitfm.learn", "--dir", str(folder), "check",
                            "kernel_dropout"], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env={**ENV, **env})
     return done.returncode, done.stdout, done.stderr
@@ -203,7 +204,7 @@ def test_a_compiled_loop_that_does_not_load_is_compiled_again_and_said_once(tmp_
            "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
 
     def train(run: str) -> str:
-        done = subprocess.run([sys.executable, "train_toy.py", *TOY, "--out", tmp_path / run],
+        done = forkserver.run([sys.executable, "train_toy.py", *TOY, "--out", tmp_path / run],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stderr
@@ -238,7 +239,7 @@ def test_a_token_array_that_does_not_load_is_encoded_again(corpus, tmp_path):  #
     data = tmp_path / "data"
 
     def train(run: str) -> str:
-        done = subprocess.run([sys.executable, "train_wmt.py", *corpus_args(corpus), *TINY,
+        done = forkserver.run([sys.executable, "train_wmt.py", *corpus_args(corpus), *TINY,
                                "--max-steps", "1", "--data-dir", data, "--out", tmp_path / run],
                               cwd=ROOT, env={**ENV, "MINITFM_BACKEND": "numpy"},
                               capture_output=True, text=True, timeout=300)
@@ -263,7 +264,7 @@ def test_a_text_token_array_cut_short_or_of_another_text_is_encoded_again(tmp_pa
     text.write_text("the quick brown fox jumps over the lazy dog.\n" * 60, encoding="utf-8")
 
     def train(run: str) -> str:
-        done = subprocess.run([sys.executable, "train_lm.py", "--data", text, "--cache-dir", cache,
+        done = forkserver.run([sys.executable, "train_lm.py", "--data", text, "--cache-dir", cache,
                                "--max-steps", "2", "--warmup", "1", "--out", tmp_path / run],
                               cwd=ROOT, env={**ENV, "MINITFM_BACKEND": "numpy"},
                               capture_output=True, text=True, timeout=300)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from minitfm.speed import layernorm as fast_layernorm
 from tests.conftest import cupy_double_env, default_kernels
 from tests.test_gpu_commands import WMT_TINY
 from tests.test_train_wmt import corpus, corpus_args  # noqa: F401  (corpus: a fixture)
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -147,7 +147,7 @@ def test_train_wmt_with_fused_kernels_reaches_the_plain_parameters(cupy_env, cor
     for kernels in ("plain", "fused"):
         env = dict(cupy_env, CUPY_DOUBLE_REPORT=str(tmp_path / f"{kernels}.json"))
         out = tmp_path / kernels
-        done = subprocess.run([sys.executable, "train_wmt.py", *corpus_args(corpus), *WMT_TINY,
+        done = forkserver.run([sys.executable, "train_wmt.py", *corpus_args(corpus), *WMT_TINY,
                                *DROPOUTS, "--kernels", kernels, "--precision", precision,
                                "--out", str(out)], cwd=ROOT,
                               env=env, capture_output=True, text=True, timeout=300)
@@ -175,7 +175,7 @@ def test_train_wmt_with_fused_kernels_reaches_the_plain_parameters(cupy_env, cor
     ("fused", "row passes on 2 threads with compiled loops (--kernels fused)"),
     ("plain", "plain array code (--kernels plain)")])
 def test_on_numpy_the_first_line_says_which_code_runs(tmp_path, kernels, words):
-    done = subprocess.run([sys.executable, "train_toy.py", "--backend", "numpy", "--threads", "2",
+    done = forkserver.run([sys.executable, "train_toy.py", "--backend", "numpy", "--threads", "2",
                            "--max-steps", "1", "--out", str(tmp_path / "run"), "--quiet"]
                           + (["--kernels", kernels] if kernels else []), cwd=ROOT,
                           env=default_kernels(), capture_output=True, text=True, timeout=120)
@@ -188,7 +188,7 @@ def test_minitfm_kernels_chooses_where_the_option_is_absent(tmp_path):
     """MINITFM_KERNELS is --kernels' default (as MINITFM_BACKEND is --backend's), named in the
     first line; a value that is not a choice is bad usage, refused before any work."""
     def toy(value, *more):
-        return subprocess.run([sys.executable, "train_toy.py", "--backend", "numpy", "--max-steps",
+        return forkserver.run([sys.executable, "train_toy.py", "--backend", "numpy", "--max-steps",
                                "1", "--out", str(tmp_path / value), "--quiet", *more], cwd=ROOT,
                               env={**default_kernels(), "MINITFM_KERNELS": value},
                               capture_output=True, text=True, timeout=120)
@@ -204,7 +204,7 @@ def test_minitfm_kernels_chooses_where_the_option_is_absent(tmp_path):
 def test_the_kernel_check_command(cupy_env, tmp_path):
     """``python -m minitfm.kernelcheck`` on the CuPy path (the double, 14 and 13: twins against
     the plain code; a GPU with -m gpu) passes; without CuPy it is a usage error."""
-    done = subprocess.run([sys.executable, "-m", "minitfm.kernelcheck"], cwd=ROOT, env=cupy_env,
+    done = forkserver.run([sys.executable, "-m", "minitfm.kernelcheck"], cwd=ROOT, env=cupy_env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"{len(fused.KERNELS) + len(kernelcheck.CASES)} passed, 0 failed" in done.stdout
@@ -216,7 +216,7 @@ def test_the_kernel_check_needs_cupy():
         pytest.skip("CuPy is installed here")
     except ImportError:
         pass
-    done = subprocess.run([sys.executable, "-m", "minitfm.kernelcheck"], cwd=ROOT,
+    done = forkserver.run([sys.executable, "-m", "minitfm.kernelcheck"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.startswith("error: backend 'cupy' was requested")
 
@@ -226,7 +226,7 @@ def test_the_kernel_check_needs_cupy():
 def test_the_kernel_check_on_the_host_runs_every_kernel(tmp_path):
     """``python -m minitfm.kernelcheck --host``: no GPU, no CuPy; every kernel's CUDA source
     compiled for the CPU and run in every case, each launch held to its twin."""
-    done = subprocess.run([sys.executable, "-m", "minitfm.kernelcheck", "--host"], cwd=ROOT,
+    done = forkserver.run([sys.executable, "-m", "minitfm.kernelcheck", "--host"], cwd=ROOT,
                           env=dict(os.environ, MINITFM_CACHE=str(tmp_path)),
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -323,7 +323,7 @@ def test_training_through_the_host_executed_kernels_keeps_the_plain_losses(preci
     losses = {}
     for kernels in ("plain", "fused"):
         out = tmp_path / kernels
-        done = subprocess.run([sys.executable, "train_toy.py", "--backend", "cupy", "--kernels",
+        done = forkserver.run([sys.executable, "train_toy.py", "--backend", "cupy", "--kernels",
                                kernels, "--precision", precision, "--max-steps", "3",
                                "--d-model", "16", "--d-ff", "32", "--length", "6",
                                "--batch-size", "8", "--log-every", "1", "--clip-norm", "1.0",

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import resource
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from minitfm import checkpoint, files
+from tests import forkserver
 from tests.test_exit_statuses import (ENV, ROOT, TOY, assert_error, command,  # noqa: F401
                                       translator_ckpt, vocab)
 
@@ -33,7 +33,7 @@ os.kill(os.getpid(), 9)                 # killed while writing: its temporary st
 def killed_while_writing(destination: Path, kind: str = "file") -> Path:
     """The temporary a process killed while writing ``destination`` left (a real one)."""
     before = set(destination.parent.iterdir()) if destination.parent.exists() else set()
-    done = subprocess.run([sys.executable, "-c", WRITE_AND_DIE, str(destination), kind],
+    done = forkserver.run([sys.executable, "-c", WRITE_AND_DIE, str(destination), kind],
                           env=ENV, timeout=60)
     assert done.returncode == -9
     [left] = set(destination.parent.iterdir()) - before
@@ -78,7 +78,7 @@ def exported(tmp_path_factory, translator_ckpt):  # noqa: F811
 def export(*args, limit_file_size: int | None = None, env: dict | None = None):
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_size, limit_file_size))
-    done = subprocess.run([sys.executable, "-m", "minitfm.export", *map(str, args)],
+    done = forkserver.run([sys.executable, "-m", "minitfm.export", *map(str, args)],
                           capture_output=True, text=True, env={**ENV, **(env or {})},
                           preexec_fn=limit if limit_file_size else None, timeout=300)
     return done.returncode, done.stdout, done.stderr

@@ -10,7 +10,6 @@ import dataclasses
 import gzip
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from minitfm.backend import memory
 from minitfm.cli import argtypes, limits
 from minitfm.models import lm, translator
 from tests.test_translate import write_checkpoint
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "MINITFM_BACKEND": "numpy"}
@@ -36,7 +36,7 @@ def command(*args, stdin: str = "") -> tuple[int, str, str]:
     """``python ARGS``: its status, output and errors. That a refusal comes before the work is
     shown by what the command did not do (no run directory, nothing read or printed), never
     by a clock."""
-    done = subprocess.run([sys.executable, *map(str, args)], input=stdin, capture_output=True,
+    done = forkserver.run([sys.executable, *map(str, args)], input=stdin, capture_output=True,
                           text=True, env=ENV, timeout=60)
     return done.returncode, done.stdout, done.stderr
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import errno
 import gzip
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from minitfm.cli import exits
 from minitfm.data.reading import MAX_LINE_BYTES
 from tests.test_train_wmt import TINY, corpus, corpus_args, sentence_pairs  # noqa: F401
 from tests.test_translate import ckpt, vocab  # noqa: F401  (fixtures)
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "MINITFM_BACKEND": "numpy"}
@@ -40,7 +40,7 @@ LM = ["--max-steps", "200", "--quiet"]      # errors come before any step
 
 def command(*args, stdin: bytes = b"", cwd: Path | None = None) -> tuple[int, str, str]:
     """``python ARGS`` in a child process, as a user runs it: (status, stdout, stderr)."""
-    done = subprocess.run([sys.executable, *map(str, args)], input=stdin, env=ENV,
+    done = forkserver.run([sys.executable, *map(str, args)], input=stdin, env=ENV,
                           capture_output=True, cwd=cwd)
     return done.returncode, done.stdout.decode(), done.stderr.decode()
 

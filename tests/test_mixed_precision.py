@@ -25,6 +25,7 @@ from minitfm import backend, checkpoint, flat, gradscale, optim
 from minitfm.backend import products
 
 from tests.test_train_wmt import corpus  # noqa: F401  (a fixture: a tiny en-de corpus)
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ["train_toy.py", "--preset", "tiny", "--eval-size", "10", "--examples", "0", "--quiet"]
@@ -32,7 +33,7 @@ CURVE_TOLERANCE = 0.01          # |loss fp16 - loss fp32| / loss fp32, every log
 
 
 def run(args: list, env: dict | None = None) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, env=env,
+    done = forkserver.run([sys.executable, *map(str, args)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done

@@ -20,6 +20,7 @@ from minitfm.workers.placement import THREAD_VARIABLES, Placement, PlacementErro
 
 from .conftest import default_kernels
 from .test_distributed import ENV, ROOT, _mpiexec, json_records, mpi   # noqa: F401 (mpi: a fixture)
+from tests import forkserver
 
 CLEAN_ENV = {k: v for k, v in default_kernels(ENV).items()      # nobody's choice
              if k not in THREAD_VARIABLES}
@@ -150,7 +151,7 @@ def expected_line(workers: int, cap: int | None) -> str:
 
 def run_command(argv: list[str], env: dict, workers: int = 1) -> subprocess.CompletedProcess:
     launcher = [_mpiexec(), "-n", str(workers)] if workers > 1 else []
-    return subprocess.run(launcher + [sys.executable] + argv, capture_output=True, text=True,
+    return forkserver.run(launcher + [sys.executable] + argv, capture_output=True, text=True,
                           env=env, timeout=TIMEOUT)
 
 
@@ -207,7 +208,7 @@ os.write(1, (line + chr(10)).encode())
 
 
 def two_workers(script: str, env: dict) -> dict[int, dict]:
-    done = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-c", script],
+    done = forkserver.run([_mpiexec(), "-n", "2", sys.executable, "-c", script],
                           capture_output=True, text=True, env=env, timeout=TIMEOUT)
     assert done.returncode == 0, done.stderr
     return {row["rank"]: row for row in json_records(done.stdout)}

@@ -18,6 +18,7 @@ from minitfm.cli import exits, placing
 from minitfm.models import translator
 
 from .conftest import cupy_double, cupy_double_env
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ["train_toy.py", "--preset", "tiny", "--max-steps", "2", "--eval-size", "4", "--examples",
@@ -81,7 +82,7 @@ def test_the_command_line_names_the_option(numpy_backend):
 
 
 def run(args: list, env: dict) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, env=env,
+    done = forkserver.run([sys.executable, *map(str, args)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -22,6 +21,7 @@ from minitfm.cli import exits
 from minitfm.models import translator
 from minitfm.training.rundir import LOCK_NAME, LOG_NAME, REPLACED_NAME, RUN_FILES, RUN_INFO_NAME
 from tests.test_faults import ENV, ROOT, TOY, assert_clean_error, finish, snapshot, toy
+from tests import forkserver
 
 QUIET = [*TOY, "--examples", "0"]
 
@@ -29,7 +29,7 @@ QUIET = [*TOY, "--examples", "0"]
 def toy_run(*args, prefix=(), timeout: float = 60) -> tuple[int, str]:
     """train_toy.py (after ``prefix``: a wrapper and its options) to its end or ``timeout``;
     its status and stderr."""
-    done = subprocess.run([sys.executable, *map(str, prefix), str(ROOT / "train_toy.py"), *QUIET,
+    done = forkserver.run([sys.executable, *map(str, prefix), str(ROOT / "train_toy.py"), *QUIET,
                            *map(str, args)], capture_output=True, text=True, env=ENV,
                           timeout=timeout)
     return done.returncode, done.stderr

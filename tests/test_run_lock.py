@@ -20,6 +20,7 @@ import pytest
 from minitfm import checkpoint
 from minitfm.training.rundir import HOLDER_NAME, LOCK_NAME, RunDirectory, RunDirectoryBusy
 from tests.test_distributed import _mpiexec, mpi  # noqa: F401  (a fixture)
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "MINITFM_BACKEND": "numpy"}
@@ -33,12 +34,12 @@ def command(script: str, *args) -> list[str]:
 
 
 def start(script: str, *args) -> subprocess.Popen:
-    return subprocess.Popen(command(script, *args), stdout=subprocess.PIPE,
+    return forkserver.Popen(command(script, *args), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=ENV)
 
 
 def run(script: str, *args) -> tuple[int, str, str]:
-    done = subprocess.run(command(script, *args), capture_output=True, text=True, env=ENV,
+    done = forkserver.run(command(script, *args), capture_output=True, text=True, env=ENV,
                           timeout=120)
     return done.returncode, done.stdout, done.stderr
 
@@ -154,7 +155,7 @@ def test_one_process_may_open_its_directory_twice_and_releases_it_with_the_last(
 
 def test_in_process_second_opener_is_refused_by_the_holder_in_another_process(tmp_path):
     out = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", (
+    holder = forkserver.Popen([sys.executable, "-c", (
         "import sys, time; from minitfm.training.rundir import RunDirectory; "
         f"d = RunDirectory.open({str(out)!r}); print('held', flush=True); time.sleep(60)")],
         stdout=subprocess.PIPE, text=True, env=ENV)
@@ -186,7 +187,7 @@ def test_a_file_system_without_locks_is_refused_unless_no_lock(tmp_path):
     out = tmp_path / "run"
 
     def toy(*more):
-        return subprocess.run([sys.executable, str(wrapper), str(ROOT / "train_toy.py"), *TOY,
+        return forkserver.run([sys.executable, str(wrapper), str(ROOT / "train_toy.py"), *TOY,
                                "--max-steps", "3", "--out", str(out), *more],
                               capture_output=True, text=True, env=ENV, timeout=120)
     done = toy()
@@ -207,7 +208,7 @@ def test_two_workers_are_refused_together_on_a_directory_in_use(tmp_path, mpi):
     first = start("train_toy.py", *TOY, "--max-steps", FOREVER, "--save-every", 100, "--out", out)
     try:
         holder = wait_for_holder(out, first, lambda: checkpoint.latest(out) is not None)
-        done = subprocess.run([_mpiexec(), "-n", "2", *command("train_toy.py", *TOY, "--max-steps",
+        done = forkserver.run([_mpiexec(), "-n", "2", *command("train_toy.py", *TOY, "--max-steps",
                                                                20, "--out", out)],
                               capture_output=True, text=True, env=ENV, timeout=120)
         assert done.returncode == 2, done.stderr

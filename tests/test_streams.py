@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import gzip
 import os
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -21,6 +20,7 @@ from minitfm.data.reading import MAX_LINE_BYTES
 from tests.test_exit_statuses import (LM, ROOT, TEXT, assert_error, command,  # noqa: F401
                                       text_file, translator_ckpt)
 from tests.test_translate import vocab  # noqa: F401  (a fixture)
+from tests import forkserver
 
 LINES = "a man is riding a bike\ntwo dogs\n"
 
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named p
 
 
 def translate(ckpt, *args, stdin: bytes | None = None) -> tuple[int, str, str]:
-    done = subprocess.run([sys.executable, "-m", "minitfm.translate", "--checkpoint", str(ckpt),
+    done = forkserver.run([sys.executable, "-m", "minitfm.translate", "--checkpoint", str(ckpt),
                            "--beam", "1", *map(str, args)], input=stdin, capture_output=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT),
                                "MINITFM_BACKEND": "numpy"}, timeout=120)

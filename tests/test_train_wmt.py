@@ -11,7 +11,6 @@ from __future__ import annotations
 import gzip
 import json
 import random
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from minitfm import checkpoint, optim
 from minitfm.cli import exits
 from minitfm.bleu import corpus_bleu
 from minitfm.commands import train_wmt
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ("the a cat dog sees big small red house tree runs under over green blue man woman eats "
@@ -263,7 +263,7 @@ def test_eval_only_scores_a_checkpoint_on_an_sgml_test_set(corpus, tmp_path):
 def test_mismatched_line_counts_are_one_clear_error(corpus, tmp_path):
     src, tgt = sentence_pairs(300, seed=0)
     write_split(corpus / "train", src, tgt[:-1])
-    done = subprocess.run([sys.executable, str(ROOT / "train_wmt.py"), *corpus_args(corpus),
+    done = forkserver.run([sys.executable, str(ROOT / "train_wmt.py"), *corpus_args(corpus),
                            *TINY, "--max-steps", "2", "--out", str(tmp_path / "run")],
                           capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == exits.BAD_INPUT

@@ -3,7 +3,6 @@ a tiny sentencepiece vocabulary (the translations are garbage; lines, formats, w
 are what is checked)."""
 
 import io
-import subprocess
 import sys
 
 import numpy as np
@@ -14,6 +13,7 @@ from minitfm.decoding import translation
 from minitfm.cli import translate
 from minitfm.models import lm, translator
 from minitfm.data.vocab import train_vocab
+from tests import forkserver
 
 TEXT = """a man is riding a bike down the street
 two dogs play in the grass
@@ -128,7 +128,7 @@ def test_translate_lines_api(ckpt):
 
 
 def test_command_line_reads_stdin(ckpt):
-    done = subprocess.run([sys.executable, "-m", "minitfm.translate", "--checkpoint", ckpt,
+    done = forkserver.run([sys.executable, "-m", "minitfm.translate", "--checkpoint", ckpt,
                            "--beam", "1"], input="a man\n\ntwo dogs\n".encode(),
                           capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr.decode()

@@ -16,13 +16,14 @@ import sentencepiece as spm
 
 from minitfm.ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from tests.test_train_wmt import TINY, corpus, corpus_args  # noqa: F401  (fixture)
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "MINITFM_BACKEND": "numpy"}
 
 
 def train_wmt(*args, wrapper: list[str] = ()) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *wrapper, str(ROOT / "train_wmt.py"),
+    return forkserver.run([sys.executable, *wrapper, str(ROOT / "train_wmt.py"),
                            *map(str, args)], cwd=ROOT, env=ENV, capture_output=True, text=True,
                           timeout=120)
 
@@ -123,7 +124,7 @@ def test_memory_running_out_after_training_says_the_training_is_saved(corpus, tm
     held-out examples): status 1, the checkpoint of the last step saved and named, with how to
     do the rest alone and what to lower there -- not the training's sizes."""
     out = tmp_path / "wmt"
-    done = subprocess.run(
+    done = forkserver.run(
         [sys.executable, "-c", OUT_OF_MEMORY_IN, "minitfm.cli.wmt.score_test",
          str(ROOT / "train_wmt.py"), *corpus_args(corpus), *TINY, "--max-steps", "3",
          "--out", str(out)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
@@ -135,7 +136,7 @@ def test_memory_running_out_after_training_says_the_training_is_saved(corpus, tm
             f"score it alone with python train_wmt.py --eval-only --checkpoint {saved} and the "
             f"same test options; lower --eval-batch-size or --beam, or use") in done.stderr
     out = tmp_path / "toy"
-    done = subprocess.run(
+    done = forkserver.run(
         [sys.executable, "-c", OUT_OF_MEMORY_IN, "minitfm.commands.train_toy.report",
          str(ROOT / "train_toy.py"), "--task", "copy", "--length", "5", "--vocab", "5",
          "--preset", "tiny", "--max-steps", "2", "--out", str(out)],

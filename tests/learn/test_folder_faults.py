@@ -7,7 +7,6 @@ import errno
 import hashlib
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from minitfm.cli import exits
 from minitfm.learn import __main__ as learn
 from minitfm.learn.workshop import Workshop
 from tests import failing_disk
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -216,7 +216,7 @@ def test_list_in_the_posix_locale(started, capsys):
     """Before: a traceback (UnicodeEncodeError) where standard output is ASCII."""
     environment = {**os.environ, "LC_ALL": "POSIX", "PYTHONUTF8": "0",
                    "PYTHONIOENCODING": "", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "minitfm.learn", "--dir", str(started),
+    done = forkserver.run([sys.executable, "-m", "minitfm.learn", "--dir", str(started),
                            "list"], capture_output=True, env=environment, timeout=60)
     assert done.returncode == 0 and not done.stderr, done.stderr
     out = done.stdout.decode("ascii")

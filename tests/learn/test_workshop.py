@@ -4,7 +4,6 @@ progress kept in the folder, and nothing written outside it."""
 import hashlib
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from minitfm.learn import __main__ as learn
 from minitfm.learn.exercises import EXERCISES, by_name
 from minitfm.learn.workshop import Workshop
 from tests.learn.conftest import write_exercise
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -125,7 +125,7 @@ def test_nothing_is_written_outside_the_workshop_folder(tmp_path):
     folder = tmp_path / "learner"
     folder.mkdir()
     for argv in (["start"], ["check"], ["hint", "linear"], ["list"], ["reset", "linear"]):
-        subprocess.run([sys.executable, "-m", "minitfm.learn", *argv], cwd=folder,
+        forkserver.run([sys.executable, "-m", "minitfm.learn", *argv], cwd=folder,
                        capture_output=True, check=False, timeout=120)
     assert _tree_digest(PACKAGE) == before
     assert sorted(p.name for p in folder.iterdir()) == ["workshop"]
@@ -135,7 +135,7 @@ def test_nothing_is_written_outside_the_workshop_folder(tmp_path):
 
 def test_the_command_reports_through_its_exit_status(tmp_path):
     """A real process: the module's entry point, its statuses and one error line."""
-    done = subprocess.run([sys.executable, "-m", "minitfm.learn", "--dir", str(tmp_path / "w"),
+    done = forkserver.run([sys.executable, "-m", "minitfm.learn", "--dir", str(tmp_path / "w"),
                            "check", "nonsense"], capture_output=True, text=True, timeout=120)
     assert done.returncode == exits.BAD_INPUT
     assert done.stderr.startswith("error: no exercise 'nonsense'")
@@ -150,7 +150,7 @@ def test_a_file_saved_in_another_encoding_is_named_with_the_fix(tmp_path):
     folder = tmp_path / "w"
 
     def learn(*argv):
-        return subprocess.run([sys.executable, "-m", "minitfm.learn", "--dir", str(folder),
+        return forkserver.run([sys.executable, "-m", "minitfm.learn", "--dir", str(folder),
                                *argv], capture_output=True, text=True, timeout=120)
 
     assert learn("start", "linear").returncode == 0
@@ -183,7 +183,7 @@ def test_the_workshops_files_damaged_unreadable_or_pipes_are_said_to_be(tmp_path
     folder = tmp_path / "w"
 
     def learn(*argv, wrapper=()):
-        return subprocess.run([sys.executable, *wrapper, "-m", "minitfm.learn", "--dir",
+        return forkserver.run([sys.executable, *wrapper, "-m", "minitfm.learn", "--dir",
                                str(folder), *argv], capture_output=True, text=True, timeout=60,
                               cwd=ROOT)
 
