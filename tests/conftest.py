@@ -32,13 +32,14 @@ def pytest_runtest_setup(item):
     BLAS.limit(limits=1, user_api="blas")
 
 
-# The tests start some 370 Python processes (the commands), each importing the package anew.
-# Where PYTHONDONTWRITEBYTECODE is set (container images often set it), each of them compiled
-# every module from its source: 0.25 s of the 0.7 s a command took to start on a 2-core Zen 3.
-# So the commands a test starts keep their compiled modules in a folder of this session's own
-# (PYTHONPYCACHEPREFIX; made by the first, read by the others), removed at the end: nothing is
-# written beside the sources or the installed packages, as the setting asks. The test processes
-# themselves import once and are left as they are.
+# The tests start some 400 commands, most forked from a server that imported the package once
+# (tests/forkserver.py), some as Python processes of their own, each importing it anew. Where
+# PYTHONDONTWRITEBYTECODE is set (container images often set it), each of those compiled every
+# module from its source: 0.25 s of the 0.7 s a command took to start on a 2-core Zen 3.
+# So the commands a test starts (and the server) keep their compiled modules in a folder of
+# this session's own (PYTHONPYCACHEPREFIX; made by the first, read by the others), removed at
+# the end: nothing is written beside the sources or the installed packages, as the setting
+# asks. The test processes themselves import once and are left as they are.
 PYCACHE, SESSION_PYCACHE = "PYTHONPYCACHEPREFIX", "MINITFM_TESTS_PYCACHE"
 
 
