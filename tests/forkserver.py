@@ -65,6 +65,10 @@ def _send(conn: socket.socket, message: dict) -> None:
 def serve(path: str) -> None:
     """Import :data:`PRELOAD`, then fork a command for each request on the socket at ``path``
     until standard input (a pipe from the test process) ends."""
+    import warnings
+    # Python 3.12 and later warn at each fork of a process with threads (OpenBLAS's): the forks
+    # start no thread of the server's and take no lock of it
+    warnings.filterwarnings("ignore", ".*multi-threaded", DeprecationWarning)
     for name in PRELOAD:
         __import__(name)
     own_path = python_path(os.environ, os.getcwd())
