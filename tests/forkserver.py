@@ -106,7 +106,12 @@ def serve(path: str) -> None:
                 continue
             conn, _ = listener.accept()
             try:
-                data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+                data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+                while not data.endswith(b"\n"):           # a request of many parts
+                    more = conn.recv(1 << 16)
+                    if not more:
+                        raise ValueError("the request was cut short")
+                    data += more
                 request = json.loads(data)
             except (OSError, ValueError):
                 conn.close()
@@ -389,7 +394,9 @@ class Popen(subprocess.Popen):
         fds = [own if fd == -1 else fd for own, fd in zip((0, 1, 2), fds)]
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(_the_server().path)
-        socket.send_fds(sock, [json.dumps(request).encode()], fds)
+        message = json.dumps(request).encode() + b"\n"
+        sent = socket.send_fds(sock, [message], fds)
+        sock.sendall(message[sent:])
         self._fork, self._buffer = sock, b""
         self.pid = self._message(None)["pid"]
         self._child_created = True

@@ -115,6 +115,15 @@ def test_what_python_or_numpy_read_as_they_start_asks_for_a_real_process(change,
     assert not forkserver.served(process)
 
 
+def test_a_long_program_and_environment_reach_the_fork():
+    """A request larger than one message of the socket (about 200 KiB here) arrives whole."""
+    program = "import os\n" + "x = 0\n" * 20_000 + "print(sum(len(os.environ[f'BIG{i}']) " \
+        "for i in range(3)), x)"
+    big = {f"BIG{i}": "b" * 100_000 for i in range(3)}
+    fork, real = both([sys.executable, "-c", program], env={**os.environ, **big})
+    assert fork == real == (0, "300000 0\n", "")
+
+
 def test_a_path_of_other_modules_is_served_and_reaches_the_command(tmp_path):
     (tmp_path / "elsewhere.py").write_text("WHERE = 'here'\n")
     fork, real = both([sys.executable, "-c", "import elsewhere; print(elsewhere.WHERE)"],
