@@ -155,7 +155,6 @@ def _reap(children: dict) -> None:
 
 def _child(request: dict, fds: list, conn, own: list, base_path: list) -> None:
     """In the fork: become the command, run it, and end as Python ends."""
-    status = 1
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)

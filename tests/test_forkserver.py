@@ -75,8 +75,8 @@ def test_a_command_of_the_library_is_forked_and_ends_as_it_does(tmp_path):
     process = forkserver.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = process.communicate(timeout=120)
     assert forkserver.served(process)
-    assert (process.returncode, out, err) == (lambda d: (d.returncode, d.stdout, d.stderr))(
-        subprocess.run(args, capture_output=True, text=True, timeout=120))
+    real = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert (process.returncode, out, err) == (real.returncode, real.stdout, real.stderr)
 
 
 def test_a_fork_is_a_process_of_its_own_that_signals_end():
