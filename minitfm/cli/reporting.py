@@ -48,8 +48,9 @@ def report_errors(run: Callable[[], int], sizes: str | None = None) -> int:
     or a signal in one worker, where the others may be waiting for it in a collective, ends
     every worker with this status (``World.fail_together``), after the message."""
     world = distributed.world()
-    with world.fail_together(), StopRequests(linger=True) as requests,\
-            _guarded_stdout():
+    # the signals taken last, just before the block that turns them into a status (a signal
+    # while standard output was being guarded ended the command with a traceback)
+    with world.fail_together(), _guarded_stdout(), StopRequests(linger=True) as requests:
         try:
             status = run()
             sys.stdout.flush()                  # what is still buffered: its failure is ours
