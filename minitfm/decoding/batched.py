@@ -20,12 +20,11 @@ the cache, step by step.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterator, Sequence
 
 from minitfm import backend
 from minitfm.decoding import decode     # decode.positions: each step's runs of rows
-from minitfm.decoding.beam import (Finished, Hypothesis, beam_search, check_search,
+from minitfm.decoding.beam import (Finished, Hypothesis, beam_search, check_search, first_rows,
                                    groups_in_place, step_candidates)
 from minitfm.decoding.decode import (KVCache, first_groups, int_array, output_limits,
                                      prepare_source, reorder, self_attention_buffers)
@@ -106,9 +105,10 @@ def continuous_search(params: dict, cfg: model.Config, sentences: Sequence[Seque
     rows are kept in runs of one position, the oldest first (:func:`groups_in_place`), and each
     run attends over its own slots as a step of its own would (``decode.positions``); the
     matrix products run on all rows at once. The cross-attention arrays are as wide as the
-    longest source in the cache, the rest of a shorter one masked. A new sentence starts on all
-    its K rows, the first alone alive (the others' scores are -inf), so its first step picks
-    among one row's candidates, as :func:`beam_search`'s first step does.
+    longest source in the cache, the rest of a shorter one masked. The sentences admitted at a
+    step make their first step apart, on the first of their K rows alone (from BOS, the K rows
+    would be alike), as :func:`beam_search`'s first step does; the cache then copies that row's
+    keys and values to the other K - 1.
     """
     check_search(beam, alpha, nbest, lenpen_form, stopping)
     waiting = by_length(sentences)[::-1]                 # pop() takes the shortest
@@ -121,21 +121,28 @@ def continuous_search(params: dict, cfg: model.Config, sentences: Sequence[Seque
     active, at = [], []                                  # each group's sentence and position
     prefixes, tokens, scores = [], [], []                # each row's
     while waiting or active:
-        free = batch_size - len(active)
+        free, new = batch_size - len(active), []
         if waiting and free >= min(max(1, batch_size // 4), len(waiting)):
             new = [waiting.pop() for _ in range(min(free, len(waiting)))]
             src, host_src = prepare_source(params, cfg, pad_batch([sentences[i] for i in new],
                                                                   cfg))
             found.set_limits(new, output_limits(host_src, cfg, max_len))
             full = admit(params, cfg, full, len(active), src)
+        top_scores, top_ids, vocab = [], [], None
+        if active:                                       # the sentences under way: K rows each
+            top_scores, top_ids, vocab = step_candidates(
+                params, cfg, first_groups(full, len(active)), int_array(tokens),
+                decode.positions(at, k),
+                xp.asarray(scores, dtype=dtype).reshape(len(active), k), k)
+        if new:       # a new sentence's first step on its first row alone, as beam_search's
+            kv = first_rows(decode.groups(full, len(active), len(active) + len(new)), k)
+            new_scores, new_ids, vocab = step_candidates(
+                params, cfg, kv, xp.full((len(new),), cfg.bos_id, dtype=xp.int64), 0,
+                xp.zeros((len(new), 1), dtype=dtype), k)
+            top_scores, top_ids = top_scores + new_scores, top_ids + new_ids
             active, at = active + new, at + [0] * len(new)
             prefixes += [[] for _ in range(len(new) * k)]
-            tokens += [cfg.bos_id] * (len(new) * k)
-            scores += ([0.0] + [-math.inf] * (k - 1)) * len(new)
         kv = first_groups(full, len(active))
-        top_scores, top_ids, vocab = step_candidates(
-            params, cfg, kv, int_array(tokens), decode.positions(at, k),
-            xp.asarray(scores, dtype=dtype).reshape(len(active), k), k)
         going_on = {}                                   # group -> (sentence, its K live)
         for i, s in enumerate(active):
             live = found.advance(s, at[i], top_scores[i], top_ids[i], vocab, i * k, prefixes)

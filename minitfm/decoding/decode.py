@@ -44,7 +44,7 @@ from minitfm.layers.positional import Positions
 from minitfm.models import translator as model     # the model this module decodes
 
 __all__ = ["EXTRA_LENGTH", "KVCache", "init_kv_cache", "self_attention_buffers", "step",
-           "positions", "reorder", "first_groups", "output_limits", "prepare_source",
+           "positions", "reorder", "first_groups", "groups", "output_limits", "prepare_source",
            "forbid_special", "int_array", "greedy"]
 
 EXTRA_LENGTH = 50   # maximum output length = source length + 50 (section 6.1)
@@ -144,11 +144,17 @@ def reorder(kv: KVCache, rows: Sequence[int], filled: int | Sequence[int]) -> KV
 
 def first_groups(kv: KVCache, m: int) -> KVCache:
     """The views of ``kv``'s first ``m`` groups of rows (one group per sentence)."""
-    n = m * kv.rows // kv.sentences
+    return groups(kv, 0, m)
+
+
+def groups(kv: KVCache, first: int, end: int) -> KVCache:
+    """The views of ``kv``'s groups of rows ``first`` .. ``end`` - 1 (one group per sentence)."""
+    group = kv.rows // kv.sentences
+    rows, sentences = slice(first * group, end * group), slice(first, end)
     return dataclasses.replace(
-        kv, self_k=[b[:n] for b in kv.self_k], self_v=[b[:n] for b in kv.self_v],
-        cross_k=[k[:m] for k in kv.cross_k], cross_v=[v[:m] for v in kv.cross_v],
-        src_mask=kv.src_mask[:m])
+        kv, self_k=[b[rows] for b in kv.self_k], self_v=[b[rows] for b in kv.self_v],
+        cross_k=[k[sentences] for k in kv.cross_k], cross_v=[v[sentences] for v in kv.cross_v],
+        src_mask=kv.src_mask[sentences])
 
 
 # ---- one decoding step -----------------------------------------------------------------------
