@@ -142,7 +142,7 @@ def extend_scores(logits, scores):
     return logits
 
 
-def top_k(x, k: int, block: int = 32):
+def top_k(x, k: int, block: int = 32, maxima=None):
     """The k largest entries of each row of x (n, m), best first: ``(values, indices)`` (n, k).
 
     A full selection over the m = K*V candidates of a sentence would cost as much as a decoder
@@ -151,18 +151,30 @@ def top_k(x, k: int, block: int = 32):
     of another group is beaten by the k group maxima, so at least k entries are larger. A group
     is every (m // block)-th entry, not a run of neighbours: the maxima are then a reduction
     over a middle axis, as fast as one pass over x, where runs would cost one small reduction
-    each. The remainder that fills no whole group is always kept.
+    each. The remainder that fills no whole group is always kept. ``maxima``: the groups'
+    maxima, ``group_maxima(x, k, block)``, where the caller has them.
     """
     xp = backend.xp
     n, m = x.shape
     stride, whole = m // block, (m // block) * block
     if stride <= k:                                                    # small rows: no shortlist
         return _select(x, xp.broadcast_to(xp.arange(m), (n, m)), k)
-    maxima = x[:, :whole].reshape(n, block, stride).max(axis=1)        # (n, m/block)
+    if maxima is None:
+        maxima = group_maxima(x, k, block)                             # (n, m/block)
     best = xp.argpartition(maxima, stride - k, axis=1)[:, stride - k:]  # (n, k) groups
     ids = (best[:, :, None] + stride * xp.arange(block)).reshape(n, k * block)
     ids = xp.concatenate([ids, xp.broadcast_to(xp.arange(whole, m), (n, m - whole))], axis=1)
     return _select(xp.take_along_axis(x, ids, axis=1), ids, k)
+
+
+def group_maxima(x, k: int, block: int = 32):
+    """The maxima of ``top_k``'s groups of x (n, m), (n, m // block); None where it keeps no
+    shortlist (m // block <= k)."""
+    n, m = x.shape
+    stride = m // block
+    if stride <= k:
+        return None
+    return x[:, :stride * block].reshape(n, block, stride).max(axis=1)
 
 
 def _select(values, ids, k: int):
@@ -274,14 +286,28 @@ class Finished:
         return sorted(self.hyps[s], key=lambda h: -h[1])[:self.nbest]
 
 
+# The logits of a block of sentences, at most: about a core's L2 cache. The log-softmax's passes
+# and the shortlist's maxima then read a block from the cache, not from memory (on the host:
+# a GPU takes the whole step at once)
+CANDIDATE_BLOCK_BYTES = 1 << 20
+
+
 def step_candidates(params: dict, cfg: model.Config, kv: KVCache, tokens, t, scores, k: int):
     """One decoding step and its candidates: each sentence's 2K best (hypothesis, token) pairs,
-    as host lists ``(scores, flat ids into its K*V)``, and V."""
-    logits = decode.step(params, cfg, kv, tokens, t)
-    extended = forbid_special(extend_scores(logits, scores), cfg)                     # (R, V)
-    n, vocab = scores.shape[0], extended.shape[1]
-    candidates = extended.reshape(n, -1)                                              # (n, K*V)
-    top_scores, top_ids = top_k(candidates, min(2 * k, candidates.shape[1]))         # (n, 2K)
+    as host lists ``(scores, flat ids into its K*V)``, and V. ``scores`` (n, K): the live
+    hypotheses' (K = 1 on a first step, a row per sentence)."""
+    logits = decode.step(params, cfg, kv, tokens, t)                                  # (R, V)
+    n, vocab = scores.shape[0], logits.shape[1]
+    candidates = logits.reshape(n, -1)                                                # (n, K*V)
+    best = min(2 * k, candidates.shape[1])
+    per_block = n if backend.is_gpu() else max(1, CANDIDATE_BLOCK_BYTES // candidates[0].nbytes)
+    maxima = []
+    for first in range(0, n, per_block):
+        part = slice(first, first + per_block)
+        forbid_special(extend_scores(candidates[part].reshape(-1, vocab), scores[part]), cfg)
+        maxima.append(group_maxima(candidates[part], best))
+    maxima = None if maxima[0] is None else backend.xp.concatenate(maxima)
+    top_scores, top_ids = top_k(candidates, best, maxima=maxima)                      # (n, 2K)
     top_scores, top_ids = (a.tolist() for a in backend.to_host_together(top_scores, top_ids))
     return top_scores, top_ids, vocab
 
