@@ -223,15 +223,15 @@ def cross_kv(memory, p, n_heads):
 def cross_step(x, p, k, v, mask, n_heads: int):
     """One position of ``cross_forward`` over keys and values from ``cross_kv``; return y (R, d).
     x (R, d_model), R = n * G: rows g*G .. g*G + G - 1 attend to row g of k and v (n, H, S, d_k)
-    and of mask (n, 1, 1, S) (G = 1: a source per row), broadcast, not copied: each row's
-    products are the ones it would have over a copy of its own."""
+    and of mask (n, 1, 1, S) (G = 1: a source per row). The G rows of a source are its queries,
+    as the T positions of a sentence are in ``cross_forward``: one (G, d_k) @ (d_k, S) product
+    per source and head, over keys and values shared, not copied."""
     n, h, s, d_k = k.shape
     qp, _ = linear.forward(x, {"w": p["w_q"], "b": p["b_q"]})                       # (R, d)
-    (q,) = split_heads(qp[:, None], 1, n_heads)                          # (R, H, 1, d_k)
-    o, _ = sdpa_forward(q.reshape(n, -1, h, 1, d_k), k[:, None], v[:, None],
-                        mask[:, None])                                   # (n, G, H, 1, d_k)
-    merged = merge_heads(o.reshape(x.shape[0], h, 1, d_k))[:, 0]         # (R, d)
-    y, _ = linear.forward(merged, {"w": p["w_o"], "b": p["b_o"]})
+    q = qp.reshape(n, -1, h, d_k).swapaxes(1, 2)                         # (n, H, G, d_k) a view
+    merged, (o,) = heads_buffer(n, q.shape[2], 1, h, d_k, x.dtype)      # (n, G, d), (n, H, G, d_k)
+    sdpa_forward(q, k, v, mask, o)                                       # into merged
+    y, _ = linear.forward(merged.reshape(x.shape[0], -1), {"w": p["w_o"], "b": p["b_o"]})
     return y
 
 

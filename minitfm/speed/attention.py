@@ -35,8 +35,8 @@ def choose_backward(do, cache: attention.SdpaCache, dq_out=None, dk_out=None, dv
 
 
 def _row_blocks(q, k, dropping: bool) -> list[slice] | None:
-    """The blocks of the batch the row passes below run on, or None: the plain code for beam
-    search's 5-D scores, a decoding step's one query (too little to share) and attention dropout
+    """The blocks of the batch the row passes below run on, or None: the plain code for a
+    decoding step's one query a row (too little to share) and attention dropout
     (one stream draws its mask); an empty batch has no blocks, and runs the plain code too."""
     if dropping or q.ndim != 4 or q.shape[2] == 1 or not rows.active(q, k) or fused.active(q):
         return None

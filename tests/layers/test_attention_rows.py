@@ -1,6 +1,6 @@
 """Scaled dot-product attention's row pass (blocks of the batch on the worker's threads) against
-the plain code: the same bits, with one thread or two; dropout, float64, beam search's 5-D scores
-and the decoding steps take the plain code."""
+the plain code: the same bits, with one thread or two; dropout, float64 and a decoding step's
+self-attention (one query a row) take the plain code."""
 
 import numpy as np
 import pytest
@@ -166,19 +166,28 @@ def test_multi_head_layers_give_the_plain_bits(row_passes, blocks_seen, monkeypa
     assert_same_bits(got, layers())
 
 
-def test_decoding_steps_take_the_plain_code(row_passes, blocks_seen):
-    """A step has one query a row (self-attention) or 5-D scores (beams sharing a source)."""
+def test_decoding_steps_give_the_plain_codes_bits(row_passes, blocks_seen, monkeypatch):
+    """A step's self-attention has one query a row: the plain code. Its cross-attention has the
+    G beams of a source as that source's queries, as a sentence's positions are in training: a
+    row pass may take it, with the plain code's bits."""
     rows_, length, s, d, group = 12, 3, 5, H * D_K, 2
     rng = np.random.default_rng(12)
     p_self = params(attention.self_param_shapes(d), d, 13)
     p_cross = params(attention.cross_param_shapes(d), d, 14)
-    k_buf = np.zeros((rows_, H, length, D_K), dtype=np.float32)
-    v_buf = np.zeros_like(k_buf)
     memory = rng.standard_normal((rows_ // group, s, d)).astype(np.float32)
     k, v = attention.cross_kv(memory, p_cross, H)
     _, _, _, _, mask = inputs(rows_ // group, 1, s, "padding", seed=15)
-    for t in range(length):
-        x = rng.standard_normal((rows_, d)).astype(np.float32)
-        attention.self_step(x, p_self, k_buf, v_buf, t, H)
-        attention.cross_step(x, p_cross, k, v, mask, H)
-    assert blocks_seen == [None] * 2 * length
+    xs = [rng.standard_normal((rows_, d)).astype(np.float32) for _ in range(length)]
+
+    def steps():
+        k_buf = np.zeros((rows_, H, length, D_K), dtype=np.float32)
+        v_buf = np.zeros_like(k_buf)
+        return [y for t, x in enumerate(xs)
+                for y in (attention.self_step(x, p_self, k_buf, v_buf, t, H),
+                          attention.cross_step(x, p_cross, k, v, mask, H))]
+
+    got = steps()
+    assert blocks_seen[0::2] == [None] * length
+    assert None not in blocks_seen[1::2]
+    monkeypatch.setattr(fast_attention, "_row_blocks", lambda *args, **kwargs: None)
+    assert_same_bits(got, steps())
