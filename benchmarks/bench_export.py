@@ -3,7 +3,7 @@ through minitfm's beam search and through CTranslate2 float32 called as the expo
 
     python benchmarks/bench_export.py CHECKPOINT SOURCE [--ref REFERENCE] [--threads 1]
         [--beam 4] [--lenpen 0] [--lenpen-form gnmt|power] [--stopping auto|exact|first-k]
-        [--rounds 3] [--sentences 1000] [--batch-size 64] [--batch-by-batch]
+        [--rounds 3] [--sentences 1000] [--batch-size 64] [--batch-by-batch] [--profile N]
 
 SOURCE (and REFERENCE, for BLEU) hold one sentence per line, plain or gzipped: e.g. Multi30k's
 test_2016_flickr.en.gz and .de.gz. Every engine gets the same token ids (the checkpoint's
@@ -34,7 +34,8 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 
 def parse_args(argv=None):
@@ -51,6 +52,9 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--batch-by-batch", action="store_true",
                    help="also time minitfm decoding each batch to its end, without refilling")
+    p.add_argument("--profile", type=int, metavar="N", default=0,
+                   help="after the rounds, profile one more minitfm round and print the N "
+                        "functions that took most of its time (their own time, cProfile)")
     return p.parse_args(argv)
 
 
@@ -125,6 +129,8 @@ def main(argv=None) -> int:
                                                                  cpu_times.values())}),
                   flush=True)
 
+    if args.profile:
+        profile(engines["minitfm", args.threads[0]], ids, args.profile)
     print(f"\n{len(lines)} sentences, beam {args.beam}, length penalty {args.lenpen:g} "
           f"({args.lenpen_form}), stopping {beam.stopping_rule(args.stopping, args.lenpen)}, "
           f"at most {limit} output tokens, "
@@ -143,6 +149,23 @@ def main(argv=None) -> int:
               f"{statistics.median(ratios):15.2f}x {' '.join(f'{r:.2f}' for r in ratios):>22} "
               f"{statistics.median(cpu):14.2f}x {score:6.2f} {100 * same / len(ids):15.2f}%")
     return 0
+
+
+def profile(engine, ids, count: int) -> None:
+    """One more round of ``engine`` under cProfile: the ``count`` functions with the most time of
+    their own (a matrix product is the time of the function that calls it)."""
+    import cProfile
+    import pstats
+    profiler = cProfile.Profile()
+    profiler.runcall(engine, ids)
+    stats = pstats.Stats(profiler)
+    total = sum(row[2] for row in stats.stats.values())
+    print(f"\nminitfm under cProfile: {total:.2f} s; the functions with most time of their own")
+    rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])[:count]
+    for (path, line, name), (_, calls, own, _, _) in rows:
+        where = (f" ({os.path.relpath(path, ROOT)}:{line})" if path.startswith(ROOT) else
+                 "" if path == "~" else f" ({path}:{line})")
+        print(f"  {own:6.2f} s {own / total:6.1%} {calls:8d} calls  {name}{where}")
 
 
 if __name__ == "__main__":
