@@ -4,6 +4,7 @@ through minitfm's beam search and through CTranslate2 float32 called as the expo
     python benchmarks/bench_export.py CHECKPOINT SOURCE [--ref REFERENCE] [--threads 1]
         [--beam 4] [--lenpen 0] [--lenpen-form gnmt|power] [--stopping auto|exact|first-k]
         [--rounds 3] [--sentences 1000] [--batch-size 64] [--batch-by-batch] [--profile N]
+        [--products]
 
 SOURCE (and REFERENCE, for BLEU) hold one sentence per line, plain or gzipped: e.g. Multi30k's
 test_2016_flickr.en.gz and .de.gz. Every engine gets the same token ids (the checkpoint's
@@ -55,6 +56,9 @@ def parse_args(argv=None):
     p.add_argument("--profile", type=int, metavar="N", default=0,
                    help="after the rounds, profile one more minitfm round and print the N "
                         "functions that took most of its time (their own time, cProfile)")
+    p.add_argument("--products", action="store_true",
+                   help="also time the decoder's matrix products, one thread, at batch-size x "
+                        "beam rows: NumPy's BLAS and, where PyTorch is installed, torch.mm")
     return p.parse_args(argv)
 
 
@@ -131,6 +135,8 @@ def main(argv=None) -> int:
 
     if args.profile:
         profile(engines["minitfm", args.threads[0]], ids, args.profile)
+    if args.products:
+        products(cfg, args.batch_size * args.beam)
     print(f"\n{len(lines)} sentences, beam {args.beam}, length penalty {args.lenpen:g} "
           f"({args.lenpen_form}), stopping {beam.stopping_rule(args.stopping, args.lenpen)}, "
           f"at most {limit} output tokens, "
@@ -149,6 +155,46 @@ def main(argv=None) -> int:
               f"{statistics.median(ratios):15.2f}x {' '.join(f'{r:.2f}' for r in ratios):>22} "
               f"{statistics.median(cpu):14.2f}x {score:6.2f} {100 * same / len(ids):15.2f}%")
     return 0
+
+
+def products(cfg, rows: int, seconds: float = 0.5) -> None:
+    """GFLOP/s of each (rows, n) @ (n, m) product of a decoder step, one thread: NumPy's BLAS
+    (minitfm's) and PyTorch's (MKL on Intel builds), where it is installed."""
+    import numpy as np
+    from threadpoolctl import threadpool_limits
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    d, f, v = cfg.d_model, cfg.d_ff, cfg.tgt_vocab
+    rng = np.random.default_rng(0)
+
+    def rate(multiply, flops):
+        multiply()
+        count, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            multiply()
+            count += 1
+        return flops * count / (time.perf_counter() - start) / 1e9
+
+    print(f"\nmatrix products of a decoder step, {rows} rows, one thread, GFLOP/s:")
+    for n, m, what in ((d, 3 * d, "self-attention Q, K, V"), (d, d, "attention outputs"),
+                       (d, f, "feed-forward in"), (f, d, "feed-forward out"),
+                       (d, v, "output projection")):
+        x = rng.standard_normal((rows, n), dtype=np.float32)
+        w = rng.standard_normal((n, m), dtype=np.float32)
+        out = np.empty((rows, m), dtype=np.float32)
+        flops = 2 * rows * n * m
+        with threadpool_limits(1):
+            numpy_rate = rate(lambda: np.matmul(x, w, out=out), flops)
+        line = f"  {what:24} ({n:5d}, {m:5d})  NumPy {numpy_rate:6.1f}"
+        if torch is not None:
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            tx, tw, to = torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(out)
+            line += f"   torch.mm {rate(lambda: torch.mm(tx, tw, out=to), flops):6.1f}"
+            torch.set_num_threads(threads)
+        print(line)
 
 
 def profile(engine, ids, count: int) -> None:
