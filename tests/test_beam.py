@@ -1,7 +1,8 @@
 """Tests of minitfm.decoding.beam's search itself: a beam wide enough to hold every candidate finds the n
 best sequences that brute force finds; both stopping rules give what a plain, unbatched beam
 search gives, the exact one what a search to the length limit gives, and so does a batch
-refilled as its sentences end (continuous batching); the exact rule keeps
+refilled as its sentences end (continuous batching), and the candidates taken a block of
+sentences at a time; the exact rule keeps
 searching while a live hypothesis can still win; and CTranslate2, called as the export records,
 gives minitfm's tokens on a trained test model, at alpha 0 and with the power penalty."""
 
@@ -160,6 +161,20 @@ def test_continuous_batching_searches_as_the_plain_beam_search(monkeypatch, stop
                                   stopping)
             assert [h[0] for h in hyps] == [h[0] for h in expected]
             np.testing.assert_allclose([h[1] for h in hyps], [h[1] for h in expected], atol=1e-9)
+
+
+def test_candidates_in_blocks_of_sentences_are_those_of_one_block(monkeypatch):
+    """The log-softmax and the shortlist run a block of sentences at a time (in the cache): one
+    sentence a block gives the hypotheses and scores of all at once, bit for bit."""
+    params, cfg = tiny(seed=3)
+    sentences = [[4, 5, 6][:n % 3 + 1] * (n % 4 + 1) for n in range(7)]
+
+    def search_with(block_bytes):
+        monkeypatch.setattr(search, "CANDIDATE_BLOCK_BYTES", block_bytes)
+        return batched.translate_ids(params, cfg, sentences, beam=3, alpha=0.6, max_len=10,
+                                     nbest=2, batch_size=4)
+
+    assert search_with(1) == search_with(1 << 40)
 
 
 def late_winner():
