@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -363,7 +364,8 @@ def test_the_compiler_is_the_one_named_else_the_machines(monkeypatch):
 
 
 def test_a_compiled_kernel_is_kept_and_found_again(tmp_path):
-    """A second process loads the library the first compiled: it names the same file."""
+    """A second process loads the library the first compiled: it names the same file. The cache
+    holds it and the runtime library it is linked to, found beside it."""
     script = ("from minitfm import cudahost; import numpy as np; "
               f"k = cudahost.HostKernel({ADD!r}, 'k'); y = np.zeros(4, np.float32); "
               "k((1,), (4,), (y, np.int32(4), np.float32(1))); assert (y == 1).all(); "
@@ -372,7 +374,9 @@ def test_a_compiled_kernel_is_kept_and_found_again(tmp_path):
     paths = [forkserver.run([sys.executable, "-c", script], env=env, capture_output=True,
                             text=True, check=True).stdout.strip() for _ in range(2)]
     assert paths[0] == paths[1] and paths[0].startswith(str(tmp_path))
-    assert len(list((tmp_path / "cudahost").glob("*.so"))) == 1
+    libraries = sorted(p.name for p in (tmp_path / "cudahost").glob("*.so"))
+    assert len(libraries) == 2 and libraries[1].startswith("runtime-")
+    assert Path(paths[0]).name == libraries[0]
 
 
 @pytest.mark.slow

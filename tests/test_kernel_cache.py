@@ -1,7 +1,7 @@
 """The cache of the kernels compiled for the CPU (``MINITFM_CACHE``), through the real command
 line, ``python -m minitfm.kernelcheck --host``: two processes fill one cache together; an entry
-that does not load (truncated, or another entry's) is compiled again, said once, and the cache
-is whole after; a full disk names the cache's folder and how to move it, with status 1 (and
+that does not load (truncated, or another entry's), the kernels' runtime library's too, is
+compiled again, said once, and the cache is whole after; a full disk names the cache's folder and how to move it, with status 1 (and
 does not matter where every kernel is already kept); a compiler that fails is named with the
 variable that chose it. And through the workshop's kernel check, ``python -m minitfm.learn
 check``: a compiler that is not there or does not work is a setting, status 2; a file where the
@@ -38,6 +38,7 @@ ENV = {k: v for k, v in os.environ.items() if k not in ("MINITFM_CXX", "CXX")}
 ENV["PYTHONPATH"] = str(ROOT)
 CHECK = ["-m", "minitfm.kernelcheck", "--host", "--case", "dropout", "--case", "loss"]
 ENTRIES = 3         # dropout_forward, dropout_backward, smoothed_loss: one library each
+LIBRARIES = ENTRIES + 1     # and the runtime library they are linked to
 
 
 def check(cache: Path, *wrapper, env=None) -> subprocess.Popen:
@@ -71,21 +72,27 @@ def test_two_processes_fill_one_cache_together(filled):
     names = sorted(contents(cache))
     assert [n for n in names if n.endswith(".so")] == sorted(
         n.replace(".lock", ".so") for n in names if n.endswith(".lock"))
-    assert len(names) == 2 * ENTRIES, names         # each library and its lock, no temporaries
+    assert len(names) == 2 * LIBRARIES, names       # each library and its lock, no temporaries
+    assert len([n for n in names if n.startswith("runtime-") and n.endswith(".so")]) == 1
 
 
 def test_an_entry_that_does_not_load_is_compiled_again_and_said_once(filled, tmp_path):
     cache = tmp_path / "cache"
     shutil.copytree(filled[0], cache)
-    first, second, third = sorted((cache / "cudahost").glob("*.so"))
+    [runtime] = (cache / "cudahost").glob("runtime-*.so")
+    first, second, third = sorted(set((cache / "cudahost").glob("*.so")) - {runtime})
     first.write_bytes(first.read_bytes()[:-4000])                   # truncated
     swapped = second.read_bytes()
     second.write_bytes(third.read_bytes())                          # another entry's library
     third.write_bytes(swapped)
+    runtime.write_bytes(runtime.read_bytes()[:-4000])
     status, out, err = finish(check(cache))
     assert status == 0 and "0 failed" in out, out + err
     lines = err.splitlines()
-    assert sorted(lines) == sorted(
+    assert lines[0] == (f"warning: the compiled host runtime of the kernels {runtime} does not "
+                        f"load (it is not this kernel's library whole: truncated, damaged, or "
+                        f"another kernel's): compiling it again"), err
+    assert sorted(lines[1:]) == sorted(
         f"warning: the compiled kernel {path} does not load (it is not this kernel's library "
         f"whole: truncated, damaged, or another kernel's): compiling it again"
         for path in (first, second, third)), err

@@ -6,8 +6,9 @@ arrays (a device array's data pointer, here a NumPy array's, C-contiguous) and N
 the kernel's parameter types (as CuPy passes them: ``numpy.int32`` for an ``int``; a Python int
 would reach a device as 64 bits, and is refused). The source is rewritten a little
 (:mod:`minitfm.cudahost.rewrite`), compiled by the machine's C++ compiler with the header
-``cuda_host.h`` (:mod:`minitfm.cudahost.build`; kept in a cache that heals itself, a cache that
-cannot be written a :class:`CacheError`), and run by the header's model of CUDA:
+``cuda_host.h`` and linked to its library ``cuda_host.cpp``, compiled once
+(:mod:`minitfm.cudahost.build`; kept in a cache that heals itself, a cache that cannot be
+written a :class:`CacheError`), and run by their model of CUDA:
 
 - the grid's blocks run one after another; each thread of a block is a fiber with a stack of its
   own, ``threadIdx`` / ``blockIdx`` / ``blockDim`` / ``gridDim`` as CUDA defines them;

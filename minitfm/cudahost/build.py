@@ -11,6 +11,13 @@ fails naming no line of the source is a :class:`CompilerError` (a setting, not t
 fault), named with the variable that chose it and how to choose another; :func:`check_compiler`
 finds a program that is not there before anything is compiled.
 
+The model's own code, ``cuda_host.cpp`` (the scheduler, the race records, the faults in
+words), is compiled once into a library of its own, ``runtime-<hash>.so``, and each kernel's
+library is linked to it (found beside it, in the same folder): a kernel's compilation is its own
+code and the header's declarations alone, about half the time it took with the model's code in
+every kernel. A process loads the runtime first, so that one that does not load is compiled
+again before any kernel needs it.
+
 A compiled library is kept under ``$MINITFM_CACHE`` (default ``~/.cache/minitfm``), in
 ``cudahost/``, named by a hash of everything that went into it: the next run loads it at once.
 An entry is compiled in a folder of its own beside the others (the compiler's temporaries too)
@@ -46,13 +53,15 @@ from minitfm.backend import BackendError
 from minitfm.cudahost import rewrite
 
 __all__ = ["BuildError", "CompilerError", "CacheError", "compiler", "chosen_compiler",
-           "check_compiler", "named", "cache_dir", "FLAGS", "HEADER", "Library", "build"]
+           "check_compiler", "named", "cache_dir", "FLAGS", "HEADER", "RUNTIME", "Library",
+           "runtime", "build"]
 
 HEADER = Path(__file__).with_name("cuda_host.h")
+RUNTIME = Path(__file__).with_name("cuda_host.cpp")     # compiled once, every kernel linked to it
 FLAGS = ("-std=c++14", "-O1", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math",
          "-fno-strict-aliasing", "-fno-threadsafe-statics", "-fstack-clash-protection", "-w")
 MARK = "minitfm cache entry "   # a library's seal: this, its entry's hash, the hash of its bytes
-LAYOUT = "2"                    # the entries' layout, in their hash: older entries are left unused
+LAYOUT = "3"                    # the entries' layout, in their hash: older entries are left unused
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
@@ -190,17 +199,19 @@ def _unwritable(folder: Path, exc: OSError) -> CacheError:
                                  f"with MINITFM_CACHE=DIR", str(folder))
 
 
-# held by every launch: one at a time in the process (a library's state is its own, and a launch
-# sets the process's handlers of the signals a kernel's faults raise for its duration)
+# held by every launch: one at a time in the process (the launch under way is the runtime
+# library's state, and a launch sets the process's handlers of the signals a kernel's faults
+# raise for its duration)
 LAUNCHES = threading.Lock()
 
 
 class Library:
     """A compiled translation unit: ``entry(name)`` is the launch function of kernel ``name``;
     ``shadow_bytes`` the size of one element's race record; ``lock``, held by a launch
-    (:data:`LAUNCHES`: one launch at a time in the process)."""
+    (:data:`LAUNCHES`: one launch at a time in the process). ``host`` None: the runtime library
+    (:func:`runtime`), which launches no kernel of its own."""
 
-    def __init__(self, path: Path, host: rewrite.HostSource, unit: str, key: str):
+    def __init__(self, path: Path, host: rewrite.HostSource | None, unit: str, key: str):
         """Load the library at ``path``, the entry ``key``; :class:`_Unloadable` (with the
         reason in words) where it is missing, damaged or another entry's."""
         self.path, self.host, self.unit = path, host, unit
@@ -211,8 +222,8 @@ class Library:
         if self._dll is None:
             raise _Unloadable("it is not this kernel's library whole: truncated, damaged, or "
                               "another kernel's")
-        missing = [name for name in host.kernels if not hasattr(self._dll,
-                                                                 f"minitfm_launch_{name}")]
+        kernels = host.kernels if host is not None else []
+        missing = [name for name in kernels if not hasattr(self._dll, f"minitfm_launch_{name}")]
         if missing or not hasattr(self._dll, "minitfm_shadow_bytes"):
             raise _Unloadable(f"it lacks the launch of {', '.join(missing) or 'any kernel'}")
         self.shadow_bytes = self._dll.minitfm_shadow_bytes()
@@ -241,7 +252,8 @@ def _sealed(content: bytes, key: str) -> bool:
     return content[-size:] == _seal(content[:-size], key)
 
 
-_loaded: dict[str, Library] = {}
+_loaded: dict[str, Library] = {}       # by kernel source
+_runtimes: dict[str, Library] = {}     # by entry
 
 
 def unit_of(source: str) -> tuple[rewrite.HostSource, str]:
@@ -252,52 +264,87 @@ def unit_of(source: str) -> tuple[rewrite.HostSource, str]:
     return host, unit
 
 
+def _key(*parts: str) -> str:
+    """An entry's name: the hash of everything that goes into its library."""
+    command, _ = chosen_compiler()
+    return hashlib.sha256("\0".join([LAYOUT, HEADER.read_text(), RUNTIME.read_text(), *parts,
+                                      *command, *FLAGS, sys.platform]).encode()).hexdigest()[:32]
+
+
+def _linking(runtime_path: Path) -> tuple[list[str], list[str]]:
+    """The compiler's options that name the runtime library (its own name, where a kernel's
+    library will look for it) and that link a kernel's library to it, found in the kernel's own
+    folder wherever the cache lies."""
+    if sys.platform == "darwin":
+        return ([f"-Wl,-install_name,@rpath/{runtime_path.name}"],
+                [str(runtime_path), "-Wl,-rpath,@loader_path"])
+    return [f"-Wl,-soname,{runtime_path.name}"], [str(runtime_path), "-Wl,-rpath,$ORIGIN"]
+
+
+def runtime() -> Library:
+    """``cuda_host.cpp`` compiled for the host and loaded, once a process (from the cache where it
+    was built before; an entry there that does not load is compiled again, and said)."""
+    key = _key("runtime")
+    if key not in _runtimes:
+        target = cache_dir() / f"runtime-{key}.so"
+        _runtimes[key] = _entry(target, None, RUNTIME.read_text(), key, _linking(target)[0])
+    return _runtimes[key]
+
+
 def build(source: str) -> Library:
-    """``source`` compiled for the host and loaded (from the cache where it was built before;
-    an entry there that does not load is compiled again, and said)."""
+    """``source`` compiled for the host, linked to :func:`runtime`, and loaded (from the cache
+    where it was built before; an entry there that does not load is compiled again, and said)."""
     if source in _loaded:
         return _loaded[source]
+    linked = runtime().path
     host, unit = unit_of(source)
-    command, chosen_by = chosen_compiler()
-    key = hashlib.sha256("\0".join([LAYOUT, HEADER.read_text(), unit, *command, *FLAGS,
-                                    sys.platform]).encode()).hexdigest()[:32]
+    key = _key(unit)
     folder = cache_dir()
-    target = folder / f"{key}.so"
-    try:
-        library = Library(target, host, unit, key)          # the usual case: no lock, no write
-    except _Unloadable:
-        try:
-            with FileLock(str(folder / f"{key}.lock")):
-                library = _load_or_compile(command, chosen_by, host, unit, key, target)
-        except CacheError:
-            raise
-        except OSError as exc:                              # the lock, or the compilation's files
-            raise _unwritable(folder, exc) from exc
+    library = _entry(folder / f"{key}.so", host, unit, key, _linking(linked)[1])
     _loaded[source] = library
     return library
 
 
-def _load_or_compile(command: list[str], chosen_by: str, host: rewrite.HostSource, unit: str,
-                     key: str, target: Path) -> Library:
+def _entry(target: Path, host: rewrite.HostSource | None, unit: str, key: str,
+           linking: list[str]) -> Library:
+    """The library of cache entry ``target``: loaded, else compiled under its lock."""
+    try:
+        return Library(target, host, unit, key)             # the usual case: no lock, no write
+    except _Unloadable:
+        try:
+            with FileLock(str(target.with_suffix(".lock"))):
+                return _load_or_compile(host, unit, key, target, linking)
+        except CacheError:
+            raise
+        except OSError as exc:                              # the lock, or the compilation's files
+            raise _unwritable(target.parent, exc) from exc
+
+
+def _load_or_compile(host: rewrite.HostSource | None, unit: str, key: str, target: Path,
+                     linking: list[str]) -> Library:
     """Under the entry's lock: the entry as another process may just have compiled it, else
     compiled now (an entry there that does not load is said, once)."""
+    command, chosen_by = chosen_compiler()
+    what = "kernel" if host is not None else "host runtime of the kernels"
     try:
         return Library(target, host, unit, key)
     except _Unloadable as exc:
         if target.exists():
-            print(f"warning: the compiled kernel {target} does not load ({exc}): compiling it "
+            print(f"warning: the compiled {what} {target} does not load ({exc}): compiling it "
                   f"again", file=sys.stderr, flush=True)
-    _compile(command, chosen_by, unit, key, target)
+    _compile(command, chosen_by, unit, key, target, linking)
     try:
         return Library(target, host, unit, key)
     except _Unloadable as exc:
-        raise CompilerError(f"the kernel compiled by {named(command, chosen_by)} into {target} "
+        raise CompilerError(f"the {what} compiled by {named(command, chosen_by)} into {target} "
                             f"does not load ({exc}): {_another(chosen_by)}") from exc
 
 
-def _compile(command: list[str], chosen_by: str, unit: str, key: str, target: Path) -> None:
+def _compile(command: list[str], chosen_by: str, unit: str, key: str, target: Path,
+             linking: list[str]) -> None:
     """Compile ``unit`` into ``target`` in a folder beside it (the compiler's temporaries
-    too), renamed into place once whole."""
+    too), renamed into place once whole; ``linking``: the options that name or link the
+    runtime library."""
     files.remove_stale_temporaries(target.parent)      # of compilations killed on the way
     work = files.temporary_beside(target.with_suffix(".build"))
     try:
@@ -305,7 +352,8 @@ def _compile(command: list[str], chosen_by: str, unit: str, key: str, target: Pa
         cpp = Path(work) / "kernel.cpp"
         cpp.write_text(unit)
         with files.replacing(target) as partial:
-            line = [*command, *FLAGS, "-I", str(HEADER.parent), str(cpp), "-o", partial]
+            line = [*command, *FLAGS, "-I", str(HEADER.parent), str(cpp), *linking, "-o",
+                    partial]
             environment = dict(os.environ, TMPDIR=work, LC_ALL="C")
             try:
                 done = subprocess.run(line, capture_output=True, text=True, timeout=600,
