@@ -65,6 +65,14 @@ static void start_context(Context& c, char* stack, size_t size, void (*entry)())
 
 // ---- the state of the launch under way ---------------------------------------------------------
 
+static const size_t LOCAL_MEMORY = 512 * 1024;         // a device thread's local memory, at most
+// per thread, the model's frames too: a 512 KiB local array overflows, as on a device, where the
+// locals (and spills) of a thread may take LOCAL_MEMORY in all
+static const size_t STACK = LOCAL_MEMORY;
+static const size_t GUARD = 1024 * 1024;               // below each stack: an overflow faults
+static const int MAX_THREADS = 1024;
+static const int MAX_SHARED = 64;
+
 static Thread threads[MAX_THREADS];
 static int n_threads = 0;
 Thread* current = nullptr;

@@ -135,14 +135,6 @@ struct Thread {
     const char* callee[MAX_CALLS];           // the function each called
 };
 
-static const size_t LOCAL_MEMORY = 512 * 1024;         // a device thread's local memory, at most
-// per thread, the header's frames too: a 512 KiB local array overflows, as on a device, where the
-// locals (and spills) of a thread may take LOCAL_MEMORY in all
-static const size_t STACK = LOCAL_MEMORY;
-static const size_t GUARD = 1024 * 1024;               // below each stack: an overflow faults
-static const int MAX_THREADS = 1024;
-static const int MAX_SHARED = 64;
-
 struct SharedBase;
 // The state of the launch that the kernel's own code reads (cuda_host.cpp keeps the rest)
 extern Thread* current;
