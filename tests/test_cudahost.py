@@ -17,7 +17,7 @@ import pytest
 
 from minitfm import cudahost
 from minitfm.speed import fused
-from minitfm.cudahost import build
+from minitfm.cudahost import cxx
 from tests import forkserver
 
 i32, i64, f32 = np.int32, np.int64, np.float32
@@ -354,13 +354,13 @@ def test_a_compile_error_names_the_kernels_line():
 
 def test_the_compiler_is_the_one_named_else_the_machines(monkeypatch):
     monkeypatch.setenv("MINITFM_CXX", "my-c++ --flag")
-    assert build.compiler() == ["my-c++", "--flag"]
+    assert cxx.compiler() == ["my-c++", "--flag"]
     monkeypatch.delenv("MINITFM_CXX")
     monkeypatch.delenv("CXX", raising=False)
-    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    monkeypatch.setattr(cxx.shutil, "which", lambda name: None)
     monkeypatch.setitem(sys.modules, "ziglang", None)          # not installed
     with pytest.raises(cudahost.BuildError, match=r"no C\+\+ compiler .*pip install ziglang"):
-        build.compiler()
+        cxx.compiler()
 
 
 def test_a_compiled_kernel_is_kept_and_found_again(tmp_path):
@@ -396,7 +396,7 @@ def test_the_portable_fibers_run_the_kernels(tmp_path):
     """The fibers of systems other than x86-64 and AArch64 Linux (ucontext), forced here with
     -DMINITFM_UCONTEXT: the whole kernel check on the host."""
     env = dict(os.environ, MINITFM_CACHE=str(tmp_path),
-               MINITFM_CXX=" ".join(build.compiler()) + " -DMINITFM_UCONTEXT")
+               MINITFM_CXX=" ".join(cxx.compiler()) + " -DMINITFM_UCONTEXT")
     done = forkserver.run([sys.executable, "-m", "minitfm.kernelcheck", "--host"], env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr

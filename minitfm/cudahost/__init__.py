@@ -58,7 +58,8 @@ import warnings
 import numpy
 
 from minitfm.cudahost import build as _build
-from minitfm.cudahost.build import BuildError, CacheError, CompilerError, compiler
+from minitfm.cudahost.build import CacheError
+from minitfm.cudahost.cxx import BuildError, CompilerError, compiler
 from minitfm.cudahost.rewrite import Unsupported
 
 __all__ = ["HostKernel", "KernelFault", "BuildError", "CompilerError", "CacheError",

@@ -1,15 +1,12 @@
 """Compile a kernel's host C++ with the machine's C++ compiler, once, and load it.
 
-Host-only code. The compiler is the first of: ``$MINITFM_CXX`` (a command line, for example
-``clang++`` or ``python -m ziglang c++``), ``$CXX``, ``c++``, ``g++``, ``clang++`` on the path,
-and the clang that the ``ziglang`` package carries (installed with the ``test`` extra, for a
-machine with no compiler of its own). ``-ffp-contract=off`` keeps ``a * b + c`` two roundings, as
-the kernels' ``--fmad=false`` does on a device; ``-fstack-clash-protection`` touches each page of
-a large frame as it is made, so that a thread's local arrays too large for its stack fault in the
-guard region below it rather than reach past it. A compiler that is not there, cannot run, or
-fails naming no line of the source is a :class:`CompilerError` (a setting, not the kernel's
-fault), named with the variable that chose it and how to choose another; :func:`check_compiler`
-finds a program that is not there before anything is compiled.
+Host-only code. The compiler is the one :mod:`minitfm.cudahost.cxx` chooses. ``-ffp-contract=off``
+keeps ``a * b + c`` two roundings, as the kernels' ``--fmad=false`` does on a device;
+``-fstack-clash-protection`` touches each page of a large frame as it is made, so that a thread's
+local arrays too large for its stack fault in the guard region below it rather than reach past
+it. A compilation that fails naming a line of the kernel's source is a
+:class:`~minitfm.cudahost.cxx.BuildError` with the compiler's errors; one that fails naming none
+is the compiler's fault, a :class:`~minitfm.cudahost.cxx.CompilerError`.
 
 The model's own code, ``cuda_host.cpp`` (the scheduler, the race records, the faults in
 words), is compiled once into a library of its own, ``runtime-<hash>.so``, and each kernel's
@@ -49,12 +46,11 @@ from pathlib import Path
 from filelock import FileLock
 
 from minitfm import files
-from minitfm.backend import BackendError
 from minitfm.cudahost import rewrite
+from minitfm.cudahost.cxx import BuildError, CompilerError, choose_another, chosen_compiler, named
 
-__all__ = ["BuildError", "CompilerError", "CacheError", "compiler", "chosen_compiler",
-           "check_compiler", "named", "cache_dir", "FLAGS", "HEADER", "RUNTIME", "Library",
-           "runtime", "build"]
+__all__ = ["CacheError", "cache_dir", "FLAGS", "HEADER", "RUNTIME", "Library", "runtime",
+           "build"]
 
 HEADER = Path(__file__).with_name("cuda_host.h")
 RUNTIME = Path(__file__).with_name("cuda_host.cpp")     # compiled once, every kernel linked to it
@@ -65,81 +61,9 @@ LAYOUT = "3"                    # the entries' layout, in their hash: older entr
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
-class BuildError(RuntimeError):
-    """No compiler, a compiler that fails, or a kernel's host C++ that did not compile (the
-    message has the errors)."""
-
-
-class CompilerError(BuildError, BackendError):
-    """The C++ compiler is not there, cannot run, or does not work (it fails naming no line of
-    the kernel's source): a setting to change, named with the variable that chose it (a
-    ``BackendError`` too: as a backend this machine cannot run, it is bad input, status 2)."""
-
-
 class CacheError(OSError):
     """The cache could not be written (no room, no rights): ``filename`` the cache's folder,
     ``strerror`` the reason, the space free there and how to move the cache."""
-
-
-def chosen_compiler() -> tuple[list[str], str]:
-    """The compiler's command line (see the module's docstring) and what chose it:
-    ``"MINITFM_CXX"``, ``"CXX"`` or ``"default"``; :class:`BuildError` if there is none."""
-    for variable in ("MINITFM_CXX", "CXX"):
-        if os.environ.get(variable, "").strip():
-            try:
-                command = shlex.split(os.environ[variable])
-            except ValueError as exc:
-                raise CompilerError(f"{variable}={os.environ[variable]!r} is not a command line "
-                                    f"({exc}): {_another(variable)}") from None
-            if command and command[0]:
-                return command, variable
-            raise CompilerError(f"{variable}={os.environ[variable]!r} names no program: "
-                                f"{_another(variable)}")
-    for name in ("c++", "g++", "clang++"):
-        found = shutil.which(name)
-        if found:
-            return [found], "default"
-    try:
-        import ziglang  # noqa: F401  (only whether it is there)
-        return [sys.executable, "-m", "ziglang", "c++"], "default"
-    except ImportError:
-        pass
-    raise CompilerError("no C++ compiler to run the kernels on the host: install one (g++ or "
-                        "clang++), or `pip install ziglang` (the test extra does), or name one "
-                        "in MINITFM_CXX")
-
-
-def check_compiler() -> None:
-    """The compiler's program is there to run; else :class:`CompilerError`, naming it, the
-    variable that chose it and how to choose another (found here, before a process of its own
-    compiles: a setting at fault is said as one, not as the kernel's)."""
-    command, chosen_by = chosen_compiler()
-    if shutil.which(command[0]) is None:
-        where = "there (missing, or not a program)" if os.sep in command[0] else "on the PATH"
-        raise CompilerError(f"the C++ compiler {named(command, chosen_by)} cannot run: there is "
-                            f"no program {command[0]} {where}; {_another(chosen_by)}")
-
-
-def compiler() -> list[str]:
-    """The compiler's command line (see the module's docstring); :class:`BuildError` if none."""
-    return chosen_compiler()[0]
-
-
-def named(command: list[str], chosen_by: str) -> str:
-    """The compiler in words: its command line and what chose it."""
-    how = ("the first C++ compiler found on this machine" if chosen_by == "default"
-           else f"named by {chosen_by}")
-    return f"{shlex.join(command)} ({how})"
-
-
-def _another(chosen_by: str) -> str:
-    """How to choose a compiler other than the one ``chosen_by`` chose."""
-    working = "a C++ compiler that works (g++, clang++, or `python -m ziglang c++`)"
-    if chosen_by == "MINITFM_CXX":
-        return f"set MINITFM_CXX to {working}, or unset it to use CXX or the machine's"
-    if chosen_by == "CXX":
-        return f"set CXX, or MINITFM_CXX (which comes first), to {working}"
-    return f"name {working} in MINITFM_CXX"
 
 
 def cache_dir() -> Path:
@@ -253,7 +177,7 @@ def _sealed(content: bytes, key: str) -> bool:
 
 
 _loaded: dict[str, Library] = {}       # by kernel source
-_runtimes: dict[str, Library] = {}     # by entry
+_runtimes: dict[Path, Library] = {}    # by entry
 
 
 def unit_of(source: str) -> tuple[rewrite.HostSource, str]:
@@ -264,9 +188,9 @@ def unit_of(source: str) -> tuple[rewrite.HostSource, str]:
     return host, unit
 
 
-def _key(*parts: str) -> str:
-    """An entry's name: the hash of everything that goes into its library."""
-    command, _ = chosen_compiler()
+def _key(command: list[str], *parts: str) -> str:
+    """An entry's name: the hash of everything that goes into its library, ``command`` the
+    compiler's."""
     return hashlib.sha256("\0".join([LAYOUT, HEADER.read_text(), RUNTIME.read_text(), *parts,
                                       *command, *FLAGS, sys.platform]).encode()).hexdigest()[:32]
 
@@ -281,50 +205,53 @@ def _linking(runtime_path: Path) -> tuple[list[str], list[str]]:
     return [f"-Wl,-soname,{runtime_path.name}"], [str(runtime_path), "-Wl,-rpath,$ORIGIN"]
 
 
-def runtime() -> Library:
-    """``cuda_host.cpp`` compiled for the host and loaded, once a process (from the cache where it
-    was built before; an entry there that does not load is compiled again, and said)."""
-    key = _key("runtime")
-    if key not in _runtimes:
-        target = cache_dir() / f"runtime-{key}.so"
-        _runtimes[key] = _entry(target, None, RUNTIME.read_text(), key, _linking(target)[0])
-    return _runtimes[key]
+def runtime(command: list[str], chosen_by: str) -> Library:
+    """``cuda_host.cpp`` compiled for the host by ``command`` (chosen by ``chosen_by``) and
+    loaded, once a process and cache (from the cache where it was built before; an entry there
+    that does not load is compiled again, and said)."""
+    key = _key(command, "runtime")
+    target = cache_dir() / f"runtime-{key}.so"
+    if target not in _runtimes:
+        _runtimes[target] = _entry(command, chosen_by, target, None, RUNTIME.read_text(), key,
+                                   _linking(target)[0])
+    return _runtimes[target]
 
 
 def build(source: str) -> Library:
     """``source`` compiled for the host, linked to :func:`runtime`, and loaded (from the cache
-    where it was built before; an entry there that does not load is compiled again, and said)."""
+    where it was built before; an entry there that does not load is compiled again, and said).
+    The kernel's entry lies beside the runtime's, where its library looks for it."""
     if source in _loaded:
         return _loaded[source]
-    linked = runtime().path
+    command, chosen_by = chosen_compiler()
+    linked = runtime(command, chosen_by).path
     host, unit = unit_of(source)
-    key = _key(unit)
-    folder = cache_dir()
-    library = _entry(folder / f"{key}.so", host, unit, key, _linking(linked)[1])
+    key = _key(command, unit)
+    library = _entry(command, chosen_by, linked.parent / f"{key}.so", host, unit, key,
+                     _linking(linked)[1])
     _loaded[source] = library
     return library
 
 
-def _entry(target: Path, host: rewrite.HostSource | None, unit: str, key: str,
-           linking: list[str]) -> Library:
+def _entry(command: list[str], chosen_by: str, target: Path, host: rewrite.HostSource | None,
+           unit: str, key: str, linking: list[str]) -> Library:
     """The library of cache entry ``target``: loaded, else compiled under its lock."""
     try:
         return Library(target, host, unit, key)             # the usual case: no lock, no write
     except _Unloadable:
         try:
             with FileLock(str(target.with_suffix(".lock"))):
-                return _load_or_compile(host, unit, key, target, linking)
+                return _load_or_compile(command, chosen_by, host, unit, key, target, linking)
         except CacheError:
             raise
         except OSError as exc:                              # the lock, or the compilation's files
             raise _unwritable(target.parent, exc) from exc
 
 
-def _load_or_compile(host: rewrite.HostSource | None, unit: str, key: str, target: Path,
-                     linking: list[str]) -> Library:
+def _load_or_compile(command: list[str], chosen_by: str, host: rewrite.HostSource | None,
+                     unit: str, key: str, target: Path, linking: list[str]) -> Library:
     """Under the entry's lock: the entry as another process may just have compiled it, else
     compiled now (an entry there that does not load is said, once)."""
-    command, chosen_by = chosen_compiler()
     what = "kernel" if host is not None else "host runtime of the kernels"
     try:
         return Library(target, host, unit, key)
@@ -337,7 +264,7 @@ def _load_or_compile(host: rewrite.HostSource | None, unit: str, key: str, targe
         return Library(target, host, unit, key)
     except _Unloadable as exc:
         raise CompilerError(f"the {what} compiled by {named(command, chosen_by)} into {target} "
-                            f"does not load ({exc}): {_another(chosen_by)}") from exc
+                            f"does not load ({exc}): {choose_another(chosen_by)}") from exc
 
 
 def _compile(command: list[str], chosen_by: str, unit: str, key: str, target: Path,
@@ -363,12 +290,13 @@ def _compile(command: list[str], chosen_by: str, unit: str, key: str, target: Pa
                                  f"within {exc.timeout:g} s") from exc
             except OSError as exc:
                 raise CompilerError(f"the C++ compiler {named(command, chosen_by)} could not "
-                                    f"run: {exc}; {_another(chosen_by)}") from exc
+                                    f"run: {exc}; {choose_another(chosen_by)}") from exc
             if done.returncode != 0:
                 raise _failure(done, command, chosen_by)
             if not os.path.exists(partial):
                 raise CompilerError(f"the C++ compiler {named(command, chosen_by)} wrote no "
-                                    f"library (it exited with status 0); {_another(chosen_by)}")
+                                    f"library (it exited with status 0); "
+                                    f"{choose_another(chosen_by)}")
             with open(partial, "rb+") as library:
                 library.write(_seal(library.read(), key))
     finally:
@@ -389,7 +317,7 @@ def _failure(done: subprocess.CompletedProcess, command: list[str], chosen_by: s
     said = f" ({said[:300]})" if said else " and printed nothing"
     return CompilerError(f"the C++ compiler {named(command, chosen_by)} does not work: it "
                          f"failed with status {done.returncode}{said}, naming no line of the "
-                         f"kernel's source; {_another(chosen_by)}")
+                         f"kernel's source; {choose_another(chosen_by)}")
 
 
 def _explain(errors: str, command: str) -> str:

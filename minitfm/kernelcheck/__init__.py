@@ -336,7 +336,7 @@ def run(args: argparse.Namespace) -> int:
             if args.case is None:
                 prepare_host()      # else each kernel a case launches, at its first launch
             print(f"the kernels' source on the CPU, compiled by "
-                  f"{cudahost.build.named(*cudahost.build.chosen_compiler())}")
+                  f"{cudahost.cxx.named(*cudahost.cxx.chosen_compiler())}")
         rows = compare(on_host=args.host, cases=args.case)
     except (backend.BackendError, cudahost.BuildError, cudahost.Unsupported) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -220,7 +220,7 @@ def check(ex: Exercise, path: Path, seed: int = 0, limit: float = worker.LIMIT, 
         text = learner.text_of(path)
     except learner.NotUTF8 as exc:
         return Report(ex, path, "error", message=f"{path.name}, line {exc.lineno}: {exc.msg}")
-    cudahost.build.check_compiler()
+    cudahost.cxx.check_compiler()
     cudahost.build.cache_dir()
     outcome = worker.run(run_kernel, {"exercise": ex, "path": str(path), "text": text,
                                       "seed": seed, "limit": limit,
