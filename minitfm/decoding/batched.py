@@ -121,9 +121,8 @@ def continuous_search(params: dict, cfg: model.Config, sentences: Sequence[Seque
     active, at = [], []                                  # each group's sentence and position
     prefixes, tokens, scores = [], [], []                # each row's
     while waiting or active:
-        free, new = batch_size - len(active), []
-        if waiting and free >= min(max(1, batch_size // 4), len(waiting)):
-            new = [waiting.pop() for _ in range(min(free, len(waiting)))]
+        new = admitted(waiting, len(active), batch_size)
+        if new:
             src, host_src = prepare_source(params, cfg, pad_batch([sentences[i] for i in new],
                                                                   cfg))
             found.set_limits(new, output_limits(host_src, cfg, max_len))
@@ -134,15 +133,11 @@ def continuous_search(params: dict, cfg: model.Config, sentences: Sequence[Seque
                 params, cfg, first_groups(full, len(active)), int_array(tokens),
                 decode.positions(at, k),
                 xp.asarray(scores, dtype=dtype).reshape(len(active), k), k)
-        if new:       # a new sentence's first step on its first row alone, as beam_search's
-            kv = first_rows(decode.groups(full, len(active), len(active) + len(new)), k)
-            new_scores, new_ids, vocab = step_candidates(
-                params, cfg, kv, xp.full((len(new),), cfg.bos_id, dtype=xp.int64), 0,
-                xp.zeros((len(new), 1), dtype=dtype), k)
+        if new:
+            new_scores, new_ids, vocab = first_step(params, cfg, full, len(active), len(new), k)
             top_scores, top_ids = top_scores + new_scores, top_ids + new_ids
             active, at = active + new, at + [0] * len(new)
             prefixes += [[] for _ in range(len(new) * k)]
-        kv = first_groups(full, len(active))
         going_on = {}                                   # group -> (sentence, its K live)
         for i, s in enumerate(active):
             live = found.advance(s, at[i], top_scores[i], top_ids[i], vocab, i * k, prefixes)
@@ -150,13 +145,35 @@ def continuous_search(params: dict, cfg: model.Config, sentences: Sequence[Seque
                 going_on[i] = s, live
         order = groups_in_place(list(going_on), at)
         beams = [hyp for i in order for hyp in going_on[i][1]]   # (parent row, token, score)
-        reorder(kv, [parent for parent, _, _ in beams],                        # in place
+        reorder(first_groups(full, len(active)), [parent for parent, _, _ in beams],  # in place
                 filled=[at[i] + 1 for i in order for _ in range(k)])
         active, at = [going_on[i][0] for i in order], [at[i] + 1 for i in order]
         prefixes = [prefixes[parent] + [token] for parent, token, _ in beams]
         tokens = [token for _, token, _ in beams]
         scores = [score for _, _, score in beams]
     return [found.results(s) for s in range(len(sentences))]
+
+
+def admitted(waiting: list[int], active: int, batch_size: int) -> list[int]:
+    """The sentences taken from ``waiting`` (its last, the shortest, first) into the places
+    that ``active`` groups leave free: once a quarter of the places are free, or all the
+    sentences still waiting fit; else none."""
+    free = batch_size - active
+    if waiting and free >= min(max(1, batch_size // 4), len(waiting)):
+        return [waiting.pop() for _ in range(min(free, len(waiting)))]
+    return []
+
+
+def first_step(params: dict, cfg: model.Config, full: KVCache, first: int, count: int,
+               beam: int):
+    """The first step of the ``count`` sentences just admitted into groups ``first`` ..
+    ``first`` + count - 1, on the first of each group's rows alone (from BOS, its K rows would
+    be alike), as :func:`beam_search`'s first step: their candidates, as ``step_candidates``
+    gives them."""
+    xp = backend.xp
+    kv = first_rows(decode.groups(full, first, first + count), beam)
+    return step_candidates(params, cfg, kv, xp.full((count,), cfg.bos_id, dtype=xp.int64), 0,
+                           xp.zeros((count, 1), dtype=full.src_mask.dtype), beam)
 
 
 def empty_cache(params: dict, cfg: model.Config, groups: int, beam: int, capacity: int
