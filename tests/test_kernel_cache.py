@@ -1,11 +1,12 @@
 """The cache of the kernels compiled for the CPU (``MINITFM_CACHE``), through the real command
 line, ``python -m minitfm.kernelcheck --host``: two processes fill one cache together; an entry
 that does not load (truncated, or another entry's), the kernels' runtime library's too, is
-compiled again, said once, and the cache is whole after; a full disk names the cache's folder and how to move it, with status 1 (and
-does not matter where every kernel is already kept); a compiler that fails is named with the
-variable that chose it. And through the workshop's kernel check, ``python -m minitfm.learn
-check``: a compiler that is not there or does not work is a setting, status 2; a file where the
-cache's folder should be moves the cache to the system's temporary folder, said once.
+compiled again, said once, and the cache is whole after; a full disk names the cache's folder
+and how to move it, with status 1 (and does not matter where every kernel is already kept); a
+compiler that fails is named with the variable that chose it. And through the workshop's kernel
+check, ``python -m minitfm.learn check``: a compiler that is not there or does not work is a
+setting, status 2; a file where the cache's folder should be moves the cache to the system's
+temporary folder, said once.
 
 Each command runs the cases ``dropout`` and ``loss`` alone: three small kernels to compile.
 

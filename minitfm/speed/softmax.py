@@ -20,8 +20,8 @@ from minitfm.speed import compiled, fused, policy, rows
 
 def _fast_pass(fused_pass, loops_pass, s, *others):
     """The fast pass for scores s (and ``others``, the mask or P; None: no array): the CUDA
-    kernel, the compiled loops (4-D arrays), or None, the plain lines. A row pass asks before it splits the work (``policy.path``): on its blocks the
-    layers run their plain code."""
+    kernel, the compiled loops (4-D arrays), or None, the plain lines. A row pass asks before it
+    splits the work (``policy.path``): on its blocks the layers run their plain code."""
     arrays = (s, *(a for a in others if a is not None))
     if s.ndim != 4:
         return None
