@@ -8,7 +8,8 @@ the plain functions themselves.
 
 The machinery they share: :mod:`~minitfm.speed.fused` (a CUDA kernel and its twin),
 :mod:`~minitfm.speed.rows` (blocks of rows on the worker's threads), :mod:`~minitfm.speed.compiled`
-(Numba's loops), :mod:`~minitfm.speed.mixed` (float16 products). :func:`explain` says which
+(Numba's loops), :mod:`~minitfm.speed.mixed` (float16 products). One fast path is a whole model's:
+:mod:`~minitfm.speed.lm`, the language model's step on a batch's shards side by side. :func:`explain` says which
 function a call runs, and why.
 """
 
@@ -17,8 +18,8 @@ import contextlib
 import functools
 
 from minitfm.speed import (attention, decoder, dropout, embedding, encoder,  # noqa: F401
-                           feedforward, gradscale, layernorm, linear, loss, optim, output,
-                           residual, softmax)
+                           feedforward, gradscale, layernorm, linear, lm, loss, optim,
+                           output, residual, softmax)
 from minitfm.speed import fused, mixed, policy, rows  # noqa: E402  (the settings they read)
 
 __all__ = ["explain", "traced"]

@@ -27,6 +27,8 @@ by block, for the cache. This module is host-only: on CuPy the fused kernels pla
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
 import math
 import threading
@@ -37,7 +39,7 @@ from minitfm.speed import policy
 from minitfm.speed import compiled as _numba
 
 __all__ = ["BLOCK_BYTES", "MIN_BYTES", "use", "enabled", "threads", "chosen", "active",
-           "compiled", "state", "blocks", "run", "map_rows"]
+           "compiled", "state", "blocks", "run", "map_rows", "sharing"]
 
 # A block's rows in every array its pass touches: about a core's L2 cache (1-2 MiB on today's
 # x86 cores), large enough that the dozen NumPy calls of a block, serialised by the GIL, stay
@@ -59,6 +61,9 @@ _min_bytes = MIN_BYTES
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 _pool_lock = threading.Lock()
+# the threads of the row passes called here, where a caller shares the worker's threads among
+# parts that each run whole layers (a batch's shards: minitfm.speed.lm); 0: all of them
+_threads_here = contextvars.ContextVar("minitfm_rows_threads_here", default=0)
 
 
 def use(enabled: bool, threads: int = 1, min_bytes: int = MIN_BYTES,
@@ -84,8 +89,20 @@ def enabled() -> bool:
 
 
 def threads() -> int:
-    """The threads the row passes use."""
-    return _threads
+    """The threads the row passes called here use: the worker's (:func:`use`), or a part's share
+    of them inside :func:`sharing`."""
+    return _threads_here.get() or _threads
+
+
+@contextlib.contextmanager
+def sharing(threads: int):
+    """Inside the block, in this thread, the row passes use ``threads`` threads (a part's share of
+    the worker's, when parts run side by side)."""
+    token = _threads_here.set(max(1, int(threads)))
+    try:
+        yield
+    finally:
+        _threads_here.reset(token)
 
 
 def chosen(*arrays) -> bool:
@@ -136,21 +153,28 @@ def _executor() -> ThreadPoolExecutor:
         return _pool
 
 
-def run(fn, parts: list) -> list:
+def run(fn, parts: list, *, share: int = 0) -> list:
     """``[fn(part) for part in parts]``, the parts taken in order by the calling thread and the
     pool's threads, each the next one not yet taken; results in the parts' order. A thread that
     the machine's other work keeps from running takes no part, so the caller does its share: it
     then waits only for the parts already begun elsewhere, never for a thread to be scheduled
-    (a pool whose threads each own a fixed share waits at every pass for the slowest)."""
+    (a pool whose threads each own a fixed share waits at every pass for the slowest).
+
+    A part runs the plain code of every layer it calls (a row pass's block); with ``share``, it
+    runs the layers' own paths instead, their row passes on ``share`` threads (:func:`sharing`).
+    """
     if not parts:
         return []
     results: list = [None] * len(parts)
     taken = itertools.count()            # next() of a count is atomic: each part taken once
-    finished = [threading.Event() for _ in parts]
+    helpers = min(threads(), len(parts)) - 1
+    # a part's end, for a caller that shares the parts (on one thread it does them all itself)
+    finished = [threading.Event() for _ in parts] if helpers else None
     errors: list = []
 
     def work() -> None:
-        with policy.plain():            # the layers called on a block run their plain code
+        # the layers called on a block run their plain code; a shared part, its own paths
+        with sharing(share) if share else policy.plain():
             for i in iter(lambda: next(taken), None):
                 if i >= len(parts):
                     return
@@ -159,13 +183,13 @@ def run(fn, parts: list) -> list:
                 except BaseException as exc:       # re-raised by the caller, below
                     errors.append((i, exc))
                 finally:
-                    finished[i].set()
+                    if finished:
+                        finished[i].set()
 
-    helpers = min(_threads, len(parts)) - 1
     for _ in range(helpers):
         _executor().submit(work)
     work()
-    for event in finished:              # the parts begun by other threads
+    for event in finished or ():         # the parts begun by other threads
         event.wait()
     if errors:
         raise min(errors, key=lambda error: error[0])[1]

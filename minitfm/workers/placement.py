@@ -27,6 +27,7 @@ returns it, with the reason, as a :class:`Placement` whose :meth:`~Placement.des
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from minitfm.workers import devices
 
 __all__ = ["PlacementError", "Placement", "THREAD_VARIABLES", "available_cores", "blas_threads",
-           "count", "place"]
+           "blas_threads_within", "count", "place"]
 
 # what the BLAS libraries read at start-up: OpenBLAS's own, MKL's own, then OpenMP's (both)
 THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
@@ -121,6 +122,23 @@ def limit_blas_threads(threads: int) -> None:
     import numpy  # noqa: F401  (no math: it loads the BLAS library, which the limit must reach)
     from threadpoolctl import threadpool_limits
     threadpool_limits(limits=threads, user_api="blas")
+
+
+_blas_libraries = None        # threadpoolctl's handle on the loaded BLAS libraries, made once
+
+
+@contextlib.contextmanager
+def blas_threads_within(threads: int):
+    """Inside the block the BLAS library uses ``threads`` threads, then as many as before: for a
+    part of a step (a few microseconds each way, the library's own call; :func:`limit_blas_threads`
+    looks the libraries up again, some 0.1 ms)."""
+    global _blas_libraries
+    if _blas_libraries is None:
+        import numpy  # noqa: F401  (it loads the BLAS library, which the limit must reach)
+        from threadpoolctl import ThreadpoolController
+        _blas_libraries = ThreadpoolController().select(user_api="blas")
+    with _blas_libraries.limit(limits=threads):
+        yield
 
 
 def place(world, backend_name: str, *, threads: int | None = None, cap: int | None = None,
