@@ -160,14 +160,15 @@ def test_kernels_without_explain_is_refused(capsys):
 
 def test_each_fast_path_sits_beside_the_plain_function_it_routes():
     """A route's plain function is the book's (a layer, Adam's update, the gradients' clipping
-    and scaling, the language model's step) and its chooser lives in the speed package's file of
-    the same name."""
+    and scaling, a model's step) and its chooser lives in the speed package's file of the same
+    name."""
     import minitfm.speed  # noqa: F401  (registers every route)
     assert len(policy.ROUTES) >= 20
     for name, route in policy.ROUTES.items():
         plain_module, chooser_module = route.plain.__module__, route.chooser.__module__
         assert plain_module.startswith("minitfm.layers.") or plain_module in (
-            "minitfm.optim", "minitfm.gradscale", "minitfm.models.lm"), name
+            "minitfm.optim", "minitfm.gradscale", "minitfm.models.lm",
+            "minitfm.models.translator"), name
         assert chooser_module == "minitfm.speed." + plain_module.rsplit(".", 1)[-1], name
         assert route.routed.plain is route.plain and not hasattr(route.plain, "chooser"), name
         module = sys.modules[route.module]

@@ -8,9 +8,9 @@ the plain functions themselves.
 
 The machinery they share: :mod:`~minitfm.speed.fused` (a CUDA kernel and its twin),
 :mod:`~minitfm.speed.rows` (blocks of rows on the worker's threads), :mod:`~minitfm.speed.compiled`
-(Numba's loops), :mod:`~minitfm.speed.mixed` (float16 products). One fast path is a whole model's:
-:mod:`~minitfm.speed.lm`, the language model's step on a batch's shards side by side. :func:`explain` says which
-function a call runs, and why.
+(Numba's loops), :mod:`~minitfm.speed.mixed` (float16 products), :mod:`~minitfm.speed.shards` (a
+batch's shards side by side: the fast paths of the models' steps, :mod:`~minitfm.speed.lm` and
+:mod:`~minitfm.speed.translator`). :func:`explain` says which function a call runs, and why.
 """
 
 import collections
@@ -19,7 +19,7 @@ import functools
 
 from minitfm.speed import (attention, decoder, dropout, embedding, encoder,  # noqa: F401
                            feedforward, gradscale, layernorm, linear, lm, loss, optim,
-                           output, residual, softmax)
+                           output, residual, softmax, translator)
 from minitfm.speed import fused, mixed, policy, rows  # noqa: E402  (the settings they read)
 
 __all__ = ["explain", "traced"]
