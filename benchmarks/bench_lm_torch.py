@@ -12,8 +12,9 @@ of 48 tokens), ``nanogpt-cpu`` nanoGPT's CPU recipe (4 layers, d 128, 12 blocks 
 
 The contenders alternate, ``--steps`` steps each per round, so a noisy shared machine slows them
 alike; the step times quoted are medians over every step measured. minitfm and PyTorch each run
-on one thread and on the machine's threads (minitfm: its BLAS threads and its row passes, as
-``train_lm.py --threads N``; ``--kernels plain``: its plain code).
+on one thread and on the machine's threads (minitfm: its BLAS threads, its row passes and the
+batch's two shards side by side, as ``train_lm.py --threads N``; ``--kernels plain``: its plain
+code, the whole batch).
 """
 
 from __future__ import annotations

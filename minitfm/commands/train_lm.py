@@ -45,8 +45,8 @@ from minitfm.training.validation import evaluate
 # character in under a minute on a two-core CPU (docs/results.md, "Language model"): the model
 # of the "cpu" preset, and this recipe.
 _CPU = lm.PRESETS["cpu"]
-THREADS = None           # training: the worker's share of the cores (row passes and BLAS on
-                         # two threads: 1.4x one thread's steps on two cores)
+THREADS = None           # training: the worker's share of the cores (the batch's two shards
+                         # side by side: 1.5x one thread's steps on two cores)
 SAMPLING_THREADS = 1     # one position at a time: products too small for a second thread
 TRAINER = options.Trainer(
     shared=("vocab_size", "layers", "d_model", "heads", "d_ff", "dropout", "batch_size",
