@@ -34,13 +34,7 @@ def sharded_loss_and_grads(params, cfg, x, y, rng=None, *, grads=True, normalize
     x, y = lm.check_blocks(cfg, x, y)
     parts = shards.shards(*x.shape, cfg.d_model)
     norm = float(normalizer) if normalizer is not None else float(x.size)
-    rngs = shards.generators(rng, len(parts))
-
-    def step(i, part_out):
-        part = parts[i]
-        return plain(params, cfg, x[part], y[part], rngs[i], grads=grads, normalizer=norm,
-                     out=part_out, loss_scale=loss_scale)[0]
-
-    stats, grads_out = shards.run(step, params, len(parts), grads=grads, out=out)
+    stats, grads_out = shards.run(plain, params, cfg, x, y, parts, rng, grads=grads,
+                                  normalizer=norm, out=out, loss_scale=loss_scale)
     loss = shards.added(stats, "loss")          # the language model's nll is its loss
     return {"loss": loss, "nll": loss, "tokens": int(x.size)}, grads_out

@@ -76,17 +76,27 @@ def generators(rng, count: int) -> list:
     return [backend.host_rng(key, i) for i in range(count)]     # NumPy's: the shards run there
 
 
-def run(step, params, count: int, *, grads: bool, out) -> tuple[list, object]:
-    """``step(i, out_i)`` (the plain function on shard i, writing its gradients into ``out_i``;
-    it returns the shard's stats) for the ``count`` shards, side by side on the worker's threads,
-    each on its share of them; returns ``(the shards' stats, the gradients)``: the shards' sums in
-    shard order, in ``out`` (new buffers when None), or None when not ``grads``."""
+def run(plain, params, cfg, a, b, parts: list, rng, *, grads: bool, normalizer: float, out,
+        loss_scale) -> tuple[list, object]:
+    """A model's plain ``loss_and_grads`` on each of ``parts`` of the batch ``(a, b)`` (the same
+    arguments, ``normalizer`` the whole batch's), side by side on the worker's threads, each on
+    its share of them, each shard's dropout from its own generator (:func:`generators`); returns
+    ``(the shards' stats, the gradients)``: the shards' sums in shard order, in ``out`` (new
+    buffers when None), or None when not ``grads``."""
+    count = len(parts)
+    rngs = generators(rng, count)
     layout, spare = _take_buffers(params, count - 1) if grads else ((), [])
     outs = [out if out is not None else flat.zeros_like(params), *spare] if grads else [None] * count
+
+    def step(i: int) -> dict:
+        part = parts[i]
+        return plain(params, cfg, a[part], b[part], rngs[i], grads=grads, normalizer=normalizer,
+                     out=outs[i], loss_scale=loss_scale)[0]
+
     share = max(1, rows.threads() // count)
     try:
         with placement.blas_threads_within(share):
-            stats = rows.run(lambda i: step(i, outs[i]), list(range(count)), share=share)
+            stats = rows.run(step, list(range(count)), share=share)
     finally:
         _give_back(layout, spare)
     if not grads:

@@ -38,13 +38,7 @@ def sharded_loss_and_grads(params, cfg, src, tgt, rng=None, *, grads=True, norma
         return plain(params, cfg, src, tgt, rng, grads=grads, normalizer=normalizer, out=out,
                      loss_scale=loss_scale)
     norm = float(normalizer) if normalizer is not None else float(targets.size)
-    rngs = shards.generators(rng, len(parts))
-
-    def step(i, part_out):
-        part = parts[i]
-        return plain(params, cfg, src[part], tgt[part], rngs[i], grads=grads, normalizer=norm,
-                     out=part_out, loss_scale=loss_scale)[0]
-
-    stats, grads_out = shards.run(step, params, len(parts), grads=grads, out=out)
+    stats, grads_out = shards.run(plain, params, cfg, src, tgt, parts, rng, grads=grads,
+                                  normalizer=norm, out=out, loss_scale=loss_scale)
     return ({"loss": shards.added(stats, "loss"), "nll": shards.added(stats, "nll"),
              "tokens": int(targets.size)}, grads_out)
