@@ -15,9 +15,9 @@ both models, as nn.Transformer has it by default), label-smoothed cross-entropy 
 target tokens, and an Adam update. Both run
 in float32 on the same random batch (128 sentences x 24 tokens per side) with the machine's
 threads: minitfm with its plain code and with its row passes and the batch's two shards side by
-side (``--kernels fused``, the default of its commands on the CPU), PyTorch eager. The three take turns, ``--steps`` steps each per
-round, so that a busy machine slows them alike; the figures are the medians of the rounds'
-medians. The fraction of the float32 matrix-multiply peak uses the analytic FLOP count of
+side (``--kernels fused``, the default of its commands on the CPU), PyTorch eager. The three
+take turns, ``--steps`` steps each per round, so that a busy machine slows them alike; the
+figures are the medians of the rounds' medians. The fraction of the float32 matrix-multiply peak uses the analytic FLOP count of
 bench_train.py and a peak measured in the same run.
 """
 

@@ -3,8 +3,8 @@ call by :mod:`minitfm.speed.policy`: a batch of blocks in two shards of whole bl
 on the worker's threads (:mod:`minitfm.speed.shards`: the machinery, the rounding, dropout).
 
 ``train_lm.py``'s defaults (22 blocks of 48 tokens, d_model 128) make two shards of 11 blocks:
-on two threads the step takes 0.8 of the whole batch's time (docs/speed.md, "The language
-model's batch in two shards").
+on two threads the step takes 0.8 of the whole batch's time (docs/speed.md, "A batch in two
+shards").
 """
 
 from __future__ import annotations

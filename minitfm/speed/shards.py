@@ -86,7 +86,10 @@ def run(plain, params, cfg, a, b, parts: list, rng, *, grads: bool, normalizer: 
     count = len(parts)
     rngs = generators(rng, count)
     layout, spare = _take_buffers(params, count - 1) if grads else ((), [])
-    outs = [out if out is not None else flat.zeros_like(params), *spare] if grads else [None] * count
+    if grads:
+        outs = [out if out is not None else flat.zeros_like(params), *spare]
+    else:
+        outs = [None] * count
 
     def step(i: int) -> dict:
         part = parts[i]
@@ -107,10 +110,11 @@ def run(plain, params, cfg, a, b, parts: list, rng, *, grads: bool, normalizer: 
 
 
 def added(stats: list, name: str):
-    """The shards' ``stats[i][name]`` (0-d arrays) added in shard order, into the first one's."""
+    """The shards' ``stats[i][name]`` (numbers of the backend) added in shard order; a new
+    number, the shards' own left as they were."""
     total = stats[0][name]
     for more in stats[1:]:
-        total += more[name]
+        total = total + more[name]
     return total
 
 
